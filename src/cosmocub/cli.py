@@ -1,0 +1,154 @@
+"""The one command-line entry: `cosmocub <stage> …`, called by the Snakemake rules and by hand.
+
+Each subcommand parses its arguments, loads the config through `cosmocub.config`, and calls one
+function of the package. User mistakes (ValueError and subclasses) become one line on stderr and
+exit status 2; nothing half-written is left behind because every stage writes atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from cosmocub.config import load_config
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from cosmocub.data.inspect import format_report, inspect_path
+
+    report = inspect_path(args.path)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from cosmocub.cosmology.simulate import run_simulate
+    from cosmocub.tracking import job_run
+
+    cfg = load_config(args.config)
+    with job_run(cfg, stage="simulate", params={"size": args.size, "seed": args.seed}):
+        run_simulate(args.out, size=args.size, seed=args.seed, settings=cfg.simulate)
+    return 0
+
+
+def _cmd_preprocess(args: argparse.Namespace) -> int:
+    from cosmocub.data.preprocess import preprocess
+    from cosmocub.tracking import job_run
+
+    cfg = load_config(args.config)
+    with job_run(cfg, stage="preprocess") as tracker:
+        manifest = preprocess(
+            [Path(p) for p in args.universes],
+            Path(args.out),
+            settings=cfg.preprocess,
+            seed=cfg.seed,
+            config_hash=cfg.hash,
+        )
+        tracker.log_metrics({f"samples_{k}": v for k, v in manifest["counts"].items()})
+    return 0
+
+
+def _cmd_model_summary(args: argparse.Namespace) -> int:
+    from cosmocub.models.summary import format_summary, summarize
+
+    cfg = load_config(args.config)
+    print(format_summary(summarize(cfg.model)))
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from cosmocub.train.main import train
+
+    cfg = load_config(args.config)
+    train(cfg, shards_dir=Path(args.shards), run_dir=Path(args.out))
+    return 0
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from cosmocub.evaluate import evaluate
+    from cosmocub.tracking import job_run
+
+    cfg = load_config(args.config)
+    with job_run(cfg, stage="evaluate") as tracker:
+        evaluate(
+            cfg,
+            shards_dir=Path(args.shards),
+            run_dir=Path(args.run_dir),
+            out_dir=Path(args.out),
+            tracker=tracker,
+        )
+    return 0
+
+
+def _cmd_resolve_config(args: argparse.Namespace) -> int:
+    from cosmocub.config import write_config
+
+    cfg = load_config(args.config)
+    write_config(cfg.values, args.out)
+    return 0
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cosmocub", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, handler: Callable[[argparse.Namespace], int], help: str):
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(handler=handler)
+        return p
+
+    def add_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", help="YAML config (validated; defaults from the schema)")
+
+    p = add("inspect", _cmd_inspect, "describe a universe (HDF5) or an MLPerf sample (TFRecord)")
+    p.add_argument("path")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = add("simulate", _cmd_simulate, "make one synthetic N-body universe in the cosmoUniverse layout")
+    p.add_argument("out", help="output .hdf5 path")
+    p.add_argument("--size", type=int, required=True, help="voxels per side")
+    p.add_argument("--seed", type=int, required=True)
+    add_config(p)
+
+    p = add("preprocess", _cmd_preprocess, "crop universes into train/val/test shards")
+    p.add_argument("universes", nargs="+", help="universe .hdf5 files")
+    p.add_argument("--out", required=True, help="shard folder")
+    add_config(p)
+
+    p = add("model-summary", _cmd_model_summary, "layer table, parameter count and FLOPs per sample")
+    add_config(p)
+
+    p = add("train", _cmd_train, "train CosmoFlow (run under torchrun or srun for several ranks)")
+    p.add_argument("--shards", required=True)
+    p.add_argument("--out", required=True, help="run folder (checkpoints, metrics, final model)")
+    add_config(p)
+
+    p = add("evaluate", _cmd_evaluate, "test-set metrics and plots for a trained run")
+    p.add_argument("--shards", required=True)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--out", required=True)
+    add_config(p)
+
+    p = add("resolve-config", _cmd_resolve_config, "write the config with every default filled in")
+    p.add_argument("--out", required=True)
+    add_config(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (ValueError, FileNotFoundError) as err:
+        # User mistakes: one line, naming the file/key/numbers (the raiser's job), non-zero exit.
+        print(f"cosmocub {args.command}: error: {err}".replace("\n", " "), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""Configuration: YAML → JSON schema (the one source of defaults) → typed dataclasses.
+
+Snakemake validates its config against the same schema file; the CLI calls `load_config`, so a
+stage run by hand sees exactly the values a workflow job sees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA_PATH = Path(str(resources.files("cosmocub") / "schemas" / "config.schema.yaml"))
+
+
+class ConfigError(ValueError):
+    """A user's configuration is invalid; the message names the file, key and numbers."""
+
+
+def _validator_filling_defaults():
+    # jsonschema does not fill defaults by itself; extend the properties keyword so that a missing
+    # key takes the schema's default before validation descends into it (as Snakemake does).
+    base = jsonschema.Draft202012Validator
+    validate_properties = base.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = json.loads(json.dumps(sub["default"]))
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(base, {"properties": set_defaults})
+
+
+def load_schema() -> dict[str, Any]:
+    with open(SCHEMA_PATH) as f:
+        return yaml.safe_load(f)
+
+
+def resolve(raw: dict[str, Any] | None, *, source: str = "<config>") -> dict[str, Any]:
+    """Validate `raw` against the schema and return a copy with every default filled in."""
+    values = json.loads(json.dumps(raw or {}))
+    validator = _validator_filling_defaults()(load_schema())
+    errors = sorted(validator.iter_errors(values), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        key = ".".join(str(p) for p in err.absolute_path) or "<top level>"
+        raise ConfigError(f"{source}: key '{key}': {err.message}")
+    return values
+
+
+def config_hash(values: dict[str, Any]) -> str:
+    """A short, stable hash of a resolved config (key order does not matter)."""
+    blob = json.dumps(values, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"a": {"b": 1}}` → `{"a.b": 1}`, for MLflow params."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, prefix=f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+# ---------------------------------------------------------------------------------------------
+# Typed sections. Fields mirror the schema; defaults live in the schema, not here, so every field
+# is required when built from a resolved dict. Checks that JSON schema cannot express live in
+# __post_init__ and raise ConfigError with the numbers.
+
+
+@dataclass(frozen=True, kw_only=True)
+class UniversesConfig:
+    source: str
+    count: int
+    size: int
+    cosmoflow_dir: str | None
+    max_files: int | None
+
+    def __post_init__(self) -> None:
+        if self.source == "cosmoflow" and not self.cosmoflow_dir:
+            raise ConfigError("key 'universes.cosmoflow_dir': required when universes.source is 'cosmoflow'")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulateConfig:
+    pm_steps: int
+    initial_redshift: float
+    lpt_order: int
+    force_mesh_factor: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitRatios:
+    train: float
+    val: float
+    test: float
+
+    def __post_init__(self) -> None:
+        total = self.train + self.val + self.test
+        if total <= 0:
+            raise ConfigError(f"key 'preprocess.splits': ratios sum to {total}, must be > 0")
+
+    def as_dict(self) -> dict[str, float]:
+        return {"train": self.train, "val": self.val, "test": self.test}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreprocessConfig:
+    sample_size: int
+    log1p: bool
+    dtype: str
+    splits: SplitRatios
+    slab_depth: int
+    dask_scheduler: str | None
+    num_workers: int | None
+
+    def __post_init__(self) -> None:
+        if self.sample_size % self.slab_depth != 0:
+            raise ConfigError(
+                f"key 'preprocess.slab_depth': {self.slab_depth} does not divide "
+                f"preprocess.sample_size {self.sample_size}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    input_size: int
+    in_channels: int
+    base_filters: int
+    num_conv_blocks: int
+    kernel_size: int
+    dense_sizes: tuple[int, ...]
+    num_outputs: int
+    dropout: float
+    batch_norm: bool
+    leaky_relu_slope: float
+    output_scale: float
+
+    def __post_init__(self) -> None:
+        if self.input_size % (2**self.num_conv_blocks) != 0:
+            raise ConfigError(
+                f"key 'model.input_size': {self.input_size} is not divisible by "
+                f"2**num_conv_blocks = {2**self.num_conv_blocks} (each block halves the size)"
+            )
+        if self.kernel_size % 2 != 1:
+            raise ConfigError(f"key 'model.kernel_size': {self.kernel_size} must be odd")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    name: str
+    lr: float
+    base_batch_size: int
+    momentum: float
+    betas: tuple[float, float] | None
+    weight_decay: float
+    warmup_epochs: int
+    decay_epochs: tuple[int, ...]
+    decay_factors: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.decay_epochs) != len(self.decay_factors):
+            raise ConfigError(
+                f"key 'optimizer.decay_epochs': {len(self.decay_epochs)} epochs but "
+                f"{len(self.decay_factors)} decay_factors"
+            )
+
+    @property
+    def resolved_betas(self) -> tuple[float, float]:
+        if self.betas is not None:
+            return self.betas
+        return (0.9, 0.99) if self.name == "lion" else (0.9, 0.999)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    run_name: str
+    epochs: int
+    local_batch_size: int
+    nproc_per_node: int
+    num_data_workers: int
+    checkpoint_every_steps: int
+    max_restarts: int
+    deterministic: bool
+    log_every_steps: int
+    backend: str
+    amp: str
+    threads_per_rank: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluateConfig:
+    batch_size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrackingConfig:
+    uri: str | None
+    experiment: str
+    system_metrics: bool
+    enabled: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    results: Path
+    seed: int
+    universes: UniversesConfig
+    simulate: SimulateConfig
+    preprocess: PreprocessConfig
+    model: ModelConfig
+    optimizer: OptimizerConfig
+    train: TrainConfig
+    evaluate: EvaluateConfig
+    tracking: TrackingConfig
+    # The resolved dict this was built from: for hashing, MLflow params and artifacts.
+    values: dict[str, Any] = field(repr=False, compare=False)
+    source: str = "<config>"
+
+    @property
+    def hash(self) -> str:
+        return config_hash(self.values)
+
+    def __post_init__(self) -> None:
+        if self.model.input_size != self.preprocess.sample_size:
+            raise ConfigError(
+                f"{self.source}: key 'model.input_size': {self.model.input_size} differs from "
+                f"preprocess.sample_size {self.preprocess.sample_size}"
+            )
+        if self.preprocess.sample_size > self.universes.size and self.universes.source == "synthetic":
+            raise ConfigError(
+                f"{self.source}: key 'preprocess.sample_size': {self.preprocess.sample_size} is larger "
+                f"than universes.size {self.universes.size}"
+            )
+        if self.universes.source == "synthetic" and self.universes.size % self.preprocess.sample_size:
+            raise ConfigError(
+                f"{self.source}: key 'preprocess.sample_size': {self.preprocess.sample_size} does not "
+                f"divide universes.size {self.universes.size}"
+            )
+
+
+def _tuple_fields(cls, section: dict[str, Any]) -> dict[str, Any]:
+    out = dict(section)
+    for f in dataclasses.fields(cls):
+        if f.name in out and isinstance(out[f.name], list):
+            out[f.name] = tuple(out[f.name])
+    return out
+
+
+def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
+    """Build the typed config from a resolved dict (see `resolve`)."""
+    try:
+        pre = dict(values["preprocess"])
+        pre["splits"] = SplitRatios(**pre["splits"])
+        return Config(
+            results=Path(values["results"]),
+            seed=values["seed"],
+            universes=UniversesConfig(**values["universes"]),
+            simulate=SimulateConfig(**values["simulate"]),
+            preprocess=PreprocessConfig(**pre),
+            model=ModelConfig(**_tuple_fields(ModelConfig, values["model"])),
+            optimizer=OptimizerConfig(**_tuple_fields(OptimizerConfig, values["optimizer"])),
+            train=TrainConfig(**values["train"]),
+            evaluate=EvaluateConfig(**values["evaluate"]),
+            tracking=TrackingConfig(**values["tracking"]),
+            values=values,
+            source=source,
+        )
+    except ConfigError as err:
+        msg = str(err)
+        raise ConfigError(msg if msg.startswith(source) else f"{source}: {msg}") from None
+
+
+def load_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a YAML file (or nothing: all defaults), validate, fill defaults, and type it."""
+    raw: dict[str, Any] = {}
+    source = "<defaults>"
+    if path is not None:
+        source = str(path)
+        try:
+            with open(path) as f:
+                raw = yaml.safe_load(f) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}".replace("\n", " ")) from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
+    if overrides:
+        raw = _deep_merge(raw, overrides)
+    return from_values(resolve(raw, source=source), source=source)
+
+
+def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def write_config(values: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write a resolved config atomically (temporary name, then rename)."""
+    from cosmocub.io import atomic_path
+
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        yaml.safe_dump(values, f, sort_keys=False)
