@@ -1,0 +1,44 @@
+"""Shared pytest fixtures: small random universes written with the package's own writer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cosmocub.data.universe import phys_from_unit, write_universe
+
+REDSHIFTS = np.array([0.0, 0.5, 1.5, 3.0], dtype=np.float32)
+REAL_SAMPLES = Path(__file__).resolve().parents[2] / "shared/data/cosmoflow-real-samples"
+
+
+@pytest.fixture
+def make_universe(tmp_path: Path) -> Callable[..., Path]:
+    """Factory: `make_universe(name, size=16, seed=0)` writes Poisson(1) counts, gives its path."""
+
+    def make(name: str = "univ.hdf5", *, size: int = 16, seed: int = 0) -> Path:
+        rng = np.random.default_rng(seed)
+        counts = rng.poisson(1.0, size=(size, size, size, 4)).astype(np.int16)
+        unit_par = rng.uniform(-1, 1, size=4).astype(np.float32)
+        path = tmp_path / name
+        write_universe(
+            path,
+            counts,
+            unit_par=unit_par,
+            phys_par=phys_from_unit(unit_par),
+            redshifts=REDSHIFTS,
+            attrs={"cosmocub_seed": seed},
+        )
+        return path
+
+    return make
+
+
+@pytest.fixture
+def real_samples() -> list[Path]:
+    files = sorted(REAL_SAMPLES.glob("*.tfrecord"))
+    if not files:
+        pytest.skip(f"real CosmoFlow samples not found under {REAL_SAMPLES}")
+    return files
