@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cosmocub.config import load_config
+from cosmocub.workflow_support import CONFIG_ENV
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -83,6 +85,24 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_link_universe(args: argparse.Namespace) -> int:
+    from cosmocub.workflow_support import link_universe
+
+    link_universe(Path(args.source), Path(args.dest))
+    return 0
+
+
+def _cmd_summarize(args: argparse.Namespace) -> int:
+    from cosmocub.summary import write_summary
+
+    write_summary(
+        manifest_path=Path(args.manifest),
+        metrics_paths=[Path(p) for p in args.metrics],
+        out_path=Path(args.out),
+    )
+    return 0
+
+
 def _cmd_resolve_config(args: argparse.Namespace) -> int:
     from cosmocub.config import write_config
 
@@ -101,7 +121,11 @@ def _build_parser() -> argparse.ArgumentParser:
         return p
 
     def add_config(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", help="YAML config (validated; defaults from the schema)")
+        p.add_argument(
+            "--config",
+            default=os.environ.get(CONFIG_ENV),
+            help=f"YAML config (validated; defaults from the schema); default: ${CONFIG_ENV}",
+        )
 
     p = add("inspect", _cmd_inspect, "describe a universe (HDF5) or an MLPerf sample (TFRecord)")
     p.add_argument("path")
@@ -131,6 +155,15 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", required=True)
     p.add_argument("--out", required=True)
     add_config(p)
+
+    p = add("link-universe", _cmd_link_universe, "validate a public universe file and link it")
+    p.add_argument("source")
+    p.add_argument("dest")
+
+    p = add("summarize", _cmd_summarize, "one-page markdown summary of shards and evaluations")
+    p.add_argument("--manifest", required=True)
+    p.add_argument("--metrics", nargs="+", required=True, help="evaluation metrics.json files")
+    p.add_argument("--out", required=True)
 
     p = add("resolve-config", _cmd_resolve_config, "write the config with every default filled in")
     p.add_argument("--out", required=True)

@@ -1,0 +1,31 @@
+# cosmocub: universes → shards → trained CosmoFlow → evaluation → report.
+# Rules are thin: each calls the `cosmocub` CLI; the science lives in the package.
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/report.smk"
+
+
+# The resolved config and the MLflow parent run exist before any job starts.
+onstart:
+    ws.write_resolved_config(CFG, RESOLVED_CONFIG)
+    ws.start_tracking(CFG)
+
+
+onsuccess:
+    ws.finish_tracking(CFG, "FINISHED")
+
+
+onerror:
+    ws.finish_tracking(CFG, "FAILED")
+
+
+rule all:
+    default_target: True
+    input:
+        rules.summary_report.output,

@@ -1,0 +1,78 @@
+"""What the Snakefile asks of the package: universe names, the resolved config file, the parent run.
+
+Kept here so the rule files stay declarative; nothing in this module does science.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cosmocub.config import Config, ConfigError, write_config
+
+# Environment variable through which jobs learn their workflow's MLflow parent run.
+PARENT_RUN_ENV = "COSMOCUB_PARENT_RUN_ID"
+# The resolved config file a workflow job reads when no --config is given.
+CONFIG_ENV = "COSMOCUB_CONFIG"
+
+
+def universe_seed(index: int, *, master_seed: int) -> int:
+    """Seed of the index-th synthetic universe: disjoint ranges per master seed."""
+    return master_seed * 1_000_000 + index
+
+
+def universe_ids(cfg: Config) -> list[str]:
+    """File stems (without .hdf5) of every universe the workflow uses, in a stable order."""
+    if cfg.universes.source == "synthetic":
+        return [
+            f"synth_{universe_seed(i, master_seed=cfg.seed)}" for i in range(cfg.universes.count)
+        ]
+    folder = Path(cfg.universes.cosmoflow_dir or "")
+    if not folder.is_dir():
+        raise ConfigError(f"key 'universes.cosmoflow_dir': {folder} is not a folder")
+    stems = sorted(p.stem for p in folder.glob("univ_*.hdf5"))
+    if not stems:
+        raise ConfigError(f"key 'universes.cosmoflow_dir': {folder} holds no univ_*.hdf5 files")
+    return stems[: cfg.universes.max_files] if cfg.universes.max_files else stems
+
+
+def resolved_config_path(cfg: Config) -> str:
+    """Content-addressed: the same config always maps to the same file, a new one to a new file."""
+    return str(cfg.results / "config" / f"config-{cfg.hash}.yaml")
+
+
+def write_resolved_config(cfg: Config, path: str) -> None:
+    if not Path(path).exists():
+        write_config(cfg.values, path)
+
+
+def start_tracking(cfg: Config) -> None:
+    """Create the store once, before jobs fan out, and open this invocation's parent run."""
+    if not cfg.tracking.enabled:
+        return
+    from cosmocub.tracking import init_store, start_workflow_run
+
+    init_store(cfg)
+    # Jobs are child processes of this one (locally) or inherit the environment (srun/sbatch).
+    os.environ[PARENT_RUN_ENV] = start_workflow_run(cfg)
+
+
+def finish_tracking(cfg: Config, status: str) -> None:
+    run_id = os.environ.get(PARENT_RUN_ENV)
+    if not cfg.tracking.enabled or not run_id:
+        return
+    from cosmocub.tracking import end_workflow_run
+
+    end_workflow_run(cfg, run_id, status)
+
+
+def link_universe(source: Path, dest: Path) -> None:
+    """Validate a public universe file and symlink it into the results folder (atomically)."""
+    from cosmocub.data.universe import read_universe_meta
+
+    read_universe_meta(source)  # raises with the file and the problem
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(source.resolve())
+    os.replace(tmp, dest)

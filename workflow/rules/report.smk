@@ -1,0 +1,23 @@
+# A one-page summary of the pipeline's results; `snakemake --report report.html` adds the plots.
+
+
+report: "../report/workflow.rst"
+
+
+rule summary_report:
+    input:
+        metrics=expand(f"{RESULTS}/runs/{{run}}/eval/metrics.json", run=RUN),
+        manifest=rules.preprocess.output.manifest,
+    output:
+        report(
+            f"{RESULTS}/report/summary.md",
+            caption="../report/summary.rst",
+            category="Summary",
+        ),
+    log:
+        f"{RESULTS}/logs/summary_report.log",
+    conda:
+        "../../envs/cosmocub.yaml"
+    shell:
+        "cosmocub summarize --manifest {input.manifest} --metrics {input.metrics}"
+        " --out {output} > {log} 2>&1"
