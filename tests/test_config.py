@@ -1,0 +1,114 @@
+"""Config: schema defaults, typed checks with numbers in the messages, the shipped configs."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cosmocub.config import ConfigError, config_hash, flatten, load_config, resolve
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_yaml(path: Path, values: dict) -> Path:
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def test_defaults_come_from_the_schema():
+    cfg = load_config(None)
+    assert cfg.preprocess.sample_size == 32
+    assert cfg.model.dense_sizes == (128, 64)
+    assert cfg.optimizer.resolved_betas == (0.9, 0.999)
+    assert cfg.values["preprocess"]["splits"] == {"train": 0.7, "val": 0.15, "test": 0.15}
+
+
+def test_lion_betas_default_differs_from_adamw():
+    cfg = load_config(None, overrides={"optimizer": {"name": "lion"}})
+    assert cfg.optimizer.resolved_betas == (0.9, 0.99)
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "test.yaml", "cosmoflow-mlperf.yaml"])
+def test_shipped_configs_load(name):
+    cfg = load_config(REPO / "config" / name)
+    assert cfg.model.input_size == cfg.preprocess.sample_size
+
+
+def test_mlperf_config_is_the_reference_model():
+    cfg = load_config(REPO / "config" / "cosmoflow-mlperf.yaml")
+    m = cfg.model
+    assert (m.input_size, m.base_filters, m.num_conv_blocks, m.kernel_size) == (128, 32, 5, 3)
+    assert m.dense_sizes == (128, 64) and m.dropout == 0.5 and m.output_scale == 1.2
+    assert cfg.optimizer.decay_factors == (0.25, 0.125)
+
+
+def test_unknown_key_names_file_and_key(tmp_path):
+    path = write_yaml(tmp_path / "c.yaml", {"model": {"filters": 3}})
+    with pytest.raises(
+        ConfigError, match=r"c\.yaml: key 'model': Additional properties.*'filters'"
+    ):
+        load_config(path)
+
+
+def test_wrong_type_names_key(tmp_path):
+    path = write_yaml(tmp_path / "c.yaml", {"train": {"epochs": "many"}})
+    with pytest.raises(ConfigError, match=r"key 'train.epochs': 'many' is not of type 'integer'"):
+        load_config(path)
+
+
+def test_input_size_must_match_sample_size(tmp_path):
+    path = write_yaml(tmp_path / "c.yaml", {"model": {"input_size": 64}})
+    with pytest.raises(ConfigError, match=r"'model.input_size': 64 differs from .*sample_size 32"):
+        load_config(path)
+
+
+def test_sample_size_must_divide_universe(tmp_path):
+    values = {"universes": {"size": 48}, "preprocess": {"sample_size": 32}}
+    with pytest.raises(ConfigError, match=r"32 does not divide universes.size 48"):
+        load_config(write_yaml(tmp_path / "c.yaml", values))
+
+
+def test_model_depth_must_fit_input(tmp_path):
+    values = {"preprocess": {"sample_size": 16}, "model": {"input_size": 16, "num_conv_blocks": 5}}
+    with pytest.raises(ConfigError, match=r"16 is not divisible by 2\*\*num_conv_blocks = 32"):
+        load_config(write_yaml(tmp_path / "c.yaml", values))
+
+
+def test_decay_lists_must_pair(tmp_path):
+    values = {"optimizer": {"decay_epochs": [10], "decay_factors": [0.5, 0.1]}}
+    with pytest.raises(ConfigError, match=r"1 epochs but 2 decay_factors"):
+        load_config(write_yaml(tmp_path / "c.yaml", values))
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match=r"nope\.yaml: config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml: top level must be a mapping, got list"):
+        load_config(bad)
+
+
+def test_hash_ignores_key_order_and_sees_values():
+    a = resolve({"seed": 1, "train": {"epochs": 3}})
+    b = resolve({"train": {"epochs": 3}, "seed": 1})
+    c = resolve({"train": {"epochs": 4}, "seed": 1})
+    assert config_hash(a) == config_hash(b) != config_hash(c)
+
+
+def test_flatten():
+    assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": None}) == {
+        "a.b": 1,
+        "a.c.d": [1, 2],
+        "e": None,
+    }
+
+
+def test_cli_reports_bad_config_in_one_line(tmp_path, capsys):
+    from cosmocub.cli import main
+
+    path = write_yaml(tmp_path / "c.yaml", {"train": {"epochs": 0}})
+    assert main(["model-summary", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "c.yaml: key 'train.epochs': 0 is less than the minimum of 1" in err
