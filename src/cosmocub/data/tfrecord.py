@@ -1,0 +1,210 @@
+"""Read the MLPerf HPC CosmoFlow TFRecord samples without TensorFlow or protobuf.
+
+A GZIP TFRecord file is a sequence of records (length, masked CRC32C, payload, masked CRC32C); each
+payload is a `tf.train.Example` with feature `x` (int16 counts as bytes) and `y` (unitPar floats).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import google_crc32c
+import numpy as np
+
+_MASK_DELTA = 0xA282EAD8
+_NUM_CHANNELS = 4
+_NUM_PARAMS = 4
+
+
+class TFRecordError(ValueError):
+    """A TFRecord file or its tf.train.Example is malformed; the message names the file."""
+
+
+def masked_crc32c(data: bytes | memoryview) -> int:
+    """TFRecord's masked CRC32C: rotate right by 15 bits and add a constant (mod 2**32)."""
+    crc = google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def iter_tfrecords(path: str | os.PathLike, *, compressed: bool = True) -> Iterator[bytes]:
+    """Yield each record's payload, checking both CRCs (GZIP unless `compressed=False`)."""
+    path = Path(path)
+    if not path.is_file():
+        raise TFRecordError(f"{path}: no such TFRecord file")
+    opener = gzip.open if compressed else open
+    try:
+        with opener(path, "rb") as stream:
+            yield from _records(path, stream)
+    except gzip.BadGzipFile as err:
+        raise TFRecordError(f"{path}: not a valid GZIP file ({err})") from None
+    except EOFError:
+        raise TFRecordError(f"{path}: GZIP stream is truncated") from None
+    except zlib.error as err:
+        raise TFRecordError(f"{path}: GZIP stream is corrupt ({err})") from None
+
+
+def _records(path: Path, stream: BinaryIO) -> Iterator[bytes]:
+    index = 0
+    while True:
+        header = stream.read(12)
+        if not header:
+            return
+        if len(header) < 12:
+            raise TFRecordError(
+                f"{path}: record {index} is truncated: header has {len(header)} of 12 bytes"
+            )
+        length_bytes, (length_crc,) = header[:8], struct.unpack("<I", header[8:])
+        if masked_crc32c(length_bytes) != length_crc:
+            raise TFRecordError(f"{path}: record {index}: CRC mismatch in the length header")
+        (length,) = struct.unpack("<Q", length_bytes)
+        body = stream.read(length + 4)
+        if len(body) < length + 4:
+            raise TFRecordError(
+                f"{path}: record {index} is truncated: {len(body)} of {length + 4} bytes "
+                f"(payload and CRC)"
+            )
+        data = body[:length]
+        (data_crc,) = struct.unpack("<I", body[length:])
+        if masked_crc32c(data) != data_crc:
+            raise TFRecordError(
+                f"{path}: record {index}: CRC mismatch in the {length}-byte payload"
+            )
+        yield data
+        index += 1
+
+
+# --- protobuf wire format: just enough for tf.train.Example ---------------------------------
+# A hand-written reader of ~50 lines keeps the package free of protobuf/TensorFlow (large,
+# version-sensitive dependencies) for the three nested messages we need:
+#   Example{1: Features}  Features{1: map<string, Feature>} (entries {1: key, 2: value})
+#   Feature{1: BytesList{1: bytes*}, 2: FloatList{1: float* (packed)}, 3: Int64List{1: int64*}}
+
+
+def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise IndexError("varint runs past the end of the message")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise IndexError("varint longer than 10 bytes")
+
+
+def _fields(buf: memoryview) -> Iterator[tuple[int, int, memoryview | int]]:
+    """Yield (field number, wire type, value) of one message; values are views, not copies."""
+    pos = 0
+    while pos < len(buf):
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+            yield number, wire, value
+        elif wire == 1:
+            yield number, wire, buf[pos : pos + 8]
+            pos += 8
+        elif wire == 2:
+            size, pos = _varint(buf, pos)
+            if pos + size > len(buf):
+                raise IndexError(f"field {number} of {size} bytes runs past the end")
+            yield number, wire, buf[pos : pos + size]
+            pos += size
+        elif wire == 5:
+            yield number, wire, buf[pos : pos + 4]
+            pos += 4
+        else:
+            raise IndexError(f"unsupported wire type {wire} in field {number}")
+        if pos > len(buf):
+            raise IndexError(f"field {number} runs past the end")
+
+
+def _parse_feature(buf: memoryview) -> tuple[str, list[memoryview] | np.ndarray]:
+    for number, _, value in _fields(buf):
+        assert isinstance(value, memoryview)
+        if number == 1:  # BytesList
+            return "bytes", [v for n, _, v in _fields(value) if n == 1]  # type: ignore[misc]
+        if number == 2:  # FloatList: packed (wire 2) or one float per field (wire 5)
+            parts = [bytes(v) for n, _, v in _fields(value) if n == 1]  # type: ignore[arg-type]
+            return "float", np.frombuffer(b"".join(parts), dtype="<f4").astype(np.float32)
+        if number == 3:  # Int64List: packed varints or one varint per field
+            ints: list[int] = []
+            for n, wire, v in _fields(value):
+                if n != 1:
+                    continue
+                if wire == 0:
+                    ints.append(int(v))  # type: ignore[arg-type]
+                else:
+                    pos = 0
+                    while pos < len(v):  # type: ignore[arg-type]
+                        item, pos = _varint(v, pos)  # type: ignore[arg-type]
+                        ints.append(item)
+            return "int64", np.array(ints, dtype=np.uint64).view(np.int64)
+    return "empty", []
+
+
+def parse_example(payload: bytes | memoryview) -> dict[str, tuple[str, object]]:
+    """Parse a serialized tf.train.Example into {name: (kind, value)}; kind: bytes/float/int64."""
+    features: dict[str, tuple[str, object]] = {}
+    for number, _, example_field in _fields(memoryview(payload)):
+        if number != 1:
+            continue
+        for entry_number, _, entry in _fields(example_field):  # type: ignore[arg-type]
+            if entry_number != 1:
+                continue
+            key, value = "", memoryview(b"")
+            for n, _, v in _fields(entry):  # type: ignore[arg-type]
+                if n == 1:
+                    key = bytes(v).decode()  # type: ignore[arg-type]
+                elif n == 2:
+                    value = v  # type: ignore[assignment]
+            features[key] = _parse_feature(value)
+    return features
+
+
+def read_tfrecord_sample(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
+    """The first record of an MLPerf CosmoFlow file: (x int16 (S, S, S, 4), y float32 (4,)).
+
+    S follows from the byte count of `x` (a cube of 4 int16 channels: 128 for MLPerf).
+    """
+    path = Path(path)
+    payload = next(iter_tfrecords(path), None)
+    if payload is None:
+        raise TFRecordError(f"{path}: holds no records")
+    try:
+        features = parse_example(payload)
+    except (IndexError, UnicodeDecodeError) as err:
+        raise TFRecordError(f"{path}: record 0 is not a valid tf.train.Example ({err})") from None
+    for name, kind in (("x", "bytes"), ("y", "float")):
+        if name not in features:
+            raise TFRecordError(f"{path}: missing feature '{name}' (has {sorted(features)})")
+        if features[name][0] != kind:
+            raise TFRecordError(
+                f"{path}: feature '{name}' is a {features[name][0]} list, expected {kind}"
+            )
+    x_values = features["x"][1]
+    assert isinstance(x_values, list)
+    if len(x_values) != 1:
+        raise TFRecordError(f"{path}: feature 'x' holds {len(x_values)} byte strings, expected 1")
+    raw = x_values[0]
+    voxels = len(raw) // (2 * _NUM_CHANNELS)
+    side = round(voxels ** (1 / 3))
+    if side < 1 or side**3 * _NUM_CHANNELS * 2 != len(raw):
+        raise TFRecordError(
+            f"{path}: feature 'x' has {len(raw)} bytes, not a cube of {_NUM_CHANNELS} int16 "
+            f"channels (side**3 * 8 bytes)"
+        )
+    x = np.frombuffer(raw, dtype="<i2").astype(np.int16).reshape(side, side, side, _NUM_CHANNELS)
+    y = np.asarray(features["y"][1], dtype=np.float32)
+    if y.shape != (_NUM_PARAMS,):
+        raise TFRecordError(f"{path}: feature 'y' has {y.size} floats, expected {_NUM_PARAMS}")
+    return x, y
