@@ -1,0 +1,169 @@
+"""Torch datasets over the HDF5 shards of docs/formats.md: standardised (C, S, S, S) samples + targets.
+
+HDF5 files are opened lazily in the process that reads (fork-safe for DataLoader workers), and a
+`depth_slab` reads only x[i, :, d0:d1]: the seam for spatially parallel I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from cosmocub.config import ModelConfig
+
+SPLITS = ("train", "val", "test")
+
+
+def shard_path(shards_dir: str | os.PathLike, split: str) -> Path:
+    """`<shards_dir>/<split>.h5`, or FileNotFoundError naming what is missing."""
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r}: must be one of {', '.join(SPLITS)}")
+    path = Path(shards_dir) / f"{split}.h5"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: shard not found (run `cosmocub preprocess` first)")
+    return path
+
+
+def read_stats(shards_dir: str | os.PathLike) -> tuple[list[float], list[float]]:
+    """Per-channel (mean, std) from `<shards_dir>/stats.json`."""
+    path = Path(shards_dir) / "stats.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: shard statistics not found (run `cosmocub preprocess`)")
+    with open(path) as f:
+        stats = json.load(f)
+    try:
+        mean, std = [float(v) for v in stats["mean"]], [float(v) for v in stats["std"]]
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{path}: expected lists 'mean' and 'std' of floats ({err})") from None
+    if len(mean) != len(std):
+        raise ValueError(f"{path}: 'mean' has {len(mean)} channels but 'std' has {len(std)}")
+    if any(s <= 0 for s in std):
+        raise ValueError(f"{path}: 'std' must be > 0, got {std}")
+    return mean, std
+
+
+class ShardDataset(Dataset):
+    """Samples of one shard file: (x float32 (C, S, S, S) or (C, d1-d0, S, S), y float32 (4,)).
+
+    `mean`/`std` (per channel, from stats.json) standardise x; None leaves it as stored.
+    `sample_size`/`in_channels`, when given, are checked against the shard's sample shape.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        mean: Sequence[float] | None,
+        std: Sequence[float] | None,
+        depth_slab: tuple[int, int] | None = None,
+        sample_size: int | None = None,
+        in_channels: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"{self.path}: shard not found")
+        with h5py.File(self.path, "r") as f:
+            for name in ("x", "y"):
+                if name not in f:
+                    raise ValueError(
+                        f"{self.path}: dataset '{name}' missing (not a cosmocub shard)"
+                    )
+            x_shape, y_shape = f["x"].shape, f["y"].shape
+        if len(x_shape) != 5 or x_shape[2] != x_shape[3] or x_shape[3] != x_shape[4]:
+            raise ValueError(
+                f"{self.path}: dataset 'x' has shape {x_shape}, expected (N, C, S, S, S)"
+            )
+        if y_shape[0] != x_shape[0]:
+            raise ValueError(f"{self.path}: 'x' has {x_shape[0]} samples but 'y' has {y_shape[0]}")
+        self.num_samples, self.channels, self.size = x_shape[0], x_shape[1], x_shape[2]
+        if sample_size is not None and sample_size != self.size:
+            raise ValueError(
+                f"{self.path}: dataset 'x' holds {self.size}³ samples but model.input_size is "
+                f"{sample_size}"
+            )
+        if in_channels is not None and in_channels != self.channels:
+            raise ValueError(
+                f"{self.path}: dataset 'x' has {self.channels} channels but model.in_channels is "
+                f"{in_channels}"
+            )
+        if depth_slab is not None:
+            d0, d1 = depth_slab
+            if not 0 <= d0 < d1 <= self.size:
+                raise ValueError(f"{self.path}: depth_slab ({d0}, {d1}) outside [0, {self.size}]")
+        self.depth_slab = depth_slab
+        self._scale: tuple[np.ndarray, np.ndarray] | None = None
+        if (mean is None) != (std is None):
+            raise ValueError(f"{self.path}: give both mean and std, or neither")
+        if mean is not None and std is not None:
+            if len(mean) != self.channels or len(std) != self.channels:
+                raise ValueError(
+                    f"{self.path}: stats have {len(mean)} means and {len(std)} stds for "
+                    f"{self.channels} channels"
+                )
+            # (C, 1, 1, 1) so they broadcast over one sample's (C, D, H, W).
+            m = np.asarray(mean, dtype=np.float32).reshape(-1, 1, 1, 1)
+            inv = 1.0 / np.asarray(std, dtype=np.float32).reshape(-1, 1, 1, 1)
+            self._scale = (m, inv)
+        self._file: h5py.File | None = None
+        self._pid: int | None = None
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def _open(self) -> h5py.File:
+        # An HDF5 handle must not cross a fork: reopen in every process that reads.
+        if self._file is None or self._pid != os.getpid():
+            self._file = h5py.File(self.path, "r")
+            self._pid = os.getpid()
+        return self._file
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        f = self._open()
+        if self.depth_slab is None:
+            x = f["x"][index]  # (C, S, S, S)
+        else:
+            d0, d1 = self.depth_slab
+            x = f["x"][index, :, d0:d1]  # (C, d1-d0, S, S): only this slab's chunks are read
+        x = x.astype(np.float32, copy=False)
+        if self._scale is not None:
+            mean, inv_std = self._scale
+            x = (x - mean) * inv_std
+        y = f["y"][index].astype(np.float32, copy=False)
+        return torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_file"], state["_pid"] = None, None
+        return state
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def open_split(
+    shards_dir: str | os.PathLike,
+    split: str,
+    model_cfg: ModelConfig,
+    *,
+    depth_slab: tuple[int, int] | None = None,
+) -> ShardDataset:
+    """The `split` shard standardised with the training stats, checked against the model."""
+    mean, std = read_stats(shards_dir)
+    return ShardDataset(
+        shard_path(shards_dir, split),
+        mean=mean,
+        std=std,
+        depth_slab=depth_slab,
+        sample_size=model_cfg.input_size,
+        in_channels=model_cfg.in_channels,
+    )

@@ -1,0 +1,127 @@
+"""The CosmoFlow 3D CNN in plain PyTorch, built from `ModelConfig`, plus save/load of final models.
+
+It knows nothing of parallelism: the conv stack (`conv_blocks`) and the dense head (`head`) are
+named submodules so that `parallelize_cosmoflow(model, mesh)` can swap layers from outside.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from cosmocub.config import ModelConfig
+from cosmocub.io import atomic_path
+
+MODEL_FILE_FORMAT = "cosmocub.model/1"
+
+
+def conv_block(
+    in_channels: int, out_channels: int, *, kernel_size: int, batch_norm: bool, slope: float
+) -> nn.Sequential:
+    """Conv3d(k, same padding) → (BatchNorm3d) → LeakyReLU → MaxPool3d(2): halves D, H and W."""
+    layers: OrderedDict[str, nn.Module] = OrderedDict()
+    # A conv followed by batch norm does not need a bias (the norm's shift replaces it).
+    layers["conv"] = nn.Conv3d(
+        in_channels, out_channels, kernel_size, padding=kernel_size // 2, bias=not batch_norm
+    )
+    if batch_norm:
+        layers["norm"] = nn.BatchNorm3d(out_channels)
+    layers["act"] = nn.LeakyReLU(slope)
+    layers["pool"] = nn.MaxPool3d(2)
+    return nn.Sequential(layers)
+
+
+class CosmoFlow(nn.Module):
+    """CosmoFlow: `num_conv_blocks` conv blocks, then a dense head, then tanh · output_scale.
+
+    forward(x_bcdhw: (B, C, S, S, S)) → (B, num_outputs).
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        blocks: OrderedDict[str, nn.Module] = OrderedDict()
+        channels = cfg.in_channels
+        for i in range(cfg.num_conv_blocks):
+            filters = cfg.base_filters * 2**i
+            blocks[f"block{i}"] = conv_block(
+                channels,
+                filters,
+                kernel_size=cfg.kernel_size,
+                batch_norm=cfg.batch_norm,
+                slope=cfg.leaky_relu_slope,
+            )
+            channels = filters
+        self.conv_blocks = nn.Sequential(blocks)
+        self.flatten = nn.Flatten()
+        final_size = cfg.input_size // 2**cfg.num_conv_blocks
+        self.flat_features = channels * final_size**3
+
+        head: OrderedDict[str, nn.Module] = OrderedDict()
+        width = self.flat_features
+        for i, size in enumerate(cfg.dense_sizes):
+            head[f"dense{i}"] = nn.Linear(width, size)
+            head[f"act{i}"] = nn.LeakyReLU(cfg.leaky_relu_slope)
+            head[f"dropout{i}"] = nn.Dropout(cfg.dropout)
+            width = size
+        head["output"] = nn.Linear(width, cfg.num_outputs)
+        self.head = nn.Sequential(head)
+        self.output_scale = cfg.output_scale
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform weights and zero biases, as the reference (Keras defaults)."""
+        for module in self.modules():
+            if isinstance(module, nn.Conv3d | nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def forward(self, x_bcdhw: torch.Tensor) -> torch.Tensor:
+        h = self.conv_blocks(x_bcdhw)  # (B, F, s, s, s), s = S / 2**num_conv_blocks
+        h = self.flatten(h)  # (B, F·s³)
+        return torch.tanh(self.head(h)) * self.output_scale  # (B, num_outputs)
+
+
+def model_config_dict(cfg: ModelConfig) -> dict[str, Any]:
+    """A plain dict (lists, no tuples) of a model config, for files and MLflow."""
+    values = dataclasses.asdict(cfg)
+    values["dense_sizes"] = list(values["dense_sizes"])
+    return values
+
+
+def save_model_file(path: str | os.PathLike, model: nn.Module, model_cfg: ModelConfig) -> None:
+    """Write `{format, model_config, state_dict}` atomically: what `load_model_file` rebuilds."""
+    module = getattr(model, "module", model)  # unwrap DDP and the like
+    state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+    payload = {
+        "format": MODEL_FILE_FORMAT,
+        "model_config": model_config_dict(model_cfg),
+        "state_dict": state,
+    }
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+
+
+def load_model_file(path: str | os.PathLike, *, map_location: str = "cpu") -> CosmoFlow:
+    """Rebuild a CosmoFlow from a file written by `save_model_file` (in eval mode)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: model file not found")
+    payload = torch.load(path, map_location=map_location, weights_only=True)
+    if not isinstance(payload, dict) or payload.get("format") != MODEL_FILE_FORMAT:
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise ValueError(
+            f"{path}: not a cosmocub model file (format {found!r}, expected {MODEL_FILE_FORMAT!r})"
+        )
+    values = dict(payload["model_config"])
+    values["dense_sizes"] = tuple(values["dense_sizes"])
+    model = CosmoFlow(ModelConfig(**values))
+    model.load_state_dict(payload["state_dict"])
+    return model.eval()

@@ -1,0 +1,201 @@
+"""Process topology: read the launcher's environment (torchrun, Slurm srun, or none), start the
+process group, and build the one DeviceMesh with named axes ("data", "spatial").
+
+Everything else asks `ParallelDims` for groups and ranks; nothing else reads RANK or SLURM_*.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+MESH_AXES = ("data", "spatial")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchEnv:
+    """Who am I, as the launcher said: global and node-local rank and size, and the rendezvous."""
+
+    launcher: str  # "torchrun", "slurm" or "single"
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+
+def _first_slurm_host(nodelist: str) -> str:
+    # "node[03-05,9],gpu1" → "node03": only the first host is needed for the rendezvous.
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if not match:
+        raise ValueError(f"SLURM_JOB_NODELIST {nodelist!r}: cannot read the first host")
+    prefix, ranges = match.group(1), match.group(2)
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def _slurm_local_size(environ: Mapping[str, str], world_size: int) -> int:
+    if "SLURM_NTASKS_PER_NODE" in environ:
+        return int(environ["SLURM_NTASKS_PER_NODE"].split("(")[0].split(",")[0])
+    if "SLURM_TASKS_PER_NODE" in environ:  # e.g. "4(x2)" or "4,3"
+        return int(environ["SLURM_TASKS_PER_NODE"].split("(")[0].split(",")[0])
+    return world_size
+
+
+def detect_launch_env(environ: Mapping[str, str] | None = None) -> LaunchEnv:
+    """torchrun's RANK/WORLD_SIZE/LOCAL_RANK first, then srun's SLURM_PROCID/…, else one process."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return LaunchEnv(
+            launcher="torchrun",
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", 29500)),
+        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        world_size = int(env["SLURM_NTASKS"])
+        if "MASTER_ADDR" in env:
+            addr = env["MASTER_ADDR"]
+        elif "SLURM_LAUNCH_NODE_IPADDR" in env:
+            addr = env["SLURM_LAUNCH_NODE_IPADDR"]
+        elif "SLURM_JOB_NODELIST" in env:
+            addr = _first_slurm_host(env["SLURM_JOB_NODELIST"])
+        else:
+            addr = "127.0.0.1"
+        # A port derived from the job id keeps two jobs sharing a node from colliding.
+        port = int(env.get("MASTER_PORT", 20000 + int(env.get("SLURM_JOB_ID", 0)) % 20000))
+        return LaunchEnv(
+            launcher="slurm",
+            rank=int(env["SLURM_PROCID"]),
+            world_size=world_size,
+            local_rank=int(env.get("SLURM_LOCALID", 0)),
+            local_world_size=_slurm_local_size(env, world_size),
+            master_addr=addr,
+            master_port=port,
+        )
+    return LaunchEnv(
+        launcher="single",
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        master_addr="127.0.0.1",
+        master_port=0,
+    )
+
+
+@dataclass(kw_only=True)
+class ParallelDims:
+    """Mesh sizes (data × spatial = world), the device, and once built, the DeviceMesh."""
+
+    data: int
+    spatial: int
+    env: LaunchEnv
+    device: torch.device
+    backend: str
+    mesh: DeviceMesh | None = field(default=None, repr=False)
+    owns_process_group: bool = False
+
+    def __post_init__(self) -> None:
+        if self.data < 1 or self.spatial < 1 or self.data * self.spatial != self.env.world_size:
+            raise ValueError(
+                f"mesh data={self.data} × spatial={self.spatial} = {self.data * self.spatial} "
+                f"does not equal the world size {self.env.world_size} ({self.env.launcher})"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.env.world_size
+
+    @property
+    def rank(self) -> int:
+        return self.env.rank
+
+    @property
+    def is_main(self) -> bool:
+        return self.env.rank == 0
+
+    def _axis(self, axis: str) -> DeviceMesh:
+        if self.mesh is None:
+            raise RuntimeError("ParallelDims: mesh not built (call build_parallel_dims)")
+        return self.mesh[axis]
+
+    def group(self, axis: str) -> dist.ProcessGroup:
+        """The process group of mesh axis "data" or "spatial"."""
+        return self._axis(axis).get_group()
+
+    def axis_rank(self, axis: str) -> int:
+        return self._axis(axis).get_local_rank()
+
+
+def _pick_device(env: LaunchEnv) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", env.local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def build_parallel_dims(
+    *, backend: str = "auto", spatial: int = 1, environ: Mapping[str, str] | None = None
+) -> ParallelDims:
+    """Start the process group (gloo on CPU, nccl on CUDA, unless `backend` says) and the mesh.
+
+    A single process without a launcher still gets a world of one (an in-memory store), so the
+    training code has no `if distributed:` branches. Reuses a process group that already exists.
+    """
+    env = detect_launch_env(environ)
+    device = _pick_device(env)
+    if backend == "auto":
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl" and device.type != "cuda":
+        raise ValueError("key 'train.backend': nccl needs CUDA devices, none is available")
+    dims = ParallelDims(
+        data=env.world_size // spatial if env.world_size % spatial == 0 else -1,
+        spatial=spatial,
+        env=env,
+        device=device,
+        backend=backend,
+    )
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(minutes=30)
+        if env.launcher == "single":
+            store = dist.HashStore()
+            dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+        else:
+            dist.init_process_group(
+                backend,
+                init_method=f"tcp://{env.master_addr}:{env.master_port}"
+                if env.launcher == "slurm"
+                else "env://",
+                rank=env.rank,
+                world_size=env.world_size,
+                timeout=timeout,
+            )
+        dims.owns_process_group = True
+    elif dist.get_world_size() != env.world_size:
+        raise ValueError(
+            f"existing process group has {dist.get_world_size()} ranks, the launcher says "
+            f"{env.world_size}"
+        )
+    dims.mesh = init_device_mesh(device.type, (dims.data, dims.spatial), mesh_dim_names=MESH_AXES)
+    return dims
+
+
+def close_parallel_dims(dims: ParallelDims) -> None:
+    """Destroy the process group if `build_parallel_dims` started it."""
+    if dims.owns_process_group and dist.is_initialized():
+        dist.destroy_process_group()
+        dims.owns_process_group = False

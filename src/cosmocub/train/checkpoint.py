@@ -1,0 +1,150 @@
+"""Training checkpoints: one atomic file per save under run_dir/checkpoints, the last few kept.
+
+A checkpoint holds everything a resumed run needs to continue bit for bit: model, optimizer,
+schedule, every rank's RNG states, the sampler position, and the hash of the resume-relevant config.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from cosmocub.config import Config, config_hash
+from cosmocub.io import atomic_path
+
+CHECKPOINT_FORMAT = "cosmocub.checkpoint/1"
+_NAME = re.compile(r"^step_(\d{8})\.pt$")
+
+# Keys that change how a run is operated, not what it computes: a resumed run may change them.
+_OPERATIONAL_TRAIN_KEYS = {
+    "run_name",
+    "epochs",
+    "num_data_workers",
+    "checkpoint_every_steps",
+    "max_restarts",
+    "log_every_steps",
+    "threads_per_rank",
+    "backend",
+}
+_OPERATIONAL_PREPROCESS_KEYS = {"dask_scheduler", "num_workers"}
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint was written by a run with another resume-relevant config."""
+
+
+def resume_hash(cfg: Config) -> str:
+    """Hash of seed + model + optimizer + train + preprocess, without the operational keys."""
+    values = cfg.values
+    return config_hash(
+        {
+            "seed": values["seed"],
+            "model": values["model"],
+            "optimizer": values["optimizer"],
+            "train": {k: v for k, v in values["train"].items() if k not in _OPERATIONAL_TRAIN_KEYS},
+            "preprocess": {
+                k: v
+                for k, v in values["preprocess"].items()
+                if k not in _OPERATIONAL_PREPROCESS_KEYS
+            },
+        }
+    )
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """torch (CPU and CUDA), numpy and python generator states, as tensors and plain types."""
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": (
+            np_name,
+            torch.from_numpy(np_keys.astype(np.int64)),
+            np_pos,
+            np_has_gauss,
+            np_gauss,
+        ),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = state["numpy"]
+    np.random.set_state(
+        (np_name, np_keys.numpy().astype(np.uint32), np_pos, np_has_gauss, np_gauss)
+    )
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+class CheckpointManager:
+    """Saves and finds `step_<8 digits>.pt` in one folder; only rank 0 writes."""
+
+    def __init__(
+        self, folder: str | Path, *, config_hash: str, keep: int = 2, is_main: bool = True
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"CheckpointManager: keep must be >= 1, got {keep}")
+        self.folder = Path(folder)
+        self.config_hash, self.keep, self.is_main = config_hash, keep, is_main
+
+    def path_for(self, step: int) -> Path:
+        return self.folder / f"step_{step:08d}.pt"
+
+    def list(self) -> list[Path]:
+        if not self.folder.is_dir():
+            return []
+        return sorted(p for p in self.folder.iterdir() if _NAME.match(p.name))
+
+    def latest(self) -> Path | None:
+        found = self.list()
+        return found[-1] if found else None
+
+    def save(self, step: int, state: dict[str, Any]) -> Path | None:
+        """Gather every rank's RNG state (a collective: all ranks call this), then rank 0 writes."""
+        rng = capture_rng_state()
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            gathered: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, rng)
+        else:
+            gathered = [rng]
+        if not self.is_main:
+            return None
+        payload = {
+            "format": CHECKPOINT_FORMAT,
+            "config_hash": self.config_hash,
+            "step": step,
+            "rng_per_rank": gathered,
+            **state,
+        }
+        path = self.path_for(step)
+        with atomic_path(path) as tmp:
+            torch.save(payload, tmp)
+        for old in self.list()[: -self.keep]:
+            old.unlink(missing_ok=True)
+        return path
+
+    def load(self, path: str | Path) -> dict[str, Any]:
+        """Read a checkpoint on CPU; a foreign config raises CheckpointMismatchError."""
+        path = Path(path)
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+        if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{path}: not a cosmocub checkpoint (expected {CHECKPOINT_FORMAT})")
+        if payload["config_hash"] != self.config_hash:
+            raise CheckpointMismatchError(
+                f"{path}: checkpoint written with config hash {payload['config_hash']}, this run "
+                f"has {self.config_hash} (model/optimizer/train/preprocess/seed differ: use another "
+                f"run folder or delete the checkpoints)"
+            )
+        return payload

@@ -1,0 +1,87 @@
+"""Data loading for training: a resumable distributed sampler and the train/val loaders.
+
+The sampler is DistributedSampler (seeded, epoch-set) plus a batch offset, so a run resumed in the
+middle of an epoch skips exactly the batches it had consumed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset
+
+from cosmocub.parallel.mesh import ParallelDims
+
+
+class ResumableSampler(Sampler[int]):
+    """This data rank's indices for one epoch, in batches of `batch_size`, from batch `skip` on."""
+
+    def __init__(
+        self, dataset: Dataset, *, num_replicas: int, rank: int, seed: int, batch_size: int
+    ) -> None:
+        # drop_last: every rank sees the same number of samples, so DDP steps stay in lockstep.
+        self.inner = DistributedSampler(
+            dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True
+        )
+        self.batch_size = batch_size
+        self.epoch, self.skip_batches = 0, 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return len(self.inner) // self.batch_size
+
+    def set_position(self, epoch: int, skip_batches: int = 0) -> None:
+        self.epoch, self.skip_batches = epoch, skip_batches
+        self.inner.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(self.inner)[: self.batches_per_epoch * self.batch_size]
+        return iter(indices[self.skip_batches * self.batch_size :])
+
+    def __len__(self) -> int:
+        return max(0, self.batches_per_epoch - self.skip_batches) * self.batch_size
+
+
+def build_train_loader(
+    dataset: Dataset,
+    dims: ParallelDims,
+    *,
+    batch_size: int,
+    seed: int,
+    num_workers: int,
+) -> DataLoader:
+    sampler = ResumableSampler(
+        dataset,
+        num_replicas=dims.data,
+        rank=dims.axis_rank("data"),
+        seed=seed,
+        batch_size=batch_size,
+    )
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=num_workers,
+        pin_memory=dims.device.type == "cuda",
+        persistent_workers=num_workers > 0,
+        # Its own generator: iterating must not draw from the global torch RNG, or a resumed
+        # run's dropout masks would differ from an uninterrupted run's.
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def build_eval_loader(
+    dataset: Dataset, dims: ParallelDims, *, batch_size: int, num_workers: int
+) -> DataLoader:
+    """Each data rank takes every data-size-th sample, none repeated (sums are reduced later)."""
+    data_rank = dims.axis_rank("data")
+    subset = Subset(dataset, range(data_rank, len(dataset), dims.data))
+    return DataLoader(
+        subset,
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=num_workers,
+        pin_memory=dims.device.type == "cuda",
+    )

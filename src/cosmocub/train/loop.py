@@ -1,0 +1,210 @@
+"""The training epoch and the validation pass: one screen each, shapes in comments.
+
+`Trainer` holds the pieces `main.train` built; gradient exchange is whatever `grad_sync` says, so a
+self-communicating optimizer slots in without touching this loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from cosmocub.config import Config
+from cosmocub.optim.schedule import EpochSchedule
+from cosmocub.parallel.mesh import ParallelDims
+from cosmocub.train.checkpoint import CheckpointManager
+from cosmocub.train.data import ResumableSampler
+from cosmocub.train.grad_sync import GradientSync
+
+PARAM_NAMES = ("Omega_m", "sigma_8", "N_spec", "H_0")
+
+
+class NonFiniteLossError(ValueError):
+    """The loss became NaN or inf; the message names the step (earlier checkpoints are kept)."""
+
+
+def param_names(num_outputs: int) -> tuple[str, ...]:
+    return (
+        PARAM_NAMES
+        if num_outputs == len(PARAM_NAMES)
+        else tuple(f"out{i}" for i in range(num_outputs))
+    )
+
+
+@dataclass
+class TrainState:
+    """Where training stands; checkpointed with the model so a resume continues exactly here."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    epoch_loss_sum: float = 0.0
+    epoch_steps: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+@dataclass(kw_only=True)
+class Trainer:
+    cfg: Config
+    dims: ParallelDims
+    model: nn.Module  # the plain CosmoFlow
+    wrapped: nn.Module  # what the step calls (DDP or the model itself)
+    optimizer: Optimizer
+    schedule: EpochSchedule
+    grad_sync: GradientSync
+    train_loader: DataLoader
+    val_loader: DataLoader
+    checkpoints: CheckpointManager
+    autocast_dtype: torch.dtype | None
+    log: Callable[[dict[str, float], int], None]  # (metrics, step) → tracker
+    on_step_end: Callable[[int, nn.Module], None] | None = None
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.dims.device.type, dtype=self.autocast_dtype)
+
+    def checkpoint(self, state: TrainState) -> None:
+        self.checkpoints.save(
+            state.step,
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "schedule": self.schedule.state_dict(),
+                "train_state": state.state_dict(),
+                "data_parallel_size": self.dims.data,
+            },
+        )
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
+    """Run the rest of epoch `state.epoch` from batch `state.batch_in_epoch`; returns its stats."""
+    cfg, device = t.cfg.train, t.dims.device
+    sampler = t.train_loader.sampler
+    assert isinstance(sampler, ResumableSampler)
+    sampler.set_position(state.epoch, state.batch_in_epoch)
+    data_group = t.dims.group("data")
+    show_bar = t.dims.is_main and sys.stderr.isatty()
+    t.wrapped.train()
+    data_wait, steps_here = 0.0, 0
+    _sync(device)
+    start = time.perf_counter()
+    batches = tqdm(
+        t.train_loader,
+        desc=f"epoch {state.epoch}",
+        initial=state.batch_in_epoch,
+        total=sampler.batches_per_epoch,
+        disable=not show_bar,
+        leave=False,
+    )
+    tick = time.perf_counter()
+    for x_bcdhw, y_bp in batches:
+        x_bcdhw = x_bcdhw.to(device, non_blocking=True)  # (B, C, S, S, S)
+        y_bp = y_bp.to(device, non_blocking=True)  # (B, P)
+        data_wait += time.perf_counter() - tick
+        with t.autocast():
+            pred_bp = t.wrapped(x_bcdhw)  # (B, P)
+        loss = nn.functional.mse_loss(pred_bp.float(), y_bp)
+        # The mean loss over data ranks, started now and awaited after backward: every rank then
+        # sees the same value and stops at the same step if it is not finite (sync point).
+        loss_all = loss.detach().clone()
+        work = None
+        if t.dims.data > 1:
+            work = dist.all_reduce(loss_all, group=data_group, async_op=True)
+        t.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        t.grad_sync.after_backward(t.model)
+        if work is not None:
+            work.wait()
+        loss_value = loss_all.item() / t.dims.data
+        if not math.isfinite(loss_value):
+            raise NonFiniteLossError(
+                f"run {t.checkpoints.folder.parent}: training loss is {loss_value} at step "
+                f"{state.step + 1} (epoch {state.epoch}, batch {state.batch_in_epoch}); "
+                f"last checkpoint kept: {t.checkpoints.latest()}"
+            )
+        t.optimizer.step()
+        t.schedule.step()
+        state.step += 1
+        state.batch_in_epoch += 1
+        state.epoch_loss_sum += loss_value
+        state.epoch_steps += 1
+        steps_here += 1
+        if state.step % cfg.log_every_steps == 0:
+            t.log({"train_loss": loss_value, "lr": t.schedule.lr}, state.step)
+            if show_bar:
+                batches.set_postfix(loss=f"{loss_value:.4f}")
+            elif t.dims.is_main:
+                print(
+                    f"step {state.step} epoch {state.epoch} batch {state.batch_in_epoch}/"
+                    f"{sampler.batches_per_epoch} loss {loss_value:.5f} lr {t.schedule.lr:.3g}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        if state.step % cfg.checkpoint_every_steps == 0:
+            t.checkpoint(state)
+        if t.on_step_end is not None:
+            t.on_step_end(state.step, t.model)
+        tick = time.perf_counter()
+    _sync(device)
+    elapsed = time.perf_counter() - start
+    samples = steps_here * cfg.local_batch_size * t.dims.data
+    return {
+        "samples_per_s": samples / elapsed if steps_here else 0.0,
+        "data_wait_share": data_wait / elapsed if steps_here else 0.0,
+    }
+
+
+@torch.no_grad()
+def validate(t: Trainer) -> dict[str, float]:
+    """MSE loss and MAE (overall and per parameter) over the whole val shard, reduced over ranks."""
+    device = t.dims.device
+    names = param_names(t.cfg.model.num_outputs)
+    # sums[0] = Σ|err| per param, sums[1] = Σerr² per param; float64 so large shards add exactly.
+    sums = torch.zeros(2, len(names), dtype=torch.float64, device=device)
+    count = torch.zeros(1, dtype=torch.float64, device=device)
+    t.model.eval()
+    for x_bcdhw, y_bp in t.val_loader:
+        x_bcdhw, y_bp = x_bcdhw.to(device), y_bp.to(device)
+        with t.autocast():
+            pred_bp = t.model(x_bcdhw)
+        err_bp = pred_bp.double() - y_bp.double()
+        sums[0] += err_bp.abs().sum(0)
+        sums[1] += err_bp.square().sum(0)
+        count += err_bp.shape[0]
+    t.model.train()
+    if t.dims.data > 1:
+        group = t.dims.group("data")
+        dist.all_reduce(sums, group=group)
+        dist.all_reduce(count, group=group)
+    n = count.item()
+    if n == 0:
+        raise ValueError("validation shard has no samples: cannot compute val_loss")
+    mae_p, mse_p = (sums[0] / n).tolist(), (sums[1] / n).tolist()
+    metrics = {"val_loss": sum(mse_p) / len(names), "val_mae": sum(mae_p) / len(names)}
+    metrics.update({f"val_mae_{name}": value for name, value in zip(names, mae_p)})
+    return metrics
