@@ -103,6 +103,20 @@ def _cmd_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tracking_start(args: argparse.Namespace) -> int:
+    from cosmocub.tracking import start_workflow_run
+
+    print(start_workflow_run(load_config(args.config), name=args.name))
+    return 0
+
+
+def _cmd_tracking_end(args: argparse.Namespace) -> int:
+    from cosmocub.tracking import end_workflow_run
+
+    end_workflow_run(load_config(args.config), args.run_id, args.status)
+    return 0
+
+
 def _cmd_resolve_config(args: argparse.Namespace) -> int:
     from cosmocub.config import write_config
 
@@ -164,6 +178,18 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--manifest", required=True)
     p.add_argument("--metrics", nargs="+", required=True, help="evaluation metrics.json files")
     p.add_argument("--out", required=True)
+
+    p = add("tracking", _cmd_tracking_start, "open/close the MLflow parent run of a workflow")
+    tracking = p.add_subparsers(dest="tracking_command", required=True)
+    t = tracking.add_parser("start", help="open the parent run; print its id ('' when disabled)")
+    t.set_defaults(handler=_cmd_tracking_start)
+    t.add_argument("--name", help="run name (default workflow-<timestamp>)")
+    add_config(t)
+    t = tracking.add_parser("end", help="close the parent run")
+    t.set_defaults(handler=_cmd_tracking_end)
+    t.add_argument("--run-id", required=True, help="id printed by 'tracking start' ('' = no-op)")
+    t.add_argument("--status", required=True, choices=["FINISHED", "FAILED", "KILLED"])
+    add_config(t)
 
     p = add("resolve-config", _cmd_resolve_config, "write the config with every default filled in")
     p.add_argument("--out", required=True)
