@@ -235,3 +235,36 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     return value
+
+
+# --- count statistics ------------------------------------------------------------------------
+# Counts are int16, so a per-channel histogram over all 65536 values is small (C × 512 KiB) and
+# gives exact moments of the counts *and* of any per-count transform (log1p, float16 rounding).
+# np.bincount on each channel runs at ~800 MB/s, faster than float sum + sum-of-squares passes.
+COUNT_VALUES = np.arange(2**16, dtype=np.uint16).view(np.int16)  # histogram bin → int16 count
+
+
+def channel_histogram(counts_dhwc: np.ndarray) -> np.ndarray:
+    """(..., C) int16 counts → (C, 65536) int64 histogram; bin b holds count COUNT_VALUES[b]."""
+    flat = np.ascontiguousarray(counts_dhwc, dtype=np.int16).view(np.uint16)
+    flat = flat.reshape(-1, flat.shape[-1])
+    return np.stack(
+        [np.bincount(flat[:, c], minlength=2**16) for c in range(flat.shape[1])]
+    ).astype(np.int64)
+
+
+def histogram_moments(hist: np.ndarray, values: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per-channel mean, std (population), max and zero fraction of `values[count]` from `hist`.
+
+    `values` maps each histogram bin to the stored value (default: the count itself).
+    """
+    v = (COUNT_VALUES if values is None else values).astype(np.float64)
+    hist = np.asarray(hist, dtype=np.int64)
+    n = hist.sum(axis=1)
+    present = hist > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = (hist * np.where(present, v, 0.0)).sum(axis=1) / n
+        var = (hist * np.where(present, (v[None, :] - mean[:, None]) ** 2, 0.0)).sum(axis=1) / n
+        vmax = np.where(present, v[None, :], -np.inf).max(axis=1)
+        zero = hist[:, 0] / n
+    return {"mean": mean, "std": np.sqrt(var), "max": vmax, "empty_fraction": zero, "count": n}
