@@ -1,4 +1,4 @@
-"""Torch datasets over the HDF5 shards of docs/formats.md: standardised (C, S, S, S) samples + targets.
+"""Torch datasets over the HDF5 shards of docs/formats.md: standardised (C, S, S, S) samples.
 
 HDF5 files are opened lazily in the process that reads (fork-safe for DataLoader workers), and a
 `depth_slab` reads only x[i, :, d0:d1]: the seam for spatially parallel I/O.

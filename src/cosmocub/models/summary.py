@@ -81,7 +81,10 @@ def format_summary(summary: dict[str, Any]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = []
     for j, row in enumerate(rows):
-        cells = [c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        cells = [
+            c.ljust(w) if i < 3 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
         lines.append("  ".join(cells).rstrip())
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))

@@ -31,7 +31,7 @@ def lr_at(epoch: float, cfg: OptimizerConfig, global_batch: int) -> float:
     if epoch < cfg.warmup_epochs:
         return cfg.lr + (peak - cfg.lr) * epoch / cfg.warmup_epochs
     factor = 1.0
-    for decay_epoch, decay_factor in sorted(zip(cfg.decay_epochs, cfg.decay_factors)):
+    for decay_epoch, decay_factor in sorted(zip(cfg.decay_epochs, cfg.decay_factors, strict=True)):
         if epoch >= decay_epoch:
             factor = decay_factor
     return peak * factor

@@ -144,7 +144,7 @@ class CheckpointManager:
         if payload["config_hash"] != self.config_hash:
             raise CheckpointMismatchError(
                 f"{path}: checkpoint written with config hash {payload['config_hash']}, this run "
-                f"has {self.config_hash} (model/optimizer/train/preprocess/seed differ: use another "
-                f"run folder or delete the checkpoints)"
+                f"has {self.config_hash} (model/optimizer/train/preprocess/seed differ: use "
+                "another run folder or delete the checkpoints)"
             )
         return payload

@@ -206,5 +206,5 @@ def validate(t: Trainer) -> dict[str, float]:
         raise ValueError("validation shard has no samples: cannot compute val_loss")
     mae_p, mse_p = (sums[0] / n).tolist(), (sums[1] / n).tolist()
     metrics = {"val_loss": sum(mse_p) / len(names), "val_mae": sum(mae_p) / len(names)}
-    metrics.update({f"val_mae_{name}": value for name, value in zip(names, mae_p)})
+    metrics.update({f"val_mae_{name}": value for name, value in zip(names, mae_p, strict=True)})
     return metrics

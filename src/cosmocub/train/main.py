@@ -1,4 +1,4 @@
-"""Entry of the training stage: parse the launcher's environment, build, train, write outputs, close.
+"""Entry of the training stage: read the launcher's environment, build, train, write, close.
 
 One process per device. Locally:
     torchrun --standalone --nproc-per-node N --max-restarts R -m cosmocub.cli train \

@@ -1,0 +1,311 @@
+"""Training: overfitting, bit-identical resume, 2-rank gloo run, checkpoint errors, launcher env."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from cosmocub.config import Config, load_config
+from cosmocub.models.cosmoflow import load_model_file
+from cosmocub.parallel.mesh import LaunchEnv, ParallelDims, _first_slurm_host, detect_launch_env
+from cosmocub.train.checkpoint import CheckpointMismatchError
+from cosmocub.train.loop import NonFiniteLossError
+from cosmocub.train.main import train
+from cosmocub.train.testing import make_random_shards
+
+TINY = {
+    "preprocess": {"sample_size": 8},
+    "model": {"input_size": 8, "base_filters": 4, "num_conv_blocks": 2, "dense_sizes": [16]},
+    "optimizer": {"name": "adamw", "lr": 0.003, "base_batch_size": 4, "warmup_epochs": 0},
+    "train": {
+        "epochs": 3,
+        "local_batch_size": 4,
+        "checkpoint_every_steps": 5,
+        "log_every_steps": 100,
+        "threads_per_rank": 1,
+    },
+    "tracking": {"enabled": False},
+}
+
+
+def tiny_cfg(**sections: dict[str, Any]) -> Config:
+    values = json.loads(json.dumps(TINY))
+    for name, changes in sections.items():
+        values.setdefault(name, {}).update(changes)
+    return load_config(None, overrides=values)
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> Path:
+    return make_random_shards(tmp_path / "shards", counts={"train": 16, "val": 8}, size=8)
+
+
+class Killed(Exception):
+    pass
+
+
+def kill_after(step_to_die: int):
+    def hook(step: int, model: torch.nn.Module) -> None:
+        if step == step_to_die:
+            raise Killed(step)
+
+    return hook
+
+
+def test_outputs_follow_the_run_format(shards: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    summary = train(tiny_cfg(), shards_dir=shards, run_dir=run)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [0, 1, 2]
+    assert [r["step"] for r in records] == [4, 8, 12]  # 16 samples / batch 4
+    expected_keys = {
+        "epoch",
+        "step",
+        "train_loss",
+        "val_loss",
+        "val_mae",
+        "lr",
+        "samples_per_s",
+        "data_wait_share",
+    } | {f"val_mae_{p}" for p in ("Omega_m", "sigma_8", "N_spec", "H_0")}
+    assert set(records[0]) == expected_keys
+    r = records[-1]
+    per_param = [r[f"val_mae_{p}"] for p in ("Omega_m", "sigma_8", "N_spec", "H_0")]
+    assert r["val_mae"] == pytest.approx(sum(per_param) / 4)
+    assert 0 <= r["data_wait_share"] < 1 and r["samples_per_s"] > 0
+    assert r["lr"] == pytest.approx(0.003)
+    # Checkpoints every 5 steps plus the final one; only the last 2 are kept.
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "step_00000010.pt",
+        "step_00000012.pt",
+    ]
+    on_disk = json.loads((run / "train_summary.json").read_text())
+    assert on_disk["steps"] == summary["steps"] == 12 and on_disk["world_size"] == 1
+    assert on_disk["mlflow_run_id"] is None
+    assert load_model_file(run / "model.pt").config == tiny_cfg().model
+    # A re-run finds the final checkpoint and trains no further.
+    again = train(tiny_cfg(), shards_dir=shards, run_dir=run)
+    assert again["resumed_from"].endswith("step_00000012.pt") and again["steps"] == 12
+
+
+def test_overfits_a_few_samples(tmp_path: Path) -> None:
+    shards = make_random_shards(tmp_path / "s", counts={"train": 4, "val": 4}, size=8, seed=3)
+    cfg = tiny_cfg(model={"dropout": 0.0}, optimizer={"lr": 0.005}, train={"epochs": 60})
+    train(cfg, shards_dir=shards, run_dir=tmp_path / "run")
+    losses = [
+        json.loads(line)["train_loss"]
+        for line in (tmp_path / "run/metrics.jsonl").read_text().splitlines()
+    ]
+    assert losses[-1] < losses[0] / 20, (losses[0], losses[-1])
+
+
+def test_deterministic_resume_is_bit_identical(shards: Path, tmp_path: Path) -> None:
+    cfg = tiny_cfg(train={"deterministic": True, "num_data_workers": 2}, model={"dropout": 0.3})
+    train(cfg, shards_dir=shards, run_dir=tmp_path / "whole")
+    with pytest.raises(Killed):  # dies mid-epoch 1, two steps after the checkpoint at step 5
+        train(cfg, shards_dir=shards, run_dir=tmp_path / "broken", on_step_end=kill_after(7))
+    assert not (tmp_path / "broken/model.pt").exists()
+    resumed = train(cfg, shards_dir=shards, run_dir=tmp_path / "broken")
+    assert resumed["resumed_from"].endswith("step_00000005.pt")
+    whole = torch.load(tmp_path / "whole/model.pt", weights_only=True)["state_dict"]
+    again = torch.load(tmp_path / "broken/model.pt", weights_only=True)["state_dict"]
+    assert whole.keys() == again.keys()
+    for name in whole:
+        assert torch.equal(whole[name], again[name]), name
+    timing = {"samples_per_s", "data_wait_share"}
+
+    def losses(run: str) -> list[dict[str, float]]:
+        lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(x).items() if k not in timing} for x in lines]
+
+    assert losses("whole") == losses("broken")
+
+
+def test_checkpoint_from_other_config_is_refused(shards: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    train(tiny_cfg(train={"epochs": 1}), shards_dir=shards, run_dir=run)
+    # Operational keys may change on resume (more epochs, other logging cadence).
+    train(tiny_cfg(train={"epochs": 2, "log_every_steps": 1}), shards_dir=shards, run_dir=run)
+    other = tiny_cfg(train={"epochs": 2}, optimizer={"lr": 0.01})
+    with pytest.raises(
+        CheckpointMismatchError,
+        match=r"step_00000008\.pt: checkpoint written "
+        r"with config hash [0-9a-f]{12}, this run has [0-9a-f]{12}",
+    ):
+        train(other, shards_dir=shards, run_dir=run)
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(shards: Path, tmp_path: Path) -> None:
+    def poison(step: int, model: torch.nn.Module) -> None:
+        if step == 3:
+            with torch.no_grad():
+                model.head.output.weight.fill_(float("nan"))
+
+    run = tmp_path / "run"
+    cfg = tiny_cfg(train={"checkpoint_every_steps": 2})
+    with pytest.raises(
+        NonFiniteLossError,
+        match=r"training loss is nan at step 4 \(epoch 0, "
+        r"batch 3\).*step_00000002\.pt",
+    ):
+        train(cfg, shards_dir=shards, run_dir=run, on_step_end=poison)
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_00000002.pt"]
+    assert not (run / "model.pt").exists()
+    state = torch.load(run / "checkpoints/step_00000002.pt", weights_only=False)
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+
+
+def test_shard_model_size_mismatch(shards: Path, tmp_path: Path) -> None:
+    cfg = load_config(None, overrides={"tracking": {"enabled": False}})  # input_size 32
+    with pytest.raises(
+        ValueError,
+        match=r"train\.h5: dataset 'x' holds 8³ samples but "
+        r"model\.input_size is 32",
+    ):
+        train(cfg, shards_dir=shards, run_dir=tmp_path / "run")
+
+
+def test_too_few_samples_for_a_batch(tmp_path: Path) -> None:
+    shards = make_random_shards(tmp_path / "s", counts={"train": 3, "val": 2}, size=8)
+    with pytest.raises(
+        ValueError,
+        match=r"train\.h5: 3 samples give 3 per data rank \(x1\), "
+        r"fewer than train\.local_batch_size 4",
+    ):
+        train(tiny_cfg(), shards_dir=shards, run_dir=tmp_path / "run")
+
+
+# --- launcher environment -------------------------------------------------------------------
+
+
+def test_detects_torchrun_slurm_and_single() -> None:
+    env = detect_launch_env(
+        {
+            "RANK": "3",
+            "WORLD_SIZE": "8",
+            "LOCAL_RANK": "1",
+            "LOCAL_WORLD_SIZE": "4",
+            "MASTER_ADDR": "n1",
+            "MASTER_PORT": "1234",
+        }
+    )
+    assert (env.launcher, env.rank, env.world_size, env.local_rank, env.local_world_size) == (
+        "torchrun",
+        3,
+        8,
+        1,
+        4,
+    )
+    assert (env.master_addr, env.master_port) == ("n1", 1234)
+    env = detect_launch_env(
+        {
+            "SLURM_PROCID": "5",
+            "SLURM_NTASKS": "8",
+            "SLURM_LOCALID": "1",
+            "SLURM_TASKS_PER_NODE": "4(x2)",
+            "SLURM_JOB_ID": "123456",
+            "SLURM_JOB_NODELIST": "gpu[017-018]",
+        }
+    )
+    assert (env.launcher, env.rank, env.world_size, env.local_rank, env.local_world_size) == (
+        "slurm",
+        5,
+        8,
+        1,
+        4,
+    )
+    assert env.master_addr == "gpu017" and env.master_port == 20000 + 123456 % 20000
+    env = detect_launch_env(
+        {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.7"}
+    )
+    assert env.master_addr == "10.0.0.7"
+    assert detect_launch_env({}).launcher == "single"
+
+
+def test_first_slurm_host() -> None:
+    assert _first_slurm_host("node[03-05,9],gpu1") == "node03"
+    assert _first_slurm_host("login2") == "login2"
+
+
+def test_mesh_sizes_must_multiply_to_world() -> None:
+    env = LaunchEnv(
+        launcher="torchrun",
+        rank=0,
+        world_size=6,
+        local_rank=0,
+        local_world_size=6,
+        master_addr="x",
+        master_port=1,
+    )
+    with pytest.raises(ValueError, match=r"data=4 × spatial=2 = 8 does not equal the world size 6"):
+        ParallelDims(data=4, spatial=2, env=env, device=torch.device("cpu"), backend="gloo")
+
+
+# --- two ranks on gloo --------------------------------------------------------------------------
+
+RANK_SCRIPT = textwrap.dedent(
+    """
+    import os, sys, torch
+    from cosmocub.config import load_config
+    from cosmocub.train.main import train
+    cfg_path, shards, run = sys.argv[1:4]
+    seen = {}
+    train(load_config(cfg_path), shards_dir=shards, run_dir=run,
+          on_step_end=lambda step, model: seen.update(model=model))
+    torch.save(seen["model"].state_dict(), f"{run}/rank{os.environ['RANK']}.pt")
+    """
+)
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_end_with_identical_weights(shards: Path, tmp_path: Path) -> None:
+    cfg_path = tmp_path / "cfg.yaml"
+    values = json.loads(json.dumps(TINY))
+    values["train"].update(epochs=2, local_batch_size=2)
+    cfg_path.write_text(yaml.safe_dump(values))
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    run = tmp_path / "run"
+    run.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            str(cfg_path),
+            str(shards),
+            str(run),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rank0 = torch.load(run / "rank0.pt", weights_only=True)
+    rank1 = torch.load(run / "rank1.pt", weights_only=True)
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]), name
+    summary = json.loads((run / "train_summary.json").read_text())
+    # 16 samples over 2 ranks × batch 2 → 4 steps per epoch, global batch 4.
+    assert (summary["world_size"], summary["global_batch_size"], summary["steps"]) == (2, 4, 8)
+    ckpt = torch.load(run / "checkpoints/step_00000008.pt", weights_only=False)
+    rng = ckpt["rng_per_rank"]
+    assert len(rng) == 2 and not torch.equal(rng[0]["torch"], rng[1]["torch"])
+    # The model that rank 0 wrote is the weights both ranks hold.
+    written = torch.load(run / "model.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(written[k], rank0[k]) for k in rank0)
