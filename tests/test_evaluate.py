@@ -1,0 +1,249 @@
+"""Evaluation: metric functions on hand-computed predictions, and evaluate() end to end on a tiny
+shard folder and model file written here."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from cosmocub.config import ModelConfig, load_config
+from cosmocub.evaluate import (
+    evaluate,
+    parameter_metrics,
+    read_metrics_jsonl,
+    regression_metrics,
+    to_physical,
+    tracker_metrics,
+)
+
+NAMES = ("Omega_m", "sigma_8", "N_spec", "H_0")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure metrics
+
+
+def test_regression_metrics_hand_computed():
+    m = regression_metrics(np.array([1.0, 2, 3, 4]), np.array([1.0, 2, 3, 5]))
+    # errors (0, 0, 0, -1): MAE 1/4, RMSE sqrt(1/4); SS_tot about mean 2.75 = 8.75
+    assert m["mae"] == pytest.approx(0.25)
+    assert m["rmse"] == pytest.approx(0.5)
+    assert m["r2"] == pytest.approx(1 - 1 / 8.75)
+
+
+def test_regression_metrics_perfect_and_constant_truth():
+    true = np.array([0.1, -0.3, 0.7])
+    assert regression_metrics(true, true) == {"mae": 0.0, "rmse": 0.0, "r2": 1.0}
+    m = regression_metrics(np.array([1.0, 2.0]), np.array([1.5, 1.5]))
+    assert m["mae"] == pytest.approx(0.5)
+    assert math.isnan(m["r2"])  # undefined, not a made-up number
+
+
+def test_regression_metrics_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match=r"pred \(3,\) and true \(2,\)"):
+        regression_metrics(np.zeros(3), np.zeros(2))
+
+
+TRUE = np.array([[0.2, -0.4, 0.6, 0.0], [0.4, 0.0, -0.6, 0.5]])
+PRED = np.array([[0.1, -0.4, 0.5, 0.1], [0.5, 0.2, -0.6, 0.5]])
+TRAIN_MEAN = np.array([0.3, 0.0, 0.0, 0.25])
+
+
+def test_parameter_metrics_hand_computed():
+    m = parameter_metrics(PRED, TRUE, TRAIN_MEAN)
+    p = m["per_parameter"]
+    assert list(p) == list(NAMES)
+    # Omega_m: errors (-0.1, 0.1) → MAE 0.1, R² 0; train mean 0.3 is 0.1 from both → ratio 1.
+    assert p["Omega_m"]["mae"] == pytest.approx(0.1)
+    assert p["Omega_m"]["r2"] == pytest.approx(0.0, abs=1e-12)
+    assert p["Omega_m"]["baseline_mae"] == pytest.approx(0.1)
+    assert p["Omega_m"]["mae_ratio"] == pytest.approx(1.0)
+    assert p["Omega_m"]["mae_phys"] == pytest.approx(0.1 * 0.3 * 0.1)
+    # sigma_8: errors (0, 0.2) → MAE 0.1, RMSE sqrt(0.02), R² 1 - 0.04/0.08; baseline 0 → 0.2.
+    assert p["sigma_8"]["rmse"] == pytest.approx(math.sqrt(0.02))
+    assert p["sigma_8"]["r2"] == pytest.approx(0.5)
+    assert p["sigma_8"]["mae_ratio"] == pytest.approx(0.5)
+    assert p["sigma_8"]["mae_phys"] == pytest.approx(0.1 * 0.8 * 0.1)
+    # The train mean (0) misses the test mean (-0.2): SS_res 0.16 vs SS_tot 0.08 → R² -1.
+    assert p["sigma_8"]["baseline_r2"] == pytest.approx(-1.0)
+    # N_spec: R² 1 - 0.01/0.72, baseline MAE 0.6.
+    assert p["N_spec"]["r2"] == pytest.approx(1 - 0.01 / 0.72)
+    assert p["N_spec"]["mae_ratio"] == pytest.approx(0.05 / 0.6)
+    # H_0: MAE 0.05 in u is 0.1·70·0.05 = 0.35 km/s/Mpc; R² invariant under the linear map.
+    assert p["H_0"]["mae_phys"] == pytest.approx(0.35)
+    assert p["H_0"]["r2_phys"] == pytest.approx(p["H_0"]["r2"]) == pytest.approx(0.92)
+    assert p["H_0"]["baseline_mae_phys"] == pytest.approx(0.1 * 70 * 0.25)
+    assert m["mean"]["mae"] == pytest.approx(0.075)
+    assert m["mean"]["baseline_mae"] == pytest.approx(0.2875)
+    assert m["mean"]["mae_ratio"] == pytest.approx(0.075 / 0.2875)
+
+
+def test_tracker_metrics_names_and_drops_nan():
+    true = TRUE.copy()
+    true[:, 3] = 0.5  # constant H_0 truth: R² undefined
+    flat = tracker_metrics(parameter_metrics(PRED, true, TRAIN_MEAN))
+    assert flat["test_mae_Omega_m"] == pytest.approx(0.1)
+    assert flat["baseline_mae_sigma_8"] == pytest.approx(0.2)
+    assert flat["test_r2_N_spec"] == pytest.approx(1 - 0.01 / 0.72)
+    assert flat["test_mae"] == pytest.approx((0.1 + 0.1 + 0.05 + 0.2) / 4)
+    assert "test_r2_H_0" not in flat
+
+
+def test_to_physical_matches_cosmouniverse_bases():
+    phys = to_physical(np.array([[0.0, 0.0, 0.0, 0.0], [-1.0, 0.5, 1.0, -0.5]]))
+    np.testing.assert_allclose(phys[0], [0.3, 0.8, 0.96, 70.0])
+    np.testing.assert_allclose(phys[1], [0.27, 0.84, 1.056, 66.5])
+
+
+def test_read_metrics_jsonl_names_bad_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"epoch": 1, "train_loss": 0.5}\n\n{"epoch": 2, oops}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 3 is not JSON"):
+        read_metrics_jsonl(path)
+    assert read_metrics_jsonl(tmp_path / "absent.jsonl") == []
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluate() end to end
+
+SIZE, CHANNELS = 8, 2
+
+
+class RecordingTracker:
+    run_id = "fake"
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, float] = {}
+        self.artifacts: list[tuple[str, str | None]] = []
+
+    def log_metrics(self, metrics, step=None):
+        self.metrics.update(metrics)
+
+    def log_artifact(self, path, artifact_path=None):
+        assert Path(path).is_file(), path  # logged after the eval folder is in place
+        self.artifacts.append((Path(path).name, artifact_path))
+
+
+def _tiny_model_cfg() -> ModelConfig:
+    return ModelConfig(
+        input_size=SIZE,
+        in_channels=CHANNELS,
+        base_filters=2,
+        num_conv_blocks=1,
+        kernel_size=3,
+        dense_sizes=(4,),
+        num_outputs=4,
+        dropout=0.0,
+        batch_norm=False,
+        leaky_relu_slope=0.3,
+        output_scale=1.2,
+    )
+
+
+def _write_shard(path: Path, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+    x = rng.gamma(2.0, 1.0, size=(n, CHANNELS, SIZE, SIZE, SIZE)).astype(np.float16)
+    y = rng.uniform(-1, 1, size=(n, 4)).astype(np.float32)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, chunks=(1, CHANNELS, 4, SIZE, SIZE))
+        f.create_dataset("y", data=y)
+        f.create_dataset("universe_index", data=np.arange(n, dtype=np.int32) // 2)
+        f.create_dataset("crop_origin", data=np.zeros((n, 3), dtype=np.int32))
+    return x, y
+
+
+@pytest.fixture
+def tiny_run(tmp_path):
+    cosmoflow = pytest.importorskip("cosmocub.models.cosmoflow")
+    pytest.importorskip("cosmocub.data.dataset")
+    rng = np.random.default_rng(3)
+    shards, run_dir = tmp_path / "shards", tmp_path / "run"
+    shards.mkdir()
+    run_dir.mkdir()
+    _, y_train = _write_shard(shards / "train.h5", rng, 6)
+    x_test, y_test = _write_shard(shards / "test.h5", rng, 5)
+    mean, std = [2.0, 1.5], [1.4, 0.9]
+    (shards / "stats.json").write_text(json.dumps({"mean": mean, "std": std, "split": "train"}))
+    torch.manual_seed(0)
+    model = cosmoflow.CosmoFlow(_tiny_model_cfg())
+    cosmoflow.save_model_file(run_dir / "model.pt", model, _tiny_model_cfg())
+    records = [
+        {"epoch": e, "step": 3 * e, "train_loss": 0.4 / e, "val_loss": 0.5 / e, "val_mae": 0.3 / e}
+        | {f"val_mae_{n}": 0.2 / e for n in NAMES}
+        for e in (1, 2, 3)
+    ]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    cfg = load_config(
+        None,
+        overrides={
+            "results": str(tmp_path / "results"),
+            "universes": {"size": 16},
+            "preprocess": {"sample_size": SIZE, "slab_depth": 4},
+            "model": {"input_size": SIZE, "num_conv_blocks": 1},
+            "evaluate": {"batch_size": 2},  # 5 samples: a ragged last batch
+        },
+    )
+    # Expected predictions computed independently: standardise with stats.json by hand.
+    x_std = (x_test.astype(np.float32) - np.reshape(mean, (1, -1, 1, 1, 1))) / np.reshape(
+        std, (1, -1, 1, 1, 1)
+    )
+    with torch.no_grad():
+        expected = model.eval()(torch.from_numpy(x_std.astype(np.float32))).numpy()
+    return cfg, shards, run_dir, tmp_path / "run" / "eval", expected, y_test, y_train
+
+
+def test_evaluate_end_to_end(tiny_run):
+    cfg, shards, run_dir, out_dir, expected, y_test, y_train = tiny_run
+    tracker = RecordingTracker()
+    metrics = evaluate(cfg, shards_dir=shards, run_dir=run_dir, out_dir=out_dir, tracker=tracker)
+
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted(
+        ["metrics.json", "predictions.npz", "pred_vs_true.png", "loss_curves.png"]
+    )
+    with np.load(out_dir / "predictions.npz") as npz:
+        np.testing.assert_allclose(npz["pred_unit"], expected, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(npz["true_unit"], y_test)
+        np.testing.assert_allclose(npz["true_phys"], to_physical(y_test), rtol=1e-6)
+        np.testing.assert_array_equal(npz["universe_index"], [0, 0, 1, 1, 2])
+    saved = json.loads((out_dir / "metrics.json").read_text())
+    assert saved["num_samples"] == 5
+    np.testing.assert_allclose(saved["train_mean_unit"], y_train.mean(axis=0), rtol=1e-6)
+    for j, name in enumerate(NAMES):
+        ref = regression_metrics(expected[:, j], y_test[:, j])
+        base = regression_metrics(np.full(5, y_train[:, j].mean()), y_test[:, j])
+        got = saved["per_parameter"][name]
+        assert got["mae"] == pytest.approx(ref["mae"], rel=1e-5)
+        assert got["r2"] == pytest.approx(ref["r2"], rel=1e-4)
+        assert got["baseline_mae"] == pytest.approx(base["mae"], rel=1e-6)
+        assert got["mae_ratio"] == pytest.approx(ref["mae"] / base["mae"], rel=1e-5)
+        assert tracker.metrics[f"test_mae_{name}"] == pytest.approx(ref["mae"], rel=1e-5)
+    assert metrics["mean"]["mae"] == pytest.approx(saved["mean"]["mae"])
+    assert {a for a, _ in tracker.artifacts} == {p.name for p in out_dir.iterdir()}
+    assert all(where == "eval" for _, where in tracker.artifacts)
+    # PNGs are real images of a sensible size, not empty files.
+    for png in ("pred_vs_true.png", "loss_curves.png"):
+        head = (out_dir / png).read_bytes()[:24]
+        assert head[:8] == b"\x89PNG\r\n\x1a\n"
+        width = int.from_bytes(head[16:20], "big")
+        assert width > 400
+
+
+def test_evaluate_missing_model_names_path(tiny_run):
+    cfg, shards, run_dir, out_dir, *_ = tiny_run
+    (run_dir / "model.pt").unlink()
+    with pytest.raises(FileNotFoundError, match=r"run/model.pt: trained model not found"):
+        evaluate(cfg, shards_dir=shards, run_dir=run_dir, out_dir=out_dir, tracker=None)
+    assert not out_dir.exists()
+
+
+def test_evaluate_missing_test_shard_names_path(tiny_run):
+    cfg, shards, run_dir, out_dir, *_ = tiny_run
+    (shards / "test.h5").unlink()
+    with pytest.raises(FileNotFoundError, match=r"shards/test.h5: shard not found"):
+        evaluate(cfg, shards_dir=shards, run_dir=run_dir, out_dir=out_dir, tracker=None)
+    assert not out_dir.exists()
