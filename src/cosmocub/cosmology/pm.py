@@ -1,0 +1,164 @@
+"""Particle-mesh gravity: CIC mass assignment and force interpolation, an FFT Poisson solver, the
+kick-drift-kick leapfrog in scale factor, and nearest-grid-point particle counts.
+
+Positions are in lattice units (voxels, box side n) and momenta p = a³E·dx/da in the same units
+(H0 = 1), so a universe's physical size enters only through its initial displacements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+import numpy as np
+
+from cosmocub.cosmology.background import FlatLCDM
+from cosmocub.cosmology.fourier import TimedFFT, wavenumber_squared, wavevectors
+
+
+@dataclass(frozen=True)
+class CICStencil:
+    """The 8 mesh cells each particle touches and its weight in each: computed once per force
+    evaluation and shared by the deposit and the three force interpolations."""
+
+    index: np.ndarray  # (8, P) int64 flat cell indices into an m³ mesh
+    weight: np.ndarray  # (8, P) float32, summing to 1 per particle
+    mesh_size: int
+
+    @classmethod
+    def build(cls, positions_mesh: np.ndarray, mesh_size: int) -> CICStencil:
+        """positions_mesh: (P, 3) in mesh-cell units, any real values (wrapped periodically)."""
+        m = mesh_size
+        base = np.floor(positions_mesh)
+        frac = (positions_mesh - base).astype(np.float32)  # (P, 3)
+        low = base.astype(np.int64) % m
+        high = (low + 1) % m
+        cells = (low, high)
+        weights = (1.0 - frac, frac)
+        index = np.empty((8, len(positions_mesh)), dtype=np.int64)
+        weight = np.empty((8, len(positions_mesh)), dtype=np.float32)
+        for corner in range(8):
+            cx, cy, cz = (corner >> 2) & 1, (corner >> 1) & 1, corner & 1
+            index[corner] = (cells[cx][:, 0] * m + cells[cy][:, 1]) * m + cells[cz][:, 2]
+            weight[corner] = weights[cx][:, 0] * weights[cy][:, 1] * weights[cz][:, 2]
+        return cls(index=index, weight=weight, mesh_size=m)
+
+    def deposit(self) -> np.ndarray:
+        """Particle number per mesh cell, (m, m, m) float32."""
+        m = self.mesh_size
+        counts = np.bincount(self.index.ravel(), weights=self.weight.ravel(), minlength=m**3)
+        return counts.astype(np.float32).reshape(m, m, m)
+
+    def interpolate(self, mesh_field: np.ndarray) -> np.ndarray:
+        """The mesh field read back at each particle with the same weights, (P,) float32."""
+        flat = mesh_field.ravel()
+        out = flat[self.index[0]] * self.weight[0]
+        for corner in range(1, 8):
+            out += flat[self.index[corner]] * self.weight[corner]
+        return out
+
+
+def ngp_counts(positions: np.ndarray, n: int) -> np.ndarray:
+    """Particles per voxel by nearest grid point (voxel i holds [i, i+1)): (n, n, n) int64."""
+    cells = np.floor(positions).astype(np.int64) % n
+    flat = (cells[:, 0] * n + cells[:, 1]) * n + cells[:, 2]
+    return np.bincount(flat, minlength=n**3).reshape(n, n, n)
+
+
+class ParticleMeshForce:
+    """F = −∇φ with ∇²φ = 1.5·Ω_m·δ on a periodic mesh of `mesh_factor` cells per voxel per side;
+    Poisson solve and gradient in Fourier space, CIC assignment and interpolation."""
+
+    def __init__(self, *, n: int, mesh_factor: int, omega_m: float, fft: TimedFFT) -> None:
+        self.n = n
+        self.mesh_factor = mesh_factor
+        self.mesh_size = n * mesh_factor
+        self.omega_m = omega_m
+        self.fft = fft
+        spacing = 1.0 / mesh_factor  # mesh cell in voxels, so k comes out per voxel
+        self.kvec = wavevectors(self.mesh_size, spacing=spacing)
+        inv_k2 = (1.0 / wavenumber_squared(self.mesh_size, spacing=spacing)).astype(np.float32)
+        inv_k2[0, 0, 0] = 0.0
+        self.green = np.float32(1.5 * omega_m) * inv_k2  # −φ_k / δ_k
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        """positions (P, 3) in voxels → forces (P, 3) float32 in voxels·H0²."""
+        m = self.mesh_size
+        stencil = CICStencil.build(positions * np.float32(self.mesh_factor), m)
+        # Mean particles per mesh cell is n³/m³ = 1/mesh_factor³.
+        density = stencil.deposit()
+        density *= np.float32(self.mesh_factor**3)
+        density -= np.float32(1.0)
+        neg_potential_k = self.fft.rfftn(density) * self.green
+        del density
+        forces = np.empty(positions.shape, dtype=np.float32)
+        for axis in range(3):
+            # F_k = −i·k·φ_k = i·k·(−φ_k)
+            force_mesh = self.fft.irfftn(1j * self.kvec[axis] * neg_potential_k, m)
+            forces[:, axis] = stencil.interpolate(force_mesh)
+        return forces
+
+
+def step_scale_factors(
+    a_initial: float, snapshots_a: Sequence[float], num_steps: int
+) -> np.ndarray:
+    """Step boundaries in a from a_initial to max(snapshots_a), with every snapshot on a boundary.
+
+    Steps are spread over the intervals between snapshots in proportion to their length in a (at
+    least one each; largest remainders get the rest) and are uniform in a within an interval.
+    """
+    stops = np.sort(np.asarray(snapshots_a, dtype=np.float64))
+    if a_initial >= stops[0]:
+        raise ValueError(
+            f"step_scale_factors: initial a {a_initial:.4f} is not before the earliest snapshot "
+            f"a {stops[0]:.4f}"
+        )
+    if num_steps < len(stops):
+        raise ValueError(
+            f"step_scale_factors: {num_steps} steps cannot end on {len(stops)} snapshots"
+        )
+    starts = np.concatenate([[a_initial], stops[:-1]])
+    lengths = stops - starts
+    ideal = num_steps * lengths / lengths.sum()
+    counts = np.maximum(np.floor(ideal).astype(int), 1)
+    while counts.sum() < num_steps:
+        counts[np.argmax(ideal - counts)] += 1
+    while counts.sum() > num_steps:
+        # Only reachable when the minimum of one step per interval overshoots: take from the
+        # interval with the most steps above its share.
+        counts[np.argmax(np.where(counts > 1, counts - ideal, -np.inf))] -= 1
+    pieces = [np.linspace(s, e, c + 1)[1:] for s, e, c in zip(starts, stops, counts, strict=True)]
+    return np.concatenate([[a_initial], *pieces])
+
+
+def evolve_kdk(
+    positions: np.ndarray,
+    momenta: np.ndarray,
+    *,
+    steps_a: np.ndarray,
+    box_voxels: int,
+    background: FlatLCDM,
+    force: Callable[[np.ndarray], np.ndarray],
+    on_step: Callable[[float, np.ndarray], None],
+    progress: Callable[[], None] | None = None,
+) -> None:
+    """Kick-drift-kick leapfrog through the scale factors `steps_a`, updating positions (wrapped
+    into the periodic box [0, box_voxels)) and momenta (P, 3) in place, and calling
+    on_step(a, positions) at every step boundary after the first.
+
+    The force at the end of one step is the force at the start of the next, so a run of S steps
+    costs S + 1 force evaluations.
+    """
+    forces = force(positions)
+    for a0, a1 in pairwise(steps_a):
+        a_half = 0.5 * (a0 + a1)
+        momenta += forces * np.float32(background.kick_factor(a0, a_half, a0))
+        positions += momenta * np.float32(background.drift_factor(a0, a1, a_half))
+        # Keep coordinates small so float32 keeps its resolution.
+        np.mod(positions, np.float32(box_voxels), out=positions)
+        forces = force(positions)
+        momenta += forces * np.float32(background.kick_factor(a_half, a1, a1))
+        on_step(float(a1), positions)
+        if progress is not None:
+            progress()

@@ -1,0 +1,114 @@
+"""Power spectra: the linear P(k) that seeds a universe (colossus) and the estimator that measures
+one.
+
+The estimator is shared by the tests (initial field against input) and benchmarks/realism.py
+(synthetic against real universes), so both read k and P in the same units: h/Mpc and (Mpc/h)³.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import numpy as np
+from colossus.cosmology.cosmology import Cosmology
+
+# Fixed by the public generator (docs/formats.md): flat, Ω_b = 0.045.
+OMEGA_B = 0.045
+# Table range for the interpolated P(k): a 512 Mpc/h box at 1 Mpc/h voxels needs 0.012–5.4 h/Mpc.
+_K_TABLE = np.logspace(-4.0, 2.0, 600)
+
+_cosmology_ids = itertools.count()
+
+
+def linear_power_spectrum(
+    *, omega_m: float, sigma_8: float, n_s: float, h0: float
+) -> Callable[[np.ndarray], np.ndarray]:
+    """Linear matter P(k) at z = 0, Eisenstein & Hu (1998) transfer function, normalised to σ_8.
+
+    Returns a function of k [h/Mpc] → P [(Mpc/h)³] (0 at k = 0). colossus keeps a global "current"
+    cosmology; a private Cosmology object per call leaves it alone, and `persistence=""` keeps
+    colossus from writing its interpolation tables to ~/.colossus from every simulation job.
+    """
+    cosmo = Cosmology(
+        name=f"cosmocub-{next(_cosmology_ids)}",
+        flat=True,
+        Om0=float(omega_m),
+        Ob0=OMEGA_B,
+        H0=float(h0),
+        sigma8=float(sigma_8),
+        ns=float(n_s),
+        relspecies=False,
+        persistence="",
+        print_warnings=False,
+    )
+    log_k = np.log(_K_TABLE)
+    log_p = np.log(cosmo.matterPowerSpectrum(_K_TABLE, z=0.0, model="eisenstein98"))
+
+    def power(k: np.ndarray) -> np.ndarray:
+        k = np.asarray(k, dtype=np.float64)
+        out = np.zeros_like(k)
+        positive = k > 0
+        out[positive] = np.exp(np.interp(np.log(k[positive]), log_k, log_p))
+        return out
+
+    return power
+
+
+def overdensity(counts: np.ndarray) -> np.ndarray:
+    """δ = n / n̄ − 1 of a count field (float32)."""
+    counts = np.asarray(counts, dtype=np.float32)
+    mean = float(counts.mean(dtype=np.float64))
+    if mean <= 0:
+        raise ValueError(f"overdensity: field of shape {counts.shape} has mean {mean}, need > 0")
+    return counts / np.float32(mean) - np.float32(1.0)
+
+
+def measure_power_spectrum(
+    field: np.ndarray, box_size: float, *, num_bins: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Spherically averaged power spectrum of a periodic cubic field (e.g. an overdensity).
+
+    `box_size` is the side in Mpc/h. Bins are linear in |k|, one fundamental mode 2π/box wide
+    by default, from the fundamental to the Nyquist wavenumber. Returns (k, P, n_modes): the
+    mean |k| of the modes in each bin [h/Mpc], the mean power [(Mpc/h)³] and the number of
+    Fourier modes (counting k and −k separately) in each bin; empty bins are dropped.
+    """
+    field = np.asarray(field)
+    if field.ndim != 3 or len(set(field.shape)) != 1:
+        raise ValueError(f"measure_power_spectrum: field shape {field.shape} is not a cube")
+    if box_size <= 0:
+        raise ValueError(f"measure_power_spectrum: box_size {box_size} must be > 0")
+    n = field.shape[0]
+    volume = float(box_size) ** 3
+    field_k = np.fft.rfftn(field.astype(np.float64, copy=False))
+    # Continuum convention: δ̃(k) = (V/N³)·DFT, P = |δ̃|²/V.
+    power = (field_k.real**2 + field_k.imag**2) * (volume / float(n) ** 6)
+
+    k_fund = 2.0 * np.pi / box_size
+    k1d = np.fft.fftfreq(n, d=1.0 / n) * k_fund
+    kz = np.fft.rfftfreq(n, d=1.0 / n) * k_fund
+    k_mag = np.sqrt(k1d[:, None, None] ** 2 + k1d[None, :, None] ** 2 + kz[None, None, :] ** 2)
+    # The rfft stores half the modes: every kz plane except 0 (and Nyquist, for even n) stands
+    # for itself and its mirror image.
+    weight = np.full(kz.shape, 2.0)
+    weight[0] = 1.0
+    if n % 2 == 0:
+        weight[-1] = 1.0
+    weight = np.broadcast_to(weight[None, None, :], k_mag.shape)
+
+    k_nyquist = k_fund * (n // 2)
+    bins = num_bins if num_bins is not None else n // 2
+    edges = np.linspace(0.5 * k_fund, k_nyquist + 0.5 * k_fund, bins + 1)
+    which = np.digitize(k_mag.ravel(), edges) - 1
+    inside = (which >= 0) & (which < bins)
+    which, w = which[inside], weight.ravel()[inside]
+    n_modes = np.bincount(which, weights=w, minlength=bins)
+    k_sum = np.bincount(which, weights=w * k_mag.ravel()[inside], minlength=bins)
+    p_sum = np.bincount(which, weights=w * power.ravel()[inside], minlength=bins)
+    filled = n_modes > 0
+    return (
+        k_sum[filled] / n_modes[filled],
+        p_sum[filled] / n_modes[filled],
+        n_modes[filled].astype(np.int64),
+    )
