@@ -160,7 +160,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(shards: Path, tmp_path: P
         train(cfg, shards_dir=shards, run_dir=run, on_step_end=poison)
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_00000002.pt"]
     assert not (run / "model.pt").exists()
-    state = torch.load(run / "checkpoints/step_00000002.pt", weights_only=False)
+    state = torch.load(run / "checkpoints/step_00000002.pt", weights_only=True)
     assert all(torch.isfinite(v).all() for v in state["model"].values())
 
 
@@ -303,7 +303,7 @@ def test_two_gloo_ranks_end_with_identical_weights(shards: Path, tmp_path: Path)
     summary = json.loads((run / "train_summary.json").read_text())
     # 16 samples over 2 ranks × batch 2 → 4 steps per epoch, global batch 4.
     assert (summary["world_size"], summary["global_batch_size"], summary["steps"]) == (2, 4, 8)
-    ckpt = torch.load(run / "checkpoints/step_00000008.pt", weights_only=False)
+    ckpt = torch.load(run / "checkpoints/step_00000008.pt", weights_only=True)
     rng = ckpt["rng_per_rank"]
     assert len(rng) == 2 and not torch.equal(rng[0]["torch"], rng[1]["torch"])
     # The model that rank 0 wrote is the weights both ranks hold.

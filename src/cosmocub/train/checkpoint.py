@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -88,16 +88,35 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any], /) -> Any: ...
+
+
 class CheckpointManager:
-    """Saves and finds `step_<8 digits>.pt` in one folder; only rank 0 writes."""
+    """Saves and restores every stateful piece of a run as `step_<8 digits>.pt` in one folder.
+
+    `stateful` maps names to objects with state_dict/load_state_dict (model, optimizer, schedule,
+    train state); `invariants` are values a resumed run must share (e.g. the data-parallel size).
+    Only rank 0 writes; every rank reads.
+    """
 
     def __init__(
-        self, folder: str | Path, *, config_hash: str, keep: int = 2, is_main: bool = True
+        self,
+        folder: str | Path,
+        *,
+        config_hash: str,
+        stateful: dict[str, Stateful],
+        invariants: dict[str, Any] | None = None,
+        keep: int = 2,
+        is_main: bool = True,
     ) -> None:
         if keep < 1:
             raise ValueError(f"CheckpointManager: keep must be >= 1, got {keep}")
         self.folder = Path(folder)
         self.config_hash, self.keep, self.is_main = config_hash, keep, is_main
+        self.stateful, self.invariants = stateful, dict(invariants or {})
 
     def path_for(self, step: int) -> Path:
         return self.folder / f"step_{step:08d}.pt"
@@ -111,7 +130,7 @@ class CheckpointManager:
         found = self.list()
         return found[-1] if found else None
 
-    def save(self, step: int, state: dict[str, Any]) -> Path | None:
+    def save(self, step: int) -> Path | None:
         """Gather every rank's RNG state (a collective: all ranks call this), then rank 0 writes."""
         rng = capture_rng_state()
         if dist.is_initialized() and dist.get_world_size() > 1:
@@ -126,7 +145,8 @@ class CheckpointManager:
             "config_hash": self.config_hash,
             "step": step,
             "rng_per_rank": gathered,
-            **state,
+            "invariants": self.invariants,
+            **{name: obj.state_dict() for name, obj in self.stateful.items()},
         }
         path = self.path_for(step)
         with atomic_path(path) as tmp:
@@ -138,7 +158,7 @@ class CheckpointManager:
     def load(self, path: str | Path) -> dict[str, Any]:
         """Read a checkpoint on CPU; a foreign config raises CheckpointMismatchError."""
         path = Path(path)
-        payload = torch.load(path, map_location="cpu", weights_only=False)
+        payload = torch.load(path, map_location="cpu", weights_only=True)
         if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"{path}: not a cosmocub checkpoint (expected {CHECKPOINT_FORMAT})")
         if payload["config_hash"] != self.config_hash:
@@ -147,4 +167,23 @@ class CheckpointManager:
                 f"has {self.config_hash} (model/optimizer/train/preprocess/seed differ: use "
                 "another run folder or delete the checkpoints)"
             )
+        for key, value in self.invariants.items():
+            if payload["invariants"].get(key) != value:
+                raise CheckpointMismatchError(
+                    f"{path}: checkpoint written with {key}={payload['invariants'].get(key)}, "
+                    f"this run has {key}={value}"
+                )
         return payload
+
+    def restore_latest(self, rank: int) -> Path | None:
+        """Load the newest checkpoint into every stateful piece and this rank's RNGs, if any."""
+        path = self.latest()
+        if path is None:
+            return None
+        payload = self.load(path)
+        for name, obj in self.stateful.items():
+            obj.load_state_dict(payload[name])
+        per_rank = payload["rng_per_rank"]
+        # Same world as when saved (the invariants say so): each rank takes back its own streams.
+        restore_rng_state(per_rank[rank] if rank < len(per_rank) else per_rank[0])
+        return path

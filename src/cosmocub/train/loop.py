@@ -7,11 +7,13 @@ self-communicating optimizer slots in without touching this loop.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +24,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from cosmocub.config import Config
+from cosmocub.io import atomic_path
 from cosmocub.optim.schedule import EpochSchedule
 from cosmocub.parallel.mesh import ParallelDims
 from cosmocub.train.checkpoint import CheckpointManager
@@ -75,6 +78,7 @@ class Trainer:
     val_loader: DataLoader
     checkpoints: CheckpointManager
     autocast_dtype: torch.dtype | None
+    global_batch: int
     log: Callable[[dict[str, float], int], None]  # (metrics, step) → tracker
     on_step_end: Callable[[int, nn.Module], None] | None = None
 
@@ -82,18 +86,6 @@ class Trainer:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.dims.device.type, dtype=self.autocast_dtype)
-
-    def checkpoint(self, state: TrainState) -> None:
-        self.checkpoints.save(
-            state.step,
-            {
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "schedule": self.schedule.state_dict(),
-                "train_state": state.state_dict(),
-                "data_parallel_size": self.dims.data,
-            },
-        )
 
 
 def _sync(device: torch.device) -> None:
@@ -166,7 +158,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
                     flush=True,
                 )
         if state.step % cfg.checkpoint_every_steps == 0:
-            t.checkpoint(state)
+            t.checkpoints.save(state.step)
         if t.on_step_end is not None:
             t.on_step_end(state.step, t.model)
         tick = time.perf_counter()
@@ -208,3 +200,37 @@ def validate(t: Trainer) -> dict[str, float]:
     metrics = {"val_loss": sum(mse_p) / len(names), "val_mae": sum(mae_p) / len(names)}
     metrics.update({f"val_mae_{name}": value for name, value in zip(names, mae_p, strict=True)})
     return metrics
+
+
+def fit(t: Trainer, state: TrainState, *, metrics_path: Path) -> None:
+    """Run the remaining epochs: train, validate, and record one metrics line per epoch."""
+    while state.epoch < t.cfg.train.epochs:
+        speed = train_one_epoch(t, state)
+        record = {
+            "epoch": state.epoch,
+            "step": state.step,
+            "train_loss": state.epoch_loss_sum / max(1, state.epoch_steps),
+            **validate(t),
+            "lr": t.schedule.lr,
+            **speed,
+        }
+        state.history.append(record)
+        state.epoch, state.batch_in_epoch = state.epoch + 1, 0
+        state.epoch_loss_sum, state.epoch_steps = 0.0, 0
+        t.log({k: v for k, v in record.items() if k not in ("epoch", "step")}, state.step)
+        if t.dims.is_main:
+            # Rewritten whole from the checkpointed history, so a resumed run's file matches.
+            write_jsonl(metrics_path, state.history)
+            print(
+                f"epoch {record['epoch']} step {record['step']} "
+                f"train_loss {record['train_loss']:.5f} val_loss {record['val_loss']:.5f} "
+                f"val_mae {record['val_mae']:.4f} {record['samples_per_s']:.1f} samples/s "
+                f"data_wait {100 * record['data_wait_share']:.1f}%",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))

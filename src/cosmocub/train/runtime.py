@@ -27,16 +27,27 @@ def set_threads(cfg: TrainConfig, dims: ParallelDims) -> int:
     return threads
 
 
-def set_deterministic(enabled: bool) -> bool:
-    """Switch deterministic algorithms on or off; returns the previous setting."""
-    previous = torch.are_deterministic_algorithms_enabled()
+def set_deterministic(enabled: bool) -> tuple[bool, bool, bool]:
+    """Switch deterministic algorithms on or off; returns the previous settings for `restore`."""
+    previous = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+    )
     if enabled:
         # cuBLAS needs this before its first call to be deterministic.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(enabled)
-    torch.backends.cudnn.benchmark = not enabled
-    torch.backends.cudnn.deterministic = enabled
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
     return previous
+
+
+def restore_deterministic(previous: tuple[bool, bool, bool]) -> None:
+    algorithms, benchmark, deterministic = previous
+    torch.use_deterministic_algorithms(algorithms)
+    torch.backends.cudnn.benchmark = benchmark
+    torch.backends.cudnn.deterministic = deterministic
 
 
 def seed_everything(seed: int) -> None:

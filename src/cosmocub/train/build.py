@@ -1,0 +1,92 @@
+"""Build every piece of a training run from the config and the mesh, resuming if it can.
+
+Separate from `main.train` so benchmarks and tests can drive the same loop without the outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from torch import nn
+
+from cosmocub.config import Config
+from cosmocub.data.dataset import open_split
+from cosmocub.models.cosmoflow import CosmoFlow
+from cosmocub.optim.factory import build_optimizer, build_schedule
+from cosmocub.parallel.mesh import ParallelDims
+from cosmocub.train import runtime
+from cosmocub.train.checkpoint import CheckpointManager, resume_hash
+from cosmocub.train.data import build_eval_loader, build_train_loader
+from cosmocub.train.grad_sync import build_gradient_sync
+from cosmocub.train.loop import Trainer, TrainState
+
+
+def build_trainer(
+    cfg: Config,
+    dims: ParallelDims,
+    *,
+    shards_dir: Path,
+    run_dir: Path,
+    on_step_end: Callable[[int, nn.Module], None] | None = None,
+) -> tuple[Trainer, TrainState, Path | None]:
+    """(trainer, train state, checkpoint resumed from or None); trainer.log is a no-op to set."""
+    tc = cfg.train
+    num_workers = 0 if tc.deterministic else tc.num_data_workers
+    train_set = open_split(shards_dir, "train", cfg.model)
+    val_set = open_split(shards_dir, "val", cfg.model)
+    per_rank = len(train_set) // dims.data
+    if per_rank < tc.local_batch_size:
+        raise ValueError(
+            f"{train_set.path}: {len(train_set)} samples give {per_rank} per data rank "
+            f"(x{dims.data}), fewer than train.local_batch_size {tc.local_batch_size}"
+        )
+    global_batch = tc.local_batch_size * dims.data
+
+    runtime.seed_everything(cfg.seed)  # same initial weights on every rank
+    model = CosmoFlow(cfg.model).to(dims.device)
+    optimizer = build_optimizer(model.parameters(), cfg.optimizer, global_batch)
+    train_loader = build_train_loader(
+        train_set, dims, batch_size=tc.local_batch_size, seed=cfg.seed, num_workers=num_workers
+    )
+    schedule = build_schedule(
+        optimizer,
+        cfg.optimizer,
+        global_batch=global_batch,
+        steps_per_epoch=train_loader.sampler.batches_per_epoch,
+    )
+    runtime.seed_everything(runtime.rank_seed(cfg.seed, dims.rank))
+    state = TrainState()
+    checkpoints = CheckpointManager(
+        run_dir / "checkpoints",
+        config_hash=resume_hash(cfg),
+        stateful={
+            "model": model,
+            "optimizer": optimizer,
+            "schedule": schedule,
+            "train_state": state,
+        },
+        invariants={"data_parallel_size": dims.data},
+        is_main=dims.is_main,
+    )
+    resumed_from = checkpoints.restore_latest(dims.rank)
+    grad_sync = build_gradient_sync(optimizer, dims)
+    trainer = Trainer(
+        cfg=cfg,
+        dims=dims,
+        model=model,
+        wrapped=grad_sync.wrap(model),  # after the restore: DDP broadcasts rank 0's weights
+        optimizer=optimizer,
+        schedule=schedule,
+        grad_sync=grad_sync,
+        train_loader=train_loader,
+        val_loader=build_eval_loader(
+            val_set, dims, batch_size=tc.local_batch_size, num_workers=num_workers
+        ),
+        checkpoints=checkpoints,
+        autocast_dtype=runtime.autocast_dtype(tc.amp, dims.device),
+        global_batch=global_batch,
+        log=lambda metrics, step: None,
+        on_step_end=on_step_end,
+    )
+    return trainer, state, resumed_from
