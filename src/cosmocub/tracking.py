@@ -275,6 +275,9 @@ class Tracker(NullTracker):
             self.client.log_batch(self.run_id, metrics=batch)
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        # A missing local file is the caller's bug, not a store outage: never swallow it.
+        if not Path(path).exists():
+            raise FileNotFoundError(f"{path}: artifact to log does not exist")
         with self._guard("log_artifact"):
             self.client.log_artifact(self.run_id, str(path), artifact_path)
 

@@ -1,0 +1,349 @@
+"""MLflow tracking against real stores: SQLite in tmp_path, and a real `mlflow server` subprocess;
+parent/child runs read back with MlflowClient, failures, disabled tracking, unreachable stores."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+import yaml
+from mlflow.tracking import MlflowClient
+
+from cosmocub import tracking
+from cosmocub.cli import main as cli_main
+from cosmocub.config import flatten, load_config
+from cosmocub.tracking import (
+    NullTracker,
+    TrackingUnavailable,
+    end_workflow_run,
+    init_store,
+    job_run,
+    start_workflow_run,
+    tracking_uri,
+)
+
+JOB_ENVS = (
+    "COSMOCUB_PARENT_RUN_ID",
+    "COSMOCUB_RULE",
+    "COSMOCUB_WILDCARDS",
+    *tracking.SCHEDULER_JOB_ENVS.values(),
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_job_env(monkeypatch):
+    # A test run under Slurm, or inside a workflow, must not leak its ids into these runs.
+    for name in JOB_ENVS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def make_cfg(tmp_path, **tracking_overrides):
+    overrides = {"results": str(tmp_path / "results"), "tracking": {"system_metrics": False}}
+    overrides["tracking"].update(tracking_overrides)
+    return load_config(None, overrides=overrides)
+
+
+def client_for(cfg) -> MlflowClient:
+    return MlflowClient(tracking_uri=tracking_uri(cfg))
+
+
+def expected_params(cfg, extra=None):
+    values = {**flatten(cfg.values), **(extra or {})}
+    # Non-strings as JSON, so lists, null and booleans read as they do in the YAML config.
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# SQLite store
+
+
+def test_default_store_is_sqlite_in_results_with_absolute_artifacts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, overrides={"results": "results", "tracking": {"system_metrics": False}})
+    assert tracking_uri(cfg) == f"sqlite:///{tmp_path}/results/mlflow.db"
+    experiment_id = init_store(cfg)
+    assert init_store(cfg) == experiment_id  # idempotent
+    experiment = client_for(cfg).get_experiment(experiment_id)
+    assert experiment.name == "cosmocub"
+    assert experiment.artifact_location == (tmp_path / "results" / "mlartifacts").as_uri()
+
+
+def test_parent_and_child_runs_read_back(tmp_path, monkeypatch):
+    cfg = make_cfg(tmp_path)
+    parent = start_workflow_run(cfg, name="wf-test")
+    monkeypatch.setenv("COSMOCUB_PARENT_RUN_ID", parent)
+    monkeypatch.setenv("COSMOCUB_RULE", "train")
+    monkeypatch.setenv("COSMOCUB_WILDCARDS", "run=default,seed=3")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    with job_run(cfg, stage="train", params={"world_size": 2}) as tracker:
+        for step, loss in enumerate([0.9, 0.5, 0.25]):
+            tracker.log_metrics({"train_loss": loss}, step=step * 10)
+        tracker.set_tags({"note": "hello"})
+        child = tracker.run_id
+    end_workflow_run(cfg, parent, "FINISHED")
+
+    client = client_for(cfg)
+    run = client.get_run(child)
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "train[run=default,seed=3]"
+    tags = run.data.tags
+    assert tags["mlflow.parentRunId"] == parent
+    assert tags["rule"] == "train"
+    assert tags["stage"] == "train"
+    assert tags["wildcards"] == "run=default,seed=3"
+    assert tags["wildcard.seed"] == "3"
+    assert tags["config_hash"] == cfg.hash
+    assert tags["scheduler"] == "slurm"
+    assert tags["scheduler_job_id"] == "4242"
+    assert tags["host"] == socket.gethostname()
+    assert tags["note"] == "hello"
+    assert run.data.params == expected_params(cfg, {"world_size": 2})
+    assert run.data.params["model.dense_sizes"] == "[128, 64]"
+    history = client.get_metric_history(child, "train_loss")
+    assert [(m.step, m.value) for m in history] == [(0, 0.9), (10, 0.5), (20, 0.25)]
+    assert "config.yaml" in {a.path for a in client.list_artifacts(child)}
+    config_file = client.download_artifacts(child, "config.yaml", str(tmp_path))
+    with open(config_file) as f:
+        assert yaml.safe_load(f) == cfg.values
+    # The artifacts sit in the results folder, never in the job's working directory.
+    assert (tmp_path / "results" / "mlartifacts").is_dir()
+
+    parent_run = client.get_run(parent)
+    assert parent_run.info.status == "FINISHED"
+    assert parent_run.info.run_name == "wf-test"
+    assert parent_run.data.tags["cosmocub.kind"] == "workflow"
+    children = client.search_runs(
+        [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'"
+    )
+    assert [r.info.run_id for r in children] == [child]
+
+
+def test_failing_job_marks_child_failed_and_reraises(tmp_path):
+    cfg = make_cfg(tmp_path)
+    with pytest.raises(RuntimeError, match="boom"), job_run(cfg, stage="evaluate") as tracker:
+        run_id = tracker.run_id
+        tracker.log_metrics({"partial": 1.0})
+        raise RuntimeError("boom")
+    run = client_for(cfg).get_run(run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.metrics == {"partial": 1.0}
+    assert run.data.tags["rule"] == "evaluate"  # no COSMOCUB_RULE: the stage
+    assert "mlflow.parentRunId" not in run.data.tags
+
+
+@pytest.mark.parametrize("how", ["config", "rank"])
+def test_disabled_logs_nothing(tmp_path, how):
+    cfg = make_cfg(tmp_path, enabled=(how != "config"))
+    with job_run(cfg, stage="train", enabled=(how != "rank")) as tracker:
+        assert isinstance(tracker, NullTracker) and tracker.run_id is None
+        tracker.log_params({"a": 1})
+        tracker.log_metrics({"loss": 1.0}, step=1)
+        tracker.log_artifact(tmp_path / "does-not-matter")
+        tracker.log_model(torch.nn.Linear(2, 2))
+        tracker.set_tags({"t": 1})
+    assert not (tmp_path / "results").exists()
+    if how == "config":
+        assert start_workflow_run(cfg) == ""
+
+
+def test_log_model_loads_back_with_same_outputs(tmp_path):
+    import mlflow.pytorch
+
+    cfg = make_cfg(tmp_path)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+    x = torch.randn(4, 3)
+    with job_run(cfg, stage="train") as tracker:
+        start = time.monotonic()
+        tracker.log_model(model)
+        elapsed = time.monotonic() - start
+        run_id = tracker.run_id
+    assert tracker.failures == 0
+    assert elapsed < 20, f"log_model took {elapsed:.1f} s (environment inference?)"
+    loaded = mlflow.pytorch.load_model(f"runs:/{run_id}/model")
+    torch.testing.assert_close(loaded(x), model(x))
+    # Filed under our experiment and store, not MLflow's default ./mlruns.
+    models = client_for(cfg).search_logged_models(
+        experiment_ids=[init_store(cfg)], filter_string="name = 'model'"
+    )
+    assert [m.source_run_id for m in models] == [run_id]
+    assert models[0].artifact_location.startswith((tmp_path / "results").as_uri())
+
+
+def test_log_artifact_of_missing_file_raises(tmp_path):
+    cfg = make_cfg(tmp_path)
+    missing = tmp_path / "nope.png"
+    with (
+        pytest.raises(FileNotFoundError, match=r"nope\.png: artifact to log does not exist"),
+        job_run(cfg, stage="evaluate") as tracker,
+    ):
+        tracker.log_artifact(missing)
+
+
+def test_system_metrics_are_logged(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
+    cfg = make_cfg(tmp_path, system_metrics=True)
+    with job_run(cfg, stage="train") as tracker:
+        time.sleep(1.5)
+    metrics = client_for(cfg).get_run(tracker.run_id).data.metrics
+    assert "system/cpu_utilization_percentage" in metrics
+    assert 0 <= metrics["system/cpu_utilization_percentage"] <= 100
+
+
+def _init_in_child(results: str, queue) -> None:
+    cfg = load_config(None, overrides={"results": results})
+    queue.put(init_store(cfg))
+
+
+def test_concurrent_init_of_a_new_store_is_safe(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    procs = [
+        ctx.Process(target=_init_in_child, args=(str(tmp_path / "results"), queue))
+        for _ in range(4)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    ids = {queue.get(timeout=1) for _ in procs}
+    assert len(ids) == 1
+
+
+def test_unwritable_results_fails_at_start(tmp_path):
+    (tmp_path / "results").write_text("a file where the results folder should be")
+    cfg = make_cfg(tmp_path)
+    body_ran = False
+    with pytest.raises(TrackingUnavailable) as info, job_run(cfg, stage="train"):
+        body_ran = True
+    assert not body_ran
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"sqlite:///{tmp_path}/results/mlflow.db" in message
+    assert "tracking.enabled: false" in message
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends: nothing listens there
+
+
+def test_unreachable_server_fails_at_start_within_seconds(tmp_path):
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    cfg = make_cfg(tmp_path, uri=uri)
+    body_ran = False
+    start = time.monotonic()
+    with pytest.raises(TrackingUnavailable) as info, job_run(cfg, stage="train"):
+        body_ran = True
+    elapsed = time.monotonic() - start
+    assert not body_ran
+    assert elapsed < 10, f"took {elapsed:.1f} s to notice the server is down"
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"<defaults>: key 'tracking.uri': MLflow store {uri} is unavailable")
+    # The short probe settings do not leak into the rest of the process.
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
+
+
+def test_cli_tracking_start_and_end(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text(f"results: {tmp_path / 'results'}\ntracking: {{system_metrics: false}}\n")
+    assert cli_main(["tracking", "start", "--config", str(config), "--name", "cli"]) == 0
+    run_id = capsys.readouterr().out.strip()
+    assert len(run_id) == 32
+    args = ["tracking", "end", "--config", str(config), "--run-id", run_id, "--status", "FAILED"]
+    assert cli_main(args) == 0
+    run = client_for(load_config(config)).get_run(run_id)
+    assert (run.info.status, run.info.run_name) == ("FAILED", "cli")
+
+
+# ---------------------------------------------------------------------------------------------
+# A real tracking server
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = _closed_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    cmd = [
+        *(sys.executable, "-m", "mlflow", "server"),
+        *("--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}"),
+        *("--artifacts-destination", str(root / "artifacts")),
+        *("--host", "127.0.0.1", "--port", str(port), "--workers", "1"),
+    ]
+    with open(root / "server.log", "w") as log:
+        # Own session, so teardown can stop the server and the workers it forks, and nothing else.
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                if proc.poll() is not None:
+                    pytest.fail(
+                        f"mlflow server exited with {proc.returncode}: see {root}/server.log"
+                    )
+                try:
+                    with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
+                        if reply.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    pytest.fail(
+                        f"mlflow server did not answer /health in 120 s: see {root}/server.log"
+                    )
+                time.sleep(0.5)
+            yield url, root
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.mark.slow
+def test_runs_logged_to_a_real_server(tmp_path, monkeypatch, mlflow_server):
+    url, root = mlflow_server
+    cfg = make_cfg(tmp_path, uri=url, experiment="server-test")
+    assert tracking.artifact_location(cfg) is None  # the server decides (proxied artifacts)
+    parent = start_workflow_run(cfg)
+    monkeypatch.setenv("COSMOCUB_PARENT_RUN_ID", parent)
+    model = torch.nn.Linear(2, 1)
+    with job_run(cfg, stage="evaluate") as tracker:
+        tracker.log_metrics({"test_mae": 0.12}, step=1)
+        tracker.log_model(model)
+        child = tracker.run_id
+    end_workflow_run(cfg, parent, "FINISHED")
+    assert tracker.failures == 0
+
+    client = MlflowClient(tracking_uri=url)
+    run = client.get_run(child)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["mlflow.parentRunId"] == parent
+    assert run.data.metrics == {"test_mae": 0.12}
+    assert run.data.params == expected_params(cfg)
+    assert client.get_run(parent).info.status == "FINISHED"
+    assert "config.yaml" in {a.path for a in client.list_artifacts(child)}
+    # Artifacts went through the server into its --artifacts-destination, not under tmp_path.
+    assert list(root.joinpath("artifacts").rglob("config.yaml"))
+    assert not (tmp_path / "results").exists()
+    import mlflow.pytorch
+
+    x = torch.randn(3, 2)
+    torch.testing.assert_close(mlflow.pytorch.load_model(f"runs:/{child}/model")(x), model(x))
