@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import json
 import math
+import os
 import sys
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -96,7 +97,7 @@ def assign_splits(paths: list[Path], ratios: dict[str, float], seed: int) -> dic
 
 
 class _H5Source:
-    """Array-like view of one HDF5 dataset that opens the file per read.
+    """Array-like view of one HDF5 dataset that opens the file per read (the general path).
 
     Unlike an open h5py.Dataset it pickles, so the same graph runs on a Dask cluster, and each
     read is a whole block (megabytes), so the open costs nothing that matters.
@@ -111,6 +112,89 @@ class _H5Source:
             return f[self.name][key]
 
 
+class _RawChunkSource(_H5Source):
+    """Reads an uncompressed chunked int16 dataset straight from its chunks' file offsets.
+
+    h5py holds the GIL through every read, so Dask threads would queue behind it; os.pread
+    releases it, and the universes' raw chunks are plain little-endian int16 bytes.
+    """
+
+    def __init__(self, path: Path, dset: h5py.Dataset) -> None:
+        super().__init__(path, dset.name, dset.shape, dset.dtype)
+        self.chunk = dset.chunks
+        grid = [math.ceil(n / c) for n, c in zip(dset.shape, self.chunk, strict=True)]
+        self.offsets = np.full(grid, -1, dtype=np.int64)  # -1: never written (fill value)
+        self.fill = dset.fillvalue
+
+        def record(info: Any) -> None:
+            index = tuple(o // c for o, c in zip(info.chunk_offset, self.chunk, strict=True))
+            self.offsets[index] = info.byte_offset
+
+        dset.id.chunk_iter(record)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        box = [k.indices(n)[:2] for k, n in zip(key, self.shape, strict=True)]
+        out = np.empty([b - a for a, b in box], dtype=np.int16)
+        ranges = [
+            range(a // c, (b - 1) // c + 1) for (a, b), c in zip(box, self.chunk, strict=True)
+        ]
+        nbytes = math.prod(self.chunk) * 2
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for index in itertools.product(*ranges):
+                origin = [i * c for i, c in zip(index, self.chunk, strict=True)]
+                src = tuple(
+                    slice(max(a, o) - o, min(b, o + c) - o)
+                    for (a, b), o, c in zip(box, origin, self.chunk, strict=True)
+                )
+                dst = tuple(
+                    slice(max(a, o) - a, min(b, o + c) - a)
+                    for (a, b), o, c in zip(box, origin, self.chunk, strict=True)
+                )
+                offset = self.offsets[index]
+                if offset < 0:
+                    out[dst] = self.fill
+                    continue
+                raw = os.pread(fd, nbytes, int(offset))
+                if len(raw) != nbytes:
+                    raise PreprocessError(
+                        f"{self.path}: chunk {index} of '{self.name}' is cut short "
+                        f"({len(raw)} of {nbytes} bytes)"
+                    )
+                out[dst] = np.frombuffer(raw, dtype="<i2").reshape(self.chunk)[src]
+        finally:
+            os.close(fd)
+        return out
+
+
+class _ContiguousSource(_H5Source):
+    """Reads an uncompressed contiguous int16 dataset through a memory map (no GIL held)."""
+
+    def __init__(self, path: Path, dset: h5py.Dataset) -> None:
+        super().__init__(path, dset.name, dset.shape, dset.dtype)
+        self.offset = int(dset.id.get_offset())
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        mapped = np.memmap(self.path, dtype="<i2", mode="r", offset=self.offset, shape=self.shape)
+        return np.array(mapped[key], dtype=np.int16)
+
+
+def _source(path: Path) -> _H5Source:
+    """The fastest reader that is exact for this file's `full` dataset."""
+    with h5py.File(path, "r") as f:
+        dset = f["full"]
+        plain = (
+            dset.dtype == np.dtype("<i2")
+            and dset.id.get_create_plist().get_nfilters() == 0
+            and dset.external is None
+        )
+        if plain and dset.chunks is not None and hasattr(dset.id, "chunk_iter"):
+            return _RawChunkSource(path, dset)
+        if plain and dset.chunks is None and dset.id.get_offset() is not None:
+            return _ContiguousSource(path, dset)
+        return _H5Source(path, "full", dset.shape, dset.dtype)
+
+
 def open_universes(metas: list[UniverseMeta], *, sample_size: int) -> xr.DataArray:
     """Lazy int16 counts (universe, d, h, w, channel), chunked in sample-thick depth slabs."""
     size, channels = metas[0].size, metas[0].num_channels
@@ -119,10 +203,10 @@ def open_universes(metas: list[UniverseMeta], *, sample_size: int) -> xr.DataArr
     rows = max(1, min(size // s, BLOCK_BYTES // slab_row))
     arrays = [
         da.from_array(
-            _H5Source(m.path, "full", m.shape, np.int16),
+            _source(m.path),
             chunks=(s, rows * s, size, channels),
             name=f"universe-{i}-{m.path.name}-{s}",
-            lock=False,  # h5py serialises calls itself; a dask lock would only add waiting
+            lock=False,  # readers open their own handles; h5py serialises itself
             meta=np.empty((0, 0, 0, 0), np.int16),
         )
         for i, m in enumerate(metas)
@@ -153,27 +237,36 @@ def _to_values(block: np.ndarray, log1p: bool, dtype: str) -> np.ndarray:
 
 
 def crop_samples(
-    counts: xr.DataArray, *, sample_size: int, log1p: bool, dtype: str
+    counts: xr.DataArray, *, sample_size: int, slab_depth: int, log1p: bool, dtype: str
 ) -> xr.DataArray:
-    """(universe, d, h, w, channel) counts → (sample, channel, sd, sh, sw) stored values.
+    """(universe, d, h, w, channel) counts → (sample, slab_index, channel, slab, sh, sw) values.
 
-    Samples run universe-major, then by crop origin (d, h, w), in row-major order.
+    That is the byte order of the shard's chunks (1, C, slab_depth, S, S), so each Dask block is
+    written as-is; `sample_bcdhw` views it as (sample, channel, sd, sh, sw). Samples run
+    universe-major, then by crop origin (d, h, w), in row-major order.
     """
     s = sample_size
     values = counts.copy(
         data=counts.data.map_blocks(_to_values, log1p, dtype, dtype=np.dtype(dtype))
     )
-    blocks = values.coarsen(d=s, h=s, w=s).construct(
+    cubes = values.coarsen(d=s, h=s, w=s).construct(
         d=("block_d", "sd"), h=("block_h", "sh"), w=("block_w", "sw")
     )
-    ordered = blocks.transpose(
-        "universe", "block_d", "block_h", "block_w", "channel", "sd", "sh", "sw"
+    slabs = cubes.coarsen(sd=slab_depth).construct(sd=("slab_index", "slab"))
+    ordered = slabs.transpose(
+        "universe", "block_d", "block_h", "block_w", "slab_index", "channel", "slab", "sh", "sw"
     )
     # Stacking the leading dims is a free reshape in each Dask block: a block's samples are
-    # consecutive in row-major order, so every store below is one contiguous range of samples.
+    # consecutive in row-major order, so every write below is one run of consecutive samples.
     return ordered.stack(sample=("universe", "block_d", "block_h", "block_w")).transpose(
-        "sample", "channel", "sd", "sh", "sw"
+        "sample", "slab_index", "channel", "slab", "sh", "sw"
     )
+
+
+def sample_bcdhw(chunk_ordered: np.ndarray) -> np.ndarray:
+    """(n, slab_index, C, slab, S, S) → (n, C, S, S, S), the samples as the shard presents them."""
+    n, nslabs, c, slab, s, _ = chunk_ordered.shape
+    return chunk_ordered.transpose(0, 2, 1, 3, 4, 5).reshape(n, c, nslabs * slab, s, s)
 
 
 def _histogram_block(block: np.ndarray) -> np.ndarray:
@@ -187,6 +280,37 @@ def train_histogram(counts: xr.DataArray) -> da.Array:
         _histogram_block, chunks=(1, 1, 1, 1, channels * 2**16), dtype=np.int64
     )
     return per_block.sum(axis=(0, 1, 2, 3)).reshape(channels, 2**16)
+
+
+class _ChunkWriter:
+    """Store target writing chunk-ordered sample blocks straight to the shard's chunk offsets.
+
+    The shard's `x` is created with every chunk allocated up front (and no fill), so each chunk
+    has a fixed file offset; writing there with os.pwrite releases the GIL (h5py would hold it
+    and serialise the Dask threads) and needs no lock, since blocks never share a chunk. It
+    pickles, so workers of a Dask cluster on a shared filesystem can write too.
+    """
+
+    def __init__(self, path: Path, offsets: np.ndarray, chunk_bytes: int) -> None:
+        self.path, self.offsets, self.chunk_bytes = str(path), offsets, chunk_bytes
+
+    def __setitem__(self, key: Any, block: np.ndarray) -> None:
+        first, last, _ = key[0].indices(len(self.offsets))
+        offsets = self.offsets[first:last].ravel()
+        data = memoryview(np.ascontiguousarray(block)).cast("B")
+        assert len(data) == len(offsets) * self.chunk_bytes
+        # Runs of chunks that lie back to back in the file go out in one call.
+        breaks = np.flatnonzero(np.diff(offsets) != self.chunk_bytes) + 1
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            for run in np.split(np.arange(len(offsets)), breaks):
+                lo, hi = run[0] * self.chunk_bytes, (run[-1] + 1) * self.chunk_bytes
+                position = int(offsets[run[0]])
+                while lo < hi:
+                    written = os.pwrite(fd, data[lo:hi], position)
+                    lo, position = lo + written, position + written
+        finally:
+            os.close(fd)
 
 
 # --- the stage --------------------------------------------------------------------------------
@@ -219,36 +343,65 @@ def _validate(paths: list[Path], sample_size: int) -> list[UniverseMeta]:
 
 def _create_shard(
     path: Path, split: str, metas: list[UniverseMeta], settings: PreprocessConfig
-) -> tuple[h5py.File, h5py.Dataset]:
-    s, c = settings.sample_size, metas[0].num_channels if metas else 4
+) -> _ChunkWriter | None:
+    """Write the shard's small datasets and attributes, allocate `x`; return its writer."""
+    s, slab = settings.sample_size, settings.slab_depth
+    c = metas[0].num_channels if metas else 4
     per_universe = (metas[0].size // s) ** 3 if metas else 0
     n = per_universe * len(metas)
-    f = h5py.File(path, "w")
-    # maxshape keeps an empty split (ratio 0) a valid chunked file with the same layout.
-    x = f.create_dataset(
-        "x",
-        shape=(n, c, s, s, s),
-        maxshape=(None, c, s, s, s),
-        dtype=settings.dtype,
-        chunks=(1, c, settings.slab_depth, s, s),
-    )
-    if metas:
-        nb = metas[0].size // s
-        bd, bh, bw = np.meshgrid(*(np.arange(nb),) * 3, indexing="ij")
-        origins = np.stack([bd.ravel(), bh.ravel(), bw.ravel()], axis=1) * s
-        f["crop_origin"] = np.tile(origins, (len(metas), 1)).astype(np.int32)
-        f["universe_index"] = np.repeat(np.arange(len(metas)), per_universe).astype(np.int32)
-        f["y"] = np.repeat(np.stack([m.unit_par for m in metas]), per_universe, axis=0)
-    else:
-        f["crop_origin"] = np.zeros((0, 3), np.int32)
-        f["universe_index"] = np.zeros((0,), np.int32)
-        f["y"] = np.zeros((0, 4), np.float32)
-    f.attrs["source_files"] = json.dumps([str(m.path) for m in metas])
-    f.attrs["split"] = split
-    f.attrs["log1p"] = settings.log1p
-    f.attrs["sample_size"] = s
-    f.attrs["slab_depth"] = settings.slab_depth
-    return f, x
+    with h5py.File(path, "w") as f:
+        if n:
+            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            # Every chunk gets its place in the file now, and no fill value is written there.
+            dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+            f.create_dataset(
+                "x",
+                shape=(n, c, s, s, s),
+                dtype=settings.dtype,
+                chunks=(1, c, slab, s, s),
+                fill_time="never",
+                dcpl=dcpl,
+            )
+            nb = metas[0].size // s
+            bd, bh, bw = np.meshgrid(*(np.arange(nb),) * 3, indexing="ij")
+            origins = np.stack([bd.ravel(), bh.ravel(), bw.ravel()], axis=1) * s
+            f["crop_origin"] = np.tile(origins, (len(metas), 1)).astype(np.int32)
+            f["universe_index"] = np.repeat(np.arange(len(metas)), per_universe).astype(np.int32)
+            f["y"] = np.repeat(np.stack([m.unit_par for m in metas]), per_universe, axis=0)
+        else:
+            # A split with ratio 0: same layout, zero samples (maxshape allows the chunking).
+            f.create_dataset(
+                "x",
+                shape=(0, c, s, s, s),
+                maxshape=(None, c, s, s, s),
+                dtype=settings.dtype,
+                chunks=(1, c, slab, s, s),
+            )
+            f["crop_origin"] = np.zeros((0, 3), np.int32)
+            f["universe_index"] = np.zeros((0,), np.int32)
+            f["y"] = np.zeros((0, 4), np.float32)
+        f.attrs["source_files"] = json.dumps([str(m.path) for m in metas])
+        f.attrs["split"] = split
+        f.attrs["log1p"] = settings.log1p
+        f.attrs["sample_size"] = s
+        f.attrs["slab_depth"] = slab
+    if not n:
+        return None
+    with h5py.File(path, "r") as f:
+        x = f["x"]
+        offsets = np.full((n, s // slab), -1, dtype=np.int64)
+
+        def record(info: Any) -> None:
+            offsets[info.chunk_offset[0], info.chunk_offset[2] // slab] = info.byte_offset
+
+        if hasattr(x.id, "chunk_iter"):
+            x.id.chunk_iter(record)
+        else:  # HDF5 < 1.14: one call per chunk, slower but the same answer
+            for i in range(x.id.get_num_chunks()):
+                record(x.id.get_chunk_info(i))
+        chunk_bytes = c * slab * s * s * x.dtype.itemsize
+    assert np.all(offsets >= 0), f"{path}: unallocated chunks after early allocation"
+    return _ChunkWriter(path, offsets, chunk_bytes)
 
 
 class _LogProgress(Callback):
@@ -296,22 +449,6 @@ def _distributed_client(address: str) -> Any:
     return Client(address)
 
 
-def _store_via_client(client: Any, samples: da.Array, target: h5py.Dataset, window: int) -> None:
-    # A cluster's workers cannot write into this process's open HDF5 file: compute blocks there,
-    # write here, keeping at most `window` blocks in flight.
-    blocks = samples.to_delayed().ravel()
-    starts = np.concatenate([[0], np.cumsum(samples.chunks[0])])
-    pending: deque[tuple[int, Any]] = deque()
-    for i, block in enumerate(blocks):
-        pending.append((i, client.compute(block)))
-        if len(pending) >= window:
-            j, fut = pending.popleft()
-            target[starts[j] : starts[j + 1]] = fut.result()
-    while pending:
-        j, fut = pending.popleft()
-        target[starts[j] : starts[j + 1]] = fut.result()
-
-
 def preprocess(
     universe_paths: list[Path],
     out_dir: Path,
@@ -328,14 +465,18 @@ def preprocess(
     assigned = assign_splits(paths, settings.splits.as_dict(), seed)
     split_metas = {s: [by_path[p] for p in assigned[s]] for s in SPLITS}
     crop = functools.partial(
-        crop_samples, sample_size=settings.sample_size, log1p=settings.log1p, dtype=settings.dtype
+        crop_samples,
+        sample_size=settings.sample_size,
+        slab_depth=settings.slab_depth,
+        log1p=settings.log1p,
+        dtype=settings.dtype,
     )
     counts = {
         s: open_universes(ms, sample_size=settings.sample_size)
         for s, ms in split_metas.items()
         if ms
     }
-    samples = {s: crop(c) for s, c in counts.items()}
+    samples = {s: crop(c).data for s, c in counts.items()}
     hist = train_histogram(counts["train"])
     hist_np = np.zeros(hist.shape, dtype=np.int64)
     total_bytes = sum(m.nbytes for m in metas)
@@ -343,36 +484,36 @@ def preprocess(
     out_dir = Path(out_dir)
     with (
         atomic_path(out_dir) as tmp,
-        contextlib.ExitStack() as files,
         # Checksums run beside the Dask work (hashlib releases the GIL); they are not in the
         # graph because dask.compute (2026.8) returns mixed Array/Delayed results out of order.
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256") as hasher,
     ):
         digests = hasher.map(sha256_file, [m.path for m in metas])
         tmp.mkdir(parents=True)
-        targets = {}
-        for s in SPLITS:
-            f, x = _create_shard(tmp / f"{s}.h5", s, split_metas[s], settings)
-            files.enter_context(f)
-            targets[s] = x
+        writers = {s: _create_shard(tmp / f"{s}.h5", s, split_metas[s], settings) for s in SPLITS}
         if settings.dask_scheduler:
-            client = files.enter_context(_distributed_client(settings.dask_scheduler))
-            hist_np[...] = client.compute(hist).result()
-            window = 2 * max(1, len(client.nthreads()))
-            for s, arr in samples.items():
-                _store_via_client(client, arr.data, targets[s], window)
+            with _distributed_client(settings.dask_scheduler) as client:
+                # Workers write the shards themselves (the writers pickle); the histogram comes
+                # back to fill the local array, so here it is a separate, second read of train.
+                stores = da.store(
+                    [samples[s] for s in samples],
+                    [writers[s] for s in samples],
+                    lock=False,
+                    compute=False,
+                )
+                client.compute([*stores], sync=True)
+                hist_np[...] = client.compute(hist, sync=True)
         else:
             # One store for everything: the training histogram shares its reads with the shard
             # writes, so every universe is read from disk once.
             stores = da.store(
-                [*(arr.data for arr in samples.values()), hist],
-                [*(targets[s] for s in samples), hist_np],
-                lock=True,  # one writer at a time into the HDF5 files
+                [*(samples[s] for s in samples), hist],
+                [*(writers[s] for s in samples), hist_np],
+                lock=False,  # blocks never share a chunk, and the histogram is one block
                 compute=False,
             )
             with _progress(total_bytes):
                 da.compute(*stores, scheduler="threads", num_workers=settings.num_workers)
-        files.close()
         digests = list(digests)
 
         table = value_table(settings.log1p, settings.dtype)

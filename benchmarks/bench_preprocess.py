@@ -1,0 +1,99 @@
+"""Preprocess throughput (MB/s of input) beside a plain file copy of the same bytes, same disk.
+
+Run: python benchmarks/bench_preprocess.py --size 256 --count 4 --dir /scratch/bench
+Prints one table; the goal is preprocess >= half the copy's MB/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cosmocub.config import PreprocessConfig, SplitRatios
+from cosmocub.data.preprocess import preprocess
+from cosmocub.data.universe import phys_from_unit, write_universe
+
+
+def make_universes(folder: Path, *, size: int, count: int) -> list[Path]:
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(count):
+        counts = rng.poisson(1.0, size=(size, size, size, 4)).astype(np.int16)
+        unit = rng.uniform(-1, 1, size=4).astype(np.float32)
+        path = folder / f"univ_{i:03d}.hdf5"
+        write_universe(
+            path, counts, unit_par=unit, phys_par=phys_from_unit(unit), redshifts=[0, 0.5, 1.5, 3]
+        )
+        paths.append(path)
+    return paths
+
+
+def time_copy(paths: list[Path], out: Path) -> float:
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    for p in paths:
+        shutil.copyfile(p, out / p.name)
+    seconds = time.perf_counter() - t0
+    shutil.rmtree(out)
+    return seconds
+
+
+def time_preprocess(paths: list[Path], out: Path, settings: PreprocessConfig) -> float:
+    t0 = time.perf_counter()
+    preprocess(paths, out, settings=settings, seed=0, config_hash="bench")
+    seconds = time.perf_counter() - t0
+    shutil.rmtree(out)
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", type=int, default=128, help="universe voxels per side")
+    parser.add_argument("--count", type=int, default=4, help="number of universes")
+    parser.add_argument("--sample-size", type=int, default=32)
+    parser.add_argument("--slab-depth", type=int, default=8)
+    parser.add_argument("--dtype", choices=["float16", "float32"], default="float16")
+    parser.add_argument("--workers", type=int, default=None, help="Dask threads (default: all)")
+    parser.add_argument("--repeat", type=int, default=3, help="best of this many runs")
+    parser.add_argument("--dir", type=Path, default=None, help="scratch folder on the disk to test")
+    args = parser.parse_args()
+
+    settings = PreprocessConfig(
+        sample_size=args.sample_size,
+        log1p=True,
+        dtype=args.dtype,
+        splits=SplitRatios(train=0.5, val=0.25, test=0.25),
+        slab_depth=args.slab_depth,
+        dask_scheduler=None,
+        num_workers=args.workers,
+    )
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="bench_preprocess_") as tmp:
+        folder = Path(tmp)
+        paths = make_universes(folder / "universes", size=args.size, count=args.count)
+        megabytes = sum(p.stat().st_size for p in paths) / 1e6
+        # Interleave the two so page-cache warmth and background load affect both alike.
+        copy_s, pre_s = [], []
+        for _ in range(args.repeat):
+            copy_s.append(time_copy(paths, folder / "copy"))
+            pre_s.append(time_preprocess(paths, folder / "shards", settings))
+        copy_rate, pre_rate = megabytes / min(copy_s), megabytes / min(pre_s)
+        print(
+            f"\n{args.count} universes of {args.size}^3 x 4 int16 ({megabytes:.0f} MB), "
+            f"S={args.sample_size}, {args.dtype}, workers={args.workers or 'all'}, "
+            f"best of {args.repeat}"
+        )
+        print(f"{'method':<22}{'seconds':>10}{'MB/s':>10}{'vs copy':>10}")
+        print(f"{'shutil.copyfile':<22}{min(copy_s):>10.3f}{copy_rate:>10.0f}{1:>10.2f}")
+        print(
+            f"{'cosmocub preprocess':<22}{min(pre_s):>10.3f}{pre_rate:>10.0f}"
+            f"{pre_rate / copy_rate:>10.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

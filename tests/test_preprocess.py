@@ -1,0 +1,278 @@
+"""Preprocessing (src/cosmocub/data/preprocess.py): splits, shard contents, stats, atomicity."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from cosmocub.config import PreprocessConfig, SplitRatios
+from cosmocub.data import preprocess as pre
+from cosmocub.data.preprocess import PreprocessError, assign_splits, preprocess, split_counts
+from cosmocub.data.universe import UniverseFormatError, phys_from_unit, read_universe
+from cosmocub.io import sha256_file
+
+
+def settings(**overrides) -> PreprocessConfig:
+    values = dict(
+        sample_size=8,
+        log1p=True,
+        dtype="float16",
+        splits=SplitRatios(train=0.6, val=0.2, test=0.2),
+        slab_depth=4,
+        dask_scheduler=None,
+        num_workers=2,
+    )
+    values.update(overrides)
+    return PreprocessConfig(**values)
+
+
+# --- splits --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("n", "ratios", "expected"),
+    [
+        (10, (0.7, 0.15, 0.15), (7, 2, 1)),  # remainders tie 0.5/0.5: val first
+        (20, (0.7, 0.15, 0.15), (14, 3, 3)),
+        (4, (2, 1, 1), (2, 1, 1)),  # not normalised
+        (5, (1, 1, 0), (3, 2, 0)),  # ratio 0: no such split
+        (1, (1, 0, 0), (1, 0, 0)),
+        (7, (0.5, 0.25, 0.25), (3, 2, 2)),  # 3.5 1.75 1.75: the .75s win
+    ],
+)
+def test_split_counts_largest_remainder(n, ratios, expected) -> None:
+    counts = split_counts(n, dict(zip(("train", "val", "test"), ratios, strict=True)))
+    assert (counts["train"], counts["val"], counts["test"]) == expected
+
+
+def test_split_counts_errors() -> None:
+    with pytest.raises(
+        PreprocessError,
+        match=r"^3 universes cannot fill splits train=0.7 val=0.15 test=0.15: test would get 0$",
+    ):
+        split_counts(3, {"train": 0.7, "val": 0.15, "test": 0.15})
+    with pytest.raises(PreprocessError, match=r"train=0 val=1 test=1: train would get 0"):
+        split_counts(4, {"train": 0, "val": 1, "test": 1})
+    with pytest.raises(PreprocessError, match=r"ratios must sum to > 0"):
+        split_counts(4, {"train": 0, "val": 0, "test": 0})
+
+
+def test_assign_splits_deterministic_disjoint_and_order_free() -> None:
+    paths = [Path(f"u{i:02d}.hdf5") for i in range(12)]
+    ratios = {"train": 0.5, "val": 0.25, "test": 0.25}
+    a = assign_splits(paths, ratios, seed=3)
+    assert a == assign_splits(list(reversed(paths)), ratios, seed=3)
+    assert [len(a[s]) for s in ("train", "val", "test")] == [6, 3, 3]
+    assert sorted(p for split in a.values() for p in split) == paths  # every universe exactly once
+    assert all(a[s] == sorted(a[s]) for s in a)
+    others = [assign_splits(paths, ratios, seed=s)["train"] for s in range(4, 9)]
+    assert any(o != a["train"] for o in others)  # the seed matters
+
+
+# --- the stage -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def universes(make_universe) -> list[Path]:
+    return [make_universe(f"univ_{i}.hdf5", size=16, seed=i) for i in range(5)]
+
+
+def _check_shards(out: Path, paths: list[Path], cfg: PreprocessConfig) -> dict:
+    """Every invariant of docs/formats.md that a reader relies on; returns the manifest."""
+    s = cfg.sample_size
+    manifest = json.loads((out / "manifest.json").read_text())
+    seen: dict[str, set] = {str(p): set() for p in paths}
+    split_of: dict[str, str] = {}
+    train_values = []
+    for split in ("train", "val", "test"):
+        with h5py.File(out / f"{split}.h5") as f:
+            x = f["x"]
+            assert x.chunks == (1, 4, cfg.slab_depth, s, s)
+            assert x.dtype == np.dtype(cfg.dtype)
+            assert f.attrs["split"] == split and f.attrs["sample_size"] == s
+            assert bool(f.attrs["log1p"]) == cfg.log1p and f.attrs["slab_depth"] == cfg.slab_depth
+            sources = json.loads(f.attrs["source_files"])
+            data = x[...]
+            assert data.shape == (manifest["counts"][split], 4, s, s, s)
+            uidx, origins, y = f["universe_index"][:], f["crop_origin"][:], f["y"][:]
+            for i in range(len(data)):
+                counts, meta = read_universe(sources[uidx[i]])
+                d, h, w = origins[i]
+                crop = counts[d : d + s, h : h + s, w : w + s].astype(np.float32)
+                expect = (np.log1p(crop) if cfg.log1p else crop).transpose(3, 0, 1, 2)
+                # Exact: the lookup table is the float32 log1p rounded once to the dtype.
+                np.testing.assert_array_equal(data[i], expect.astype(cfg.dtype))
+                np.testing.assert_array_equal(y[i], meta.unit_par)
+                origin = (int(d), int(h), int(w))
+                assert origin not in seen[sources[uidx[i]]], "sample duplicated"
+                seen[sources[uidx[i]]].add(origin)
+            for src in sources:
+                assert split_of.setdefault(src, split) == split, "universe in two splits"
+            if split == "train":
+                train_values.append(data.astype(np.float64))
+    per_universe = (16 // s) ** 3
+    assert all(len(v) == per_universe for v in seen.values()), "sample lost"
+    assert split_of == manifest["splits"]
+    stats = json.loads((out / "stats.json").read_text())
+    train = np.concatenate(train_values)
+    np.testing.assert_allclose(stats["mean"], train.mean(axis=(0, 2, 3, 4)), rtol=1e-12)
+    np.testing.assert_allclose(stats["std"], train.std(axis=(0, 2, 3, 4)), rtol=1e-12)
+    assert stats["split"] == "train"
+    return manifest
+
+
+def test_preprocess_writes_exact_shards(universes: list[Path], tmp_path: Path) -> None:
+    cfg = settings()
+    out = tmp_path / "shards"
+    manifest = preprocess(universes, out, settings=cfg, seed=7, config_hash="abc123")
+    assert manifest == json.loads((out / "manifest.json").read_text())
+    _check_shards(out, universes, cfg)
+    assert manifest["counts"] == {"train": 3 * 8, "val": 8, "test": 8}
+    assert manifest["sample_shape"] == [4, 8, 8, 8] and manifest["config_hash"] == "abc123"
+    assert manifest["dtype"] == "float16" and manifest["log1p"] is True
+    by_path = {src["path"]: src for src in manifest["sources"]}
+    for p in universes:
+        assert by_path[str(p)]["sha256"] == sha256_file(p)
+        assert by_path[str(p)]["size"] == p.stat().st_size
+        np.testing.assert_allclose(by_path[str(p)]["unitPar"], read_universe(p)[1].unit_par)
+    assert sorted(x.name for x in out.iterdir()) == [
+        "manifest.json",
+        "stats.json",
+        "test.h5",
+        "train.h5",
+        "val.h5",
+    ]
+    assert not list(tmp_path.glob(".shards.tmp*"))
+    # Same inputs and seed: same split and bytes (modulo the creation time).
+    again = preprocess(universes, tmp_path / "again", settings=cfg, seed=7, config_hash="abc123")
+    assert again["splits"] == manifest["splits"]
+    for split in ("train", "val", "test"):
+        with (
+            h5py.File(out / f"{split}.h5") as a,
+            h5py.File(tmp_path / "again" / f"{split}.h5") as b,
+        ):
+            np.testing.assert_array_equal(a["x"][...], b["x"][...])
+
+
+def test_float32_without_log1p_and_one_sample_per_universe(universes, tmp_path) -> None:
+    cfg = settings(sample_size=16, slab_depth=8, dtype="float32", log1p=False)
+    manifest = preprocess(universes, tmp_path / "s", settings=cfg, seed=0, config_hash="h")
+    _check_shards(tmp_path / "s", universes, cfg)
+    assert manifest["counts"] == {"train": 3, "val": 1, "test": 1}
+
+
+def test_zero_ratio_writes_an_empty_valid_split(universes, tmp_path) -> None:
+    cfg = settings(splits=SplitRatios(train=3, val=2, test=0))
+    manifest = preprocess(universes, tmp_path / "s", settings=cfg, seed=1, config_hash="h")
+    assert manifest["counts"] == {"train": 24, "val": 16, "test": 0}
+    with h5py.File(tmp_path / "s" / "test.h5") as f:
+        assert f["x"].shape == (0, 4, 8, 8, 8) and f["x"].chunks == (1, 4, 4, 8, 8)
+        assert f["y"].shape == (0, 4) and json.loads(f.attrs["source_files"]) == []
+    _check_shards(tmp_path / "s", universes, cfg)
+
+
+def test_other_input_layouts_read_the_same(tmp_path: Path, make_universe) -> None:
+    # Edge chunks: 48 = 32 + 16, so the raw chunk reader meets partial chunks; plus a
+    # contiguous universe (memory-mapped) and a gzip one (h5py fallback).
+    base = make_universe("chunked.hdf5", size=48, seed=11)
+    counts, meta = read_universe(base)
+    for name, kwargs in (("contiguous.hdf5", {}), ("gzip.hdf5", {"compression": "gzip"})):
+        with h5py.File(tmp_path / name, "w") as f:
+            f.create_dataset("full", data=counts, **kwargs)
+            f["unitPar"], f["physPar"] = meta.unit_par, phys_from_unit(meta.unit_par)
+            f["namePar"] = np.array([n.encode() for n in meta.name_par])
+            f["redshifts"] = meta.redshifts
+    kinds = {
+        p.name: type(pre._source(p)).__name__
+        for p in (base, tmp_path / "contiguous.hdf5", tmp_path / "gzip.hdf5")
+    }
+    assert kinds == {
+        "chunked.hdf5": "_RawChunkSource",
+        "contiguous.hdf5": "_ContiguousSource",
+        "gzip.hdf5": "_H5Source",
+    }
+    for name in kinds:
+        source = pre._source(tmp_path / name)
+        key = (slice(16, 32), slice(0, 48), slice(5, 48), slice(0, 4))
+        np.testing.assert_array_equal(source[key], counts[16:32, :, 5:48])
+
+
+def test_input_errors(universes: list[Path], tmp_path: Path, make_universe) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(PreprocessError, match=r"no universe files given"):
+        preprocess([], out, settings=settings(), seed=0, config_hash="h")
+    with pytest.raises(UniverseFormatError, match=r"missing.hdf5: no such universe file"):
+        preprocess(
+            [*universes, tmp_path / "missing.hdf5"],
+            out,
+            settings=settings(),
+            seed=0,
+            config_hash="h",
+        )
+    bad = tmp_path / "bad.hdf5"
+    with h5py.File(bad, "w") as f:
+        f["full"] = np.zeros((16, 16, 16, 4), np.float32)
+    with pytest.raises(UniverseFormatError, match=r"bad.hdf5: missing dataset 'unitPar'"):
+        preprocess([*universes, bad], out, settings=settings(), seed=0, config_hash="h")
+    small = make_universe("small.hdf5", size=8)
+    with pytest.raises(
+        PreprocessError, match=r"small.hdf5: universe size 8 differs from 16 of .*univ_0.hdf5"
+    ):
+        preprocess([*universes, small], out, settings=settings(), seed=0, config_hash="h")
+    with pytest.raises(
+        PreprocessError, match=r"univ_0.hdf5: preprocess.sample_size 12 does not divide .* 16"
+    ):
+        preprocess(
+            universes, out, settings=settings(sample_size=12, slab_depth=4), seed=0, config_hash="h"
+        )
+    with pytest.raises(PreprocessError, match=r"univ_1.hdf5: given twice"):
+        preprocess([*universes, universes[1]], out, settings=settings(), seed=0, config_hash="h")
+    with pytest.raises(PreprocessError, match=r"2 universes cannot fill splits"):
+        preprocess(universes[:2], out, settings=settings(), seed=0, config_hash="h")
+    assert not out.exists()
+
+
+def test_failed_run_keeps_the_old_folder(universes, tmp_path, monkeypatch) -> None:
+    out = tmp_path / "shards"
+    first = preprocess(universes, out, settings=settings(), seed=0, config_hash="old")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(pre, "_to_values", broken)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        preprocess(universes, out, settings=settings(), seed=1, config_hash="new")
+    assert json.loads((out / "manifest.json").read_text()) == first
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    with pytest.raises(RuntimeError):
+        preprocess(universes, tmp_path / "fresh", settings=settings(), seed=1, config_hash="n")
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_progress_lines_when_not_a_tty(universes, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(pre, "PROGRESS_EVERY_S", 0.0)
+    preprocess(universes, tmp_path / "s", settings=settings(), seed=0, config_hash="h")
+    err = capsys.readouterr().err
+    assert "% of" in err and "tasks" in err
+    assert "preprocess: 40 samples from 5 universes" in err
+
+
+def test_cluster_address_without_distributed(universes, tmp_path) -> None:
+    pytest.importorskip("dask")
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("dask.distributed is installed here")
+    cfg = dataclasses.replace(settings(), dask_scheduler="tcp://127.0.0.1:8786")
+    with pytest.raises(
+        PreprocessError, match=r"'tcp://127.0.0.1:8786' but dask.distributed is not"
+    ):
+        preprocess(universes, tmp_path / "s", settings=cfg, seed=0, config_hash="h")
+    assert not (tmp_path / "s").exists()
