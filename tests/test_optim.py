@@ -74,6 +74,13 @@ def test_mlperf_schedule_warmup_and_step_decays() -> None:
         lr_at(-1.0, cfg, 128)
 
 
+def test_warmup_ramps_down_when_global_batch_is_below_base() -> None:
+    cfg = opt_cfg(lr=0.001, base_batch_size=64, warmup_epochs=4)
+    assert lr_at(0.0, cfg, 16) == pytest.approx(0.001)
+    assert lr_at(2.0, cfg, 16) == pytest.approx((0.001 + 0.00025) / 2)
+    assert lr_at(4.0, cfg, 16) == pytest.approx(0.00025)
+
+
 def test_schedule_without_warmup_and_small_batch() -> None:
     cfg = opt_cfg(lr=0.01, warmup_epochs=0, decay_epochs=[2], decay_factors=[0.5])
     assert lr_at(0.0, cfg, 4) == pytest.approx(0.01 * 4 / 64)

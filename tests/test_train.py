@@ -14,10 +14,12 @@ import pytest
 import torch
 import yaml
 
+from cosmocub import cli
 from cosmocub.config import Config, load_config
 from cosmocub.models.cosmoflow import load_model_file
 from cosmocub.parallel.mesh import LaunchEnv, ParallelDims, _first_slurm_host, detect_launch_env
-from cosmocub.train.checkpoint import CheckpointMismatchError
+from cosmocub.train.checkpoint import CheckpointManager, CheckpointMismatchError
+from cosmocub.train.data import ResumableSampler
 from cosmocub.train.loop import NonFiniteLossError
 from cosmocub.train.main import train
 from cosmocub.train.testing import make_random_shards
@@ -182,6 +184,57 @@ def test_too_few_samples_for_a_batch(tmp_path: Path) -> None:
         r"fewer than train\.local_batch_size 4",
     ):
         train(tiny_cfg(), shards_dir=shards, run_dir=tmp_path / "run")
+
+
+def test_resumable_sampler_positions() -> None:
+    data = list(range(22))
+    samplers = [
+        ResumableSampler(data, num_replicas=2, rank=r, seed=5, batch_size=3) for r in (0, 1)
+    ]
+    for sampler in samplers:
+        sampler.set_position(epoch=1)
+    full = [list(s) for s in samplers]
+    # 11 samples per rank → 3 full batches of 3; the ranks share nothing.
+    assert [len(f) for f in full] == [9, 9] and not set(full[0]) & set(full[1])
+    samplers[0].set_position(epoch=1, skip_batches=2)
+    assert list(samplers[0]) == full[0][6:] and len(samplers[0]) == 3
+    samplers[0].set_position(epoch=2)
+    assert list(samplers[0]) != full[0]  # reshuffled per epoch
+
+
+def test_checkpoint_invariants_are_checked(tmp_path: Path) -> None:
+    layer = torch.nn.Linear(2, 2)
+    CheckpointManager(
+        tmp_path, config_hash="abc", stateful={"model": layer}, invariants={"data_parallel_size": 4}
+    ).save(7)
+    other = CheckpointManager(
+        tmp_path, config_hash="abc", stateful={"model": layer}, invariants={"data_parallel_size": 2}
+    )
+    with pytest.raises(
+        CheckpointMismatchError,
+        match=r"step_00000007\.pt: checkpoint written "
+        r"with data_parallel_size=4, this run has data_parallel_size=2",
+    ):
+        other.restore_latest(rank=0)
+
+
+def test_cli_train_writes_run_and_reports_user_errors(
+    shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg_path = tmp_path / "cfg.yaml"
+    values = json.loads(json.dumps(TINY))
+    values["train"]["epochs"] = 1
+    cfg_path.write_text(yaml.safe_dump(values))
+    run = tmp_path / "run"
+    args = ["train", "--config", str(cfg_path), "--shards", str(shards), "--out", str(run)]
+    assert cli.main(args) == 0
+    assert {"model.pt", "metrics.jsonl", "train_summary.json"} <= {p.name for p in run.iterdir()}
+    values["optimizer"]["lr"] = 0.5
+    cfg_path.write_text(yaml.safe_dump(values))
+    capsys.readouterr()
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "checkpoint written with config hash" in err
 
 
 # --- launcher environment -------------------------------------------------------------------

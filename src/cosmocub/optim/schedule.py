@@ -21,9 +21,10 @@ def peak_lr(cfg: OptimizerConfig, global_batch: int) -> float:
 def lr_at(epoch: float, cfg: OptimizerConfig, global_batch: int) -> float:
     """Learning rate at fractional epoch `epoch` (0 = start of training).
 
-    Warm-up: linear from the unscaled cfg.lr to the peak over warmup_epochs (the reference's
-    choice, so small global batches see no ramp). Decay: peak × the factor of the last decay
-    epoch reached; the factors are absolute (0.25 then 0.125), not cumulative.
+    Warm-up: linear from the unscaled cfg.lr to the peak over warmup_epochs, as the MLPerf
+    reference does (so with a global batch below base_batch_size it ramps down, not up).
+    Decay: peak × the factor of the last decay epoch reached; the factors are absolute (0.25
+    then 0.125), not cumulative.
     """
     if epoch < 0:
         raise ValueError(f"lr_at: epoch must be >= 0, got {epoch}")

@@ -161,7 +161,7 @@ def build_parallel_dims(
     if backend == "nccl" and device.type != "cuda":
         raise ValueError("key 'train.backend': nccl needs CUDA devices, none is available")
     dims = ParallelDims(
-        data=env.world_size // spatial if env.world_size % spatial == 0 else -1,
+        data=max(1, env.world_size // spatial),
         spatial=spatial,
         env=env,
         device=device,
