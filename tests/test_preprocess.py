@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 from pathlib import Path
 
 import h5py
@@ -12,6 +13,7 @@ import pytest
 
 from cosmocub.config import PreprocessConfig, SplitRatios
 from cosmocub.data import preprocess as pre
+from cosmocub.data.h5chunks import ChunkWriter, chunk_offsets, create_preallocated, open_source
 from cosmocub.data.preprocess import PreprocessError, assign_splits, preprocess, split_counts
 from cosmocub.data.universe import UniverseFormatError, phys_from_unit, read_universe
 from cosmocub.io import sha256_file
@@ -188,18 +190,37 @@ def test_other_input_layouts_read_the_same(tmp_path: Path, make_universe) -> Non
             f["namePar"] = np.array([n.encode() for n in meta.name_par])
             f["redshifts"] = meta.redshifts
     kinds = {
-        p.name: type(pre._source(p)).__name__
+        p.name: type(open_source(p)).__name__
         for p in (base, tmp_path / "contiguous.hdf5", tmp_path / "gzip.hdf5")
     }
     assert kinds == {
-        "chunked.hdf5": "_RawChunkSource",
-        "contiguous.hdf5": "_ContiguousSource",
-        "gzip.hdf5": "_H5Source",
+        "chunked.hdf5": "RawChunkSource",
+        "contiguous.hdf5": "ContiguousSource",
+        "gzip.hdf5": "H5Source",
     }
     for name in kinds:
-        source = pre._source(tmp_path / name)
+        # Sources pickle (for Dask cluster workers) and read the same after the round trip.
+        source = pickle.loads(pickle.dumps(open_source(tmp_path / name)))
         key = (slice(16, 32), slice(0, 48), slice(5, 48), slice(0, 4))
         np.testing.assert_array_equal(source[key], counts[16:32, :, 5:48])
+
+
+def test_chunk_writer_after_pickling_writes_the_right_chunks(tmp_path: Path) -> None:
+    path = tmp_path / "shard.h5"
+    with h5py.File(path, "w") as f:
+        create_preallocated(f, "x", shape=(6, 2, 4, 4, 4), dtype="float16", chunks=(1, 2, 2, 4, 4))
+        f["after"] = np.arange(10)  # metadata allocated after the chunks must survive
+    writer = pickle.loads(pickle.dumps(ChunkWriter(path, chunk_bytes=2 * 2 * 4 * 4 * 2)))
+    chunk_offsets.cache_clear()  # as in a fresh cluster worker: rebuild the table from the file
+    rng = np.random.default_rng(0)
+    expect = rng.normal(size=(6, 2, 4, 4, 4)).astype(np.float16)
+    # Blocks arrive chunk-ordered: (n, slab_index, C, slab, S, S).
+    ordered = expect.reshape(6, 2, 2, 2, 4, 4).transpose(0, 2, 1, 3, 4, 5)
+    writer[slice(2, 6), slice(None)] = ordered[2:6]
+    writer[slice(0, 2), slice(None)] = ordered[0:2]
+    with h5py.File(path) as f:
+        np.testing.assert_array_equal(f["x"][...], expect)
+        np.testing.assert_array_equal(f["after"][...], np.arange(10))
 
 
 def test_input_errors(universes: list[Path], tmp_path: Path, make_universe) -> None:

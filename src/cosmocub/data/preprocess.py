@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import json
 import math
-import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +24,7 @@ import xarray as xr
 from dask.callbacks import Callback
 
 from cosmocub.config import PreprocessConfig
+from cosmocub.data.h5chunks import ChunkWriter, create_preallocated, open_source
 from cosmocub.data.universe import (
     COUNT_VALUES,
     UniverseMeta,
@@ -96,105 +95,6 @@ def assign_splits(paths: list[Path], ratios: dict[str, float], seed: int) -> dic
 # --- lazy inputs ----------------------------------------------------------------------------
 
 
-class _H5Source:
-    """Array-like view of one HDF5 dataset that opens the file per read (the general path).
-
-    Unlike an open h5py.Dataset it pickles, so the same graph runs on a Dask cluster, and each
-    read is a whole block (megabytes), so the open costs nothing that matters.
-    """
-
-    def __init__(self, path: Path, name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
-        self.path, self.name = str(path), name
-        self.shape, self.dtype, self.ndim = shape, np.dtype(dtype), len(shape)
-
-    def __getitem__(self, key: Any) -> np.ndarray:
-        with h5py.File(self.path, "r") as f:
-            return f[self.name][key]
-
-
-class _RawChunkSource(_H5Source):
-    """Reads an uncompressed chunked int16 dataset straight from its chunks' file offsets.
-
-    h5py holds the GIL through every read, so Dask threads would queue behind it; os.pread
-    releases it, and the universes' raw chunks are plain little-endian int16 bytes.
-    """
-
-    def __init__(self, path: Path, dset: h5py.Dataset) -> None:
-        super().__init__(path, dset.name, dset.shape, dset.dtype)
-        self.chunk = dset.chunks
-        grid = [math.ceil(n / c) for n, c in zip(dset.shape, self.chunk, strict=True)]
-        self.offsets = np.full(grid, -1, dtype=np.int64)  # -1: never written (fill value)
-        self.fill = dset.fillvalue
-
-        def record(info: Any) -> None:
-            index = tuple(o // c for o, c in zip(info.chunk_offset, self.chunk, strict=True))
-            self.offsets[index] = info.byte_offset
-
-        dset.id.chunk_iter(record)
-
-    def __getitem__(self, key: Any) -> np.ndarray:
-        box = [k.indices(n)[:2] for k, n in zip(key, self.shape, strict=True)]
-        out = np.empty([b - a for a, b in box], dtype=np.int16)
-        ranges = [
-            range(a // c, (b - 1) // c + 1) for (a, b), c in zip(box, self.chunk, strict=True)
-        ]
-        nbytes = math.prod(self.chunk) * 2
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            for index in itertools.product(*ranges):
-                origin = [i * c for i, c in zip(index, self.chunk, strict=True)]
-                src = tuple(
-                    slice(max(a, o) - o, min(b, o + c) - o)
-                    for (a, b), o, c in zip(box, origin, self.chunk, strict=True)
-                )
-                dst = tuple(
-                    slice(max(a, o) - a, min(b, o + c) - a)
-                    for (a, b), o, c in zip(box, origin, self.chunk, strict=True)
-                )
-                offset = self.offsets[index]
-                if offset < 0:
-                    out[dst] = self.fill
-                    continue
-                raw = os.pread(fd, nbytes, int(offset))
-                if len(raw) != nbytes:
-                    raise PreprocessError(
-                        f"{self.path}: chunk {index} of '{self.name}' is cut short "
-                        f"({len(raw)} of {nbytes} bytes)"
-                    )
-                out[dst] = np.frombuffer(raw, dtype="<i2").reshape(self.chunk)[src]
-        finally:
-            os.close(fd)
-        return out
-
-
-class _ContiguousSource(_H5Source):
-    """Reads an uncompressed contiguous int16 dataset through a memory map (no GIL held)."""
-
-    def __init__(self, path: Path, dset: h5py.Dataset) -> None:
-        super().__init__(path, dset.name, dset.shape, dset.dtype)
-        self.offset = int(dset.id.get_offset())
-
-    def __getitem__(self, key: Any) -> np.ndarray:
-        mapped = np.memmap(self.path, dtype="<i2", mode="r", offset=self.offset, shape=self.shape)
-        return np.array(mapped[key], dtype=np.int16)
-
-
-def _source(path: Path) -> _H5Source:
-    """The fastest reader that is exact for this file's `full` dataset."""
-    with h5py.File(path, "r") as f:
-        dset = f["full"]
-        plain = (
-            dset.dtype == np.dtype("<i2")
-            and dset.id.get_create_plist().get_nfilters() == 0
-            and dset.external is None
-        )
-        if plain and dset.chunks is not None and hasattr(dset.id, "chunk_iter"):
-            return _RawChunkSource(path, dset)
-        if plain and dset.chunks is None and dset.id.get_offset() is not None:
-            return _ContiguousSource(path, dset)
-        return _H5Source(path, "full", dset.shape, dset.dtype)
-
-
 def open_universes(metas: list[UniverseMeta], *, sample_size: int) -> xr.DataArray:
     """Lazy int16 counts (universe, d, h, w, channel), chunked in sample-thick depth slabs."""
     size, channels = metas[0].size, metas[0].num_channels
@@ -203,7 +103,7 @@ def open_universes(metas: list[UniverseMeta], *, sample_size: int) -> xr.DataArr
     rows = max(1, min(size // s, BLOCK_BYTES // slab_row))
     arrays = [
         da.from_array(
-            _source(m.path),
+            open_source(m.path),
             chunks=(s, rows * s, size, channels),
             name=f"universe-{i}-{m.path.name}-{s}",
             lock=False,  # readers open their own handles; h5py serialises itself
@@ -242,8 +142,7 @@ def crop_samples(
     """(universe, d, h, w, channel) counts → (sample, slab_index, channel, slab, sh, sw) values.
 
     That is the byte order of the shard's chunks (1, C, slab_depth, S, S), so each Dask block is
-    written as-is; `sample_bcdhw` views it as (sample, channel, sd, sh, sw). Samples run
-    universe-major, then by crop origin (d, h, w), in row-major order.
+    written as-is. Samples run universe-major, then by crop origin (d, h, w), row-major.
     """
     s = sample_size
     values = counts.copy(
@@ -256,17 +155,18 @@ def crop_samples(
     ordered = slabs.transpose(
         "universe", "block_d", "block_h", "block_w", "slab_index", "channel", "slab", "sh", "sw"
     )
-    # Stacking the leading dims is a free reshape in each Dask block: a block's samples are
-    # consecutive in row-major order, so every write below is one run of consecutive samples.
-    return ordered.stack(sample=("universe", "block_d", "block_h", "block_w")).transpose(
-        "sample", "slab_index", "channel", "slab", "sh", "sw"
+    # Merging the leading dims copies each Dask block once into C order (the transpose above
+    # is only a view until then); a block's samples are consecutive in row-major order, so each
+    # write below is one run of consecutive samples. (xarray's stack would put `sample` last and
+    # cost a second copy to bring it forward.)
+    n = math.prod(ordered.sizes[d] for d in ("universe", "block_d", "block_h", "block_w"))
+    dims = ("slab_index", "channel", "slab", "sh", "sw")
+    return xr.DataArray(
+        ordered.data.reshape(n, *(ordered.sizes[d] for d in dims)),
+        dims=("sample", *dims),
+        coords={"channel": ordered["channel"].values},
+        name="values",
     )
-
-
-def sample_bcdhw(chunk_ordered: np.ndarray) -> np.ndarray:
-    """(n, slab_index, C, slab, S, S) → (n, C, S, S, S), the samples as the shard presents them."""
-    n, nslabs, c, slab, s, _ = chunk_ordered.shape
-    return chunk_ordered.transpose(0, 2, 1, 3, 4, 5).reshape(n, c, nslabs * slab, s, s)
 
 
 def _histogram_block(block: np.ndarray) -> np.ndarray:
@@ -280,40 +180,6 @@ def train_histogram(counts: xr.DataArray) -> da.Array:
         _histogram_block, chunks=(1, 1, 1, 1, channels * 2**16), dtype=np.int64
     )
     return per_block.sum(axis=(0, 1, 2, 3)).reshape(channels, 2**16)
-
-
-class _ChunkWriter:
-    """Store target writing chunk-ordered sample blocks straight to the shard's chunk offsets.
-
-    The shard's `x` is created with every chunk allocated up front (and no fill), so each chunk
-    has a fixed file offset; writing there with os.pwrite releases the GIL (h5py would hold it
-    and serialise the Dask threads) and needs no lock, since blocks never share a chunk. It
-    pickles, so workers of a Dask cluster on a shared filesystem can write too.
-    """
-
-    def __init__(self, path: Path, offsets: np.ndarray, chunk_bytes: int) -> None:
-        self.path, self.offsets, self.chunk_bytes = str(path), offsets, chunk_bytes
-
-    def __setitem__(self, key: Any, block: np.ndarray) -> None:
-        first, last, _ = key[0].indices(len(self.offsets))
-        offsets = self.offsets[first:last].ravel()
-        data = memoryview(np.ascontiguousarray(block)).cast("B")
-        assert len(data) == len(offsets) * self.chunk_bytes
-        # Runs of chunks that lie back to back in the file go out in one call.
-        breaks = np.flatnonzero(np.diff(offsets) != self.chunk_bytes) + 1
-        fd = os.open(self.path, os.O_WRONLY)
-        try:
-            for run in np.split(np.arange(len(offsets)), breaks):
-                lo, hi = run[0] * self.chunk_bytes, (run[-1] + 1) * self.chunk_bytes
-                position = int(offsets[run[0]])
-                while lo < hi:
-                    written = os.pwrite(fd, data[lo:hi], position)
-                    lo, position = lo + written, position + written
-        finally:
-            os.close(fd)
-
-
-# --- the stage --------------------------------------------------------------------------------
 
 
 def _validate(paths: list[Path], sample_size: int) -> list[UniverseMeta]:
@@ -343,7 +209,7 @@ def _validate(paths: list[Path], sample_size: int) -> list[UniverseMeta]:
 
 def _create_shard(
     path: Path, split: str, metas: list[UniverseMeta], settings: PreprocessConfig
-) -> _ChunkWriter | None:
+) -> ChunkWriter | None:
     """Write the shard's small datasets and attributes, allocate `x`; return its writer."""
     s, slab = settings.sample_size, settings.slab_depth
     c = metas[0].num_channels if metas else 4
@@ -351,16 +217,8 @@ def _create_shard(
     n = per_universe * len(metas)
     with h5py.File(path, "w") as f:
         if n:
-            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-            # Every chunk gets its place in the file now, and no fill value is written there.
-            dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-            f.create_dataset(
-                "x",
-                shape=(n, c, s, s, s),
-                dtype=settings.dtype,
-                chunks=(1, c, slab, s, s),
-                fill_time="never",
-                dcpl=dcpl,
+            create_preallocated(
+                f, "x", shape=(n, c, s, s, s), dtype=settings.dtype, chunks=(1, c, slab, s, s)
             )
             nb = metas[0].size // s
             bd, bh, bw = np.meshgrid(*(np.arange(nb),) * 3, indexing="ij")
@@ -387,21 +245,7 @@ def _create_shard(
         f.attrs["slab_depth"] = slab
     if not n:
         return None
-    with h5py.File(path, "r") as f:
-        x = f["x"]
-        offsets = np.full((n, s // slab), -1, dtype=np.int64)
-
-        def record(info: Any) -> None:
-            offsets[info.chunk_offset[0], info.chunk_offset[2] // slab] = info.byte_offset
-
-        if hasattr(x.id, "chunk_iter"):
-            x.id.chunk_iter(record)
-        else:  # HDF5 < 1.14: one call per chunk, slower but the same answer
-            for i in range(x.id.get_num_chunks()):
-                record(x.id.get_chunk_info(i))
-        chunk_bytes = c * slab * s * s * x.dtype.itemsize
-    assert np.all(offsets >= 0), f"{path}: unallocated chunks after early allocation"
-    return _ChunkWriter(path, offsets, chunk_bytes)
+    return ChunkWriter(path, chunk_bytes=c * slab * s * s * np.dtype(settings.dtype).itemsize)
 
 
 class _LogProgress(Callback):

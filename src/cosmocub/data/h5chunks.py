@@ -1,0 +1,194 @@
+"""Read and write uncompressed HDF5 chunks by file offset, so Dask threads run in parallel.
+
+h5py holds the GIL through every read and write; os.pread/os.pwrite and memory maps release it.
+Used by preprocessing; anything filtered or unusual falls back to plain h5py reads.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+
+class ChunkFormatError(ValueError):
+    """A raw chunk on disk is shorter than its dataset says; the message names the file."""
+
+
+class H5Source:
+    """Array-like view of one HDF5 dataset that opens the file per read (the general path).
+
+    Unlike an open h5py.Dataset it pickles, so the same graph runs on a Dask cluster, and each
+    read is a whole block (megabytes), so the open costs nothing that matters.
+    """
+
+    def __init__(self, path: Path, name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.path, self.name = str(path), name
+        self.shape, self.dtype, self.ndim = shape, np.dtype(dtype), len(shape)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        with h5py.File(self.path, "r") as f:
+            return f[self.name][key]
+
+
+class RawChunkSource(H5Source):
+    """Reads an uncompressed chunked int16 dataset straight from its chunks' file offsets.
+
+    h5py holds the GIL through every read, so Dask threads would queue behind it; os.pread
+    releases it, and the universes' raw chunks are plain little-endian int16 bytes.
+    """
+
+    def __init__(self, path: Path, dset: h5py.Dataset) -> None:
+        super().__init__(path, dset.name, dset.shape, dset.dtype)
+        self.chunk = dset.chunks
+        grid = [math.ceil(n / c) for n, c in zip(dset.shape, self.chunk, strict=True)]
+        self.offsets = np.full(grid, -1, dtype=np.int64)  # -1: never written (fill value)
+        self.fill = dset.fillvalue
+
+        def record(info: Any) -> None:
+            index = tuple(o // c for o, c in zip(info.chunk_offset, self.chunk, strict=True))
+            self.offsets[index] = info.byte_offset
+
+        dset.id.chunk_iter(record)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        box = [k.indices(n)[:2] for k, n in zip(key, self.shape, strict=True)]
+        out = np.empty([b - a for a, b in box], dtype=np.int16)
+        ranges = [
+            range(a // c, (b - 1) // c + 1) for (a, b), c in zip(box, self.chunk, strict=True)
+        ]
+        nbytes = math.prod(self.chunk) * 2
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for index in itertools.product(*ranges):
+                origin = [i * c for i, c in zip(index, self.chunk, strict=True)]
+                src = tuple(
+                    slice(max(a, o) - o, min(b, o + c) - o)
+                    for (a, b), o, c in zip(box, origin, self.chunk, strict=True)
+                )
+                dst = tuple(
+                    slice(max(a, o) - a, min(b, o + c) - a)
+                    for (a, b), o, c in zip(box, origin, self.chunk, strict=True)
+                )
+                offset = self.offsets[index]
+                if offset < 0:
+                    out[dst] = self.fill
+                    continue
+                raw = os.pread(fd, nbytes, int(offset))
+                if len(raw) != nbytes:
+                    raise ChunkFormatError(
+                        f"{self.path}: chunk {index} of '{self.name}' is cut short "
+                        f"({len(raw)} of {nbytes} bytes)"
+                    )
+                out[dst] = np.frombuffer(raw, dtype="<i2").reshape(self.chunk)[src]
+        finally:
+            os.close(fd)
+        return out
+
+
+class ContiguousSource(H5Source):
+    """Reads an uncompressed contiguous int16 dataset through a memory map (no GIL held)."""
+
+    def __init__(self, path: Path, dset: h5py.Dataset) -> None:
+        super().__init__(path, dset.name, dset.shape, dset.dtype)
+        self.offset = int(dset.id.get_offset())
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        mapped = np.memmap(self.path, dtype="<i2", mode="r", offset=self.offset, shape=self.shape)
+        return np.array(mapped[key], dtype=np.int16)
+
+
+def open_source(path: Path, name: str = "full") -> H5Source:
+    """The fastest reader that is exact for dataset `name` of `path` (int16 little-endian)."""
+    with h5py.File(path, "r") as f:
+        dset = f[name]
+        plain = (
+            dset.dtype == np.dtype("<i2")
+            and dset.id.get_create_plist().get_nfilters() == 0
+            and dset.external is None
+        )
+        if plain and dset.chunks is not None and hasattr(dset.id, "chunk_iter"):
+            return RawChunkSource(path, dset)
+        if plain and dset.chunks is None and dset.id.get_offset() is not None:
+            return ContiguousSource(path, dset)
+        return H5Source(path, name, dset.shape, dset.dtype)
+
+
+def create_preallocated(
+    group: h5py.Group, name: str, *, shape: tuple[int, ...], dtype: str, chunks: tuple[int, ...]
+) -> h5py.Dataset:
+    """An uncompressed chunked dataset whose chunks all get their file place now, unfilled.
+
+    Fixed offsets are what lets `ChunkWriter` write the data later without HDF5.
+    """
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+    return group.create_dataset(
+        name, shape=shape, dtype=dtype, chunks=chunks, fill_time="never", dcpl=dcpl
+    )
+
+
+@functools.lru_cache(maxsize=6)
+def chunk_offsets(path: str, token: str) -> np.ndarray:
+    """File offset of every chunk of a shard's `x`, as (sample, slab_index) → byte offset.
+
+    `x` is (N, C, S, S, S) chunked (1, C, slab, S, S), created by `create_preallocated`.
+
+    Cached per process (`token` is unique per shard file, so a rewritten path never hits a stale
+    table): Dask threads share one table, and each cluster worker builds its own once.
+    """
+    with h5py.File(path, "r") as f:
+        x = f["x"]
+        slab = x.chunks[2]
+        offsets = np.full((x.shape[0], x.shape[2] // slab), -1, dtype=np.int64)
+
+        def record(info: Any) -> None:
+            offsets[info.chunk_offset[0], info.chunk_offset[2] // slab] = info.byte_offset
+
+        if hasattr(x.id, "chunk_iter"):
+            x.id.chunk_iter(record)
+        else:  # HDF5 < 1.14: one call per chunk, slower but the same answer
+            for i in range(x.id.get_num_chunks()):
+                record(x.id.get_chunk_info(i))
+    assert np.all(offsets >= 0), f"{path}: unallocated chunks after early allocation"
+    return offsets
+
+
+class ChunkWriter:
+    """Store target writing chunk-ordered sample blocks straight to the shard's chunk offsets.
+
+    The shard's `x` is created with every chunk allocated up front (and no fill), so each chunk
+    has a fixed file offset; writing there with os.pwrite releases the GIL (h5py would hold it
+    and serialise the Dask threads) and needs no lock, since blocks never share a chunk. It
+    pickles small (path and token), so Dask cluster workers on a shared filesystem can write too.
+    """
+
+    def __init__(self, path: Path, chunk_bytes: int) -> None:
+        self.path, self.chunk_bytes, self.token = str(path), chunk_bytes, uuid.uuid4().hex
+        chunk_offsets(self.path, self.token)  # build the table once, before the threads start
+
+    def __setitem__(self, key: Any, block: np.ndarray) -> None:
+        table = chunk_offsets(self.path, self.token)
+        first, last, _ = key[0].indices(len(table))
+        offsets = table[first:last].ravel()
+        data = memoryview(np.ascontiguousarray(block)).cast("B")
+        assert len(data) == len(offsets) * self.chunk_bytes
+        # Runs of chunks that lie back to back in the file go out in one call.
+        breaks = np.flatnonzero(np.diff(offsets) != self.chunk_bytes) + 1
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            for run in np.split(np.arange(len(offsets)), breaks):
+                lo, hi = run[0] * self.chunk_bytes, (run[-1] + 1) * self.chunk_bytes
+                position = int(offsets[run[0]])
+                while lo < hi:
+                    written = os.pwrite(fd, data[lo:hi], position)
+                    lo, position = lo + written, position + written
+        finally:
+            os.close(fd)
