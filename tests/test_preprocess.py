@@ -168,6 +168,16 @@ def test_float32_without_log1p_and_one_sample_per_universe(universes, tmp_path) 
     assert manifest["counts"] == {"train": 3, "val": 1, "test": 1}
 
 
+def test_same_file_names_in_different_folders(tmp_path: Path, make_universe) -> None:
+    paths = []
+    for i in range(5):
+        (tmp_path / f"run{i}").mkdir()
+        paths.append(make_universe(f"run{i}/univ.hdf5", size=16, seed=20 + i))
+    cfg = settings()
+    preprocess(paths, tmp_path / "s", settings=cfg, seed=2, config_hash="h")
+    _check_shards(tmp_path / "s", paths, cfg)
+
+
 def test_zero_ratio_writes_an_empty_valid_split(universes, tmp_path) -> None:
     cfg = settings(splits=SplitRatios(train=3, val=2, test=0))
     manifest = preprocess(universes, tmp_path / "s", settings=cfg, seed=1, config_hash="h")

@@ -30,7 +30,8 @@ class H5Source:
     """
 
     def __init__(self, path: Path, name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
-        self.path, self.name = str(path), name
+        # Absolute, so a Dask cluster worker with another working directory finds the file.
+        self.path, self.name = os.path.abspath(path), name
         self.shape, self.dtype, self.ndim = shape, np.dtype(dtype), len(shape)
 
     def __getitem__(self, key: Any) -> np.ndarray:
@@ -171,7 +172,8 @@ class ChunkWriter:
     """
 
     def __init__(self, path: Path, chunk_bytes: int) -> None:
-        self.path, self.chunk_bytes, self.token = str(path), chunk_bytes, uuid.uuid4().hex
+        self.path, self.chunk_bytes = os.path.abspath(path), chunk_bytes
+        self.token = uuid.uuid4().hex
         chunk_offsets(self.path, self.token)  # build the table once, before the threads start
 
     def __setitem__(self, key: Any, block: np.ndarray) -> None:

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import math
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,7 @@ import dask.array as da
 import h5py
 import numpy as np
 import xarray as xr
+from dask.base import tokenize
 from dask.callbacks import Callback
 
 from cosmocub.config import PreprocessConfig
@@ -105,11 +107,13 @@ def open_universes(metas: list[UniverseMeta], *, sample_size: int) -> xr.DataArr
         da.from_array(
             open_source(m.path),
             chunks=(s, rows * s, size, channels),
-            name=f"universe-{i}-{m.path.name}-{s}",
+            # Keyed by the file's absolute path: two universes never share Dask keys, even when
+            # they have the same file name in different folders.
+            name=f"universe-{tokenize(os.path.abspath(m.path), s, rows)}",
             lock=False,  # readers open their own handles; h5py serialises itself
             meta=np.empty((0, 0, 0, 0), np.int16),
         )
-        for i, m in enumerate(metas)
+        for m in metas
     ]
     return xr.DataArray(
         da.stack(arrays),
