@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -46,6 +47,20 @@ def clean_job_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(scope="session")
+def empty_store_db(tmp_path_factory):
+    root = tmp_path_factory.mktemp("store-template")
+    MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}").search_experiments()
+    return root / "mlflow.db"
+
+
+@pytest.fixture
+def store(tmp_path, empty_store_db):
+    """A migrated, empty SQLite store at the default place: MLflow's migrations take seconds."""
+    (tmp_path / "results").mkdir()
+    shutil.copy(empty_store_db, tmp_path / "results" / "mlflow.db")
+
+
 def make_cfg(tmp_path, **tracking_overrides):
     overrides = {"results": str(tmp_path / "results"), "tracking": {"system_metrics": False}}
     overrides["tracking"].update(tracking_overrides)
@@ -77,7 +92,7 @@ def test_default_store_is_sqlite_in_results_with_absolute_artifacts(tmp_path, mo
     assert experiment.artifact_location == (tmp_path / "results" / "mlartifacts").as_uri()
 
 
-def test_parent_and_child_runs_read_back(tmp_path, monkeypatch):
+def test_parent_and_child_runs_read_back(store, tmp_path, monkeypatch):
     cfg = make_cfg(tmp_path)
     parent = start_workflow_run(cfg, name="wf-test")
     monkeypatch.setenv("COSMOCUB_PARENT_RUN_ID", parent)
@@ -127,7 +142,7 @@ def test_parent_and_child_runs_read_back(tmp_path, monkeypatch):
     assert [r.info.run_id for r in children] == [child]
 
 
-def test_failing_job_marks_child_failed_and_reraises(tmp_path):
+def test_failing_job_marks_child_failed_and_reraises(store, tmp_path):
     cfg = make_cfg(tmp_path)
     with pytest.raises(RuntimeError, match="boom"), job_run(cfg, stage="evaluate") as tracker:
         run_id = tracker.run_id
@@ -155,7 +170,7 @@ def test_disabled_logs_nothing(tmp_path, how):
         assert start_workflow_run(cfg) == ""
 
 
-def test_log_model_loads_back_with_same_outputs(tmp_path):
+def test_log_model_loads_back_with_same_outputs(store, tmp_path):
     import mlflow.pytorch
 
     cfg = make_cfg(tmp_path)
@@ -179,7 +194,7 @@ def test_log_model_loads_back_with_same_outputs(tmp_path):
     assert models[0].artifact_location.startswith((tmp_path / "results").as_uri())
 
 
-def test_log_artifact_of_missing_file_raises(tmp_path):
+def test_log_artifact_of_missing_file_raises(store, tmp_path):
     cfg = make_cfg(tmp_path)
     missing = tmp_path / "nope.png"
     with (
@@ -189,7 +204,39 @@ def test_log_artifact_of_missing_file_raises(tmp_path):
         tracker.log_artifact(missing)
 
 
-def test_system_metrics_are_logged(tmp_path, monkeypatch):
+def test_caller_errors_propagate_mid_run(store, tmp_path):
+    from mlflow.exceptions import MlflowException
+
+    cfg = make_cfg(tmp_path)
+    with pytest.raises(MlflowException), job_run(cfg, stage="train") as tracker:
+        tracker.log_params({"seed": 5})  # logged as 0 from the config: changing it is a bug
+    assert client_for(cfg).get_run(tracker.run_id).info.status == "FAILED"
+
+
+def test_store_outage_mid_run_warns_and_goes_on(monkeypatch, caplog):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    tracker = tracking.Tracker(f"http://127.0.0.1:{_closed_port()}", "0" * 32)
+    with caplog.at_level("WARNING", logger="cosmocub.tracking"):
+        tracker.log_metrics({"train_loss": 0.5}, step=7)
+        tracker.set_tags({"a": "b"})
+    assert tracker.failures == 2
+    assert "MLflow log_metrics failed for run 0000" in caplog.text
+
+
+def test_unpicklable_model_warns_instead_of_failing_the_job(store, tmp_path, caplog):
+    import threading
+
+    cfg = make_cfg(tmp_path)
+    model = torch.nn.Linear(2, 2)
+    model.lock = threading.Lock()  # cannot be pickled
+    with caplog.at_level("WARNING", logger="cosmocub.tracking"), job_run(cfg, stage="train") as t:
+        t.log_model(model)
+    assert t.failures == 1
+    assert "MLflow log_model failed" in caplog.text
+    assert client_for(cfg).get_run(t.run_id).info.status == "FINISHED"
+
+
+def test_system_metrics_are_logged(store, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
     cfg = make_cfg(tmp_path, system_metrics=True)
     with job_run(cfg, stage="train") as tracker:
@@ -256,7 +303,7 @@ def test_unreachable_server_fails_at_start_within_seconds(tmp_path):
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
 
 
-def test_cli_tracking_start_and_end(tmp_path, capsys):
+def test_cli_tracking_start_and_end(store, tmp_path, capsys):
     config = tmp_path / "c.yaml"
     config.write_text(f"results: {tmp_path / 'results'}\ntracking: {{system_metrics: false}}\n")
     assert cli_main(["tracking", "start", "--config", str(config), "--name", "cli"]) == 0

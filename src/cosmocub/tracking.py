@@ -44,6 +44,14 @@ _PROBE_ENV = {
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0",
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
 }
+# MLflow error codes that mean the call itself was wrong: these propagate even mid-run.
+_CALLER_ERROR_CODES = {
+    "INVALID_PARAMETER_VALUE",
+    "RESOURCE_ALREADY_EXISTS",
+    "RESOURCE_DOES_NOT_EXIST",
+    "BAD_REQUEST",
+    "INVALID_STATE",
+}
 
 
 class TrackingUnavailable(ValueError):
@@ -291,7 +299,8 @@ class Tracker(NullTracker):
         import mlflow.pytorch
         import torch
 
-        with self._guard("log_model"):
+        model = getattr(model, "module", model)  # unwrap DDP and the like
+        with self._guard("log_model", broad=True):
             # Create the logged model through our client, in the run's experiment: left to itself,
             # Model.log would file it under the global default experiment ("0", in ./mlruns).
             experiment_id = self.client.get_run(self.run_id).info.experiment_id
@@ -301,14 +310,15 @@ class Tracker(NullTracker):
             # Model.log resolves the store from MLflow's global URI; point it at ours.
             mlflow.set_tracking_uri(self.uri)
             torch_version = torch.__version__.split("+")[0]
-            mlflow.pytorch.log_model(
-                model,
-                name=name,
-                run_id=self.run_id,
-                model_id=logged.model_id,
-                serialization_format="pickle",
-                pip_requirements=[f"torch=={torch_version}", f"mlflow=={mlflow.__version__}"],
-            )
+            with _quiet("mlflow.pytorch"):  # its pickle warning is about loading untrusted files
+                mlflow.pytorch.log_model(
+                    model,
+                    name=name,
+                    run_id=self.run_id,
+                    model_id=logged.model_id,
+                    serialization_format="pickle",
+                    pip_requirements=[f"torch=={torch_version}", f"mlflow=={mlflow.__version__}"],
+                )
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import RunTag
@@ -317,15 +327,21 @@ class Tracker(NullTracker):
             self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
     @contextlib.contextmanager
-    def _guard(self, what: str) -> Iterator[None]:
+    def _guard(self, what: str, *, broad: bool = False) -> Iterator[None]:
         # The store was checked at job start; a failure now (server restart, network blip after
         # MLflow's own retries) must not throw away hours of training whose metrics are also on
-        # disk, so it is reported loudly and the job goes on.
+        # disk, so it is reported loudly and the job goes on. `broad` also covers serialisation
+        # errors: log_model runs after model.pt is written, and failing the job there would make
+        # Snakemake delete that model.
         from mlflow.exceptions import MlflowException
 
         try:
             yield
-        except (MlflowException, OSError) as err:
+        except Exception as err:
+            if not (broad or isinstance(err, MlflowException | OSError)):
+                raise
+            if getattr(err, "error_code", None) in _CALLER_ERROR_CODES:
+                raise  # a bad call (e.g. changing a logged param), not an outage
             self.failures += 1
             log.warning("MLflow %s failed for run %s at %s: %s", what, self.run_id, self.uri, err)
 
@@ -375,6 +391,17 @@ def job_run(
             client.set_terminated(tracker.run_id, status=status)
         if tracker.failures:
             log.warning("%d MLflow call(s) failed during run %s", tracker.failures, tracker.run_id)
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _start_system_metrics(cfg: Config, uri: str, run_id: str) -> Any:
