@@ -121,24 +121,51 @@ def test_ci_runs_the_readme_test_command(tmp_path):
 
 
 @pytest.mark.slow
-def test_tiny_simulate_preprocess_run(tmp_path):
-    config = REPO / "config" / "test.yaml"
+def test_tiny_pipeline_end_to_end_with_tracking(tmp_path):
+    """simulate → preprocess → train → evaluate → summary, every job a child run in MLflow."""
+    from mlflow.tracking import MlflowClient
+
     proc = snakemake(
-        "--cores",
-        "2",
-        "--configfile",
-        str(config),
-        "--config",
-        "tracking={enabled: false}",
-        "results-test/shards/manifest.json",
-        cwd=tmp_path,
+        "--cores", "2", "--configfile", str(REPO / "config" / "test.yaml"), cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    manifest = json.loads((tmp_path / "results-test/shards/manifest.json").read_text())
-    # 6 universes of 16³ cut into 8³ crops: 8 per universe, split 3/2/1... by universe.
-    total = sum(manifest["counts"].values())
-    assert total == 6 * 8
-    with h5py.File(tmp_path / "results-test/shards/train.h5") as f:
-        assert f["x"].shape[1:] == (4, 8, 8, 8)
-    universes = sorted((tmp_path / "results-test/universes").glob("synth_*.hdf5"))
-    assert len(universes) == 6
+    results = tmp_path / "results-test"
+
+    manifest = json.loads((results / "shards/manifest.json").read_text())
+    # 6 universes of 16³ cut into 8³ crops: 8 samples each, split by universe 3/2/1.
+    assert manifest["counts"] == {"train": 24, "val": 16, "test": 8}
+    with h5py.File(results / "shards/train.h5") as f:
+        assert f["x"].shape == (24, 4, 8, 8, 8)
+    assert len(list((results / "universes").glob("synth_*.hdf5"))) == 6
+
+    metrics = json.loads((results / "runs/test/eval/metrics.json").read_text())
+    assert set(metrics["per_parameter"]) == {"Omega_m", "sigma_8", "N_spec", "H_0"}
+    assert metrics["num_samples"] == 8
+    summary = (results / "report/summary.md").read_text()
+    assert "| test | 1 | 8 |" in summary and "| sigma_8 |" in summary
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{results / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("cosmocub-test")
+    runs = client.search_runs([experiment.experiment_id], max_results=100)
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
+    rules = sorted(r.data.tags.get("rule") for r in children)
+    assert rules == ["evaluate", "preprocess", *["simulate"] * 6, "train"]
+    train_run = next(r for r in children if r.data.tags["rule"] == "train")
+    assert train_run.data.params["train.epochs"] == "2"
+    assert "val_loss" in train_run.data.metrics
+    history = client.get_metric_history(train_run.info.run_id, "val_loss")
+    assert len(history) == 2
+    simulate_tags = {
+        r.data.tags["wildcards"] for r in children if r.data.tags["rule"] == "simulate"
+    }
+    assert "seed=1000000" in simulate_tags
+
+    # A second invocation finds nothing to do.
+    again = snakemake(
+        "--cores", "2", "--configfile", str(REPO / "config" / "test.yaml"), cwd=tmp_path
+    )
+    assert again.returncode == 0
+    assert "Nothing to be done" in again.stdout + again.stderr
