@@ -293,6 +293,42 @@ def test_progress_lines_when_not_a_tty(universes, tmp_path, monkeypatch, capsys)
     assert "preprocess: 40 samples from 5 universes" in err
 
 
+class _PicklingClient:
+    """Stands in for dask.distributed.Client: ships the graph through cloudpickle (as a real
+    cluster does) and computes it from a fresh per-process cache, in this process."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def compute(self, collections: list) -> list:
+        import cloudpickle
+
+        shipped = cloudpickle.loads(cloudpickle.dumps(collections))
+        chunk_offsets.cache_clear()
+        return [_Done(c.compute(scheduler="sync")) for c in shipped]
+
+    def gather(self, futures: list) -> list:
+        return [f.result() for f in futures]
+
+
+@dataclasses.dataclass
+class _Done:
+    value: object
+
+    def result(self) -> object:
+        return self.value
+
+
+def test_cluster_path_with_a_pickling_client(universes, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(pre, "_distributed_client", lambda address: _PicklingClient())
+    cfg = settings(dask_scheduler="tcp://scheduler:8786")
+    preprocess(universes, tmp_path / "s", settings=cfg, seed=4, config_hash="h")
+    _check_shards(tmp_path / "s", universes, cfg)
+
+
 def test_cluster_address_without_distributed(universes, tmp_path) -> None:
     pytest.importorskip("dask")
     try:

@@ -297,6 +297,37 @@ def _distributed_client(address: str) -> Any:
     return Client(address)
 
 
+def _compute(
+    samples: dict[str, da.Array],
+    writers: dict[str, ChunkWriter | None],
+    hist: da.Array,
+    hist_out: np.ndarray,
+    settings: PreprocessConfig,
+    total_bytes: int,
+) -> None:
+    """Run the graph: shards written through `writers`, the training histogram into `hist_out`."""
+    targets = [writers[s] for s in samples]
+    if settings.dask_scheduler:
+        with _distributed_client(settings.dask_scheduler) as client:
+            # Workers write the shards themselves (the writers pickle, the filesystem is shared);
+            # one submission, so the histogram shares the shard reads; futures keep their order.
+            stores = da.store(list(samples.values()), targets, lock=False, compute=False)
+            futures = client.compute([*stores, hist])
+            client.gather(futures)
+            hist_out[...] = futures[-1].result()
+        return
+    # One store for everything: the training histogram shares its reads with the shard writes,
+    # so every universe is read from disk once.
+    stores = da.store(
+        [*samples.values(), hist],
+        [*targets, hist_out],
+        lock=False,  # blocks never share a chunk, and the histogram is one block
+        compute=False,
+    )
+    with _progress(total_bytes):
+        da.compute(*stores, scheduler="threads", num_workers=settings.num_workers)
+
+
 def preprocess(
     universe_paths: list[Path],
     out_dir: Path,
@@ -336,33 +367,18 @@ def preprocess(
         # graph because dask.compute (2026.8) returns mixed Array/Delayed results out of order.
         ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256") as hasher,
     ):
-        digests = hasher.map(sha256_file, [m.path for m in metas])
-        tmp.mkdir(parents=True)
-        writers = {s: _create_shard(tmp / f"{s}.h5", s, split_metas[s], settings) for s in SPLITS}
-        if settings.dask_scheduler:
-            with _distributed_client(settings.dask_scheduler) as client:
-                # Workers write the shards themselves (the writers pickle); the histogram comes
-                # back to fill the local array, so here it is a separate, second read of train.
-                stores = da.store(
-                    [samples[s] for s in samples],
-                    [writers[s] for s in samples],
-                    lock=False,
-                    compute=False,
-                )
-                client.compute([*stores], sync=True)
-                hist_np[...] = client.compute(hist, sync=True)
-        else:
-            # One store for everything: the training histogram shares its reads with the shard
-            # writes, so every universe is read from disk once.
-            stores = da.store(
-                [*(samples[s] for s in samples), hist],
-                [*(writers[s] for s in samples), hist_np],
-                lock=False,  # blocks never share a chunk, and the histogram is one block
-                compute=False,
-            )
-            with _progress(total_bytes):
-                da.compute(*stores, scheduler="threads", num_workers=settings.num_workers)
-        digests = list(digests)
+        hashing = [hasher.submit(sha256_file, m.path) for m in metas]
+        try:
+            tmp.mkdir(parents=True)
+            writers = {
+                s: _create_shard(tmp / f"{s}.h5", s, split_metas[s], settings) for s in SPLITS
+            }
+            _compute(samples, writers, hist, hist_np, settings, total_bytes)
+        except BaseException:
+            for future in hashing:  # fail now, not after hashing every remaining universe
+                future.cancel()
+            raise
+        digests = [future.result() for future in hashing]
 
         table = value_table(settings.log1p, settings.dtype)
         moments = histogram_moments(np.asarray(hist_np), table)
