@@ -145,7 +145,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("path")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
-    p = add("simulate", _cmd_simulate, "make one synthetic N-body universe in the cosmoUniverse layout")
+    p = add(
+        "simulate", _cmd_simulate, "make one synthetic N-body universe in the cosmoUniverse layout"
+    )
     p.add_argument("out", help="output .hdf5 path")
     p.add_argument("--size", type=int, required=True, help="voxels per side")
     p.add_argument("--seed", type=int, required=True)
@@ -156,7 +158,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="shard folder")
     add_config(p)
 
-    p = add("model-summary", _cmd_model_summary, "layer table, parameter count and FLOPs per sample")
+    p = add(
+        "model-summary", _cmd_model_summary, "layer table, parameter count and FLOPs per sample"
+    )
     add_config(p)
 
     p = add("train", _cmd_train, "train CosmoFlow (run under torchrun or srun for several ranks)")

@@ -92,7 +92,9 @@ class UniversesConfig:
 
     def __post_init__(self) -> None:
         if self.source == "cosmoflow" and not self.cosmoflow_dir:
-            raise ConfigError("key 'universes.cosmoflow_dir': required when universes.source is 'cosmoflow'")
+            raise ConfigError(
+                "key 'universes.cosmoflow_dir': required when universes.source is 'cosmoflow'"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,15 +243,12 @@ class Config:
                 f"{self.source}: key 'model.input_size': {self.model.input_size} differs from "
                 f"preprocess.sample_size {self.preprocess.sample_size}"
             )
-        if self.preprocess.sample_size > self.universes.size and self.universes.source == "synthetic":
+        sample, universe = self.preprocess.sample_size, self.universes.size
+        # Public universes are checked against the files themselves at preprocessing time.
+        if self.universes.source == "synthetic" and (sample > universe or universe % sample):
             raise ConfigError(
-                f"{self.source}: key 'preprocess.sample_size': {self.preprocess.sample_size} is larger "
-                f"than universes.size {self.universes.size}"
-            )
-        if self.universes.source == "synthetic" and self.universes.size % self.preprocess.sample_size:
-            raise ConfigError(
-                f"{self.source}: key 'preprocess.sample_size': {self.preprocess.sample_size} does not "
-                f"divide universes.size {self.universes.size}"
+                f"{self.source}: key 'preprocess.sample_size': {sample} does not divide "
+                f"universes.size {universe}"
             )
 
 

@@ -36,7 +36,8 @@ def format_run(metrics_path: Path) -> list[str]:
         if facts:
             lines += ["Training: " + ", ".join(f"{k} {_fmt(v)}" for k, v in facts.items()), ""]
     lines += [
-        f"Test set: {metrics.get('num_samples', '?')} samples. MAE in unitPar space (u in [-1, 1));",
+        f"Test set: {metrics.get('num_samples', '?')} samples. MAE in unitPar space "
+        "(u in [-1, 1));",
         "ratio < 1 means better than predicting the training mean.",
         "",
         "| parameter | MAE | baseline MAE | ratio | RMSE | R² | MAE (physical) |",
