@@ -92,6 +92,15 @@ def test_default_store_is_sqlite_in_results_with_absolute_artifacts(tmp_path, mo
     assert experiment.artifact_location == (tmp_path / "results" / "mlartifacts").as_uri()
 
 
+def test_user_sqlite_uri_keeps_artifacts_beside_its_database(tmp_path, empty_store_db):
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(empty_store_db, tmp_path / "elsewhere" / "team.db")
+    cfg = make_cfg(tmp_path, uri=f"sqlite:///{tmp_path}/elsewhere/team.db")
+    experiment = client_for(cfg).get_experiment(init_store(cfg))
+    assert experiment.artifact_location == (tmp_path / "elsewhere" / "mlartifacts").as_uri()
+    assert not (tmp_path / "results").exists()
+
+
 def test_parent_and_child_runs_read_back(store, tmp_path, monkeypatch):
     cfg = make_cfg(tmp_path)
     parent = start_workflow_run(cfg, name="wf-test")

@@ -182,12 +182,13 @@ def _file_lock(path: Path) -> Iterator[None]:
 
 
 def _sqlite_path(uri: str) -> Path | None:
-    if not uri.startswith("sqlite:"):
+    """The database file of a SQLite URI (SQLAlchemy form: sqlite:////abs or sqlite:///rel)."""
+    if not uri.startswith("sqlite:///"):
+        return None  # not SQLite, or in-memory (sqlite://): nothing on disk to prepare
+    path = uri.removeprefix("sqlite:///").split("?", 1)[0]
+    if path in ("", ":memory:"):
         return None
-    path = uri.removeprefix("sqlite://")
-    if not path.startswith("/") or path in ("", "/"):
-        return None  # in-memory or malformed: let MLflow report it
-    return Path(path)
+    return Path(path) if path.startswith("/") else Path.cwd() / path
 
 
 def _results_dir(cfg: Config) -> Path:
