@@ -215,6 +215,20 @@ def test_other_input_layouts_read_the_same(tmp_path: Path, make_universe) -> Non
         np.testing.assert_array_equal(source[key], counts[16:32, :, 5:48])
 
 
+def test_raw_reader_fills_unwritten_chunks(tmp_path: Path) -> None:
+    path = tmp_path / "partial.hdf5"
+    data = np.arange(32 * 32 * 32 * 4, dtype=np.int16).reshape(32, 32, 32, 4)
+    with h5py.File(path, "w") as f:
+        full = f.create_dataset("full", shape=data.shape, dtype="<i2", chunks=(16, 16, 16, 4))
+        full[:16] = data[:16]  # the chunks of d >= 16 are never allocated: they read as 0
+    source = open_source(path)
+    assert type(source).__name__ == "RawChunkSource"
+    got = source[(slice(8, 24), slice(0, 32), slice(3, 20), slice(0, 4))]
+    expect = data[8:24, :, 3:20].copy()
+    expect[8:] = 0
+    np.testing.assert_array_equal(got, expect)
+
+
 def test_chunk_writer_after_pickling_writes_the_right_chunks(tmp_path: Path) -> None:
     path = tmp_path / "shard.h5"
     with h5py.File(path, "w") as f:
