@@ -28,20 +28,31 @@ class CICStencil:
 
     @classmethod
     def build(cls, positions_mesh: np.ndarray, mesh_size: int) -> CICStencil:
-        """positions_mesh: (P, 3) in mesh-cell units, any real values (wrapped periodically)."""
+        """positions_mesh: (3, P) in mesh-cell units, any real values (wrapped periodically)."""
         m = mesh_size
-        base = np.floor(positions_mesh)
-        frac = (positions_mesh - base).astype(np.float32)  # (P, 3)
-        low = base.astype(np.int64) % m
-        high = (low + 1) % m
-        cells = (low, high)
-        weights = (1.0 - frac, frac)
-        index = np.empty((8, len(positions_mesh)), dtype=np.int64)
-        weight = np.empty((8, len(positions_mesh)), dtype=np.float32)
-        for corner in range(8):
-            cx, cy, cz = (corner >> 2) & 1, (corner >> 1) & 1, corner & 1
-            index[corner] = (cells[cx][:, 0] * m + cells[cy][:, 1]) * m + cells[cz][:, 2]
-            weight[corner] = weights[cx][:, 0] * weights[cy][:, 1] * weights[cz][:, 2]
+        num = positions_mesh.shape[1]
+        # Per axis: the flat-index contribution of the lower and upper cell, and their weights;
+        # corners are then sums and products of pairs, not fresh index arithmetic (memory-bound).
+        cells, weights = [], []
+        for axis, stride in enumerate((m * m, m, 1)):
+            base = np.floor(positions_mesh[axis])
+            upper_weight = (positions_mesh[axis] - base).astype(np.float32)
+            low = base.astype(np.int64)
+            low %= m
+            high = low + 1
+            high[high == m] = 0
+            cells.append((low * stride, high * stride))
+            weights.append((np.float32(1.0) - upper_weight, upper_weight))
+        index = np.empty((8, num), dtype=np.int64)
+        weight = np.empty((8, num), dtype=np.float32)
+        for cx in (0, 1):
+            for cy in (0, 1):
+                index_xy = cells[0][cx] + cells[1][cy]
+                weight_xy = weights[0][cx] * weights[1][cy]
+                for cz in (0, 1):
+                    corner = 4 * cx + 2 * cy + cz
+                    np.add(index_xy, cells[2][cz], out=index[corner])
+                    np.multiply(weight_xy, weights[2][cz], out=weight[corner])
         return cls(index=index, weight=weight, mesh_size=m)
 
     def deposit(self) -> np.ndarray:
@@ -53,16 +64,25 @@ class CICStencil:
     def interpolate(self, mesh_field: np.ndarray) -> np.ndarray:
         """The mesh field read back at each particle with the same weights, (P,) float32."""
         flat = mesh_field.ravel()
-        out = flat[self.index[0]] * self.weight[0]
+        out = np.take(flat, self.index[0])
+        out *= self.weight[0]
+        gathered = np.empty_like(out)
         for corner in range(1, 8):
-            out += flat[self.index[corner]] * self.weight[corner]
+            np.take(flat, self.index[corner], out=gathered)
+            gathered *= self.weight[corner]
+            out += gathered
         return out
 
 
 def ngp_counts(positions: np.ndarray, n: int) -> np.ndarray:
-    """Particles per voxel by nearest grid point (voxel i holds [i, i+1)): (n, n, n) int64."""
-    cells = np.floor(positions).astype(np.int64) % n
-    flat = (cells[:, 0] * n + cells[:, 1]) * n + cells[:, 2]
+    """Particles per voxel by nearest grid point (voxel i holds [i, i+1)), positions (3, P) in
+    voxels: (n, n, n) int64."""
+    flat = np.zeros(positions.shape[1], dtype=np.int64)
+    for axis in range(3):
+        cell = np.floor(positions[axis]).astype(np.int64)
+        cell %= n
+        flat *= n
+        flat += cell
     return np.bincount(flat, minlength=n**3).reshape(n, n, n)
 
 
@@ -83,7 +103,7 @@ class ParticleMeshForce:
         self.green = np.float32(1.5 * omega_m) * inv_k2  # −φ_k / δ_k
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
-        """positions (P, 3) in voxels → forces (P, 3) float32 in voxels·H0²."""
+        """positions (3, P) in voxels → forces (3, P) float32 in voxels·H0²."""
         m = self.mesh_size
         stencil = CICStencil.build(positions * np.float32(self.mesh_factor), m)
         # Mean particles per mesh cell is n³/m³ = 1/mesh_factor³.
@@ -96,7 +116,7 @@ class ParticleMeshForce:
         for axis in range(3):
             # F_k = −i·k·φ_k = i·k·(−φ_k)
             force_mesh = self.fft.irfftn(1j * self.kvec[axis] * neg_potential_k, m)
-            forces[:, axis] = stencil.interpolate(force_mesh)
+            forces[axis] = stencil.interpolate(force_mesh)
         return forces
 
 
@@ -144,7 +164,7 @@ def evolve_kdk(
     progress: Callable[[], None] | None = None,
 ) -> None:
     """Kick-drift-kick leapfrog through the scale factors `steps_a`, updating positions (wrapped
-    into the periodic box [0, box_voxels)) and momenta (P, 3) in place, and calling
+    into the periodic box [0, box_voxels)) and momenta, both (3, P), in place, and calling
     on_step(a, positions) at every step boundary after the first.
 
     The force at the end of one step is the force at the start of the next, so a run of S steps

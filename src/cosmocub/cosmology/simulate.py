@@ -118,8 +118,8 @@ def simulate_universe(
     delta_k = linear_density_k(white_noise(rng, size), box_size=box, power=power, fft=fft)
     psi1, psi2 = lpt_displacements(delta_k, order=settings.lpt_order, fft=fft)
     del delta_k
-    psi1 = psi1.reshape(3, -1).T  # (P, 3), particle order = voxel order (D, H, W)
-    psi2 = None if psi2 is None else psi2.reshape(3, -1).T
+    psi1 = psi1.reshape(3, -1)  # (3, P), particle order = voxel order (D, H, W)
+    psi2 = None if psi2 is None else psi2.reshape(3, -1)
     lattice = _lattice(size)
     timings["initial_conditions"] = time.perf_counter() - start
 
@@ -212,10 +212,10 @@ def run_simulate(out: str | os.PathLike, *, size: int, seed: int, settings: Simu
 
 
 def _lattice(size: int) -> np.ndarray:
-    """Unperturbed particle positions, one per voxel centre: (size³, 3) float32 in voxels."""
+    """Unperturbed particle positions, one per voxel centre: (3, size³) float32 in voxels."""
     centres = np.arange(size, dtype=np.float32) + np.float32(0.5)
     grid = np.meshgrid(centres, centres, centres, indexing="ij")
-    return np.stack([g.ravel() for g in grid], axis=1)
+    return np.stack([g.ravel() for g in grid])
 
 
 def _lpt_positions(
