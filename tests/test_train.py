@@ -310,17 +310,25 @@ RANK_SCRIPT = textwrap.dedent(
     import os, sys, torch
     from cosmocub.config import load_config
     from cosmocub.train.main import train
-    cfg_path, shards, run = sys.argv[1:4]
+    cfg_path, shards, run, die_at = sys.argv[1:5]
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     seen = {}
-    train(load_config(cfg_path), shards_dir=shards, run_dir=run,
-          on_step_end=lambda step, model: seen.update(model=model))
+
+    def hook(step, model):
+        seen["model"] = model
+        if first_attempt and os.environ["RANK"] == "1" and step == int(die_at):
+            os._exit(17)  # a rank dies without cleaning up; torchrun restarts every rank
+
+    train(load_config(cfg_path), shards_dir=shards, run_dir=run, on_step_end=hook)
     torch.save(seen["model"].state_dict(), f"{run}/rank{os.environ['RANK']}.pt")
     """
 )
 
 
 @pytest.mark.slow
-def test_two_gloo_ranks_end_with_identical_weights(shards: Path, tmp_path: Path) -> None:
+def test_two_gloo_ranks_survive_a_restart_with_identical_weights(
+    shards: Path, tmp_path: Path
+) -> None:
     cfg_path = tmp_path / "cfg.yaml"
     values = json.loads(json.dumps(TINY))
     values["train"].update(epochs=2, local_batch_size=2)
@@ -338,14 +346,17 @@ def test_two_gloo_ranks_end_with_identical_weights(shards: Path, tmp_path: Path)
             "--standalone",
             "--nproc-per-node",
             "2",
+            "--max-restarts",
+            "1",
             str(script),
             str(cfg_path),
             str(shards),
             str(run),
+            "6",  # rank 1 dies at step 6 of 8, after the checkpoint at step 5
         ],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=150,
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -356,6 +367,7 @@ def test_two_gloo_ranks_end_with_identical_weights(shards: Path, tmp_path: Path)
     summary = json.loads((run / "train_summary.json").read_text())
     # 16 samples over 2 ranks × batch 2 → 4 steps per epoch, global batch 4.
     assert (summary["world_size"], summary["global_batch_size"], summary["steps"]) == (2, 4, 8)
+    assert summary["resumed_from"].endswith("step_00000005.pt")
     ckpt = torch.load(run / "checkpoints/step_00000008.pt", weights_only=True)
     rng = ckpt["rng_per_rank"]
     assert len(rng) == 2 and not torch.equal(rng[0]["torch"], rng[1]["torch"])

@@ -146,6 +146,21 @@ def _pick_device(env: LaunchEnv) -> torch.device:
     return torch.device("cpu")
 
 
+def _store(env: LaunchEnv) -> dist.Store:
+    """The rendezvous store, under a prefix unique to this torchrun restart attempt.
+
+    torchrun keeps one agent store across restarts; without the prefix a restarted rank can read
+    the address a dead rank published in the previous attempt and fail to connect (seen with
+    gloo: "connectFullMesh failed … Connection refused").
+    """
+    if env.launcher == "single":
+        return dist.HashStore()
+    url = "env://" if env.launcher == "torchrun" else f"tcp://{env.master_addr}:{env.master_port}"
+    store, _, _ = next(dist.rendezvous(url, rank=env.rank, world_size=env.world_size))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"cosmocub/attempt_{attempt}/", store)
+
+
 def build_parallel_dims(
     *, backend: str = "auto", spatial: int = 1, environ: Mapping[str, str] | None = None
 ) -> ParallelDims:
@@ -171,19 +186,9 @@ def build_parallel_dims(
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         timeout = datetime.timedelta(minutes=30)
-        if env.launcher == "single":
-            store = dist.HashStore()
-            dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
-        else:
-            dist.init_process_group(
-                backend,
-                init_method=f"tcp://{env.master_addr}:{env.master_port}"
-                if env.launcher == "slurm"
-                else "env://",
-                rank=env.rank,
-                world_size=env.world_size,
-                timeout=timeout,
-            )
+        dist.init_process_group(
+            backend, store=_store(env), rank=env.rank, world_size=env.world_size, timeout=timeout
+        )
         dims.owns_process_group = True
     elif dist.get_world_size() != env.world_size:
         raise ValueError(
