@@ -237,6 +237,26 @@ def test_cli_train_writes_run_and_reports_user_errors(
     assert "\n" not in err and "checkpoint written with config hash" in err
 
 
+@pytest.mark.slow
+def test_metrics_reach_mlflow(shards: Path, tmp_path: Path) -> None:
+    mlflow = pytest.importorskip("mlflow")
+    cfg = tiny_cfg(
+        train={"epochs": 2, "log_every_steps": 2},
+        tracking={"enabled": True, "system_metrics": False},
+    )
+    cfg = load_config(None, overrides={**cfg.values, "results": str(tmp_path / "results")})
+    summary = train(cfg, shards_dir=shards, run_dir=tmp_path / "run")
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/results/mlflow.db")
+    run_id = summary["mlflow_run_id"]
+    assert run_id
+    val_mae = client.get_metric_history(run_id, "val_mae")
+    assert [m.step for m in val_mae] == [4, 8]  # one per epoch, at its last step
+    assert [m.step for m in client.get_metric_history(run_id, "lr")] == [2, 4, 4, 6, 8, 8]
+    assert client.get_run(run_id).data.params["global_batch_size"] == "4"
+    names = {a.path for a in client.list_artifacts(run_id)}
+    assert {"metrics.jsonl", "train_summary.json"} <= names
+
+
 # --- launcher environment -------------------------------------------------------------------
 
 

@@ -41,6 +41,8 @@ def build_trainer(
             f"{train_set.path}: {len(train_set)} samples give {per_rank} per data rank "
             f"(x{dims.data}), fewer than train.local_batch_size {tc.local_batch_size}"
         )
+    if len(val_set) == 0:
+        raise ValueError(f"{val_set.path}: the validation shard holds no samples")
     global_batch = tc.local_batch_size * dims.data
 
     runtime.seed_everything(cfg.seed)  # same initial weights on every rank

@@ -84,4 +84,5 @@ def build_eval_loader(
         shuffle=False,
         num_workers=num_workers,
         pin_memory=dims.device.type == "cuda",
+        persistent_workers=num_workers > 0,  # validation runs every epoch: keep its workers
     )
