@@ -105,12 +105,22 @@ def test_step_scale_factors_hit_every_snapshot():
 
 @pytest.mark.parametrize(
     ("steps", "z_init", "match"),
-    [(3, 9.0, "simulate.pm_steps': 3"), (10, 3.0, "simulate.initial_redshift': 3.0")],
+    [
+        (len(SNAPSHOT_REDSHIFTS) - 1, 9.0, "simulate.pm_steps': 3"),
+        (10, max(SNAPSHOT_REDSHIFTS), "simulate.initial_redshift': 3.0"),
+    ],
 )
 def test_bad_settings_are_config_errors(steps, z_init, match):
-    bad = SimulateConfig(pm_steps=steps, initial_redshift=z_init, lpt_order=2, force_mesh_factor=1)
+    # SimulateConfig checks against hard-coded snapshots: this keeps them in step with the
+    # simulation's SNAPSHOT_REDSHIFTS.
     with pytest.raises(ConfigError, match=match):
-        simulate_universe(size=16, seed=0, settings=bad)
+        SimulateConfig(pm_steps=steps, initial_redshift=z_init, lpt_order=2, force_mesh_factor=1)
+    ok = SimulateConfig(
+        pm_steps=len(SNAPSHOT_REDSHIFTS), initial_redshift=3.01, lpt_order=1, force_mesh_factor=1
+    )
+    assert simulate_universe(size=8, seed=0, settings=ok).counts_dhwc.sum() == 4 * 8**3
+    with pytest.raises(ConfigError, match="--size 4 is below the minimum 8"):
+        simulate_universe(size=4, seed=0, settings=ok)
 
 
 # --- power spectrum -------------------------------------------------------------------------

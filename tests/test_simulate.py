@@ -54,5 +54,5 @@ def test_cli_simulate(tmp_path, capsys):
     bad = tmp_path / "bad.hdf5"
     assert main(["simulate", str(bad), "--size", "16", "--seed", "4", "--config", str(config)]) == 2
     err = capsys.readouterr().err
-    assert "simulate.pm_steps': 2" in err and err.count("\n") == 1
+    assert f"{config}: key 'simulate.pm_steps': 2" in err and err.count("\n") == 1
     assert not bad.exists()

@@ -104,6 +104,22 @@ class SimulateConfig:
     lpt_order: int
     force_mesh_factor: int
 
+    def __post_init__(self) -> None:
+        # Every snapshot (z = 3, 1.5, 0.5, 0: cosmocub.cosmology.simulate.SNAPSHOT_REDSHIFTS,
+        # tests/test_simulate.py keeps the two in step) must end a PM step.
+        if self.pm_steps == 0:
+            return
+        if self.initial_redshift <= 3.0:
+            raise ConfigError(
+                f"key 'simulate.initial_redshift': {self.initial_redshift} must exceed the "
+                f"earliest snapshot z = 3.0 when simulate.pm_steps is {self.pm_steps} > 0"
+            )
+        if self.pm_steps < 4:
+            raise ConfigError(
+                f"key 'simulate.pm_steps': {self.pm_steps} steps cannot end on the 4 snapshots "
+                f"z = 3.0, 1.5, 0.5, 0.0; use 0 (2LPT only) or at least 4"
+            )
+
 
 @dataclass(frozen=True, kw_only=True)
 class SplitRatios:
