@@ -117,12 +117,14 @@ def simulate_universe(
 
     snapshots_a = [1.0 / (1.0 + z) for z in SNAPSHOT_REDSHIFTS]
     counts = np.empty((size, size, size, len(SNAPSHOT_REDSHIFTS)), dtype=np.int16)
+    recorded: set[int] = set()
     pm_start = time.perf_counter()
 
     def record(a: float, positions: np.ndarray) -> None:
         for channel, a_snap in enumerate(snapshots_a):
             if np.isclose(a, a_snap, rtol=0.0, atol=1e-9):
                 counts[..., channel] = _to_int16(ngp_counts(positions, size), seed=seed)
+                recorded.add(channel)
 
     if settings.pm_steps == 0:
         for a in snapshots_a:
@@ -155,6 +157,7 @@ def simulate_universe(
                 on_step=record,
                 progress=bar.update,
             )
+    assert len(recorded) == len(SNAPSHOT_REDSHIFTS), f"snapshots recorded: {sorted(recorded)}"
     timings["pm"] = time.perf_counter() - pm_start
     timings["fft"] = fft.seconds
     timings["fft_calls"] = float(fft.calls)
