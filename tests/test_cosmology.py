@@ -177,6 +177,20 @@ def test_initial_field_follows_linear_power_on_large_scales():
     np.testing.assert_allclose(power2(k) / power(k), 4.0, rtol=1e-6)
 
 
+@pytest.mark.parametrize(
+    ("omega_m", "sigma_8", "n_s", "h0"), [(0.3, 0.8, 0.96, 70), (0.33, 0.72, 1.05, 63)]
+)
+def test_linear_power_is_normalised_to_sigma8(omega_m, sigma_8, n_s, h0):
+    # σ²(R = 8 Mpc/h) = ∫ k² P(k) W²(kR) dk / 2π² with the top-hat window, from the returned P(k)
+    power = linear_power_spectrum(omega_m=omega_m, sigma_8=sigma_8, n_s=n_s, h0=h0)
+    k = np.logspace(-4, 2, 20000)
+    x = 8.0 * k
+    window = 3.0 * (np.sin(x) - x * np.cos(x)) / x**3
+    sigma = np.sqrt(np.trapezoid(k**2 * power(k) * window**2, k) / (2 * np.pi**2))
+    assert sigma == pytest.approx(sigma_8, rel=2e-3)
+    assert power(np.array([0.0]))[0] == 0.0
+
+
 # --- LPT ------------------------------------------------------------------------------------
 
 
