@@ -146,9 +146,15 @@ def test_checkpoint_from_other_config_is_refused(shards: Path, tmp_path: Path) -
         train(other, shards_dir=shards, run_dir=run)
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(shards: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("poison_after", "nan_step"),
+    [(3, 4), (2, 3)],  # (2, 3): the NaN at step 3 is only read at the checkpoint of step 4
+)
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(
+    shards: Path, tmp_path: Path, poison_after: int, nan_step: int
+) -> None:
     def poison(step: int, model: torch.nn.Module) -> None:
-        if step == 3:
+        if step == poison_after:
             with torch.no_grad():
                 model.head.output.weight.fill_(float("nan"))
 
@@ -156,8 +162,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(shards: Path, tmp_path: P
     cfg = tiny_cfg(train={"checkpoint_every_steps": 2})
     with pytest.raises(
         NonFiniteLossError,
-        match=r"training loss is nan at step 4 \(epoch 0, "
-        r"batch 3\).*step_00000002\.pt",
+        match=rf"training loss is nan at step {nan_step} \(epoch 0, batch {nan_step - 1}\).*"
+        r"step_00000002\.pt",
     ):
         train(cfg, shards_dir=shards, run_dir=run, on_step_end=poison)
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_00000002.pt"]

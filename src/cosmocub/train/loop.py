@@ -93,6 +93,25 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _check_losses(t: Trainer, state: TrainState, pending: list[torch.Tensor]) -> float:
+    """Bring the pending per-step losses to the host (one sync), stop on the first non-finite
+    one, add them to the epoch's sum; returns the newest. Steps are numbered from 1."""
+    values = (torch.stack(pending) / t.dims.data).tolist()
+    first_step = state.step - len(values) + 1
+    for i, value in enumerate(values):
+        if not math.isfinite(value):
+            batch = state.batch_in_epoch - len(values) + i
+            raise NonFiniteLossError(
+                f"run {t.checkpoints.folder.parent}: training loss is {value} at step "
+                f"{first_step + i} (epoch {state.epoch}, batch {batch}); "
+                f"last checkpoint kept: {t.checkpoints.latest()}"
+            )
+    state.epoch_loss_sum += sum(values)
+    state.epoch_steps += len(values)
+    pending.clear()
+    return values[-1]
+
+
 def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
     """Run the rest of epoch `state.epoch` from batch `state.batch_in_epoch`; returns its stats."""
     cfg, device = t.cfg.train, t.dims.device
@@ -103,6 +122,9 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
     show_bar = t.dims.is_main and sys.stderr.isatty()
     t.wrapped.train()
     data_wait, steps_here = 0.0, 0
+    # Global mean losses of steps not yet looked at, kept on the device: the host reads them only
+    # when it logs or checkpoints, so a GPU is not made to wait at every step.
+    pending: list[torch.Tensor] = []
     _sync(device)
     start = time.perf_counter()
     batches = tqdm(
@@ -121,8 +143,8 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
         with t.autocast():
             pred_bp = t.wrapped(x_bcdhw)  # (B, P)
         loss = nn.functional.mse_loss(pred_bp.float(), y_bp)
-        # The mean loss over data ranks, started now and awaited after backward: every rank then
-        # sees the same value and stops at the same step if it is not finite (sync point).
+        # Sum of the loss over data ranks, started now and awaited after backward, so every rank
+        # holds the same values and stops at the same step if one is not finite.
         loss_all = loss.detach().clone()
         work = None
         if t.dims.data > 1:
@@ -132,21 +154,17 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
         t.grad_sync.after_backward(t.model)
         if work is not None:
             work.wait()
-        loss_value = loss_all.item() / t.dims.data
-        if not math.isfinite(loss_value):
-            raise NonFiniteLossError(
-                f"run {t.checkpoints.folder.parent}: training loss is {loss_value} at step "
-                f"{state.step + 1} (epoch {state.epoch}, batch {state.batch_in_epoch}); "
-                f"last checkpoint kept: {t.checkpoints.latest()}"
-            )
+        pending.append(loss_all)
         t.optimizer.step()
         t.schedule.step()
         state.step += 1
         state.batch_in_epoch += 1
-        state.epoch_loss_sum += loss_value
-        state.epoch_steps += 1
         steps_here += 1
-        if state.step % cfg.log_every_steps == 0:
+        log_now = state.step % cfg.log_every_steps == 0
+        checkpoint_now = state.step % cfg.checkpoint_every_steps == 0
+        if log_now or checkpoint_now:
+            loss_value = _check_losses(t, state, pending)  # sync point; never save a NaN model
+        if log_now:
             t.log({"train_loss": loss_value, "lr": t.schedule.lr}, state.step)
             if show_bar:
                 batches.set_postfix(loss=f"{loss_value:.4f}")
@@ -157,11 +175,13 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
                     file=sys.stderr,
                     flush=True,
                 )
-        if state.step % cfg.checkpoint_every_steps == 0:
+        if checkpoint_now:
             t.checkpoints.save(state.step)
         if t.on_step_end is not None:
             t.on_step_end(state.step, t.model)
         tick = time.perf_counter()
+    if pending:
+        _check_losses(t, state, pending)
     _sync(device)
     elapsed = time.perf_counter() - start
     samples = steps_here * cfg.local_batch_size * t.dims.data
