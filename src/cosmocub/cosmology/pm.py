@@ -97,7 +97,8 @@ class ParticleMeshForce:
         self.omega_m = omega_m
         self.fft = fft
         spacing = 1.0 / mesh_factor  # mesh cell in voxels, so k comes out per voxel
-        self.kvec = wavevectors(self.mesh_size, spacing=spacing)
+        # i·k per axis, broadcastable (complex64): the gradient in Fourier space
+        self.ik = [1j * k for k in wavevectors(self.mesh_size, spacing=spacing)]
         inv_k2 = (1.0 / wavenumber_squared(self.mesh_size, spacing=spacing)).astype(np.float32)
         inv_k2[0, 0, 0] = 0.0
         self.green = np.float32(1.5 * omega_m) * inv_k2  # −φ_k / δ_k
@@ -110,13 +111,15 @@ class ParticleMeshForce:
         density = stencil.deposit()
         density *= np.float32(self.mesh_factor**3)
         density -= np.float32(1.0)
-        neg_potential_k = self.fft.rfftn(density) * self.green
+        neg_potential_k = self.fft.rfftn(density)
         del density
+        neg_potential_k *= self.green
+        force_k = np.empty_like(neg_potential_k)  # one buffer for the three axes
         forces = np.empty(positions.shape, dtype=np.float32)
         for axis in range(3):
             # F_k = −i·k·φ_k = i·k·(−φ_k)
-            force_mesh = self.fft.irfftn(1j * self.kvec[axis] * neg_potential_k, m)
-            forces[axis] = stencil.interpolate(force_mesh)
+            np.multiply(neg_potential_k, self.ik[axis], out=force_k)
+            forces[axis] = stencil.interpolate(self.fft.irfftn(force_k, m))
         return forces
 
 
