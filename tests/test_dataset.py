@@ -111,3 +111,39 @@ def test_pickles_without_handle_and_works_in_a_worker(shards: Path) -> None:
     xs = torch.cat([x for x, _ in loader])
     assert xs.shape == (6, 4, 8, 8, 8)
     torch.testing.assert_close(xs[0], first, rtol=0, atol=0)
+
+
+@pytest.mark.realdata
+def test_real_mlperf_sample_through_shard_and_reference_model(
+    tmp_path: Path, real_samples: list[Path]
+) -> None:
+    from cosmocub.data.tfrecord import read_tfrecord_sample
+    from cosmocub.models.cosmoflow import CosmoFlow
+
+    counts_dhwc, y = read_tfrecord_sample(real_samples[0])
+    x_cdhw = np.log1p(counts_dhwc.astype(np.float32)).transpose(3, 0, 1, 2)  # channels first
+    path = tmp_path / "train.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x_cdhw[None].astype(np.float16), chunks=(1, 4, 16, 128, 128))
+        f.create_dataset("y", data=y[None])
+    mean = x_cdhw.mean(axis=(1, 2, 3)).tolist()
+    std = x_cdhw.std(axis=(1, 2, 3)).tolist()
+    cfg = load_config(
+        None,
+        overrides={
+            "universes": {"size": 512},
+            "preprocess": {"sample_size": 128},
+            "model": {"input_size": 128, "base_filters": 32, "num_conv_blocks": 5},
+        },
+    ).model
+    ds = ShardDataset(path, mean=mean, std=std, sample_size=cfg.input_size, in_channels=4)
+    x, target = ds[0]
+    assert x.shape == (4, 128, 128, 128)
+    # Standardised with its own statistics: mean 0, std 1 per channel (float16 storage aside).
+    assert x.mean(dim=(1, 2, 3)).abs().max().item() < 1e-2
+    assert (x.std(dim=(1, 2, 3)) - 1).abs().max().item() < 1e-2
+    np.testing.assert_array_equal(target.numpy(), y)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        out = CosmoFlow(cfg).eval()(x[None])
+    assert out.shape == (1, 4) and torch.isfinite(out).all()
