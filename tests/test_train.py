@@ -293,6 +293,7 @@ def test_detects_torchrun_slurm_and_single() -> None:
             "SLURM_TASKS_PER_NODE": "4(x2)",
             "SLURM_JOB_ID": "123456",
             "SLURM_JOB_NODELIST": "gpu[017-018]",
+            "SLURM_CPUS_PER_TASK": "6",
         }
     )
     assert (env.launcher, env.rank, env.world_size, env.local_rank, env.local_world_size) == (
@@ -303,6 +304,7 @@ def test_detects_torchrun_slurm_and_single() -> None:
         4,
     )
     assert env.master_addr == "gpu017" and env.master_port == 20000 + 123456 % 20000
+    assert env.cpus_per_rank == 6
     env = detect_launch_env(
         {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.7"}
     )

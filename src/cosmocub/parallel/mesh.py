@@ -30,6 +30,8 @@ class LaunchEnv:
     local_world_size: int
     master_addr: str
     master_port: int
+    # Cores the launcher reserved for each rank (srun --cpus-per-task), if it said.
+    cpus_per_rank: int | None = None
 
 
 def _first_slurm_host(nodelist: str) -> str:
@@ -84,6 +86,7 @@ def detect_launch_env(environ: Mapping[str, str] | None = None) -> LaunchEnv:
             local_world_size=_slurm_local_size(env, world_size),
             master_addr=addr,
             master_port=port,
+            cpus_per_rank=int(env["SLURM_CPUS_PER_TASK"]) if "SLURM_CPUS_PER_TASK" in env else None,
         )
     return LaunchEnv(
         launcher="single",

@@ -17,9 +17,12 @@ from cosmocub.parallel.mesh import ParallelDims
 
 
 def set_threads(cfg: TrainConfig, dims: ParallelDims) -> int:
-    """threads_per_rank, or this node's cores shared evenly by its ranks."""
+    """threads_per_rank; else the cores srun reserved per task; else this node's cores shared
+    evenly by its ranks (torchrun: every rank sees every core)."""
     if cfg.threads_per_rank is not None:
         threads = cfg.threads_per_rank
+    elif dims.env.cpus_per_rank is not None:
+        threads = dims.env.cpus_per_rank
     else:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         threads = max(1, (cores or 1) // dims.env.local_world_size)
