@@ -111,7 +111,10 @@ def test_overfits_a_few_samples(tmp_path: Path) -> None:
 
 
 def test_deterministic_resume_is_bit_identical(shards: Path, tmp_path: Path) -> None:
-    cfg = tiny_cfg(train={"deterministic": True, "num_data_workers": 2}, model={"dropout": 0.3})
+    cfg = tiny_cfg(
+        train={"deterministic": True, "num_data_workers": 2, "augment": True},
+        model={"dropout": 0.3, "batch_norm": True},
+    )
     train(cfg, shards_dir=shards, run_dir=tmp_path / "whole")
     with pytest.raises(Killed):  # dies mid-epoch 1, two steps after the checkpoint at step 5
         train(cfg, shards_dir=shards, run_dir=tmp_path / "broken", on_step_end=kill_after(7))

@@ -210,6 +210,7 @@ class TrainConfig:
     epochs: int
     local_batch_size: int
     nproc_per_node: int
+    augment: bool
     num_data_workers: int
     checkpoint_every_steps: int
     max_restarts: int

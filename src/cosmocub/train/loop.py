@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from cosmocub.config import Config
+from cosmocub.data.augment import random_cube_symmetries
 from cosmocub.io import atomic_path
 from cosmocub.optim.schedule import EpochSchedule
 from cosmocub.parallel.mesh import ParallelDims
@@ -93,6 +94,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _augment_generator(t: Trainer, step: int) -> torch.Generator:
+    # Seeded by (seed, rank, step): the same symmetries after a resume, different ones per rank.
+    return torch.Generator().manual_seed((t.cfg.seed * 1_000_003 + t.dims.rank) * 1_000_003 + step)
+
+
 def _check_losses(t: Trainer, state: TrainState, pending: list[torch.Tensor]) -> float:
     """Bring the pending per-step losses to the host (one sync), stop on the first non-finite
     one, add them to the epoch's sum; returns the newest. Steps are numbered from 1."""
@@ -137,6 +143,8 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
     )
     tick = time.perf_counter()
     for x_bcdhw, y_bp in batches:
+        if cfg.augment:
+            x_bcdhw = random_cube_symmetries(x_bcdhw, _augment_generator(t, state.step))
         x_bcdhw = x_bcdhw.to(device, non_blocking=True)  # (B, C, S, S, S)
         y_bp = y_bp.to(device, non_blocking=True)  # (B, P)
         data_wait += time.perf_counter() - tick
