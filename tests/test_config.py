@@ -112,3 +112,19 @@ def test_cli_reports_bad_config_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
     assert "c.yaml: key 'train.epochs': 0 is less than the minimum of 1" in err
+
+
+def test_strings_from_snakemake_command_line_become_typed_values():
+    from cosmocub.config import coerce_cli_strings
+
+    raw = {
+        "universes": {"count": "64", "cosmoflow_dir": "null"},
+        "train": {"amp": "off", "deterministic": "true", "epochs": "3"},
+        "model": {"dense_sizes": "[32, 16]", "dropout": "0.25"},
+        "results": "123",
+    }
+    cfg = load_config(None, overrides=coerce_cli_strings(raw))
+    assert cfg.universes.count == 64 and cfg.universes.cosmoflow_dir is None
+    assert cfg.train.amp == "off" and cfg.train.deterministic is True and cfg.train.epochs == 3
+    assert cfg.model.dense_sizes == (32, 16) and cfg.model.dropout == 0.25
+    assert str(cfg.results) == "123"  # a string where the schema wants one stays a string

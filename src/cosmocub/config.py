@@ -58,6 +58,35 @@ def resolve(raw: dict[str, Any] | None, *, source: str = "<config>") -> dict[str
     return values
 
 
+def coerce_cli_strings(values: dict[str, Any]) -> dict[str, Any]:
+    """Turn strings into the numbers/booleans/nulls the schema expects, in place; returns values.
+
+    Snakemake parses nested `--config key='{a: 1}'` with YAML's BaseLoader, which leaves every
+    scalar a string; the schema says which of them are meant as numbers, booleans or null.
+    """
+    _coerce(values, load_schema())
+    return values
+
+
+def _coerce(value: Any, schema: dict[str, Any]) -> Any:
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            if key in schema.get("properties", {}):
+                value[key] = _coerce(sub, schema["properties"][key])
+        return value
+    if isinstance(value, list) and "items" in schema:
+        return [_coerce(v, schema["items"]) for v in value]
+    types = schema.get("type", [])
+    types = [types] if isinstance(types, str) else types
+    if isinstance(value, str) and value in ("null", "~") and "null" in types:
+        return None
+    if isinstance(value, str) and "string" not in types:
+        parsed = yaml.safe_load(value) if value.strip() else None
+        if isinstance(parsed, bool | int | float | list) or parsed is None:
+            return _coerce(parsed, schema) if isinstance(parsed, list) else parsed
+    return value
+
+
 def config_hash(values: dict[str, Any]) -> str:
     """A short, stable hash of a resolved config (key order does not matter)."""
     blob = json.dumps(values, sort_keys=True, separators=(",", ":")).encode()

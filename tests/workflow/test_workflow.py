@@ -169,3 +169,16 @@ def test_tiny_pipeline_end_to_end_with_tracking(tmp_path):
     )
     assert again.returncode == 0
     assert "Nothing to be done" in again.stdout + again.stderr
+
+    # A new training setting reruns training and what follows it, never the simulations.
+    changed = snakemake(
+        "-n",
+        "--configfile",
+        str(REPO / "config" / "test.yaml"),
+        "--config",
+        "train={run_name: test, epochs: 3}",
+        "universes={count: 6, size: 16}",
+        cwd=tmp_path,
+    )
+    assert changed.returncode == 0, changed.stderr
+    assert job_counts(changed.stdout) == {"train": 1, "evaluate": 1, "summary_report": 1, "all": 1}

@@ -4,8 +4,9 @@ import os
 from snakemake.utils import validate
 
 from cosmocub import workflow_support as ws
-from cosmocub.config import from_values
+from cosmocub.config import coerce_cli_strings, from_values
 
+coerce_cli_strings(config)  # nested --config values arrive as strings
 validate(config, "../schemas/config.schema.yaml")
 CFG = from_values(config, source="snakemake config")
 RESULTS = str(CFG.results)

@@ -11,7 +11,7 @@ rule simulate:
     conda:
         "../../envs/cosmocub.yaml"
     params:
-        settings=section("simulate", "universes"),
+        settings=section("simulate"),
         size=CFG.universes.size,
         env=tracking_env("simulate"),
     shell:
