@@ -247,3 +247,22 @@ def test_evaluate_missing_test_shard_names_path(tiny_run):
     with pytest.raises(FileNotFoundError, match=r"shards/test.h5: shard not found"):
         evaluate(cfg, shards_dir=shards, run_dir=run_dir, out_dir=out_dir, tracker=None)
     assert not out_dir.exists()
+
+
+class _CornerModel(torch.nn.Module):
+    """Predicts the first channel's voxel at (0, 0, 0): as orientation-dependent as it gets."""
+
+    def forward(self, x_bcdhw: torch.Tensor) -> torch.Tensor:
+        return x_bcdhw[:, 0, 0, 0, 0].unsqueeze(1).repeat(1, 4)
+
+
+def test_predict_averages_over_the_reflections_of_the_cube():
+    from cosmocub.evaluate import predict
+
+    x = torch.randn(3, 2, 4, 4, 4)
+    dataset = [(x[i], torch.zeros(4)) for i in range(3)]
+    pred_1, _ = predict(_CornerModel(), dataset, batch_size=2, symmetries=1)
+    pred_8, _ = predict(_CornerModel(), dataset, batch_size=2, symmetries=8)
+    corners = x[:, 0][:, [0, -1]][:, :, [0, -1]][:, :, :, [0, -1]]  # (3, 2, 2, 2)
+    np.testing.assert_allclose(pred_1[:, 0], x[:, 0, 0, 0, 0].numpy(), rtol=1e-6)
+    np.testing.assert_allclose(pred_8[:, 0], corners.mean(dim=(1, 2, 3)).numpy(), rtol=1e-5)

@@ -253,6 +253,7 @@ class TrainConfig:
 @dataclass(frozen=True, kw_only=True)
 class EvaluateConfig:
     batch_size: int
+    symmetries: int
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from cosmocub.config import Config
+from cosmocub.data.augment import cube_symmetry
 from cosmocub.data.universe import BASE_PHYS_PAR, NAME_PAR
 from cosmocub.io import atomic_path
 
@@ -172,7 +173,9 @@ def evaluate(
         raise ValueError(f"{test.path}: test shard holds 0 samples, nothing to evaluate")
     train_mean_unit = _train_target_mean(shards_dir / "train.h5")
 
-    pred_unit, true_unit = predict(model, test, batch_size=cfg.evaluate.batch_size)
+    pred_unit, true_unit = predict(
+        model, test, batch_size=cfg.evaluate.batch_size, symmetries=cfg.evaluate.symmetries
+    )
     metrics = parameter_metrics(pred_unit, true_unit, train_mean_unit)
     metrics.update(
         num_samples=len(test),
@@ -224,9 +227,14 @@ def evaluate(
 
 
 def predict(
-    model: torch.nn.Module, dataset: Any, *, batch_size: int
+    model: torch.nn.Module, dataset: Any, *, batch_size: int, symmetries: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(pred, true) unitPar arrays (N, P) over `dataset` in order: eval mode, no grad."""
+    """(pred, true) unitPar arrays (N, P) over `dataset` in order: eval mode, no grad.
+
+    With `symmetries` > 1 each prediction is the mean over the first `symmetries` symmetries of
+    the cube (8: the reflections; 48: all): the parameters do not depend on orientation, so
+    averaging over the group removes the part of the model's error that does.
+    """
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(device).eval()
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=0)
@@ -237,7 +245,12 @@ def predict(
         for x_bcdhw, y in tqdm(
             loader, desc="evaluate", unit="batch", mininterval=1 if interactive else 60
         ):
-            preds.append(model(x_bcdhw.to(device)).float().cpu().numpy())
+            x_bcdhw = x_bcdhw.to(device)
+            pred_bp = sum(
+                model(torch.stack([cube_symmetry(x, k) for x in x_bcdhw])).float()
+                for k in range(symmetries)
+            )
+            preds.append((pred_bp / symmetries).cpu().numpy())
             trues.append(y.numpy())
     return np.concatenate(preds).astype(np.float64), np.concatenate(trues).astype(np.float64)
 
