@@ -170,6 +170,14 @@ def test_tiny_pipeline_end_to_end_with_tracking(tmp_path):
     assert again.returncode == 0
     assert "Nothing to be done" in again.stdout + again.stderr
 
+    # The HTML report gathers the plots and metrics.
+    report = snakemake(
+        "--report", "report.html", "--configfile", str(REPO / "config" / "test.yaml"), cwd=tmp_path
+    )
+    assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
+    html = (tmp_path / "report.html").read_text()
+    assert "pred_vs_true.png" in html and "loss_curves.png" in html and "summary.md" in html
+
     # A new training setting reruns training and what follows it, never the simulations.
     changed = snakemake(
         "-n",

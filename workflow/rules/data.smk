@@ -47,7 +47,7 @@ rule preprocess:
         f"{RESULTS}/logs/preprocess.log",
     conda:
         "../../envs/cosmocub.yaml"
-    threads: workflow.cores
+    threads: lambda wildcards: workflow.cores
     params:
         settings=section("preprocess", "seed"),
         out=lambda w, output: os.path.dirname(output.manifest),

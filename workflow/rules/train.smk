@@ -14,7 +14,7 @@ rule train:
         f"{RESULTS}/logs/train/{{run}}.log",
     conda:
         "../../envs/cosmocub.yaml"
-    threads: workflow.cores
+    threads: lambda wildcards: workflow.cores
     params:
         settings=section("model", "optimizer", "train", "preprocess", "seed"),
         shards=lambda w, input: os.path.dirname(input.manifest),
