@@ -7,6 +7,7 @@ Prints one table; the goal is preprocess >= half the copy's MB/s.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import tempfile
 import time
@@ -51,6 +52,17 @@ def time_preprocess(paths: list[Path], out: Path, settings: PreprocessConfig) ->
     return seconds
 
 
+def drop_page_cache() -> None:
+    """Flush dirty pages and drop the page cache, so the next run reads from the disk."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as err:
+        raise SystemExit(
+            f"--cold: cannot drop the page cache ({err}); run as root on Linux"
+        ) from None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", type=int, default=128, help="universe voxels per side")
@@ -61,6 +73,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="Dask threads (default: all)")
     parser.add_argument("--repeat", type=int, default=3, help="best of this many runs")
     parser.add_argument("--dir", type=Path, default=None, help="scratch folder on the disk to test")
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="drop the page cache before every timed run (Linux, root): read from the disk itself",
+    )
     args = parser.parse_args()
 
     settings = PreprocessConfig(
@@ -79,13 +96,18 @@ def main() -> None:
         # Interleave the two so page-cache warmth and background load affect both alike.
         copy_s, pre_s = [], []
         for _ in range(args.repeat):
+            if args.cold:
+                drop_page_cache()
             copy_s.append(time_copy(paths, folder / "copy"))
+            if args.cold:
+                drop_page_cache()
             pre_s.append(time_preprocess(paths, folder / "shards", settings))
         copy_rate, pre_rate = megabytes / min(copy_s), megabytes / min(pre_s)
+        cache = "dropped before each run" if args.cold else "warm"
         print(
             f"\n{args.count} universes of {args.size}^3 x 4 int16 ({megabytes:.0f} MB), "
             f"S={args.sample_size}, {args.dtype}, workers={args.workers or 'all'}, "
-            f"best of {args.repeat}"
+            f"best of {args.repeat}, page cache {cache}"
         )
         print(f"{'method':<22}{'seconds':>10}{'MB/s':>10}{'vs copy':>10}")
         print(f"{'shutil.copyfile':<22}{min(copy_s):>10.3f}{copy_rate:>10.0f}{1:>10.2f}")
