@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -63,6 +64,12 @@ def kill_after(step_to_die: int):
     return hook
 
 
+def checkpoint_dir(run: Path) -> Path:
+    """The one checkpoint folder of a run trained with a single config."""
+    (folder,) = (run / "checkpoints").iterdir()
+    return folder
+
+
 def test_outputs_follow_the_run_format(shards: Path, tmp_path: Path) -> None:
     run = tmp_path / "run"
     summary = train(tiny_cfg(), shards_dir=shards, run_dir=run)
@@ -86,7 +93,7 @@ def test_outputs_follow_the_run_format(shards: Path, tmp_path: Path) -> None:
     assert 0 <= r["data_wait_share"] < 1 and r["samples_per_s"] > 0
     assert r["lr"] == pytest.approx(0.003)
     # Checkpoints every 5 steps plus the final one; only the last 2 are kept.
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+    assert sorted(p.name for p in checkpoint_dir(run).iterdir()) == [
         "step_00000010.pt",
         "step_00000012.pt",
     ]
@@ -140,13 +147,36 @@ def test_checkpoint_from_other_config_is_refused(shards: Path, tmp_path: Path) -
     train(tiny_cfg(train={"epochs": 1}), shards_dir=shards, run_dir=run)
     # Operational keys may change on resume (more epochs, other logging cadence).
     train(tiny_cfg(train={"epochs": 2, "log_every_steps": 1}), shards_dir=shards, run_dir=run)
-    other = tiny_cfg(train={"epochs": 2}, optimizer={"lr": 0.01})
+    first_folder = checkpoint_dir(run)
+    first_checkpoints = sorted(p.name for p in first_folder.iterdir())
+    # Another optimizer setting is another run: it starts at step 0 in a folder of its own and
+    # leaves the first run's checkpoints as they were.
+    other = tiny_cfg(train={"epochs": 1}, optimizer={"lr": 0.01})
+    summary = train(other, shards_dir=shards, run_dir=run)
+    assert summary["resumed_from"] is None and summary["steps"] == 4
+    folders = sorted((run / "checkpoints").iterdir())
+    assert len(folders) == 2 and first_folder in folders
+    assert sorted(p.name for p in first_folder.iterdir()) == first_checkpoints
+    # A checkpoint moved by hand into another config's folder is refused, naming both hashes.
+    second = next(f for f in folders if f != first_folder)
+    shutil.copy(first_folder / "step_00000008.pt", second / "step_00000009.pt")
     with pytest.raises(
         CheckpointMismatchError,
-        match=r"step_00000008\.pt: checkpoint written "
+        match=r"step_00000009\.pt: checkpoint written "
         r"with config hash [0-9a-f]{12}, this run has [0-9a-f]{12}",
     ):
         train(other, shards_dir=shards, run_dir=run)
+
+
+def test_new_training_data_starts_a_new_run(tmp_path: Path) -> None:
+    cfg = tiny_cfg(train={"epochs": 1})
+    run = tmp_path / "run"
+    old = make_random_shards(tmp_path / "old", counts={"train": 8, "val": 4}, size=8, seed=1)
+    new = make_random_shards(tmp_path / "new", counts={"train": 8, "val": 4}, size=8, seed=2)
+    train(cfg, shards_dir=old, run_dir=run)
+    summary = train(cfg, shards_dir=new, run_dir=run)
+    assert summary["resumed_from"] is None
+    assert len(list((run / "checkpoints").iterdir())) == 2
 
 
 @pytest.mark.parametrize(
@@ -169,9 +199,9 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(
         r"step_00000002\.pt",
     ):
         train(cfg, shards_dir=shards, run_dir=run, on_step_end=poison)
-    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_00000002.pt"]
+    assert [p.name for p in checkpoint_dir(run).iterdir()] == ["step_00000002.pt"]
     assert not (run / "model.pt").exists()
-    state = torch.load(run / "checkpoints/step_00000002.pt", weights_only=True)
+    state = torch.load(checkpoint_dir(run) / "step_00000002.pt", weights_only=True)
     assert all(torch.isfinite(v).all() for v in state["model"].values())
 
 
@@ -238,12 +268,11 @@ def test_cli_train_writes_run_and_reports_user_errors(
     args = ["train", "--config", str(cfg_path), "--shards", str(shards), "--out", str(run)]
     assert cli.main(args) == 0
     assert {"model.pt", "metrics.jsonl", "train_summary.json"} <= {p.name for p in run.iterdir()}
-    values["optimizer"]["lr"] = 0.5
-    cfg_path.write_text(yaml.safe_dump(values))
     capsys.readouterr()
-    assert cli.main(args) == 2
+    missing = tmp_path / "no-shards"
+    assert cli.main([*args[:4], str(missing), *args[5:]]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "checkpoint written with config hash" in err
+    assert "\n" not in err and f"{missing}/stats.json: shard statistics not found" in err
 
 
 @pytest.mark.slow
@@ -399,7 +428,7 @@ def test_two_gloo_ranks_survive_a_restart_with_identical_weights(
     # 16 samples over 2 ranks × batch 2 → 4 steps per epoch, global batch 4.
     assert (summary["world_size"], summary["global_batch_size"], summary["steps"]) == (2, 4, 8)
     assert summary["resumed_from"].endswith("step_00000005.pt")
-    ckpt = torch.load(run / "checkpoints/step_00000008.pt", weights_only=True)
+    ckpt = torch.load(checkpoint_dir(run) / "step_00000008.pt", weights_only=True)
     rng = ckpt["rng_per_rank"]
     assert len(rng) == 2 and not torch.equal(rng[0]["torch"], rng[1]["torch"])
     # The model that rank 0 wrote is the weights both ranks hold.

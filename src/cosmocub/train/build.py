@@ -16,7 +16,7 @@ from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.optim.factory import build_optimizer, build_schedule
 from cosmocub.parallel.mesh import ParallelDims
 from cosmocub.train import runtime
-from cosmocub.train.checkpoint import CheckpointManager, resume_hash
+from cosmocub.train.checkpoint import CheckpointManager, resume_hash, shard_identity
 from cosmocub.train.data import build_eval_loader, build_train_loader
 from cosmocub.train.grad_sync import build_gradient_sync
 from cosmocub.train.loop import Trainer, TrainState
@@ -59,9 +59,16 @@ def build_trainer(
     )
     runtime.seed_everything(runtime.rank_seed(cfg.seed, dims.rank))
     state = TrainState()
+    # One checkpoint folder per (resume-relevant config, training data): a re-run with the same
+    # inputs resumes; a changed config or new shards start afresh beside the old checkpoints,
+    # which are kept (the workflow reruns `train` exactly when those inputs change).
+    run_hash = resume_hash(
+        cfg,
+        data_identity=shard_identity(shards_dir, num_train=len(train_set), num_val=len(val_set)),
+    )
     checkpoints = CheckpointManager(
-        run_dir / "checkpoints",
-        config_hash=resume_hash(cfg),
+        run_dir / "checkpoints" / run_hash,
+        config_hash=run_hash,
         stateful={
             "model": model,
             "optimizer": optimizer,

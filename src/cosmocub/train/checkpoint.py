@@ -6,6 +6,8 @@ schedule, every rank's RNG states, the sampler position, and the hash of the res
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
 import re
 from pathlib import Path
@@ -39,22 +41,39 @@ class CheckpointMismatchError(ValueError):
     """A checkpoint was written by a run with another resume-relevant config."""
 
 
-def resume_hash(cfg: Config) -> str:
-    """Hash of seed + model + optimizer + train + preprocess, without the operational keys."""
-    values = cfg.values
+def resume_hash(cfg: Config, *, data_identity: str = "") -> str:
+    """Hash of seed + model + optimizer + train + preprocess (without the operational keys) and
+    of the training data (`data_identity`, see `shard_identity`): what a resumed run must share.
+    """
+    c = cfg
     return config_hash(
         {
-            "seed": values["seed"],
-            "model": values["model"],
-            "optimizer": values["optimizer"],
-            "train": {k: v for k, v in values["train"].items() if k not in _OPERATIONAL_TRAIN_KEYS},
+            "seed": c.seed,
+            "model": dataclasses.asdict(c.model),
+            "optimizer": dataclasses.asdict(c.optimizer),
+            "train": {
+                k: v
+                for k, v in dataclasses.asdict(c.train).items()
+                if k not in _OPERATIONAL_TRAIN_KEYS
+            },
             "preprocess": {
                 k: v
-                for k, v in values["preprocess"].items()
+                for k, v in dataclasses.asdict(c.preprocess).items()
                 if k not in _OPERATIONAL_PREPROCESS_KEYS
             },
+            "data": data_identity,
         }
     )
+
+
+def shard_identity(shards_dir: Path, *, num_train: int, num_val: int) -> str:
+    """Which data a run trains on: the exact training statistics and the split sizes.
+
+    stats.json holds exact per-channel moments of every training value, so new universes,
+    another split or another transform change it; reading it costs nothing.
+    """
+    stats = json.loads((Path(shards_dir) / "stats.json").read_text())
+    return config_hash({"stats": stats, "train": num_train, "val": num_val})
 
 
 def capture_rng_state() -> dict[str, Any]:
