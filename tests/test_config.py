@@ -128,3 +128,9 @@ def test_strings_from_snakemake_command_line_become_typed_values():
     assert cfg.train.amp == "off" and cfg.train.deterministic is True and cfg.train.epochs == 3
     assert cfg.model.dense_sizes == (32, 16) and cfg.model.dropout == 0.25
     assert str(cfg.results) == "123"  # a string where the schema wants one stays a string
+
+
+def test_num_outputs_must_match_the_four_targets(tmp_path):
+    path = write_yaml(tmp_path / "c.yaml", {"model": {"num_outputs": 1}})
+    with pytest.raises(ConfigError, match=r"'model.num_outputs': 1, but the targets are the 4"):
+        load_config(path)

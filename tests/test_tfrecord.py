@@ -195,3 +195,16 @@ def test_missing_feature_and_wrong_sizes(tmp_path: Path, small_sample) -> None:
     garbage = _write(tmp_path / "garbage.tfrecord", _frame(b"\x0a\xff\xff\xff\x0f"))
     with pytest.raises(TFRecordError, match=r"not a valid tf.train.Example"):
         read_tfrecord_sample(garbage)
+
+
+def test_example_with_a_number_where_a_message_belongs_is_a_clean_error():
+    from cosmocub.data.tfrecord import parse_example
+
+    # Field 1 of an Example (its Features) sent as a varint: wire type 0, value 5.
+    with pytest.raises(IndexError, match="field 1 should be a nested message"):
+        parse_example(bytes([0x08, 0x05]))
+    # Features → entry → value (field 2) sent as a varint.
+    entry = bytes([0x0A, 0x01, ord("x"), 0x10, 0x05])  # key "x", value: varint 5
+    features = bytes([0x0A, len(entry)]) + entry
+    with pytest.raises(IndexError, match="field 2 should be a nested message"):
+        parse_example(bytes([0x0A, len(features)]) + features)

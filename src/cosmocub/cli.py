@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -203,6 +204,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
+    # Stages report through `logging`; plain lines on stderr, as the workflow's job logs want.
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         return args.handler(args)
     except (ValueError, FileNotFoundError) as err:

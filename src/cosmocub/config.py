@@ -18,6 +18,9 @@ from typing import Any
 import jsonschema
 import yaml
 
+# The regression targets: the universes' four unitPar values.
+NUM_TARGETS = 4
+
 SCHEMA_PATH = Path(str(resources.files("cosmocub") / "schemas" / "config.schema.yaml"))
 
 
@@ -205,6 +208,11 @@ class ModelConfig:
             )
         if self.kernel_size % 2 != 1:
             raise ConfigError(f"key 'model.kernel_size': {self.kernel_size} must be odd")
+        if self.num_outputs != NUM_TARGETS:
+            raise ConfigError(
+                f"key 'model.num_outputs': {self.num_outputs}, but the targets are the "
+                f"{NUM_TARGETS} unitPar values (Omega_m, sigma_8, N_spec, H_0)"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

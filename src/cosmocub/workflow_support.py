@@ -9,9 +9,8 @@ import os
 from pathlib import Path
 
 from cosmocub.config import Config, ConfigError, write_config
+from cosmocub.tracking import PARENT_RUN_ENV  # imports no MLflow at module level
 
-# Environment variable through which jobs learn their workflow's MLflow parent run.
-PARENT_RUN_ENV = "COSMOCUB_PARENT_RUN_ID"
 # The resolved config file a workflow job reads when no --config is given.
 CONFIG_ENV = "COSMOCUB_CONFIG"
 
@@ -50,10 +49,10 @@ def start_tracking(cfg: Config) -> None:
     """Create the store once, before jobs fan out, and open this invocation's parent run."""
     if not cfg.tracking.enabled:
         return
-    from cosmocub.tracking import init_store, start_workflow_run
+    from cosmocub.tracking import start_workflow_run
 
-    init_store(cfg)
-    # Jobs are child processes of this one (locally) or inherit the environment (srun/sbatch).
+    # start_workflow_run creates the store and experiment first. Jobs are child processes of
+    # this one (locally) or inherit its environment (srun/sbatch).
     os.environ[PARENT_RUN_ENV] = start_workflow_run(cfg)
 
 

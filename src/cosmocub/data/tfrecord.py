@@ -128,9 +128,16 @@ def _fields(buf: memoryview) -> Iterator[tuple[int, int, memoryview | int]]:
             raise IndexError(f"field {number} runs past the end")
 
 
+def _message(value: object, number: int) -> memoryview:
+    """A nested message field; anything else means the bytes are not a tf.train.Example."""
+    if not isinstance(value, memoryview):
+        raise IndexError(f"field {number} should be a nested message, found a number")
+    return value
+
+
 def _parse_feature(buf: memoryview) -> tuple[str, list[memoryview] | np.ndarray]:
-    for number, _, value in _fields(buf):
-        assert isinstance(value, memoryview)
+    for number, _, raw in _fields(buf):
+        value = _message(raw, number)
         if number == 1:  # BytesList
             return "bytes", [v for n, _, v in _fields(value) if n == 1]  # type: ignore[misc]
         if number == 2:  # FloatList: packed (wire 2) or one float per field (wire 5)
@@ -158,15 +165,15 @@ def parse_example(payload: bytes | memoryview) -> dict[str, tuple[str, object]]:
     for number, _, example_field in _fields(memoryview(payload)):
         if number != 1:
             continue
-        for entry_number, _, entry in _fields(example_field):  # type: ignore[arg-type]
+        for entry_number, _, entry in _fields(_message(example_field, number)):
             if entry_number != 1:
                 continue
             key, value = "", memoryview(b"")
-            for n, _, v in _fields(entry):  # type: ignore[arg-type]
+            for n, _, v in _fields(_message(entry, entry_number)):
                 if n == 1:
-                    key = bytes(v).decode()  # type: ignore[arg-type]
+                    key = bytes(_message(v, n)).decode()
                 elif n == 2:
-                    value = v  # type: ignore[assignment]
+                    value = _message(v, n)
             features[key] = _parse_feature(value)
     return features
 

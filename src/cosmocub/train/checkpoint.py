@@ -1,4 +1,4 @@
-"""Training checkpoints: one atomic file per save under run_dir/checkpoints, the last few kept.
+"""Training checkpoints: one atomic file per save in run_dir/checkpoints/<hash>, the last few kept.
 
 A checkpoint holds everything a resumed run needs to continue bit for bit: model, optimizer,
 schedule, every rank's RNG states, the sampler position, and the hash of the resume-relevant config.

@@ -95,8 +95,10 @@ def _sync(device: torch.device) -> None:
 
 
 def _augment_generator(t: Trainer, step: int) -> torch.Generator:
-    # Seeded by (seed, rank, step): the same symmetries after a resume, different ones per rank.
-    return torch.Generator().manual_seed((t.cfg.seed * 1_000_003 + t.dims.rank) * 1_000_003 + step)
+    # Seeded by (seed, data rank, step): the same symmetries after a resume, different ones per
+    # data rank, and the same for all ranks that share a sample (a spatial group).
+    data_rank = t.dims.axis_rank("data")
+    return torch.Generator().manual_seed((t.cfg.seed * 1_000_003 + data_rank) * 1_000_003 + step)
 
 
 def _check_losses(t: Trainer, state: TrainState, pending: list[torch.Tensor]) -> float:
