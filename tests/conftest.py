@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cosmocub.config import ModelConfig, load_config
 from cosmocub.data.universe import phys_from_unit, write_universe
 
 REDSHIFTS = np.array([0.0, 0.5, 1.5, 3.0], dtype=np.float32)
@@ -42,3 +43,9 @@ def real_samples() -> list[Path]:
     if not files:
         pytest.skip(f"real CosmoFlow samples not found under {REAL_SAMPLES}")
     return files
+
+
+@pytest.fixture
+def mlperf_model_cfg() -> ModelConfig:
+    """The MLPerf HPC reference model, as config/cosmoflow-mlperf.yaml builds it."""
+    return load_config(Path(__file__).resolve().parents[1] / "config/cosmoflow-mlperf.yaml").model

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from cosmocub.config import load_config
+from cosmocub.config import ModelConfig, load_config
 from cosmocub.data.dataset import ShardDataset, open_split, read_stats, shard_path
 from cosmocub.train.testing import make_random_shards
 
@@ -115,7 +115,7 @@ def test_pickles_without_handle_and_works_in_a_worker(shards: Path) -> None:
 
 @pytest.mark.realdata
 def test_real_mlperf_sample_through_shard_and_reference_model(
-    tmp_path: Path, real_samples: list[Path]
+    tmp_path: Path, real_samples: list[Path], mlperf_model_cfg: ModelConfig
 ) -> None:
     from cosmocub.data.tfrecord import read_tfrecord_sample
     from cosmocub.models.cosmoflow import CosmoFlow
@@ -128,14 +128,7 @@ def test_real_mlperf_sample_through_shard_and_reference_model(
         f.create_dataset("y", data=y[None])
     mean = x_cdhw.mean(axis=(1, 2, 3)).tolist()
     std = x_cdhw.std(axis=(1, 2, 3)).tolist()
-    cfg = load_config(
-        None,
-        overrides={
-            "universes": {"size": 512},
-            "preprocess": {"sample_size": 128},
-            "model": {"input_size": 128, "base_filters": 32, "num_conv_blocks": 5},
-        },
-    ).model
+    cfg = mlperf_model_cfg
     ds = ShardDataset(path, mean=mean, std=std, sample_size=cfg.input_size, in_channels=4)
     x, target = ds[0]
     assert x.shape == (4, 128, 128, 128)

@@ -233,18 +233,17 @@ def test_evaluate_end_to_end(tiny_run):
         assert width > 400
 
 
-def test_evaluate_missing_model_names_path(tiny_run):
+@pytest.mark.parametrize(
+    ("remove", "message"),
+    [
+        ("run/model.pt", r"run/model.pt: trained model not found"),
+        ("shards/test.h5", r"shards/test.h5: shard not found"),
+    ],
+)
+def test_evaluate_missing_input_names_path(tiny_run, remove, message):
     cfg, shards, run_dir, out_dir, *_ = tiny_run
-    (run_dir / "model.pt").unlink()
-    with pytest.raises(FileNotFoundError, match=r"run/model.pt: trained model not found"):
-        evaluate(cfg, shards_dir=shards, run_dir=run_dir, out_dir=out_dir, tracker=None)
-    assert not out_dir.exists()
-
-
-def test_evaluate_missing_test_shard_names_path(tiny_run):
-    cfg, shards, run_dir, out_dir, *_ = tiny_run
-    (shards / "test.h5").unlink()
-    with pytest.raises(FileNotFoundError, match=r"shards/test.h5: shard not found"):
+    (run_dir.parent / remove).unlink()
+    with pytest.raises(FileNotFoundError, match=message):
         evaluate(cfg, shards_dir=shards, run_dir=run_dir, out_dir=out_dir, tracker=None)
     assert not out_dir.exists()
 

@@ -23,17 +23,6 @@ def model_cfg(**changes) -> ModelConfig:
     return cfg.model
 
 
-def mlperf_cfg() -> ModelConfig:
-    return load_config(
-        None,
-        overrides={
-            "universes": {"size": 512},
-            "preprocess": {"sample_size": 128},
-            "model": {"input_size": 128, "base_filters": 32, "num_conv_blocks": 5},
-        },
-    ).model
-
-
 def test_default_model_maps_batch_to_bounded_outputs() -> None:
     cfg = model_cfg()
     model = CosmoFlow(cfg).eval()
@@ -45,9 +34,9 @@ def test_default_model_maps_batch_to_bounded_outputs() -> None:
     assert model.head.dense0.in_features == 128 * 8
 
 
-def test_mlperf_reference_layer_sizes() -> None:
+def test_mlperf_reference_layer_sizes(mlperf_model_cfg: ModelConfig) -> None:
     with torch.device("meta"):
-        model = CosmoFlow(mlperf_cfg())
+        model = CosmoFlow(mlperf_model_cfg)
     convs = [m for m in model.conv_blocks.modules() if isinstance(m, nn.Conv3d)]
     assert [c.out_channels for c in convs] == [32, 64, 128, 256, 512]
     assert all(c.kernel_size == (3, 3, 3) and c.padding == (1, 1, 1) for c in convs)
@@ -109,8 +98,8 @@ def test_summary_flops_match_torch_flop_counter() -> None:
     assert summary["total_params"] == sum(p.numel() for p in model.parameters())
 
 
-def test_format_summary_of_reference_model() -> None:
-    text = format_summary(summarize(mlperf_cfg()))
+def test_format_summary_of_reference_model(mlperf_model_cfg: ModelConfig) -> None:
+    text = format_summary(summarize(mlperf_model_cfg))
     assert "8,907,556" in text
     assert "512x4x4x4" in text  # last pooled feature map
     assert "head.dense0" in text and "4,194,432" in text

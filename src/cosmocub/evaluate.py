@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from cosmocub.config import Config
 from cosmocub.data.augment import cube_symmetry
-from cosmocub.data.universe import BASE_PHYS_PAR, NAME_PAR
+from cosmocub.data.universe import BASE_PHYS_PAR, NAME_PAR, phys_from_unit
 from cosmocub.io import atomic_path
 
 log = logging.getLogger(__name__)
@@ -58,8 +58,8 @@ def regression_metrics(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
 
 
 def to_physical(unit: np.ndarray) -> np.ndarray:
-    """unitPar (…, 4) → physPar = base · (1 + 0.1 · u), base = (0.3, 0.8, 0.96, 70)."""
-    return BASE_PHYS_PAR * (1.0 + 0.1 * np.asarray(unit, dtype=np.float64))
+    """unitPar (…, 4) → physPar in float64, for metrics."""
+    return phys_from_unit(unit, dtype=np.float64)
 
 
 def parameter_metrics(
@@ -246,10 +246,7 @@ def predict(
             loader, desc="evaluate", unit="batch", mininterval=1 if interactive else 60
         ):
             x_bcdhw = x_bcdhw.to(device)
-            pred_bp = sum(
-                model(torch.stack([cube_symmetry(x, k) for x in x_bcdhw])).float()
-                for k in range(symmetries)
-            )
+            pred_bp = sum(model(cube_symmetry(x_bcdhw, k)).float() for k in range(symmetries))
             preds.append((pred_bp / symmetries).cpu().numpy())
             trues.append(y.numpy())
     return np.concatenate(preds).astype(np.float64), np.concatenate(trues).astype(np.float64)

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from cosmocub.config import Config, ConfigError, write_config
+from cosmocub.io import atomic_path
 from cosmocub.tracking import PARENT_RUN_ENV  # imports no MLflow at module level
 
 # The resolved config file a workflow job reads when no --config is given.
@@ -70,8 +71,5 @@ def link_universe(source: Path, dest: Path) -> None:
     from cosmocub.data.universe import read_universe_meta
 
     read_universe_meta(source)  # raises with the file and the problem
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(source.resolve())
-    os.replace(tmp, dest)
+    with atomic_path(dest) as tmp:
+        tmp.symlink_to(source.resolve())

@@ -29,12 +29,12 @@ from cosmocub.cosmology.lpt import (
 )
 from cosmocub.cosmology.pm import ParticleMeshForce, evolve_kdk, ngp_counts, step_scale_factors
 from cosmocub.cosmology.power import OMEGA_B, linear_power_spectrum
-from cosmocub.data.universe import phys_from_unit, write_universe
+from cosmocub.data.universe import REDSHIFTS, phys_from_unit, write_universe
 
 log = logging.getLogger(__name__)
 
-# Channel order of `full` (docs/formats.md).
-SNAPSHOT_REDSHIFTS: tuple[float, ...] = (0.0, 0.5, 1.5, 3.0)
+# The snapshots are the channels of `full`, in its order.
+SNAPSHOT_REDSHIFTS = REDSHIFTS
 MIN_SIZE = 8
 # Reference H0 of the public voxel size: box side = N·(H0/70) Mpc/h, i.e. 1 Mpc/h·(H0/70) voxels.
 VOXEL_H0 = 70.0

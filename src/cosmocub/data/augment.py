@@ -18,11 +18,13 @@ CUBE_SYMMETRIES: tuple[tuple[tuple[int, int, int], tuple[bool, bool, bool]], ...
 )
 
 
-def cube_symmetry(x_cdhw: torch.Tensor, index: int) -> torch.Tensor:
-    """Apply symmetry `index` (0 = identity) to one sample (C, D, H, W) with D = H = W."""
+def cube_symmetry(x: torch.Tensor, index: int) -> torch.Tensor:
+    """Apply symmetry `index` (0 = identity) to the last three dims (D, H, W), D = H = W, of a
+    sample (C, D, H, W) or a whole batch (B, C, D, H, W)."""
     perm, flips = CUBE_SYMMETRIES[index]
-    out = x_cdhw.permute(0, *(1 + p for p in perm))
-    dims = [1 + d for d, flip in enumerate(flips) if flip]
+    lead = x.dim() - 3
+    out = x.permute(*range(lead), *(lead + p for p in perm))
+    dims = [lead + d for d, flip in enumerate(flips) if flip]
     return out.flip(dims) if dims else out
 
 

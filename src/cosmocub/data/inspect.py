@@ -16,14 +16,13 @@ import numpy as np
 from cosmocub.data.tfrecord import read_tfrecord_sample
 from cosmocub.data.universe import (
     NAME_PAR,
+    REDSHIFTS,
     channel_histogram,
     histogram_moments,
     phys_from_unit,
     read_universe_meta,
 )
 
-# MLPerf files carry no redshifts; the generator's channel order is documented in docs/formats.md.
-MLPERF_REDSHIFTS = (0.0, 0.5, 1.5, 3.0)
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _GZIP_MAGIC = b"\x1f\x8b"
 _SLAB_BYTES = 64 << 20  # read universes in depth slabs of about this many bytes
@@ -77,7 +76,9 @@ def _inspect_tfrecord(path: Path) -> dict[str, Any]:
         "namePar": list(NAME_PAR),
         "unitPar": _floats(y),
         "physPar": _floats(phys_from_unit(y)),  # derived: the file holds only unitPar
-        "channels": _channel_rows(channel_histogram(x), np.array(MLPERF_REDSHIFTS)),
+        "channels": _channel_rows(
+            channel_histogram(x), np.array(REDSHIFTS)
+        ),  # MLPerf: generator's order
         "attrs": {},
     }
 

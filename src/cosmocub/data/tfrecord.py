@@ -17,9 +17,9 @@ from typing import BinaryIO
 import google_crc32c
 import numpy as np
 
+from cosmocub.data.universe import NUM_CHANNELS, NUM_PARAMS
+
 _MASK_DELTA = 0xA282EAD8
-_NUM_CHANNELS = 4
-_NUM_PARAMS = 4
 
 
 class TFRecordError(ValueError):
@@ -203,15 +203,15 @@ def read_tfrecord_sample(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarra
     if len(x_values) != 1:
         raise TFRecordError(f"{path}: feature 'x' holds {len(x_values)} byte strings, expected 1")
     raw = x_values[0]
-    voxels = len(raw) // (2 * _NUM_CHANNELS)
+    voxels = len(raw) // (2 * NUM_CHANNELS)
     side = round(voxels ** (1 / 3))
-    if side < 1 or side**3 * _NUM_CHANNELS * 2 != len(raw):
+    if side < 1 or side**3 * NUM_CHANNELS * 2 != len(raw):
         raise TFRecordError(
-            f"{path}: feature 'x' has {len(raw)} bytes, not a cube of {_NUM_CHANNELS} int16 "
+            f"{path}: feature 'x' has {len(raw)} bytes, not a cube of {NUM_CHANNELS} int16 "
             f"channels (side**3 * 8 bytes)"
         )
-    x = np.frombuffer(raw, dtype="<i2").astype(np.int16).reshape(side, side, side, _NUM_CHANNELS)
+    x = np.frombuffer(raw, dtype="<i2").astype(np.int16).reshape(side, side, side, NUM_CHANNELS)
     y = np.asarray(features["y"][1], dtype=np.float32)
-    if y.shape != (_NUM_PARAMS,):
-        raise TFRecordError(f"{path}: feature 'y' has {y.size} floats, expected {_NUM_PARAMS}")
+    if y.shape != (NUM_PARAMS,):
+        raise TFRecordError(f"{path}: feature 'y' has {y.size} floats, expected {NUM_PARAMS}")
     return x, y

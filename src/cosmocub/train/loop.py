@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from cosmocub.config import Config
 from cosmocub.data.augment import random_cube_symmetries
+from cosmocub.data.universe import NAME_PAR
 from cosmocub.io import atomic_path
 from cosmocub.optim.schedule import EpochSchedule
 from cosmocub.parallel.mesh import ParallelDims
@@ -32,19 +33,9 @@ from cosmocub.train.checkpoint import CheckpointManager
 from cosmocub.train.data import ResumableSampler
 from cosmocub.train.grad_sync import GradientSync
 
-PARAM_NAMES = ("Omega_m", "sigma_8", "N_spec", "H_0")
-
 
 class NonFiniteLossError(ValueError):
     """The loss became NaN or inf; the message names the step (earlier checkpoints are kept)."""
-
-
-def param_names(num_outputs: int) -> tuple[str, ...]:
-    return (
-        PARAM_NAMES
-        if num_outputs == len(PARAM_NAMES)
-        else tuple(f"out{i}" for i in range(num_outputs))
-    )
 
 
 @dataclass
@@ -205,7 +196,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
 def validate(t: Trainer) -> dict[str, float]:
     """MSE loss and MAE (overall and per parameter) over the whole val shard, reduced over ranks."""
     device = t.dims.device
-    names = param_names(t.cfg.model.num_outputs)
+    names = NAME_PAR  # the config checks num_outputs against these
     # sums[0] = Σ|err| per param, sums[1] = Σerr² per param; float64 so large shards add exactly.
     sums = torch.zeros(2, len(names), dtype=torch.float64, device=device)
     count = torch.zeros(1, dtype=torch.float64, device=device)
