@@ -58,6 +58,12 @@ def resolve(raw: dict[str, Any] | None, *, source: str = "<config>") -> dict[str
         err = errors[0]
         key = ".".join(str(p) for p in err.absolute_path) or "<top level>"
         raise ConfigError(f"{source}: key '{key}': {err.message}")
+    optimizer = values.get("optimizer", {})
+    if optimizer.get("name") == "lion_cub" and optimizer.get("lion_cub") is None:
+        # Absent options default to null (so that giving them to another optimizer is an
+        # error); lion_cub itself takes the schema's defaults, filled by a second pass.
+        optimizer["lion_cub"] = {}
+        assert not list(validator.iter_errors(values)), "schema defaults of lion_cub are valid"
     return values
 
 
@@ -216,6 +222,53 @@ class ModelConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MomentumSyncConfig:
+    schedule: str
+    every_steps: int
+    k: float
+    patterns: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LionCubConfig:
+    quantizer: str
+    bits: int | None
+    collective: str
+    overlap: bool
+    bucket_mb: float
+    momentum_sync: MomentumSyncConfig
+
+    def __post_init__(self) -> None:
+        if isinstance(self.momentum_sync, dict):  # built from a resolved dict
+            sync = dict(self.momentum_sync, patterns=tuple(self.momentum_sync["patterns"]))
+            object.__setattr__(self, "momentum_sync", MomentumSyncConfig(**sync))
+        if self.quantizer == "sign" and self.bits not in (None, 1):
+            raise ConfigError(
+                f"key 'optimizer.lion_cub.bits': quantizer 'sign' sends 1 bit, got bits={self.bits}"
+            )
+        if self.quantizer != "sign" and self.bits == 1:
+            raise ConfigError(
+                f"key 'optimizer.lion_cub.bits': quantizer {self.quantizer!r} needs >= 2 bits "
+                "(1 bit leaves no level besides the sign: use quantizer 'sign')"
+            )
+
+    @property
+    def resolved_bits(self) -> int:
+        return 1 if self.quantizer == "sign" else (self.bits or 8)
+
+    def check_group_size(self, data_group_size: int) -> None:
+        """The quantizer must be overflow-safe at this data-group size (known only at start)."""
+        from cosmocub.optim.quantize import quantizer_levels
+
+        try:
+            quantizer_levels(
+                self.quantizer, self.resolved_bits, data_group_size, collective=self.collective
+            )
+        except ValueError as err:
+            raise ConfigError(f"key 'optimizer.lion_cub.quantizer': {err}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
     name: str
     lr: float
@@ -226,8 +279,16 @@ class OptimizerConfig:
     warmup_epochs: int
     decay_epochs: tuple[int, ...]
     decay_factors: tuple[float, ...]
+    lion_cub: LionCubConfig | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.lion_cub, dict):  # built from a resolved dict
+            object.__setattr__(self, "lion_cub", LionCubConfig(**self.lion_cub))
+        if self.lion_cub is not None and self.name != "lion_cub":
+            raise ConfigError(
+                f"key 'optimizer.lion_cub': options given for optimizer.name {self.name!r} "
+                "(only lion_cub takes them)"
+            )
         if len(self.decay_epochs) != len(self.decay_factors):
             raise ConfigError(
                 f"key 'optimizer.decay_epochs': {len(self.decay_epochs)} epochs but "
@@ -238,7 +299,8 @@ class OptimizerConfig:
     def resolved_betas(self) -> tuple[float, float]:
         if self.betas is not None:
             return self.betas
-        return (0.9, 0.99) if self.name == "lion" else (0.9, 0.999)
+        lions = ("lion", "distributed_lion", "lion_cub")
+        return (0.9, 0.99) if self.name in lions else (0.9, 0.999)
 
 
 @dataclass(frozen=True, kw_only=True)

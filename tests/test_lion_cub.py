@@ -1,0 +1,308 @@
+"""Distributed Lion and Lion Cub: the pure pieces (quantizers, packing, vote, schedules), the
+optimizers at one data rank against Lion and lion-pytorch, config errors, and 4 gloo ranks."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch import nn
+
+from cosmocub.config import ConfigError, load_config
+from cosmocub.optim.collectives import COLLECTIVES
+from cosmocub.optim.factory import build_optimizer
+from cosmocub.optim.lion import Lion
+from cosmocub.optim.lion_cub import LionCub
+from cosmocub.optim.momentum_sync import (
+    average_momenta,
+    exponential_sync_steps,
+    is_sync_step,
+    matches,
+)
+from cosmocub.optim.packing import pack_bits, pack_codes, unpack_bits, unpack_codes
+from cosmocub.optim.quantize import (
+    OverflowUnsafeError,
+    quantize,
+    quantizer_levels,
+    tensor_scales,
+    wire_bits,
+)
+from cosmocub.optim.vote import sign_bits, tie_pattern, vote
+
+QUANTIZERS = ("sign", "l1", "linf", "l0")
+
+# --- packing ------------------------------------------------------------------------------------
+
+
+def test_pack_bits_known_patterns() -> None:
+    bits = torch.tensor(
+        [[1, 0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 1], [1, 1, 0, 1, 0, 0, 0, 1]]
+    )
+    assert pack_bits(bits).flatten().tolist() == [1, 128, 1 + 2 + 8 + 128]
+    assert unpack_bits(torch.tensor([5], dtype=torch.uint8)).tolist() == [1, 0, 1, 0, 0, 0, 0, 0]
+    assert pack_bits(torch.ones(16, dtype=torch.bool)).tolist() == [255, 255]
+
+
+def test_pack_round_trips_bits_and_codes() -> None:
+    gen = torch.Generator().manual_seed(0)
+    bits = torch.randint(0, 2, (3, 5, 1024), generator=gen, dtype=torch.uint8)
+    packed = pack_bits(bits)
+    assert packed.shape == (3, 5, 128) and packed.dtype == torch.uint8
+    assert torch.equal(unpack_bits(packed), bits)
+    for width in range(1, 9):
+        codes = torch.randint(0, 2**width, (4, 64), generator=gen, dtype=torch.uint8)
+        packed = pack_codes(codes, width)
+        assert packed.shape == (4, width, 8)  # width bytes per 8 codes
+        assert torch.equal(unpack_codes(packed, width), codes), width
+    # 3-bit codes 0..7 in plane layout: plane j is bit j of each code.
+    planes = pack_codes(torch.arange(8, dtype=torch.uint8), 3)
+    assert planes.flatten().tolist() == [0b10101010, 0b11001100, 0b11110000]
+    with pytest.raises(ValueError, match="not a multiple of 8"):
+        pack_bits(torch.ones(12, dtype=torch.uint8))
+
+
+# --- quantizers and levels ----------------------------------------------------------------------
+
+
+def test_quantizers_on_known_values() -> None:
+    c = torch.tensor([0.1, -0.2, 0.0, 0.4, -1.0, 0.5, 0.0, 0.0])
+    assert quantize(c, quantizer="sign", levels=1).tolist() == [1, -1, 0, 1, -1, 1, 0, 0]
+    # linf over two tensors [0.1,-0.2,0,0.4] (max 0.4) and [-1,0.5,0,0] (max 1), s = 3:
+    # |c|/scale·3 = 0.75, 1.5, 0, 3 | 3, 1.5, 0, 0 → rounded (half to even), at least 1 if c ≠ 0.
+    q = quantize(c, quantizer="linf", levels=3, segments=[4, 4])
+    assert q.tolist() == [1, -2, 0, 3, -3, 2, 0, 0]
+    scales = tensor_scales(c, [4, 4], "l1")
+    assert scales.tolist() == pytest.approx([0.175, 0.375])
+    l0 = tensor_scales(c, [4, 4], "l0")  # geometric mean of the non-zero |c|
+    assert l0.tolist() == pytest.approx([(0.1 * 0.2 * 0.4) ** (1 / 3), (1.0 * 0.5) ** 0.5])
+    # l1, s = 2: 0.1/0.175·2 = 1.14 → 1; 0.4/0.175·2 = 4.6 → clamped to 2.
+    assert quantize(c, quantizer="l1", levels=2, segments=[4, 4]).tolist()[:4] == [1, -2, 0, 2]
+
+
+@pytest.mark.parametrize("quantizer", QUANTIZERS[1:])
+def test_scaled_quantizers_keep_the_sign_and_the_range(quantizer: str) -> None:
+    c = torch.randn(1000, generator=torch.Generator().manual_seed(1)) ** 3  # wide range
+    c[::7] = 0.0
+    for levels in (1, 3, 127):
+        q = quantize(c, quantizer=quantizer, levels=levels, segments=[600, 400])
+        assert q.dtype == torch.int8
+        assert torch.equal(torch.sign(q), torch.sign(c).to(torch.int8))
+        assert int(q.abs().max()) == levels
+
+
+def test_levels_are_overflow_safe_for_group_sizes_1_to_128() -> None:
+    for n, bits in itertools.product(range(1, 129), range(2, 9)):
+        expected = min(2 ** (bits - 1) - 1, 127 // n)
+        if expected < 1:
+            with pytest.raises(OverflowUnsafeError, match=f"data-group size {n}"):
+                quantizer_levels("l1", bits, n, collective="allreduce")
+            continue
+        s = quantizer_levels("linf", bits, n, collective="allreduce")
+        assert s == expected and s * n <= 127
+        assert 2 * s < 2 ** wire_bits("linf", s) <= 2**bits  # codes fit the wire width
+        # N ranks all sending +s, or all −s, summed in int8 as a ring does: no wrap-around.
+        for sign in (1, -1):
+            acc = torch.zeros(1, dtype=torch.int8)
+            for _ in range(n):
+                acc += torch.tensor([sign * s], dtype=torch.int8)
+            assert int(acc) == sign * s * n
+    assert quantizer_levels("sign", 1, 127, collective="allreduce") == 1
+    assert quantizer_levels("sign", 1, 128, collective="alltoall") == 1  # summed locally
+    with pytest.raises(OverflowUnsafeError, match="128 signs"):
+        quantizer_levels("sign", 1, 128, collective="allreduce")
+    with pytest.raises(OverflowUnsafeError, match="no level"):
+        quantizer_levels("l0", 8, 128, collective="alltoall")
+
+
+# --- vote ---------------------------------------------------------------------------------------
+
+
+def test_vote_breaks_ties_and_zeros_by_the_pattern() -> None:
+    assert tie_pattern(6, step=0).tolist() == [1, -1, 1, -1, 1, -1]
+    assert tie_pattern(4, step=1, offset=2).tolist() == [-1, 1, -1, 1]
+    tie = torch.tensor([1, 1, -1, 1, -1], dtype=torch.int8)
+    total = torch.tensor([3, -2, 0, 0, 0], dtype=torch.int16)
+    assert vote(total, tie).tolist() == [1, -1, -1, 1, -1]
+    q = torch.tensor([2, -1, 0, 0, 0], dtype=torch.int8)
+    assert sign_bits(q, tie).tolist() == [1, 0, 0, 1, 0]
+
+
+# --- momentum sync ------------------------------------------------------------------------------
+
+
+def test_momentum_sync_schedules() -> None:
+    assert exponential_sync_steps(1.0, 40) == [1, 3, 7, 15, 31]
+    # k = 2: T = 1, 1+√2, +2, +2√2, +4, +4√2 = 1, 2.41, 4.41, 7.24, 11.24, 16.9
+    assert exponential_sync_steps(2.0, 17) == [1, 2, 4, 7, 11, 16]
+    exp = [s for s in range(1, 40) if is_sync_step(s, schedule="exponential", every=1, k=1.0)]
+    assert exp == [1, 3, 7, 15, 31]
+    every = [s for s in range(1, 13) if is_sync_step(s, schedule="every", every=4, k=1.0)]
+    assert every == [4, 8, 12]
+    assert not any(is_sync_step(s, schedule="never", every=1, k=1.0) for s in range(1, 50))
+    assert matches("convs.0.weight", ["convs.*"]) and not matches("dense.0.bias", ["convs.*"])
+    assert matches("anything", [])
+
+
+def test_average_momenta_over_simulated_ranks() -> None:
+    momenta = [[torch.full((2, 3), float(r)), torch.full((4,), 10.0 * r)] for r in range(4)]
+    # An all-reduce's semantics: every rank's flat buffer becomes the sum over the ranks.
+    group_sum = torch.stack([torch.cat([m.reshape(-1) for m in ms]) for ms in momenta]).sum(0)
+
+    def all_reduce_sum(x: torch.Tensor) -> None:
+        x.copy_(group_sum)
+
+    for ms in momenta:
+        assert average_momenta(ms, all_reduce_sum, 4) == 10 * 4  # fp32 payload bytes
+    for ms in momenta:  # mean of 0..3 = 1.5, of 0, 10, 20, 30 = 15
+        assert ms[0].tolist() == [[1.5] * 3] * 2 and ms[1].tolist() == [15.0] * 4
+    assert average_momenta([], all_reduce_sum, 4) == 0
+
+
+# --- optimizers at one data rank ----------------------------------------------------------------
+
+
+def _tiny_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    with torch.no_grad():
+        model[0].weight[:4] = 0.0  # 4 dead units: gradients and momenta exactly zero, c = 0
+        model[0].bias[:4] = -1.0
+    return model
+
+
+def _train_steps(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> list[torch.Tensor]:
+    """Run `steps` steps on fixed random batches; the flat parameters after each."""
+    gen = torch.Generator().manual_seed(7)
+    seen = []
+    for _ in range(steps):
+        x, y = torch.randn(8, 6, generator=gen), torch.randn(8, 3, generator=gen)
+        opt.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        seen.append(torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()]))
+    return seen
+
+
+HYPER = {"lr": 0.01, "betas": (0.9, 0.99), "weight_decay": 0.1}
+
+
+def test_lion_equals_lion_pytorch_step_for_step() -> None:
+    lion_pytorch = pytest.importorskip("lion_pytorch")
+    ours, theirs = _tiny_model(), _tiny_model()
+    a = _train_steps(ours, Lion(ours.parameters(), **HYPER), 12)
+    b = _train_steps(theirs, lion_pytorch.Lion(theirs.parameters(), **HYPER), 12)
+    for step, (x, y) in enumerate(zip(a, b, strict=True)):
+        assert torch.equal(x, y), step
+
+
+VARIANTS = [
+    {"quantizer": q, "bits": b, "collective": c, "overlap": o}
+    for q, b in (("sign", 1), ("l1", 4), ("linf", 8), ("l0", 2))
+    for c in COLLECTIVES
+    for o in (False, True)
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v.values())))
+def test_lion_cub_at_one_data_rank_equals_lion(variant: dict) -> None:
+    reference, model = _tiny_model(), _tiny_model()
+    lion = Lion(reference.parameters(), **HYPER)
+    expected = _train_steps(reference, lion, 10)
+    opt = LionCub(
+        model.named_parameters(),
+        group=None,
+        momentum_sync="every",
+        sync_every=2,
+        bucket_mb=100 * 4 / 2**20,  # ~100 values: several buckets
+        **variant,
+        **HYPER,
+    )
+    assert len(opt.buckets) > 1
+    got = _train_steps(model, opt, 10)
+    for step, (x, y) in enumerate(zip(expected, got, strict=True)):
+        assert torch.equal(x, y), step
+    for p_ref, p in zip(reference.parameters(), model.parameters(), strict=True):
+        assert torch.equal(opt.state[p]["exp_avg"], lion.state[p_ref]["exp_avg"])
+    assert opt.stats.bytes_sent == 0  # a group of one sends nothing
+
+
+def test_distributed_lion_from_config_at_one_rank_equals_lion() -> None:
+    cfg = load_config(None, overrides={"optimizer": {"name": "distributed_lion", "lr": 0.01}})
+    model, reference = _tiny_model(), _tiny_model()
+    opt = build_optimizer(model.named_parameters(), cfg.optimizer, 64)
+    assert isinstance(opt, LionCub) and opt.communicates_gradients
+    assert opt.collective.name == "allgather" and opt.spec.quantizer == "sign"
+    ref = Lion(reference.parameters(), lr=0.01, betas=(0.9, 0.99))
+    for x, y in zip(_train_steps(model, opt, 5), _train_steps(reference, ref, 5), strict=True):
+        assert torch.equal(x, y)
+
+
+def test_lion_cub_state_dict_round_trip_at_one_rank() -> None:
+    model = _tiny_model()
+    opt = LionCub(model.named_parameters(), group=None, momentum_sync="exponential", **HYPER)
+    _train_steps(model, opt, 3)
+    saved = opt.state_dict()
+    assert saved["step_count"] == 3 and saved["data_group_size"] == 1
+    first = saved["state"][0]["exp_avg_per_data_rank"]
+    assert first.shape == (1, 16, 6)
+    fresh_model = _tiny_model()
+    fresh = LionCub(fresh_model.named_parameters(), group=None, **HYPER)
+    fresh.load_state_dict(saved)
+    assert fresh.step_count == 3
+    for p, q in zip(model.parameters(), fresh_model.parameters(), strict=True):
+        assert torch.equal(opt.state[p]["exp_avg"], fresh.state[q]["exp_avg"])
+    # The loaded momentum lives in the bucket buffer that the step updates.
+    (bucket,) = fresh.buckets
+    for p, view in zip(bucket.params, bucket.views, strict=True):
+        assert fresh.state[p]["exp_avg"] is view
+    assert bucket.momentum.abs().sum() > 0
+    saved["data_group_size"] = 4
+    with pytest.raises(ValueError, match="4 data ranks' momenta, this run has 1"):
+        fresh.load_state_dict(saved)
+
+
+# --- config errors ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "message"),
+    [
+        ({"name": "lion_cub", "lion_cub": {"quantizer": "l2"}}, "optimizer.lion_cub.quantizer"),
+        ({"name": "lion_cub", "lion_cub": {"collective": "ring"}}, "optimizer.lion_cub.collective"),
+        ({"name": "lion_cub", "lion_cub": {"quantizer": "l1", "bits": 9}}, "lion_cub.bits"),
+        ({"name": "lion_cub", "lion_cub": {"quantizer": "l1", "bits": 1}}, "needs >= 2 bits"),
+        ({"name": "lion_cub", "lion_cub": {"bits": 4}}, "'sign' sends 1 bit, got bits=4"),
+        (
+            {"name": "lion", "lion_cub": {"quantizer": "l1"}},
+            "options given for optimizer.name 'lion'",
+        ),
+        ({"name": "distributed_lion", "lion_cub": {}}, "key 'optimizer.lion_cub'"),
+        (
+            {"name": "lion_cub", "lion_cub": {"momentum_sync": {"schedule": "sometimes"}}},
+            "optimizer.lion_cub.momentum_sync.schedule",
+        ),
+    ],
+)
+def test_bad_lion_cub_options_name_the_key(optimizer: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides={"optimizer": optimizer})
+
+
+def test_lion_cub_defaults_and_group_size_check() -> None:
+    cfg = load_config(None, overrides={"optimizer": {"name": "lion_cub"}})
+    lc = cfg.optimizer.lion_cub
+    assert lc is not None and (lc.quantizer, lc.resolved_bits, lc.collective) == (
+        "sign",
+        1,
+        "alltoall",
+    )
+    assert cfg.optimizer.resolved_betas == (0.9, 0.99)
+    assert cfg.values["optimizer"]["lion_cub"]["momentum_sync"]["schedule"] == "never"
+    assert load_config(None).optimizer.lion_cub is None
+    cfg = load_config(
+        None, overrides={"optimizer": {"name": "lion_cub", "lion_cub": {"quantizer": "l1"}}}
+    )
+    cfg.optimizer.lion_cub.check_group_size(127)
+    with pytest.raises(ConfigError, match=r"optimizer.lion_cub.quantizer.*data-group size 128"):
+        cfg.optimizer.lion_cub.check_group_size(128)
