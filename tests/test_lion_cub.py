@@ -4,6 +4,10 @@ optimizers at one data rank against Lion and lion-pytorch, config errors, and 4 
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -306,3 +310,130 @@ def test_lion_cub_defaults_and_group_size_check() -> None:
     cfg.optimizer.lion_cub.check_group_size(127)
     with pytest.raises(ConfigError, match=r"optimizer.lion_cub.quantizer.*data-group size 128"):
         cfg.optimizer.lion_cub.check_group_size(128)
+
+
+# --- four gloo ranks ----------------------------------------------------------------------------
+
+FOUR_RANKS = """
+import itertools, sys, torch, torch.distributed as dist
+from torch import nn
+from cosmocub.optim.collectives import (COLLECTIVES, CommStats, WireSpec, build_collective,
+                                        wire_values)
+from cosmocub.optim.lion_cub import LionCub
+from cosmocub.optim.quantize import quantize, quantizer_levels, wire_bits
+from cosmocub.optim.vote import tie_pattern, vote
+
+dist.init_process_group("gloo")
+rank, P = dist.get_rank(), dist.get_world_size()
+group = dist.new_group(list(range(P)))
+
+def q_of(r, n, quantizer, levels, case):
+    c = torch.randn(n, generator=torch.Generator().manual_seed(1000 * case + r))
+    c[::5] = 0.0  # zeros: a 1-bit wire must send them as the tie pattern
+    if case % 3 == 0:
+        c[: n // 2] = 0.0  # whole runs of zeros: many ties
+    return quantize(c, quantizer=quantizer, levels=levels, segments=[n // 2, n - n // 2])
+
+cases = 0
+for case, (quantizer, bits, n, step) in enumerate(itertools.product(
+        ("sign", "l1", "linf", "l0"), (2, 4, 8), (1, 7, 8, 33, 1000), (0, 1))):
+    if quantizer == "sign" and bits != 2:
+        continue
+    bits = 1 if quantizer == "sign" else bits
+    levels = quantizer_levels(quantizer, bits, P, collective="allreduce")
+    spec = WireSpec(quantizer, levels, wire_bits(quantizer, levels))
+    tie = tie_pattern(n, step=step)
+    # Every rank can rebuild every rank's q: the expected vote without any communication.
+    total = sum(wire_values(q_of(r, n, quantizer, levels, case), tie, spec).to(torch.int16)
+                for r in range(P))
+    expected = vote(total, tie)
+    q = q_of(rank, n, quantizer, levels, case)
+    for name in COLLECTIVES:
+        stats = CommStats()
+        coll = build_collective(name, group, stats)
+        got = coll.finish(coll.start(q, tie, spec), spec)
+        assert torch.equal(got, expected), (name, quantizer, bits, n, step)
+        assert stats.bytes_sent > 0
+    cases += 1
+
+# Bytes at n = 1024·P, 1-bit: alltoall+allgather 2(P-1)/P·n/8; allgather (P-1)·n/8;
+# allreduce 2(P-1)/P·n.
+n = 1024 * P
+spec = WireSpec("sign", 1, 1)
+sent = {}
+for name in COLLECTIVES:
+    stats = CommStats()
+    coll = build_collective(name, group, stats)
+    coll.finish(coll.start(torch.ones(n, dtype=torch.int8), tie_pattern(n, step=0), spec), spec)
+    sent[name] = stats.bytes_sent
+assert sent == {"alltoall": 2 * (P - 1) / P * n / 8, "allgather": (P - 1) * n / 8,
+                "allreduce": 2 * (P - 1) / P * n}, sent
+
+# The optimizer: the same local gradients give the same parameters under every collective and
+# with or without overlap; parameters stay identical across ranks; momenta differ until synced.
+def run(collective, overlap, quantizer="l1", bits=4):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 12), nn.Tanh(), nn.Linear(12, 2))
+    opt = LionCub(model.named_parameters(), group=group, lr=0.01, weight_decay=0.1,
+                  quantizer=quantizer, bits=bits, collective=collective, overlap=overlap,
+                  momentum_sync="every", sync_every=3, sync_patterns=["0.*"],
+                  bucket_mb=40 * 4 / 2**20)
+    gen = torch.Generator().manual_seed(rank)
+    for _ in range(4):
+        x, y = torch.randn(6, 5, generator=gen), torch.randn(6, 2, generator=gen)
+        opt.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return model, opt
+
+ref_model, ref_opt = run("allreduce", False)
+flat = torch.cat([p.detach().reshape(-1) for p in ref_model.parameters()])
+everyone = [torch.empty_like(flat) for _ in range(P)]
+dist.all_gather(everyone, flat, group=group)
+assert all(torch.equal(everyone[0], x) for x in everyone)
+for collective, overlap in itertools.product(COLLECTIVES, (False, True)):
+    model, _ = run(collective, overlap)
+    for a, b in zip(ref_model.parameters(), model.parameters()):
+        assert torch.equal(a, b), (collective, overlap)
+# Momentum synced at step 3 for layer 0 only, then one local step: layer 0's momenta are
+# β2·mean + (1-β2)·g_local; check the sync itself by replaying: state_dict has every rank's.
+saved = ref_opt.state_dict()
+per_rank = saved["state"]
+assert saved["data_group_size"] == P and saved["step_count"] == 4
+w2 = per_rank[2]["exp_avg_per_data_rank"]  # layer 2 weight: never synced, ranks differ
+assert w2.shape == (P, 2, 12) and not torch.equal(w2[0], w2[1])
+mine = ref_opt.state[list(ref_model.parameters())[2]]["exp_avg"]
+assert torch.equal(w2[rank], mine)
+_, synced = run("alltoall", False, quantizer="sign", bits=1)
+def gather(t):
+    out = [torch.empty_like(t) for _ in range(P)]
+    dist.all_gather(out, t.contiguous(), group=group)
+    return out
+
+m0, m2 = (synced.state[synced.param_groups[0]["params"][i]]["exp_avg"] for i in (0, 2))
+before0, before2 = gather(m0), gather(m2)
+assert not torch.equal(before0[0], before0[1])
+synced._average_momenta()  # patterns ["0.*"]: layer 0 only
+after0, after2 = gather(m0), gather(m2)
+assert all(torch.equal(after0[0], g) for g in after0)
+assert torch.allclose(after0[0], torch.stack(before0).mean(0), atol=1e-7)
+assert all(torch.equal(a, b) for a, b in zip(before2, after2))  # layer 2 untouched
+print(f"rank {rank}: {cases} cases OK", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_four_gloo_ranks_collectives_agree(tmp_path: Path) -> None:
+    script = tmp_path / "four.py"
+    script.write_text(FOUR_RANKS)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    proc = subprocess.run(
+        [*launcher, "--nproc-per-node=4", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.count("cases OK") == 4, proc.stdout

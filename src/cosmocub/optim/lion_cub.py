@@ -209,8 +209,9 @@ class LionCub(Optimizer):
         """A collective over the data group: every rank must call it (the checkpoint does)."""
         flat = torch.cat([b.momentum for b in self.buckets]) if self.buckets else torch.zeros(0)
         if self.group_size > 1:
-            gathered = flat.new_empty(self.group_size, flat.numel())
+            gathered = flat.new_empty(self.group_size * flat.numel())
             all_gather_flat(gathered, flat, group=self.group)
+            gathered = gathered.view(self.group_size, -1)
         else:
             gathered = flat.unsqueeze(0)
         gathered = gathered.cpu()

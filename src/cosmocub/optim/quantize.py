@@ -61,10 +61,11 @@ def tensor_scales(c: torch.Tensor, segments: Sequence[int], quantizer: str) -> t
     geometric mean of the non-zero |c| (0 for an all-zero tensor)."""
     a = c.abs()
     parts = torch.split(a, list(segments))
+    empty = a.new_zeros(())  # an empty tensor has nothing to scale
     if quantizer == "l1":
-        return torch.stack([p.mean() for p in parts])
+        return torch.stack([p.mean() if p.numel() else empty for p in parts])
     if quantizer == "linf":
-        return torch.stack([p.amax() for p in parts])
+        return torch.stack([p.amax() if p.numel() else empty for p in parts])
     if quantizer == "l0":
         scales = []
         for p in parts:
