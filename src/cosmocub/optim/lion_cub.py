@@ -93,8 +93,8 @@ class LionCub(Optimizer):
         named = [(n, p) for n, p in named_params if p.requires_grad]
         params = [p for _, p in named]
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
-        self.stats = CommStats()
-        self.collective = build_collective(collective, group, self.stats)
+        self.comm_stats = CommStats()
+        self.collective = build_collective(collective, group, self.comm_stats)
         self.group, self.group_size = group, self.collective.size
         levels = quantizer_levels(quantizer, bits, self.group_size, collective=collective)
         self.spec = WireSpec(quantizer, levels, wire_bits(quantizer, levels))
@@ -172,7 +172,7 @@ class LionCub(Optimizer):
             return updates
 
         updates, seconds = self._timed(exchange)
-        self.stats.exchange_s += seconds
+        self.comm_stats.exchange_s += seconds
         for bucket, update in zip(self.buckets, updates, strict=True):
             update = update.to(bucket.momentum.dtype)
             offset = 0
@@ -186,7 +186,7 @@ class LionCub(Optimizer):
         self.step_count = step
         if self.group_size > 1 and is_sync_step(step, **self.sync):
             _, seconds = self._timed(self._average_momenta)
-            self.stats.momentum_sync_s += seconds
+            self.comm_stats.momentum_sync_s += seconds
         return loss
 
     def _average_momenta(self) -> None:
@@ -201,7 +201,7 @@ class LionCub(Optimizer):
             dist.all_reduce(x, group=self.group)
 
         payload = average_momenta(momenta, all_reduce_sum, self.group_size)
-        self.stats.bytes_sent += ring_allreduce_bytes(payload, self.group_size)
+        self.comm_stats.bytes_sent += ring_allreduce_bytes(payload, self.group_size)
 
     # -- checkpoints: every data rank's momentum, and the schedule's position -----------------
 
