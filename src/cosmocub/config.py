@@ -56,15 +56,27 @@ def resolve(raw: dict[str, Any] | None, *, source: str = "<config>") -> dict[str
     errors = sorted(validator.iter_errors(values), key=lambda e: list(e.absolute_path))
     if errors:
         err = errors[0]
+        while err.context:  # an anyOf: name the option that is wrong, not just its section
+            err = max(err.context, key=_relevance)
         key = ".".join(str(p) for p in err.absolute_path) or "<top level>"
         raise ConfigError(f"{source}: key '{key}': {err.message}")
+    return values
+
+
+def _fill_lion_cub_defaults(values: dict[str, Any]) -> None:
+    """optimizer.lion_cub defaults to null, so that options given to another optimizer can be
+    refused; lion_cub itself then takes the schema's defaults, filled here in place."""
     optimizer = values.get("optimizer", {})
     if optimizer.get("name") == "lion_cub" and optimizer.get("lion_cub") is None:
-        # Absent options default to null (so that giving them to another optimizer is an
-        # error); lion_cub itself takes the schema's defaults, filled by a second pass.
         optimizer["lion_cub"] = {}
+        validator = _validator_filling_defaults()(load_schema())
         assert not list(validator.iter_errors(values)), "schema defaults of lion_cub are valid"
-    return values
+
+
+def _relevance(err: jsonschema.ValidationError) -> tuple[int, bool, bool]:
+    # Deepest first, then an error other than a type mismatch, then one from a branch other
+    # than the first (the first anyOf branch of a nullable section is the null).
+    return (len(err.absolute_path), err.validator != "type", err.relative_schema_path[0] != 0)
 
 
 def coerce_cli_strings(values: dict[str, Any]) -> dict[str, Any]:
@@ -78,6 +90,8 @@ def coerce_cli_strings(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _coerce(value: Any, schema: dict[str, Any]) -> Any:
+    if isinstance(value, dict) and "anyOf" in schema:  # e.g. optimizer.lion_cub: null or options
+        schema = next((s for s in schema["anyOf"] if "properties" in s), schema)
     if isinstance(value, dict):
         for key, sub in value.items():
             if key in schema.get("properties", {}):
@@ -379,6 +393,7 @@ def _tuple_fields(cls, section: dict[str, Any]) -> dict[str, Any]:
 
 def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
     """Build the typed config from a resolved dict (see `resolve`)."""
+    _fill_lion_cub_defaults(values)
     try:
         pre = dict(values["preprocess"])
         pre["splits"] = SplitRatios(**pre["splits"])
