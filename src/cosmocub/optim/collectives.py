@@ -111,7 +111,7 @@ class Collective:
     def finish(self, pending: Pending, spec: WireSpec) -> torch.Tensor:
         """The (n,) int8 update sign, identical on every rank of the group."""
         if self.size == 1:
-            return torch.sign(pending.q)  # one rank: no vote, Lion's own sign(c)
+            return pending.q.sign_()  # one rank: no vote, Lion's own sign(c); q is spent
         return self._finish(pending, spec)
 
     def _start(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> Pending:

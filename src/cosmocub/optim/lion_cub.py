@@ -36,6 +36,11 @@ class _Bucket:
     params: list[torch.Tensor]
     momentum: torch.Tensor  # flat (n,)
     ties: tuple[torch.Tensor, torch.Tensor]  # tie pattern on even and odd steps
+    # Reused every step: c, then the update as floats; q. Fresh n-sized tensors per step cost
+    # more than the arithmetic on a CPU (page faults of large allocations).
+    scratch: torch.Tensor
+    q: torch.Tensor
+    work: torch.Tensor  # a scaled quantizer's |c|
     ready: int = 0  # parameters whose gradient is accumulated this step (overlap)
     pending: Pending | None = None
     views: list[torch.Tensor] = field(default_factory=list)
@@ -112,7 +117,9 @@ class LionCub(Optimizer):
         n = sum(p.numel() for p in params)
         momentum = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
         even = tie_pattern(n, step=0, device=momentum.device)
-        bucket = _Bucket(params, momentum, (even, -even))
+        q = torch.zeros(n, dtype=torch.int8, device=momentum.device)
+        work = torch.zeros_like(momentum) if self.spec.quantizer != "sign" else momentum[:0]
+        bucket = _Bucket(params, momentum, (even, -even), torch.zeros_like(momentum), q, work)
         offset = 0
         for p in params:
             bucket.views.append(momentum[offset : offset + p.numel()].view_as(p))
@@ -128,13 +135,25 @@ class LionCub(Optimizer):
 
     def _start(self, bucket: _Bucket, step: int) -> None:
         beta1 = self.param_groups[0]["betas"][0]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket.params]
-        g = torch.cat([x.reshape(-1) for x in grads])
-        c = bucket.momentum.mul(beta1).add_(g, alpha=1.0 - beta1)  # (n,)
-        q = quantize(
-            c, quantizer=self.spec.quantizer, levels=self.spec.levels, segments=bucket.sizes
-        )
-        bucket.pending = self.collective.start(q, bucket.ties[step % 2], self.spec)
+        c, offset = bucket.scratch, 0  # c = β1·m + (1−β1)·g, per tensor as lion_update does
+        for p, m in zip(bucket.params, bucket.views, strict=True):
+            c_p = c[offset : offset + p.numel()].view_as(p)
+            torch.mul(m, beta1, out=c_p)
+            if p.grad is not None:
+                c_p.add_(p.grad, alpha=1.0 - beta1)
+            offset += p.numel()
+        if self.spec.quantizer == "sign":
+            bucket.q.copy_(c.sign_())  # = quantize(c, "sign"), without a fresh tensor
+        else:
+            quantize(
+                c,
+                quantizer=self.spec.quantizer,
+                levels=self.spec.levels,
+                segments=bucket.sizes,
+                out=bucket.q,
+                work=bucket.work,
+            )
+        bucket.pending = self.collective.start(bucket.q, bucket.ties[step % 2], self.spec)
 
     def _grad_ready(self, p: torch.Tensor) -> None:
         bucket = self._bucket_of[id(p)]
@@ -174,7 +193,7 @@ class LionCub(Optimizer):
         updates, seconds = self._timed(exchange)
         self.comm_stats.exchange_s += seconds
         for bucket, update in zip(self.buckets, updates, strict=True):
-            update = update.to(bucket.momentum.dtype)
+            update = bucket.scratch.copy_(update)  # c is spent: its buffer holds the update
             offset = 0
             for p, m in zip(bucket.params, bucket.views, strict=True):
                 n = p.numel()

@@ -58,8 +58,11 @@ def wire_bits(quantizer: str, levels: int) -> int:
 
 def tensor_scales(c: torch.Tensor, segments: Sequence[int], quantizer: str) -> torch.Tensor:
     """One scale per parameter tensor (a segment of the flat c): mean|c|, max|c|, or the
-    geometric mean of the non-zero |c| (0 for an all-zero tensor)."""
-    a = c.abs()
+    geometric mean of the non-zero |c| (0 for an all-zero or empty tensor)."""
+    return _scales_of_abs(c.abs(), segments, quantizer)
+
+
+def _scales_of_abs(a: torch.Tensor, segments: Sequence[int], quantizer: str) -> torch.Tensor:
     parts = torch.split(a, list(segments))
     empty = a.new_zeros(())  # an empty tensor has nothing to scale
     if quantizer == "l1":
@@ -70,28 +73,41 @@ def tensor_scales(c: torch.Tensor, segments: Sequence[int], quantizer: str) -> t
         scales = []
         for p in parts:
             nonzero = p[p > 0]
-            scales.append(nonzero.log().mean().exp() if nonzero.numel() else p.new_zeros(()))
+            scales.append(nonzero.log().mean().exp() if nonzero.numel() else empty)
         return torch.stack(scales)
     raise ValueError(f"unknown scaled quantizer {quantizer!r} ({', '.join(SCALED_QUANTIZERS)})")
 
 
 def quantize(
-    c: torch.Tensor, *, quantizer: str, levels: int, segments: Sequence[int] | None = None
+    c: torch.Tensor,
+    *,
+    quantizer: str,
+    levels: int,
+    segments: Sequence[int] | None = None,
+    out: torch.Tensor | None = None,
+    work: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Flat c (n,) → int8 q (n,) in {−levels, …, levels}, with sign(q) = sign(c) everywhere.
 
     Scaled: q = sign(c)·clamp(round(|c|/scale · s), 1, s). A non-zero c keeps at least level 1
     (it is never silenced by rounding), so with one rank sign(q) is exactly Lion's sign(c).
     `segments` are the sizes of the parameter tensors laid end to end in c (default: one).
+    `out` (int8) and `work` (like c) are reused buffers, so that a step allocates (almost) no
+    n-sized tensors; c is left unchanged.
     """
+    out = torch.empty(c.shape, dtype=torch.int8, device=c.device) if out is None else out
     if quantizer == "sign":
-        return torch.sign(c).to(torch.int8)
+        return out.copy_(torch.sign(c))
     segments = [c.numel()] if segments is None else list(segments)
     if sum(segments) != c.numel():
         raise ValueError(f"quantize: segments sum to {sum(segments)}, c has {c.numel()} values")
-    scale = tensor_scales(c, segments, quantizer)
-    scale_per_value = torch.repeat_interleave(scale, torch.tensor(segments, device=c.device))
-    # A zero scale means an all-zero tensor; any positive divisor leaves its q at 0.
-    ratio = c.abs() / torch.where(scale_per_value > 0, scale_per_value, 1.0)
-    magnitude = ratio.mul_(levels).round_().clamp_(1, levels)
-    return (torch.sign(c) * magnitude).to(torch.int8)
+    a = torch.abs(c, out=torch.empty_like(c) if work is None else work)
+    scale = _scales_of_abs(a, segments, quantizer)
+    # levels/scale per tensor; a zero scale means an all-zero tensor, whose q stays 0.
+    factor = torch.where(scale > 0, levels / torch.where(scale > 0, scale, 1.0), 0.0)
+    offset = 0
+    for i, size in enumerate(segments):
+        a[offset : offset + size].mul_(factor[i])
+        offset += size
+    a.round_().clamp_(1, levels).mul_(torch.sign(c))  # sign(0) = 0 undoes the clamp's 1
+    return out.copy_(a)
