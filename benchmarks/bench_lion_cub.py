@@ -228,13 +228,21 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--batch", type=int, default=2, help="samples per rank (overlap table)")
     parser.add_argument("--pack-mb", type=int, default=64, help="values per pack test, in Mi")
+    parser.add_argument(
+        "--local-only", action="store_true", help="only the one-process tables (step, packing)"
+    )
     args = parser.parse_args()
     n_params = sum(p.numel() for p in _model(args).parameters())
     print(
         f"model: CosmoFlow, {n_params} parameters; {args.ranks} gloo ranks; "
         f"torch {torch.__version__}"
     )
+    if not args.local_only:
+        _distributed_tables(args)
+    _local_tables(args)
 
+
+def _distributed_tables(args: argparse.Namespace) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -264,6 +272,8 @@ def main() -> None:
     for label, plain, over in overlap_rows:
         print(f"{label:28} {1e3 * plain:15.1f} {1e3 * over:11.1f} {over / plain:6.2f}")
 
+
+def _local_tables(args: argparse.Namespace) -> None:
     print("\nOptimizer step, one process, same parameters and gradients (ms; min is the")
     print("robust figure on a shared machine, the median shows allocation and preemption)")
     single = _single_process_steps(args)
