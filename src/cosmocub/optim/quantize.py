@@ -70,11 +70,12 @@ def _scales_of_abs(a: torch.Tensor, segments: Sequence[int], quantizer: str) -> 
     if quantizer == "linf":
         return torch.stack([p.amax() if p.numel() else empty for p in parts])
     if quantizer == "l0":
-        scales = []
-        for p in parts:
-            nonzero = p[p > 0]
-            scales.append(nonzero.log().mean().exp() if nonzero.numel() else empty)
-        return torch.stack(scales)
+        # exp(mean log|c|) over the non-zero |c|: zeros add log 1 = 0 to the sum, not to the count.
+        nonzero = a > 0
+        logs = torch.where(nonzero, a, 1.0).log_()
+        sums = torch.stack([x.sum() for x in torch.split(logs, list(segments))])
+        counts = torch.stack([x.sum() for x in torch.split(nonzero, list(segments))])
+        return torch.where(counts > 0, (sums / counts.clamp(min=1)).exp(), 0.0)
     raise ValueError(f"unknown scaled quantizer {quantizer!r} ({', '.join(SCALED_QUANTIZERS)})")
 
 
