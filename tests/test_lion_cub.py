@@ -544,3 +544,23 @@ def test_two_rank_lion_cub_resumes_exactly(tmp_path: Path, shards32: Path) -> No
         assert m.shape[0] == 2 and torch.equal(m, sb["state"][i]["exp_avg_per_data_rank"])
     # Step 8 is not a sync step (3, 6): the two ranks' momenta differ, and both were kept.
     assert not torch.equal(m[0], m[1])
+
+
+def test_build_refuses_unsafe_group_size_and_spatial_overlap() -> None:
+    from types import SimpleNamespace
+
+    model = _tiny_model()
+    cfg = load_config(
+        None, overrides={"optimizer": {"name": "lion_cub", "lion_cub": {"quantizer": "l0"}}}
+    )
+    # The checks run before any group is asked for: a stand-in for ParallelDims is enough.
+    dims = SimpleNamespace(data=128, spatial=1)
+    with pytest.raises(ConfigError, match=r"optimizer.lion_cub.quantizer.*size 128.*no level"):
+        build_optimizer(model.named_parameters(), cfg.optimizer, 64, dims=dims)  # type: ignore[arg-type]
+    cfg = load_config(
+        None, overrides={"optimizer": {"name": "lion_cub", "lion_cub": {"overlap": True}}}
+    )
+    with pytest.raises(ConfigError, match=r"optimizer.lion_cub.overlap.*spatial = 2"):
+        build_optimizer(
+            model.named_parameters(), cfg.optimizer, 64, dims=SimpleNamespace(data=1, spatial=2)
+        )  # type: ignore[arg-type]

@@ -76,7 +76,8 @@ def _fill_lion_cub_defaults(values: dict[str, Any]) -> None:
 def _relevance(err: jsonschema.ValidationError) -> tuple[int, bool, bool]:
     # Deepest first, then an error other than a type mismatch, then one from a branch other
     # than the first (the first anyOf branch of a nullable section is the null).
-    return (len(err.absolute_path), err.validator != "type", err.relative_schema_path[0] != 0)
+    branch = err.relative_schema_path[0] if err.relative_schema_path else 0
+    return (len(err.absolute_path), err.validator != "type", branch != 0)
 
 
 def coerce_cli_strings(values: dict[str, Any]) -> dict[str, Any]:

@@ -58,20 +58,22 @@ def _build_lion_cub(
     lr: float,
     dims: ParallelDims | None,
 ) -> LionCub:
-    group = dims.group("data") if dims is not None and dims.data > 1 else None
     common = {"lr": lr, "betas": cfg.resolved_betas, "weight_decay": cfg.weight_decay}
     if cfg.name == "distributed_lion":
         # The plain form (Liu et al. 2024): 1-bit signs gathered by all, voted locally, momenta
         # never averaged.
-        return LionCub(named, group=group, quantizer="sign", collective="allgather", **common)
+        return LionCub(
+            named, group=_data_group(dims), quantizer="sign", collective="allgather", **common
+        )
     lc = cfg.lion_cub
-    assert lc is not None, "config.resolve fills lion_cub's defaults"
+    assert lc is not None, "config.from_values fills lion_cub's defaults"
     lc.check_group_size(dims.data if dims is not None else 1)
     if lc.overlap and dims is not None and dims.spatial > 1:
         raise ConfigError(
             "key 'optimizer.lion_cub.overlap': needs a spatial group of 1 (gradients are reduced "
             f"over the spatial group after backward; here spatial = {dims.spatial})"
         )
+    group = _data_group(dims)
     sync = lc.momentum_sync
     return LionCub(
         named,
@@ -87,6 +89,10 @@ def _build_lion_cub(
         bucket_mb=lc.bucket_mb,
         **common,
     )
+
+
+def _data_group(dims: ParallelDims | None) -> torch.distributed.ProcessGroup | None:
+    return dims.group("data") if dims is not None and dims.data > 1 else None
 
 
 def build_schedule(
