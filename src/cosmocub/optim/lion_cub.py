@@ -155,7 +155,10 @@ class LionCub(Optimizer):
             )
         bucket.pending = self.collective.start(bucket.q, bucket.ties[step % 2], self.spec)
 
+    @torch.no_grad()
     def _grad_ready(self, p: torch.Tensor) -> None:
+        # One backward per step (no gradient accumulation): a bucket starts when the last of its
+        # parameters has its gradient, and `step` finishes it.
         bucket = self._bucket_of[id(p)]
         bucket.ready += 1
         if bucket.ready == len(bucket.params):
