@@ -564,3 +564,25 @@ def test_build_refuses_unsafe_group_size_and_spatial_overlap() -> None:
         build_optimizer(
             model.named_parameters(), cfg.optimizer, 64, dims=SimpleNamespace(data=1, spatial=2)
         )  # type: ignore[arg-type]
+
+
+def test_one_process_training_with_lion_cub_is_lion(tmp_path: Path) -> None:
+    from cosmocub.train.main import train
+
+    shards = make_random_shards(tmp_path / "s", counts={"train": 8, "val": 4}, size=8)
+    runs = {}
+    for name, optimizer in {
+        "lion": {"name": "lion"},
+        "cub": {"name": "lion_cub", "lion_cub": {"quantizer": "linf", "bits": 3}},
+    }.items():
+        values = json.loads(json.dumps(LION_TINY))
+        values["optimizer"].update(optimizer)
+        values["train"].update(epochs=2, local_batch_size=4, deterministic=False)
+        cfg = load_config(None, overrides=values)
+        train(cfg, shards_dir=shards, run_dir=tmp_path / name)
+        runs[name] = _records(tmp_path / name)
+    a = torch.load(tmp_path / "lion/model.pt", weights_only=True)["state_dict"]
+    b = torch.load(tmp_path / "cub/model.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["val_loss"] for r in runs["lion"]] == [r["val_loss"] for r in runs["cub"]]
+    assert runs["lion"][-1]["comm_bytes_per_step"] == runs["cub"][-1]["comm_bytes_per_step"] == 0
