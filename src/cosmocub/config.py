@@ -56,9 +56,28 @@ def resolve(raw: dict[str, Any] | None, *, source: str = "<config>") -> dict[str
     errors = sorted(validator.iter_errors(values), key=lambda e: list(e.absolute_path))
     if errors:
         err = errors[0]
+        while err.context:  # an anyOf: name the option that is wrong, not just its section
+            err = max(err.context, key=_relevance)
         key = ".".join(str(p) for p in err.absolute_path) or "<top level>"
         raise ConfigError(f"{source}: key '{key}': {err.message}")
     return values
+
+
+def _fill_lion_cub_defaults(values: dict[str, Any]) -> None:
+    """optimizer.lion_cub defaults to null, so that options given to another optimizer can be
+    refused; lion_cub itself then takes the schema's defaults, filled here in place."""
+    optimizer = values.get("optimizer", {})
+    if optimizer.get("name") == "lion_cub" and optimizer.get("lion_cub") is None:
+        optimizer["lion_cub"] = {}
+        validator = _validator_filling_defaults()(load_schema())
+        assert not list(validator.iter_errors(values)), "schema defaults of lion_cub are valid"
+
+
+def _relevance(err: jsonschema.ValidationError) -> tuple[int, bool, bool]:
+    # Deepest first, then an error other than a type mismatch, then one from a branch other
+    # than the first (the first anyOf branch of a nullable section is the null).
+    branch = err.relative_schema_path[0] if err.relative_schema_path else 0
+    return (len(err.absolute_path), err.validator != "type", branch != 0)
 
 
 def coerce_cli_strings(values: dict[str, Any]) -> dict[str, Any]:
@@ -72,6 +91,8 @@ def coerce_cli_strings(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _coerce(value: Any, schema: dict[str, Any]) -> Any:
+    if isinstance(value, dict) and "anyOf" in schema:  # e.g. optimizer.lion_cub: null or options
+        schema = next((s for s in schema["anyOf"] if "properties" in s), schema)
     if isinstance(value, dict):
         for key, sub in value.items():
             if key in schema.get("properties", {}):
@@ -216,6 +237,53 @@ class ModelConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MomentumSyncConfig:
+    schedule: str
+    every_steps: int
+    k: float
+    patterns: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LionCubConfig:
+    quantizer: str
+    bits: int | None
+    collective: str
+    overlap: bool
+    bucket_mb: float
+    momentum_sync: MomentumSyncConfig
+
+    def __post_init__(self) -> None:
+        if isinstance(self.momentum_sync, dict):  # built from a resolved dict
+            sync = dict(self.momentum_sync, patterns=tuple(self.momentum_sync["patterns"]))
+            object.__setattr__(self, "momentum_sync", MomentumSyncConfig(**sync))
+        if self.quantizer == "sign" and self.bits not in (None, 1):
+            raise ConfigError(
+                f"key 'optimizer.lion_cub.bits': quantizer 'sign' sends 1 bit, got bits={self.bits}"
+            )
+        if self.quantizer != "sign" and self.bits == 1:
+            raise ConfigError(
+                f"key 'optimizer.lion_cub.bits': quantizer {self.quantizer!r} needs >= 2 bits "
+                "(1 bit leaves no level besides the sign: use quantizer 'sign')"
+            )
+
+    @property
+    def resolved_bits(self) -> int:
+        return 1 if self.quantizer == "sign" else (self.bits or 8)
+
+    def check_group_size(self, data_group_size: int) -> None:
+        """The quantizer must be overflow-safe at this data-group size (known only at start)."""
+        from cosmocub.optim.quantize import quantizer_levels
+
+        try:
+            quantizer_levels(
+                self.quantizer, self.resolved_bits, data_group_size, collective=self.collective
+            )
+        except ValueError as err:
+            raise ConfigError(f"key 'optimizer.lion_cub.quantizer': {err}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
     name: str
     lr: float
@@ -226,8 +294,16 @@ class OptimizerConfig:
     warmup_epochs: int
     decay_epochs: tuple[int, ...]
     decay_factors: tuple[float, ...]
+    lion_cub: LionCubConfig | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.lion_cub, dict):  # built from a resolved dict
+            object.__setattr__(self, "lion_cub", LionCubConfig(**self.lion_cub))
+        if self.lion_cub is not None and self.name != "lion_cub":
+            raise ConfigError(
+                f"key 'optimizer.lion_cub': options given for optimizer.name {self.name!r} "
+                "(only lion_cub takes them)"
+            )
         if len(self.decay_epochs) != len(self.decay_factors):
             raise ConfigError(
                 f"key 'optimizer.decay_epochs': {len(self.decay_epochs)} epochs but "
@@ -238,7 +314,8 @@ class OptimizerConfig:
     def resolved_betas(self) -> tuple[float, float]:
         if self.betas is not None:
             return self.betas
-        return (0.9, 0.99) if self.name == "lion" else (0.9, 0.999)
+        lions = ("lion", "distributed_lion", "lion_cub")
+        return (0.9, 0.99) if self.name in lions else (0.9, 0.999)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -317,6 +394,7 @@ def _tuple_fields(cls, section: dict[str, Any]) -> dict[str, Any]:
 
 def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
     """Build the typed config from a resolved dict (see `resolve`)."""
+    _fill_lion_cub_defaults(values)
     try:
         pre = dict(values["preprocess"])
         pre["splits"] = SplitRatios(**pre["splits"])

@@ -189,3 +189,31 @@ def test_tiny_pipeline_end_to_end_with_tracking(tmp_path):
     )
     assert changed.returncode == 0, changed.stderr
     assert job_counts(changed.stdout) == {"train": 1, "evaluate": 1, "summary_report": 1, "all": 1}
+
+
+def test_dry_run_lion_cub_by_config(tmp_path):
+    """Nested optimizer options pass Snakemake's own schema validation (it fills defaults too)."""
+    options = (
+        "{name: lion_cub, lion_cub: {quantizer: l1, bits: 4, collective: allreduce,"
+        " momentum_sync: {schedule: every, every_steps: 10, patterns: [head.*]}}}"
+    )
+    proc = snakemake(
+        "-n",
+        "--configfile",
+        str(REPO / "config" / "test.yaml"),
+        "--config",
+        f"optimizer={options}",
+        "train={nproc_per_node: 4}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert job_counts(proc.stdout).get("train") == 1
+    bad = snakemake(
+        "-n",
+        "--configfile",
+        str(REPO / "config" / "test.yaml"),
+        "--config",
+        "optimizer={name: lion, lion_cub: {quantizer: l1}}",
+        cwd=tmp_path,
+    )
+    assert bad.returncode != 0 and "optimizer.lion_cub" in bad.stderr + bad.stdout

@@ -1,6 +1,7 @@
-"""Build the configured single-process optimizer (sgd, adamw, lion) and its lr schedule.
+"""Build the configured optimizer and its lr schedule: sgd, adamw, lion, distributed_lion, lion_cub.
 
-Gradient communication is not the optimizer's business here: see `cosmocub.train.grad_sync`.
+sgd, adamw and lion see gradients averaged by DDP (see `cosmocub.train.grad_sync`);
+distributed_lion and lion_cub exchange compressed updates over the data group themselves.
 """
 
 from __future__ import annotations
@@ -10,25 +11,88 @@ from collections.abc import Iterable
 import torch
 from torch.optim import Optimizer
 
-from cosmocub.config import OptimizerConfig
+from cosmocub.config import ConfigError, OptimizerConfig
 from cosmocub.optim.lion import Lion
+from cosmocub.optim.lion_cub import LionCub
 from cosmocub.optim.schedule import EpochSchedule, lr_at
+from cosmocub.parallel.mesh import ParallelDims
+
+OPTIMIZERS = ("sgd", "adamw", "lion", "distributed_lion", "lion_cub")
 
 
 def build_optimizer(
-    params: Iterable[torch.Tensor], cfg: OptimizerConfig, global_batch: int
+    params: Iterable[torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+    cfg: OptimizerConfig,
+    global_batch: int,
+    *,
+    dims: ParallelDims | None = None,
 ) -> Optimizer:
-    """The optimizer named by cfg.name, starting at lr_at(0); the schedule moves lr from there."""
+    """The optimizer named by cfg.name, starting at lr_at(0); the schedule moves lr from there.
+
+    `params` may be named (model.named_parameters()): lion_cub matches momentum-sync patterns
+    against the names. `dims` gives the data group the distributed Lions exchange over (None: a
+    group of one).
+    """
     lr = lr_at(0.0, cfg, global_batch)
+    items = list(params)
+    named = [x if isinstance(x, tuple) else (f"param{i}", x) for i, x in enumerate(items)]
+    plain = [p for _, p in named]
     if cfg.name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(plain, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if cfg.name == "adamw":
         return torch.optim.AdamW(
-            params, lr=lr, betas=cfg.resolved_betas, weight_decay=cfg.weight_decay
+            plain, lr=lr, betas=cfg.resolved_betas, weight_decay=cfg.weight_decay
         )
     if cfg.name == "lion":
-        return Lion(params, lr=lr, betas=cfg.resolved_betas, weight_decay=cfg.weight_decay)
-    raise ValueError(f"key 'optimizer.name': unknown optimizer {cfg.name!r} (sgd, adamw, lion)")
+        return Lion(plain, lr=lr, betas=cfg.resolved_betas, weight_decay=cfg.weight_decay)
+    if cfg.name in ("distributed_lion", "lion_cub"):
+        return _build_lion_cub(named, cfg, lr, dims)
+    raise ValueError(
+        f"key 'optimizer.name': unknown optimizer {cfg.name!r} ({', '.join(OPTIMIZERS)})"
+    )
+
+
+def _build_lion_cub(
+    named: list[tuple[str, torch.Tensor]],
+    cfg: OptimizerConfig,
+    lr: float,
+    dims: ParallelDims | None,
+) -> LionCub:
+    common = {"lr": lr, "betas": cfg.resolved_betas, "weight_decay": cfg.weight_decay}
+    if cfg.name == "distributed_lion":
+        # The plain form (Liu et al. 2024): 1-bit signs gathered by all, voted locally, momenta
+        # never averaged.
+        return LionCub(
+            named, group=_data_group(dims), quantizer="sign", collective="allgather", **common
+        )
+    lc = cfg.lion_cub
+    assert lc is not None, "config.from_values fills lion_cub's defaults"
+    lc.check_group_size(dims.data if dims is not None else 1)
+    if lc.overlap and dims is not None and dims.spatial > 1:
+        raise ConfigError(
+            "key 'optimizer.lion_cub.overlap': needs a spatial group of 1 (gradients are reduced "
+            f"over the spatial group after backward; here spatial = {dims.spatial})"
+        )
+    group = _data_group(dims)
+    sync = lc.momentum_sync
+    return LionCub(
+        named,
+        group=group,
+        quantizer=lc.quantizer,
+        bits=lc.resolved_bits,
+        collective=lc.collective,
+        momentum_sync=sync.schedule,
+        sync_every=sync.every_steps,
+        sync_k=sync.k,
+        sync_patterns=sync.patterns,
+        overlap=lc.overlap,
+        bucket_mb=lc.bucket_mb,
+        **common,
+    )
+
+
+def _data_group(dims: ParallelDims | None) -> torch.distributed.ProcessGroup | None:
+    return dims.group("data") if dims is not None and dims.data > 1 else None
 
 
 def build_schedule(

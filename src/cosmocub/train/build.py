@@ -47,7 +47,7 @@ def build_trainer(
 
     runtime.seed_everything(cfg.seed)  # same initial weights on every rank
     model = CosmoFlow(cfg.model).to(dims.device)
-    optimizer = build_optimizer(model.parameters(), cfg.optimizer, global_batch)
+    optimizer = build_optimizer(model.named_parameters(), cfg.optimizer, global_batch, dims=dims)
     train_loader = build_train_loader(
         train_set, dims, batch_size=tc.local_batch_size, seed=cfg.seed, num_workers=num_workers
     )

@@ -157,6 +157,9 @@ class CheckpointManager:
             dist.all_gather_object(gathered, rng)
         else:
             gathered = [rng]
+        # Every rank asks for the states: a distributed optimizer's state_dict gathers each data
+        # rank's momentum (a collective), which rank 0 then writes.
+        states = {name: obj.state_dict() for name, obj in self.stateful.items()}
         if not self.is_main:
             return None
         payload = {
@@ -165,7 +168,7 @@ class CheckpointManager:
             "step": step,
             "rng_per_rank": gathered,
             "invariants": self.invariants,
-            **{name: obj.state_dict() for name, obj in self.stateful.items()},
+            **states,
         }
         path = self.path_for(step)
         with atomic_path(path) as tmp:

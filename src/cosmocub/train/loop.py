@@ -30,6 +30,7 @@ from cosmocub.io import atomic_path
 from cosmocub.optim.schedule import EpochSchedule
 from cosmocub.parallel.mesh import ParallelDims
 from cosmocub.train.checkpoint import CheckpointManager
+from cosmocub.train.comm_meter import CommMeter
 from cosmocub.train.data import ResumableSampler
 from cosmocub.train.grad_sync import GradientSync
 
@@ -121,6 +122,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
     show_bar = t.dims.is_main and sys.stderr.isatty()
     t.wrapped.train()
     data_wait, steps_here = 0.0, 0
+    meter = CommMeter(t.optimizer, t.model, data_size=t.dims.data, ddp=t.grad_sync.name == "ddp")
     # Global mean losses of steps not yet looked at, kept on the device: the host reads them only
     # when it logs or checkpoints, so a GPU is not made to wait at every step.
     pending: list[torch.Tensor] = []
@@ -141,6 +143,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
         x_bcdhw = x_bcdhw.to(device, non_blocking=True)  # (B, C, S, S, S)
         y_bp = y_bp.to(device, non_blocking=True)  # (B, P)
         data_wait += time.perf_counter() - tick
+        step_start = time.perf_counter()
         with t.autocast():
             pred_bp = t.wrapped(x_bcdhw)  # (B, P)
         loss = nn.functional.mse_loss(pred_bp.float(), y_bp)
@@ -158,6 +161,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
         pending.append(loss_all)
         t.optimizer.step()
         t.schedule.step()
+        meter.add_step(time.perf_counter() - step_start)
         state.step += 1
         state.batch_in_epoch += 1
         steps_here += 1
@@ -189,6 +193,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
     return {
         "samples_per_s": samples / elapsed if steps_here else 0.0,
         "data_wait_share": data_wait / elapsed if steps_here else 0.0,
+        **meter.metrics(),
     }
 
 

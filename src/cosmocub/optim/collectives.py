@@ -1,0 +1,188 @@
+"""The swappable communication of Lion Cub: three ways to turn every data rank's quantized q into
+the voted update, each counting the bytes this rank sends (ring algorithms, as NCCL and gloo run).
+
+  allgather  every rank's packed q to every rank, each votes locally:  (P−1)·b·n/8 bytes
+  alltoall   rank r receives everyone's chunk r, votes on it, then the 1-bit chunk results are
+             all-gathered:                          (P−1)/P·(b + 1)·n/8 bytes (no growth with P)
+  allreduce  an int8 sum of q (packed bits cannot be summed by NCCL/gloo): 2(P−1)/P·n bytes
+
+(b = bits per value on the wire, n = values.) `start` launches the first phase asynchronously and
+`finish` completes it, so a bucket's exchange can run during the backward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from cosmocub.optim.packing import pack_bits, pack_codes, unpack_bits, unpack_codes
+from cosmocub.optim.vote import bits_to_signs, from_codes, sign_bits, to_codes, vote
+
+COLLECTIVES = ("allgather", "alltoall", "allreduce")
+
+# torch 2.13 renamed all_gather_into_tensor (deprecated) to all_gather_single; same signature.
+all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+@dataclass
+class CommStats:
+    """What this rank sent and waited for since the last reset (one epoch, in the training loop)."""
+
+    bytes_sent: float = 0.0
+    exchange_s: float = 0.0
+    momentum_sync_s: float = 0.0
+
+    def reset(self) -> None:
+        self.bytes_sent = self.exchange_s = self.momentum_sync_s = 0.0
+
+
+def ring_allreduce_bytes(payload_bytes: float, group_size: int) -> float:
+    """Bytes one rank sends in a ring all-reduce: reduce-scatter then all-gather, 2(P−1)/P."""
+    return 2.0 * (group_size - 1) / group_size * payload_bytes
+
+
+@dataclass(frozen=True)
+class WireSpec:
+    quantizer: str  # "sign" or a scaled quantizer
+    levels: int  # s: q ∈ [−s, s]
+    bits: int  # bits per value on the wire (see quantize.wire_bits)
+
+
+def wire_values(q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> torch.Tensor:
+    """What a rank's q counts as in the vote: ±1 for `sign` (zeros sent as the tie pattern, as
+    one bit must), q itself otherwise. Every collective sums these, so all three agree."""
+    if spec.quantizer == "sign":
+        return bits_to_signs(sign_bits(q, tie))
+    return q
+
+
+def _encode(q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> torch.Tensor:
+    """(…, n) int8 → packed uint8: (…, n/8) for 1-bit signs, (…, bits, n/8) for codes."""
+    if spec.quantizer == "sign":
+        return pack_bits(sign_bits(q, tie))
+    return pack_codes(to_codes(q, spec.levels), spec.bits)
+
+
+def _decode_sum(packed: torch.Tensor, spec: WireSpec) -> torch.Tensor:
+    """(P, …) packed values of P ranks → their sum (n,) as int16 (|Σ| ≤ P·s ≤ 127 here)."""
+    if spec.quantizer == "sign":
+        values = bits_to_signs(unpack_bits(packed)).to(torch.int16)
+    else:
+        values = from_codes(unpack_codes(packed, spec.bits), spec.levels)
+    return values.sum(0, dtype=torch.int16)
+
+
+def _pad(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    extra = -x.numel() % multiple
+    return F.pad(x, (0, extra)) if extra else x
+
+
+@dataclass
+class Pending:
+    """A started exchange: the work handle and what `finish` needs."""
+
+    q: torch.Tensor
+    tie: torch.Tensor
+    work: Any = None
+    buffers: tuple[torch.Tensor, ...] = ()
+
+
+class Collective:
+    """Base: the group, its size and this rank's place in it; a group of one sends nothing."""
+
+    name = "base"
+
+    def __init__(self, group: dist.ProcessGroup | None, stats: CommStats) -> None:
+        self.group = group
+        self.size = 1 if group is None else dist.get_world_size(group)
+        self.rank = 0 if group is None else dist.get_rank(group)
+        self.stats = stats
+
+    def start(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> Pending:
+        """q: this rank's (n,) int8; tie: the (n,) int8 tie pattern (see vote.py)."""
+        if self.size == 1:
+            return Pending(q, tie)
+        return self._start(q, tie, spec)
+
+    def finish(self, pending: Pending, spec: WireSpec) -> torch.Tensor:
+        """The (n,) int8 update sign, identical on every rank of the group."""
+        if self.size == 1:
+            return pending.q.sign_()  # one rank: no vote, Lion's own sign(c); q is spent
+        return self._finish(pending, spec)
+
+    def _start(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> Pending:
+        raise NotImplementedError
+
+    def _finish(self, pending: Pending, spec: WireSpec) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class AllGatherVote(Collective):
+    name = "allgather"
+
+    def _start(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> Pending:
+        payload = _encode(_pad(q, 8), _pad(tie, 8), spec).reshape(-1)
+        out = payload.new_empty(self.size * payload.numel())
+        work = all_gather_flat(out, payload, group=self.group, async_op=True)
+        self.stats.bytes_sent += (self.size - 1) * payload.numel()
+        return Pending(q, tie, work, (out,))
+
+    def _finish(self, pending: Pending, spec: WireSpec) -> torch.Tensor:
+        pending.work.wait()
+        (out,) = pending.buffers
+        n = pending.q.numel()
+        planes = () if spec.quantizer == "sign" else (spec.bits,)
+        total = _decode_sum(out.view(self.size, *planes, -1), spec)[:n]
+        return vote(total, pending.tie)
+
+
+class AllToAllVote(Collective):
+    name = "alltoall"
+
+    def _start(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> Pending:
+        q_pad, tie_pad = _pad(q, 8 * self.size), _pad(tie, 8 * self.size)
+        # (P, chunk): row r is the chunk rank r votes on.
+        send = _encode(q_pad.view(self.size, -1), tie_pad.view(self.size, -1), spec).contiguous()
+        recv = torch.empty_like(send)
+        work = dist.all_to_all_single(recv, send, group=self.group, async_op=True)
+        self.stats.bytes_sent += (self.size - 1) / self.size * send.numel()
+        return Pending(q, tie, work, (recv, tie_pad))
+
+    def _finish(self, pending: Pending, spec: WireSpec) -> torch.Tensor:
+        pending.work.wait()
+        recv, tie_pad = pending.buffers
+        chunk = tie_pad.numel() // self.size
+        my_tie = tie_pad[self.rank * chunk : (self.rank + 1) * chunk]
+        my_vote = vote(_decode_sum(recv, spec), my_tie)  # (chunk,) ±1
+        result = pack_bits(my_vote > 0)  # the vote is never 0: one bit per value
+        gathered = result.new_empty(self.size * result.numel())
+        all_gather_flat(gathered, result, group=self.group)
+        self.stats.bytes_sent += (self.size - 1) * result.numel()
+        return bits_to_signs(unpack_bits(gathered))[: pending.q.numel()]
+
+
+class AllReduceVote(Collective):
+    name = "allreduce"
+
+    def _start(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> Pending:
+        # int8 sums cannot overflow: quantizer_levels keeps P·s ≤ 127.
+        values = wire_values(q, tie, spec).to(torch.int8).contiguous()
+        work = dist.all_reduce(values, group=self.group, async_op=True)
+        self.stats.bytes_sent += ring_allreduce_bytes(values.numel(), self.size)
+        return Pending(q, tie, work, (values,))
+
+    def _finish(self, pending: Pending, spec: WireSpec) -> torch.Tensor:
+        pending.work.wait()
+        (total,) = pending.buffers
+        return vote(total, pending.tie)
+
+
+def build_collective(name: str, group: dist.ProcessGroup | None, stats: CommStats) -> Collective:
+    for cls in (AllGatherVote, AllToAllVote, AllReduceVote):
+        if cls.name == name:
+            return cls(group, stats)
+    raise ValueError(f"unknown collective {name!r} ({', '.join(COLLECTIVES)})")

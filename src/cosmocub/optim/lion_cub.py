@@ -1,0 +1,270 @@
+"""Distributed Lion and Lion Cub: each data rank keeps its own momentum and the ranks agree on
+sign(Σ quantized c) through a swappable collective; the class only does the bookkeeping.
+
+Math: `quantize.py`, `vote.py`, `packing.py`, `momentum_sync.py`; wire: `collectives.py`.
+Gradients arrive reduced over the spatial group only (see train.grad_sync): no DDP all-reduce.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.optim import Optimizer
+
+from cosmocub.optim.collectives import (
+    CommStats,
+    Pending,
+    WireSpec,
+    all_gather_flat,
+    build_collective,
+    ring_allreduce_bytes,
+)
+from cosmocub.optim.momentum_sync import average_momenta, is_sync_step, matches
+from cosmocub.optim.quantize import quantize, quantizer_levels, wire_bits
+from cosmocub.optim.vote import tie_pattern
+
+
+@dataclass
+class _Bucket:
+    """Parameters exchanged together; their momenta are views of one flat buffer."""
+
+    params: list[torch.Tensor]
+    momentum: torch.Tensor  # flat (n,)
+    ties: tuple[torch.Tensor, torch.Tensor]  # tie pattern on even and odd steps
+    # Reused every step: c, then the update as floats; q. Fresh n-sized tensors per step cost
+    # more than the arithmetic on a CPU (page faults of large allocations).
+    scratch: torch.Tensor
+    q: torch.Tensor
+    work: torch.Tensor  # a scaled quantizer's |c|
+    ready: int = 0  # parameters whose gradient is accumulated this step (overlap)
+    pending: Pending | None = None
+    views: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def sizes(self) -> list[int]:
+        return [p.numel() for p in self.params]
+
+
+def _buckets(params: Sequence[torch.Tensor], cap_elements: int) -> list[list[torch.Tensor]]:
+    # Reverse registration order ≈ the order backward produces gradients (as DDP buckets).
+    out: list[list[torch.Tensor]] = []
+    current: list[torch.Tensor] = []
+    size = 0
+    for p in reversed(params):
+        same_kind = not current or (p.dtype, p.device) == (current[0].dtype, current[0].device)
+        if current and (size + p.numel() > cap_elements or not same_kind):
+            out.append(current)
+            current, size = [], 0
+        current.append(p)
+        size += p.numel()
+    if current:
+        out.append(current)
+    return out
+
+
+class LionCub(Optimizer):
+    """Lion whose update is voted over `group` (the data axis); `distributed_lion` is the 1-bit
+    sign / all-gather / never-sync case of it."""
+
+    communicates_gradients = True
+
+    def __init__(
+        self,
+        named_params: Iterable[tuple[str, torch.Tensor]],
+        *,
+        group: dist.ProcessGroup | None,
+        lr: float = 1e-4,
+        betas: tuple[float, float] = (0.9, 0.99),
+        weight_decay: float = 0.0,
+        quantizer: str = "sign",
+        bits: int = 1,
+        collective: str = "alltoall",
+        momentum_sync: str = "never",
+        sync_every: int = 100,
+        sync_k: float = 1.0,
+        sync_patterns: Sequence[str] = (),
+        overlap: bool = False,
+        bucket_mb: float = 4.0,
+    ) -> None:
+        if lr <= 0:
+            raise ValueError(f"LionCub: lr must be > 0, got {lr}")
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"LionCub: betas must lie in [0, 1), got {betas}")
+        named = [(n, p) for n, p in named_params if p.requires_grad]
+        params = [p for _, p in named]
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
+        self.comm_stats = CommStats()
+        self.collective = build_collective(collective, group, self.comm_stats)
+        self.group, self.group_size = group, self.collective.size
+        levels = quantizer_levels(quantizer, bits, self.group_size, collective=collective)
+        self.spec = WireSpec(quantizer, levels, wire_bits(quantizer, levels))
+        self.sync = {"schedule": momentum_sync, "every": sync_every, "k": sync_k}
+        self.sync_params = {id(p) for n, p in named if matches(n, sync_patterns)}
+        self.step_count = 0
+        self.overlap = overlap
+        self.buckets = [self._new_bucket(b) for b in _buckets(params, int(bucket_mb * 2**18))]
+        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        if overlap:
+            for p in params:
+                p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _new_bucket(self, params: list[torch.Tensor]) -> _Bucket:
+        n = sum(p.numel() for p in params)
+        momentum = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
+        even = tie_pattern(n, step=0, device=momentum.device)
+        q = torch.zeros(n, dtype=torch.int8, device=momentum.device)
+        work = torch.zeros_like(momentum) if self.spec.quantizer != "sign" else momentum[:0]
+        bucket = _Bucket(params, momentum, (even, -even), torch.zeros_like(momentum), q, work)
+        offset = 0
+        for p in params:
+            bucket.views.append(momentum[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self._register_state(bucket)
+        return bucket
+
+    def _register_state(self, bucket: _Bucket) -> None:
+        for p, view in zip(bucket.params, bucket.views, strict=True):
+            self.state[p]["exp_avg"] = view
+
+    # -- the exchange ---------------------------------------------------------------------------
+
+    def _start(self, bucket: _Bucket, step: int) -> None:
+        beta1 = self.param_groups[0]["betas"][0]
+        c, offset = bucket.scratch, 0  # c = β1·m + (1−β1)·g, per tensor as lion_update does
+        for p, m in zip(bucket.params, bucket.views, strict=True):
+            c_p = c[offset : offset + p.numel()].view_as(p)
+            torch.mul(m, beta1, out=c_p)
+            if p.grad is not None:
+                c_p.add_(p.grad, alpha=1.0 - beta1)
+            offset += p.numel()
+        if self.spec.quantizer == "sign":
+            bucket.q.copy_(c.sign_())  # = quantize(c, "sign"), without a fresh tensor
+        else:
+            quantize(
+                c,
+                quantizer=self.spec.quantizer,
+                levels=self.spec.levels,
+                segments=bucket.sizes,
+                out=bucket.q,
+                work=bucket.work,
+            )
+        bucket.pending = self.collective.start(bucket.q, bucket.ties[step % 2], self.spec)
+
+    @torch.no_grad()
+    def _grad_ready(self, p: torch.Tensor) -> None:
+        # One backward per step (no gradient accumulation): a bucket starts when the last of its
+        # parameters has its gradient, and `step` finishes it.
+        bucket = self._bucket_of[id(p)]
+        bucket.ready += 1
+        if bucket.ready == len(bucket.params):
+            self._start(bucket, self.step_count + 1)
+
+    def _timed(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        device = self.buckets[0].momentum.device if self.buckets else torch.device("cpu")
+        start = time.perf_counter()
+        out = fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # so the time is the exchange's, not a later wait's
+        return out, time.perf_counter() - start
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        group = self.param_groups[0]
+        lr, wd, (_, beta2) = group["lr"], group["weight_decay"], group["betas"]
+        step = self.step_count + 1
+
+        def exchange() -> list[torch.Tensor]:
+            for bucket in self.buckets:
+                if bucket.pending is None:  # not overlapped, or a parameter got no gradient
+                    self._start(bucket, step)
+            updates = []
+            for bucket in self.buckets:
+                assert bucket.pending is not None
+                updates.append(self.collective.finish(bucket.pending, self.spec))
+                bucket.pending, bucket.ready = None, 0
+            return updates
+
+        updates, seconds = self._timed(exchange)
+        self.comm_stats.exchange_s += seconds
+        for bucket, update in zip(self.buckets, updates, strict=True):
+            update = bucket.scratch.copy_(update)  # c is spent: its buffer holds the update
+            offset = 0
+            for p, m in zip(bucket.params, bucket.views, strict=True):
+                n = p.numel()
+                if p.grad is not None:  # as Lion: a parameter without gradient is left alone
+                    p.mul_(1.0 - lr * wd)
+                    p.add_(update[offset : offset + n].view_as(p), alpha=-lr)
+                    m.mul_(beta2).add_(p.grad, alpha=1.0 - beta2)
+                offset += n
+        self.step_count = step
+        if self.group_size > 1 and is_sync_step(step, **self.sync):
+            _, seconds = self._timed(self._average_momenta)
+            self.comm_stats.momentum_sync_s += seconds
+        return loss
+
+    def _average_momenta(self) -> None:
+        momenta = [
+            m
+            for b in self.buckets
+            for p, m in zip(b.params, b.views, strict=True)
+            if id(p) in self.sync_params
+        ]
+
+        def all_reduce_sum(x: torch.Tensor) -> None:
+            dist.all_reduce(x, group=self.group)
+
+        payload = average_momenta(momenta, all_reduce_sum, self.group_size)
+        self.comm_stats.bytes_sent += ring_allreduce_bytes(payload, self.group_size)
+
+    # -- checkpoints: every data rank's momentum, and the schedule's position -----------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """A collective over the data group: every rank must call it (the checkpoint does)."""
+        flat = torch.cat([b.momentum for b in self.buckets]) if self.buckets else torch.zeros(0)
+        if self.group_size > 1:
+            gathered = flat.new_empty(self.group_size * flat.numel())
+            all_gather_flat(gathered, flat, group=self.group)
+            gathered = gathered.view(self.group_size, -1)
+        else:
+            gathered = flat.unsqueeze(0)
+        gathered = gathered.cpu()
+        base = super().state_dict()
+        index = {id(p): i for i, p in enumerate(self.param_groups[0]["params"])}
+        state, offset = {}, 0
+        for b in self.buckets:
+            for p in b.params:
+                per_rank = gathered[:, offset : offset + p.numel()]
+                state[index[id(p)]] = {"exp_avg_per_data_rank": per_rank.reshape(-1, *p.shape)}
+                offset += p.numel()
+        return {
+            "state": state,
+            "param_groups": base["param_groups"],
+            "step_count": self.step_count,
+            "data_group_size": self.group_size,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        saved = state_dict["data_group_size"]
+        if saved != self.group_size:
+            raise ValueError(
+                f"LionCub checkpoint holds {saved} data ranks' momenta, this run has "
+                f"{self.group_size}"
+            )
+        super().load_state_dict({"state": {}, "param_groups": state_dict["param_groups"]})
+        rank = self.collective.rank
+        params = self.param_groups[0]["params"]
+        for b in self.buckets:
+            self._register_state(b)  # the base class replaced self.state
+        with torch.no_grad():
+            for i, entry in state_dict["state"].items():
+                self.state[params[int(i)]]["exp_avg"].copy_(entry["exp_avg_per_data_rank"][rank])
+        self.step_count = int(state_dict["step_count"])
