@@ -196,6 +196,7 @@ HYPER = {"lr": 0.01, "betas": (0.9, 0.99), "weight_decay": 0.1}
 
 def test_lion_equals_lion_pytorch_step_for_step() -> None:
     import lion_pytorch  # the test extra's reference implementation
+
     ours, theirs = _tiny_model(), _tiny_model()
     a = _train_steps(ours, Lion(ours.parameters(), **HYPER), 12)
     b = _train_steps(theirs, lion_pytorch.Lion(theirs.parameters(), **HYPER), 12)
