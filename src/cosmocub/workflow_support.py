@@ -52,18 +52,28 @@ def start_tracking(cfg: Config) -> None:
         return
     from cosmocub.tracking import start_workflow_run
 
+    if cfg.tracking.server.start:
+        from cosmocub.tracking_server import SERVER_PID_ENV, start_server
+
+        os.environ[SERVER_PID_ENV] = str(start_server(cfg).pid)
     # start_workflow_run creates the store and experiment first. Jobs are child processes of
     # this one (locally) or inherit its environment (srun/sbatch).
     os.environ[PARENT_RUN_ENV] = start_workflow_run(cfg)
 
 
 def finish_tracking(cfg: Config, status: str) -> None:
+    """Close the parent run; stop the tracking server this invocation started, if any."""
     run_id = os.environ.get(PARENT_RUN_ENV)
-    if not cfg.tracking.enabled or not run_id:
-        return
-    from cosmocub.tracking import end_workflow_run
+    try:
+        if cfg.tracking.enabled and run_id:
+            from cosmocub.tracking import end_workflow_run
 
-    end_workflow_run(cfg, run_id, status)
+            end_workflow_run(cfg, run_id, status)
+    finally:
+        from cosmocub.tracking_server import SERVER_PID_ENV, stop_server
+
+        if pid := os.environ.pop(SERVER_PID_ENV, None):
+            stop_server(int(pid))
 
 
 def num_preprocess_groups(cfg: Config, num_universes: int) -> int:

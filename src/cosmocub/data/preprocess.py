@@ -42,6 +42,7 @@ SPLITS: tuple[str, ...] = ("train", "val", "test")
 # 512³ universe at S = 32), small enough that num_workers blocks fit in memory many times over.
 BLOCK_BYTES = 64 << 20
 PROGRESS_EVERY_S = 30.0
+DASK_CONNECT_TIMEOUT_S = 5
 
 
 class PreprocessError(ValueError):
@@ -294,7 +295,15 @@ def _distributed_client(address: str) -> Any:
             f"preprocess.dask_scheduler is {address!r} but dask.distributed is not installed "
             f"(pip install distributed), or set it to null for local threads"
         ) from None
-    return Client(address)
+    try:
+        # A few seconds, not distributed's 30 s default: a wrong address should fail fast.
+        return Client(address, timeout=DASK_CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError) as err:
+        raise PreprocessError(
+            f"key 'preprocess.dask_scheduler': no Dask scheduler answers at {address!r} within "
+            f"{DASK_CONNECT_TIMEOUT_S} s ({type(err).__name__}); start it, or set it to null for "
+            f"local threads"
+        ) from None
 
 
 def _compute(
