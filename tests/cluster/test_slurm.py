@@ -179,3 +179,23 @@ def test_workflow_on_slurm_cancel_and_resume(slurm, tmp_path):
     )
     assert any(r.info.status == "FINISHED" for r in train_runs.values())
     assert shutil.which("squeue")
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        # A partition this cluster does not have (as a profile naming the wrong one would).
+        (["--default-resources", "slurm_partition=nosuch"], "invalid partition"),
+        # More time than the partition allows (MaxTime=60 min; EnforcePartLimits=ALL).
+        (["--set-resources", "simulate:runtime=600"], "time limit"),
+    ],
+)
+def test_requests_the_cluster_refuses_fail_fast(slurm, tmp_path, args, said) -> None:
+    (tmp_path / "fit.yaml").write_text(yaml.safe_dump(FIT))
+    t0 = time.perf_counter()
+    proc = _snakemake(tmp_path, *args)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode != 0
+    assert said in out.lower(), out[-3000:]
+    assert time.perf_counter() - t0 < 120
+    assert not list((tmp_path / "results-test").glob("universes/*.hdf5"))
