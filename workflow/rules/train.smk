@@ -26,6 +26,10 @@ rule train:
         runtime=CFG.cluster.train.runtime,
         gres=ws.train_gres(CFG),
         tasks_per_gpu=1,
+        # The same request in the terms of Flux and LSF (profiles/flux, profiles/lsf).
+        gpus_per_task=CFG.cluster.train.gpus_per_rank,
+        cpus_per_node=ws.train_threads(CFG),
+        cpus_total=ws.train_threads(CFG) * CFG.cluster.train.nodes,
         # Present (even empty) so that the Slurm jobstep runs the command as it is instead of
         # wrapping it in `srun -n1`: `cosmocub launch` starts the ranks itself.
         mpi="",
