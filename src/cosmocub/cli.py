@@ -46,12 +46,86 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
         manifest = preprocess(
             [Path(p) for p in args.universes],
             Path(args.out),
-            settings=cfg.preprocess,
+            settings=_granted_threads(cfg.preprocess, args.threads),
             seed=cfg.seed,
             config_hash=cfg.hash,
         )
         tracker.log_metrics({f"samples_{k}": v for k, v in manifest["counts"].items()})
     return 0
+
+
+def _granted_threads(settings, threads: int | None):
+    """The job's settings with Dask's threads set to what the executor granted (if the config
+    leaves num_workers to the machine); the config itself, and so its hash, stays as it is."""
+    import dataclasses
+
+    if threads is None or settings.num_workers is not None:
+        return settings
+    return dataclasses.replace(settings, num_workers=threads)
+
+
+def _cmd_preprocess_plan(args: argparse.Namespace) -> int:
+    from cosmocub.data.preprocess import plan_shards
+    from cosmocub.workflow_support import universe_ids
+
+    cfg = load_config(args.config)
+    folder = Path(args.universes_dir)
+    plan = plan_shards(
+        [folder / f"{name}.hdf5" for name in universe_ids(cfg)],
+        Path(args.staging),
+        settings=cfg.preprocess,
+        seed=cfg.seed,
+        universes_per_job=cfg.cluster.preprocess.universes_per_job,
+    )
+    print(f"preprocess-plan: {len(plan['place'])} universes in {len(plan['groups'])} groups")
+    return 0
+
+
+def _cmd_preprocess_group(args: argparse.Namespace) -> int:
+    from cosmocub.data.preprocess import crop_group
+    from cosmocub.tracking import job_run
+
+    cfg = load_config(args.config)
+    with job_run(cfg, stage="preprocess", params={"group": args.group}):
+        crop_group(
+            Path(args.staging),
+            args.group,
+            Path(args.out),
+            settings=_granted_threads(cfg.preprocess, args.threads),
+        )
+    return 0
+
+
+def _cmd_preprocess_gather(args: argparse.Namespace) -> int:
+    import json as _json
+
+    from cosmocub.data.preprocess import PLAN_FILE, gather_shards
+    from cosmocub.tracking import job_run
+
+    cfg = load_config(args.config)
+    staging = Path(args.staging)
+    num_groups = len(_json.loads((staging / PLAN_FILE).read_text())["groups"])
+    groups = [Path(args.groups_dir) / f"{g}.npz" for g in range(num_groups)]
+    with job_run(cfg, stage="preprocess") as tracker:
+        manifest = gather_shards(
+            staging, groups, Path(args.out), settings=cfg.preprocess, config_hash=cfg.hash
+        )
+        tracker.log_metrics({f"samples_{k}": v for k, v in manifest["counts"].items()})
+    return 0
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from cosmocub.launch import RankLayout, exec_launch
+
+    command = args.command_args[1:] if args.command_args[:1] == ["--"] else args.command_args
+    layout = RankLayout(
+        nodes=args.nodes,
+        tasks_per_node=args.tasks_per_node,
+        cpus_per_rank=args.cpus_per_rank,
+        max_restarts=args.max_restarts,
+    )
+    exec_launch(layout, command)
+    return 0  # not reached: exec_launch replaces this process
 
 
 def _cmd_model_summary(args: argparse.Namespace) -> int:
@@ -157,7 +231,41 @@ def _build_parser() -> argparse.ArgumentParser:
     p = add("preprocess", _cmd_preprocess, "crop universes into train/val/test shards")
     p.add_argument("universes", nargs="+", help="universe .hdf5 files")
     p.add_argument("--out", required=True, help="shard folder")
+    p.add_argument("--threads", type=int, help="Dask threads when preprocess.num_workers is null")
     add_config(p)
+
+    p = add(
+        "preprocess-plan",
+        _cmd_preprocess_plan,
+        "allocate the shards and split the config's universes into groups (one job each)",
+    )
+    p.add_argument("--universes-dir", required=True, help="folder of <universe id>.hdf5 files")
+    p.add_argument("--staging", required=True, help="folder for the shards while groups write")
+    add_config(p)
+
+    p = add("preprocess-group", _cmd_preprocess_group, "crop one group of the plan's universes")
+    p.add_argument("--staging", required=True)
+    p.add_argument("--group", type=int, required=True)
+    p.add_argument("--out", required=True, help="the group's histogram and checksums (.npz)")
+    p.add_argument("--threads", type=int, help="Dask threads when preprocess.num_workers is null")
+    add_config(p)
+
+    p = add(
+        "preprocess-gather",
+        _cmd_preprocess_gather,
+        "statistics and manifest from every group; move the shards into place",
+    )
+    p.add_argument("--staging", required=True)
+    p.add_argument("--groups-dir", required=True, help="folder of the groups' <g>.npz files")
+    p.add_argument("--out", required=True, help="shard folder")
+    add_config(p)
+
+    p = add("launch", _cmd_launch, "start the ranks of `cosmocub <stage>` with the right launcher")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--tasks-per-node", type=int, default=1)
+    p.add_argument("--cpus-per-rank", type=int, default=1)
+    p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts (local only)")
+    p.add_argument("command_args", nargs=argparse.REMAINDER, help="-- <stage> <arguments>")
 
     p = add(
         "model-summary", _cmd_model_summary, "layer table, parameter count and FLOPs per sample"

@@ -342,11 +342,61 @@ class EvaluateConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TrackingServerConfig:
+    start: bool
+    host: str
+    port: int
+    backend_store_uri: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrackingConfig:
     uri: str | None
     experiment: str
     system_metrics: bool
     enabled: bool
+    server: TrackingServerConfig
+
+    def __post_init__(self) -> None:
+        if self.server.start and self.uri:
+            raise ConfigError(
+                f"key 'tracking.server.start': true starts a server at "
+                f"http://{self.server.host}:{self.server.port}, but tracking.uri is {self.uri!r}; "
+                f"set one of them"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainResources:
+    nodes: int
+    gpus_per_rank: int
+    cpus_per_rank: int
+    mem_mb_per_rank: int
+    runtime: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreprocessResources:
+    universes_per_job: int
+    threads: int
+    mem_mb: int
+    runtime: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SmallResources:
+    threads: int
+    mem_mb: int
+    runtime: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """What jobs ask the executor for; read by the rule files (workflow_support), not by stages."""
+
+    train: TrainResources
+    preprocess: PreprocessResources
+    small: SmallResources
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -361,6 +411,7 @@ class Config:
     train: TrainConfig
     evaluate: EvaluateConfig
     tracking: TrackingConfig
+    cluster: ClusterConfig
     # The resolved dict this was built from: for hashing, MLflow params and artifacts.
     values: dict[str, Any] = field(repr=False, compare=False)
     source: str = "<config>"
@@ -408,7 +459,17 @@ def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
             optimizer=OptimizerConfig(**_tuple_fields(OptimizerConfig, values["optimizer"])),
             train=TrainConfig(**values["train"]),
             evaluate=EvaluateConfig(**values["evaluate"]),
-            tracking=TrackingConfig(**values["tracking"]),
+            tracking=TrackingConfig(
+                **{
+                    **values["tracking"],
+                    "server": TrackingServerConfig(**values["tracking"]["server"]),
+                }
+            ),
+            cluster=ClusterConfig(
+                train=TrainResources(**values["cluster"]["train"]),
+                preprocess=PreprocessResources(**values["cluster"]["preprocess"]),
+                small=SmallResources(**values["cluster"]["small"]),
+            ),
             values=values,
             source=source,
         )

@@ -63,9 +63,14 @@ class TrackingUnavailable(ValueError):
 
 
 def tracking_uri(cfg: Config) -> str:
-    """cfg.tracking.uri, or the default SQLite store `sqlite:///<abs results>/mlflow.db`."""
+    """cfg.tracking.uri, the server the workflow starts (tracking.server.start), or the default
+    SQLite store `sqlite:///<abs results>/mlflow.db`."""
     if cfg.tracking.uri:
         return cfg.tracking.uri
+    if cfg.tracking.server.start:
+        from cosmocub.tracking_server import server_uri
+
+        return server_uri(cfg)
     return f"sqlite:///{_results_dir(cfg) / 'mlflow.db'}"
 
 

@@ -52,18 +52,49 @@ def start_tracking(cfg: Config) -> None:
         return
     from cosmocub.tracking import start_workflow_run
 
+    if cfg.tracking.server.start:
+        from cosmocub.tracking_server import SERVER_PID_ENV, start_server
+
+        os.environ[SERVER_PID_ENV] = str(start_server(cfg).pid)
     # start_workflow_run creates the store and experiment first. Jobs are child processes of
     # this one (locally) or inherit its environment (srun/sbatch).
     os.environ[PARENT_RUN_ENV] = start_workflow_run(cfg)
 
 
 def finish_tracking(cfg: Config, status: str) -> None:
+    """Close the parent run; stop the tracking server this invocation started, if any."""
     run_id = os.environ.get(PARENT_RUN_ENV)
-    if not cfg.tracking.enabled or not run_id:
-        return
-    from cosmocub.tracking import end_workflow_run
+    try:
+        if cfg.tracking.enabled and run_id:
+            from cosmocub.tracking import end_workflow_run
 
-    end_workflow_run(cfg, run_id, status)
+            end_workflow_run(cfg, run_id, status)
+    finally:
+        from cosmocub.tracking_server import SERVER_PID_ENV, stop_server
+
+        if pid := os.environ.pop(SERVER_PID_ENV, None):
+            stop_server(int(pid))
+
+
+def num_preprocess_groups(cfg: Config, num_universes: int) -> int:
+    """Preprocess jobs: the universes in groups of cluster.preprocess.universes_per_job."""
+    return -(-num_universes // cfg.cluster.preprocess.universes_per_job)
+
+
+def train_world_size(cfg: Config) -> int:
+    """Training ranks: nodes × ranks per node."""
+    return cfg.cluster.train.nodes * cfg.train.nproc_per_node
+
+
+def train_threads(cfg: Config) -> int:
+    """Cores the training job asks for on each node: its ranks there × cores per rank."""
+    return cfg.train.nproc_per_node * cfg.cluster.train.cpus_per_rank
+
+
+def train_gres(cfg: Config) -> str:
+    """Slurm generic resources per node ("gpu:4"), or "" on CPU nodes."""
+    gpus = cfg.cluster.train.gpus_per_rank * cfg.train.nproc_per_node
+    return f"gpu:{gpus}" if gpus else ""
 
 
 def link_universe(source: Path, dest: Path) -> None:

@@ -152,7 +152,8 @@ def test_tiny_pipeline_end_to_end_with_tracking(tmp_path):
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
     rules = sorted(r.data.tags.get("rule") for r in children)
-    assert rules == ["evaluate", "preprocess", *["simulate"] * 6, "train"]
+    # 6 universes are one preprocess group (cluster.preprocess.universes_per_job 64) + gather.
+    assert rules == ["evaluate", "preprocess", "preprocess_group", *["simulate"] * 6, "train"]
     train_run = next(r for r in children if r.data.tags["rule"] == "train")
     assert train_run.data.params["train.epochs"] == "2"
     assert "val_loss" in train_run.data.metrics

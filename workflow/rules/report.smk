@@ -18,6 +18,10 @@ rule summary_report:
         f"{RESULTS}/logs/summary_report.log",
     conda:
         "../../envs/cosmocub.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=CFG.cluster.small.runtime,
     shell:
         "cosmocub summarize --manifest {input.manifest} --metrics {input.metrics}"
         " --out {output} > {log} 2>&1"

@@ -1,5 +1,6 @@
-# Training (torchrun locally; it restarts a dead rank, which resumes from the last checkpoint)
-# and evaluation on the test split.
+# Training, launched by `cosmocub launch` as the allocation asks: torchrun locally (it restarts a
+# dead rank, which resumes from the last checkpoint), srun on Slurm, flux run / blaunch + torchrun
+# on Flux and LSF; and evaluation on the test split.
 
 
 rule train:
@@ -14,18 +15,37 @@ rule train:
         f"{RESULTS}/logs/train/{{run}}.log",
     conda:
         "../../envs/cosmocub.yaml"
-    threads: lambda wildcards: workflow.cores
+    # Ranks on this node × cores per rank; locally Snakemake caps it at --cores.
+    threads: ws.train_threads(CFG)
+    resources:
+        nodes=CFG.cluster.train.nodes,
+        tasks=ws.train_world_size(CFG),
+        cpus_per_task=CFG.cluster.train.cpus_per_rank,
+        # Slurm's --mem is per node.
+        mem_mb=CFG.cluster.train.mem_mb_per_rank * CFG.train.nproc_per_node,
+        runtime=CFG.cluster.train.runtime,
+        gres=ws.train_gres(CFG),
+        tasks_per_gpu=1,
+        # The same request in the terms of Flux and LSF (profiles/flux, profiles/lsf).
+        gpus_per_task=CFG.cluster.train.gpus_per_rank,
+        cpus_per_node=ws.train_threads(CFG),
+        cpus_total=ws.train_threads(CFG) * CFG.cluster.train.nodes,
+        # Present (even empty) so that the Slurm jobstep runs the command as it is instead of
+        # wrapping it in `srun -n1`: `cosmocub launch` starts the ranks itself.
+        mpi="",
     params:
         settings=section("model", "optimizer", "train", "preprocess", "seed"),
         shards=lambda w, input: os.path.dirname(input.manifest),
         out=lambda w, output: os.path.dirname(output.model),
         nproc=CFG.train.nproc_per_node,
+        cpus=lambda w, threads: max(1, threads // CFG.train.nproc_per_node),
         max_restarts=CFG.train.max_restarts,
         env=tracking_env("train"),
     shell:
-        "{params.env} torchrun --standalone"
-        " --nproc-per-node {params.nproc} --max-restarts {params.max_restarts}"
-        " -m cosmocub.cli train --shards {params.shards} --out {params.out}"
+        "{params.env} cosmocub launch --nodes {resources.nodes}"
+        " --tasks-per-node {params.nproc} --cpus-per-rank {params.cpus}"
+        " --max-restarts {params.max_restarts}"
+        " -- train --shards {params.shards} --out {params.out}"
         " > {log} 2>&1"
 
 
@@ -53,6 +73,10 @@ rule evaluate:
         f"{RESULTS}/logs/evaluate/{{run}}.log",
     conda:
         "../../envs/cosmocub.yaml"
+    threads: CFG.cluster.small.threads
+    resources:
+        mem_mb=CFG.cluster.small.mem_mb,
+        runtime=CFG.cluster.small.runtime,
     params:
         settings=section("model", "evaluate"),
         shards=lambda w, input: os.path.dirname(input.manifest),

@@ -42,6 +42,7 @@ SPLITS: tuple[str, ...] = ("train", "val", "test")
 # 512³ universe at S = 32), small enough that num_workers blocks fit in memory many times over.
 BLOCK_BYTES = 64 << 20
 PROGRESS_EVERY_S = 30.0
+DASK_CONNECT_TIMEOUT_S = 5
 
 
 class PreprocessError(ValueError):
@@ -294,7 +295,15 @@ def _distributed_client(address: str) -> Any:
             f"preprocess.dask_scheduler is {address!r} but dask.distributed is not installed "
             f"(pip install distributed), or set it to null for local threads"
         ) from None
-    return Client(address)
+    try:
+        # A few seconds, not distributed's 30 s default: a wrong address should fail fast.
+        return Client(address, timeout=DASK_CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError) as err:
+        raise PreprocessError(
+            f"key 'preprocess.dask_scheduler': no Dask scheduler answers at {address!r} within "
+            f"{DASK_CONNECT_TIMEOUT_S} s ({type(err).__name__}); start it, or set it to null for "
+            f"local threads"
+        ) from None
 
 
 def _compute(
@@ -384,19 +393,7 @@ def preprocess(
             raise
         digests = [future.result() for future in hashing]
 
-        table = value_table(settings.log1p, settings.dtype)
-        moments = histogram_moments(np.asarray(hist_np), table)
-        if not np.all(np.isfinite(moments["mean"])):
-            raise PreprocessError(
-                f"{out_dir}: training values have non-finite mean {moments['mean'].tolist()} "
-                f"(negative counts in a universe?)"
-            )
-        stats = {
-            "mean": moments["mean"].tolist(),
-            "std": moments["std"].tolist(),
-            "split": "train",
-            "num_values": moments["count"].tolist(),
-        }
+        stats = _stats(np.asarray(hist_np), settings, out_dir)
         (tmp / "stats.json").write_text(json.dumps(stats, indent=2) + "\n")
         manifest = _manifest(split_metas, metas, digests, settings, seed, config_hash)
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
@@ -410,6 +407,22 @@ def preprocess(
         flush=True,
     )
     return manifest
+
+
+def _stats(hist: np.ndarray, settings: PreprocessConfig, out_dir: Path) -> dict[str, Any]:
+    """Per-channel mean and std of the training values, from their (C, 65536) count histogram."""
+    moments = histogram_moments(hist, value_table(settings.log1p, settings.dtype))
+    if not np.all(np.isfinite(moments["mean"])):
+        raise PreprocessError(
+            f"{out_dir}: training values have non-finite mean {moments['mean'].tolist()} "
+            f"(negative counts in a universe?)"
+        )
+    return {
+        "mean": moments["mean"].tolist(),
+        "std": moments["std"].tolist(),
+        "split": "train",
+        "num_values": moments["count"].tolist(),
+    }
 
 
 def _manifest(
@@ -447,3 +460,164 @@ def _manifest(
         ],
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+
+
+# --- the same shards from many jobs: plan, crop per group, gather -----------------------------
+# The workflow runs these as separate cluster jobs so that ~10,000 universes never meet on one
+# command line or in one process. The shards are identical to `preprocess`'s: `plan_shards`
+# allocates them in full, each group writes its universes' samples at their final chunk offsets
+# (ChunkWriter, no HDF5 locking across processes), and `gather_shards` adds the groups'
+# histograms and links the finished files into place.
+
+PLAN_FILE = "plan.json"
+
+
+class _RowOffset:
+    """Store target that writes a group's rows at their place in the whole split's shard."""
+
+    def __init__(self, writer: ChunkWriter, start: int) -> None:
+        self.writer, self.start = writer, start
+
+    def __setitem__(self, key: Any, block: np.ndarray) -> None:
+        rows = key[0]
+        shifted = slice(rows.start + self.start, rows.stop + self.start)
+        self.writer[(shifted, *key[1:])] = block
+
+
+def plan_shards(
+    universe_paths: list[Path],
+    staging: Path,
+    *,
+    settings: PreprocessConfig,
+    seed: int,
+    universes_per_job: int,
+) -> dict[str, Any]:
+    """Allocate the shards in `staging` and write the plan: which universes each group crops."""
+    paths = [Path(p) for p in universe_paths]
+    metas = _validate(paths, settings.sample_size)
+    by_path = {m.path: m for m in metas}
+    assigned = assign_splits(paths, settings.splits.as_dict(), seed)
+    per_universe = (metas[0].size // settings.sample_size) ** 3
+    place = {
+        str(p): {"split": s, "first_sample": i * per_universe}
+        for s in SPLITS
+        for i, p in enumerate(assigned[s])
+    }
+    ordered = sorted(str(p) for p in paths)
+    groups = [ordered[i : i + universes_per_job] for i in range(0, len(ordered), universes_per_job)]
+    staging = Path(staging)
+    staging.mkdir(parents=True, exist_ok=True)
+    for s in SPLITS:
+        _create_shard(staging / f"{s}.h5", s, [by_path[p] for p in assigned[s]], settings)
+    plan = {
+        "splits": {s: [str(p) for p in assigned[s]] for s in SPLITS},
+        "place": place,
+        "groups": groups,
+        "samples_per_universe": per_universe,
+        "seed": seed,
+    }
+    with atomic_path(staging / PLAN_FILE) as tmp:
+        tmp.write_text(json.dumps(plan, indent=1) + "\n")
+    return plan
+
+
+def crop_group(staging: Path, group: int, out: Path, *, settings: PreprocessConfig) -> None:
+    """Crop group `group` of the plan into the staged shards; save its histogram and digests."""
+    staging = Path(staging)
+    plan = json.loads((staging / PLAN_FILE).read_text())
+    if not 0 <= group < len(plan["groups"]):
+        raise PreprocessError(
+            f"{staging / PLAN_FILE}: group {group} does not exist (the plan has "
+            f"{len(plan['groups'])})"
+        )
+    members = [Path(p) for p in plan["groups"][group]]
+    metas = [read_universe_meta(p) for p in members]
+    crop = functools.partial(
+        crop_samples,
+        sample_size=settings.sample_size,
+        slab_depth=settings.slab_depth,
+        log1p=settings.log1p,
+        dtype=settings.dtype,
+    )
+    samples: dict[str, da.Array] = {}
+    targets: dict[str, Any] = {}
+    train_counts = None
+    for m in metas:
+        where = plan["place"][str(m.path)]
+        counts = open_universes([m], sample_size=settings.sample_size)
+        key = f"{where['split']}:{m.path}"
+        samples[key] = crop(counts).data
+        if where["split"] == "train":
+            train_counts = (
+                counts if train_counts is None else xr.concat([train_counts, counts], "universe")
+            )
+        s = settings.sample_size
+        c = m.num_channels
+        writer = ChunkWriter(
+            staging / f"{where['split']}.h5",
+            chunk_bytes=c * settings.slab_depth * s * s * np.dtype(settings.dtype).itemsize,
+        )
+        targets[key] = _RowOffset(writer, where["first_sample"])
+    channels = metas[0].num_channels
+    if train_counts is not None:
+        hist = train_histogram(train_counts)
+    else:
+        hist = da.zeros((channels, 2**16), dtype=np.int64)
+    hist_np = np.zeros((channels, 2**16), dtype=np.int64)
+    _compute(samples, targets, hist, hist_np, settings, sum(m.nbytes for m in metas))
+    digests = [sha256_file(m.path) for m in metas]
+    with atomic_path(out) as tmp, open(tmp, "wb") as f:
+        np.savez(
+            f,
+            hist=hist_np,
+            paths=np.array([str(m.path) for m in metas]),
+            sha256=np.array(digests),
+        )
+
+
+def gather_shards(
+    staging: Path,
+    group_files: list[Path],
+    out_dir: Path,
+    *,
+    settings: PreprocessConfig,
+    config_hash: str,
+) -> dict[str, Any]:
+    """Statistics from the groups' histograms, the manifest, the shards linked into `out_dir`."""
+    staging = Path(staging)
+    plan = json.loads((staging / PLAN_FILE).read_text())
+    hist_total = None
+    digest_of: dict[str, str] = {}
+    for path in group_files:
+        with np.load(path) as part:
+            hist_total = part["hist"] if hist_total is None else hist_total + part["hist"]
+            digest_of.update(zip(part["paths"].tolist(), part["sha256"].tolist(), strict=True))
+    every = [p for s in SPLITS for p in plan["splits"][s]]
+    missing = sorted(set(every) - set(digest_of))
+    if missing:
+        raise PreprocessError(
+            f"{staging}: {len(missing)} universe(s) were cropped by no group, e.g. {missing[0]}"
+        )
+    metas_by_path = {p: read_universe_meta(Path(p)) for p in every}
+    metas = [metas_by_path[p] for p in sorted(every)]
+    split_metas = {s: [metas_by_path[p] for p in plan["splits"][s]] for s in SPLITS}
+    stats = _stats(np.asarray(hist_total), settings, Path(out_dir))
+    manifest = _manifest(
+        split_metas,
+        metas,
+        [digest_of[str(m.path)] for m in metas],
+        settings,
+        plan["seed"],
+        config_hash,
+    )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for s in SPLITS:
+        # A hard link, not a move: the staged file stays whole until the workflow drops it, so a
+        # gather killed half-way can simply run again.
+        with atomic_path(out_dir / f"{s}.h5") as tmp:
+            os.link(staging / f"{s}.h5", tmp)
+    for name, content in (("stats.json", stats), ("manifest.json", manifest)):
+        with atomic_path(out_dir / name) as tmp:
+            tmp.write_text(json.dumps(content, indent=2) + "\n")
+    return manifest

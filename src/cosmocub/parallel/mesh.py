@@ -17,6 +17,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 MESH_AXES = ("data", "spatial")
+# Cores per rank that the workflow's launcher passes to torchrun-started ranks.
+CPUS_PER_RANK_ENV = "COSMOCUB_CPUS_PER_RANK"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +47,10 @@ def _first_slurm_host(nodelist: str) -> str:
     return prefix + ranges.split(",")[0].split("-")[0]
 
 
+def _optional_int(environ: Mapping[str, str], name: str) -> int | None:
+    return int(environ[name]) if environ.get(name) else None
+
+
 def _slurm_local_size(environ: Mapping[str, str], world_size: int) -> int:
     if "SLURM_NTASKS_PER_NODE" in environ:
         return int(environ["SLURM_NTASKS_PER_NODE"].split("(")[0].split(",")[0])
@@ -65,15 +71,20 @@ def detect_launch_env(environ: Mapping[str, str] | None = None) -> LaunchEnv:
             local_world_size=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=int(env.get("MASTER_PORT", 29500)),
+            # What the workflow granted each rank (cosmocub.launch); torchrun itself says nothing.
+            cpus_per_rank=_optional_int(env, CPUS_PER_RANK_ENV),
         )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         world_size = int(env["SLURM_NTASKS"])
+        # Rank 0 runs on the first node of the step (srun's block distribution), which is where
+        # it serves the store. SLURM_LAUNCH_NODE_IPADDR is where srun was typed: after `salloc` on
+        # a login node that is the login node, which serves nothing, so it is the last resort.
         if "MASTER_ADDR" in env:
             addr = env["MASTER_ADDR"]
+        elif nodelist := env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST"):
+            addr = _first_slurm_host(nodelist)
         elif "SLURM_LAUNCH_NODE_IPADDR" in env:
             addr = env["SLURM_LAUNCH_NODE_IPADDR"]
-        elif "SLURM_JOB_NODELIST" in env:
-            addr = _first_slurm_host(env["SLURM_JOB_NODELIST"])
         else:
             addr = "127.0.0.1"
         # A port derived from the job id keeps two jobs sharing a node from colliding.

@@ -1,0 +1,145 @@
+"""Start the training ranks with the launcher of the allocation this runs in.
+
+Inside a Slurm job: `srun` over the job's tasks (ParallelDims reads SLURM_PROCID/…); inside a
+Flux or LSF job: one `torchrun` per node (`flux run` / `blaunch`) meeting at this host, which is
+the allocation's first node; outside any: `torchrun --standalone` on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+# torchrun's c10d rendezvous port on Flux/LSF (Slurm derives its port from the job id).
+RENDEZVOUS_PORT = 29400
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankLayout:
+    """How many processes to start where: nodes × tasks_per_node ranks of cpus_per_rank cores."""
+
+    nodes: int
+    tasks_per_node: int
+    cpus_per_rank: int
+    max_restarts: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "tasks_per_node", "cpus_per_rank"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"launch: {name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+
+def detect_scheduler(environ: Mapping[str, str]) -> str:
+    """ "slurm", "flux" or "lsf" when running inside that scheduler's job, else "local"."""
+    if "SLURM_JOB_ID" in environ:
+        return "slurm"
+    if "FLUX_JOB_ID" in environ:
+        return "flux"
+    if "LSB_JOBID" in environ:
+        return "lsf"
+    return "local"
+
+
+def _lsf_hosts(environ: Mapping[str, str]) -> list[str]:
+    # LSB_MCPU_HOSTS = "hostA 4 hostB 4": each host once, in allocation order.
+    words = environ.get("LSB_MCPU_HOSTS", "").split()
+    return list(dict.fromkeys(words[::2]))
+
+
+def launch_command(
+    layout: RankLayout,
+    module_args: Sequence[str],
+    *,
+    environ: Mapping[str, str] | None = None,
+    python: str = sys.executable,
+    host: str | None = None,
+) -> list[str]:
+    """The argv that starts `python -m cosmocub.cli <module_args>` as every rank of `layout`."""
+    env = os.environ if environ is None else environ
+    scheduler = detect_scheduler(env)
+    args = list(module_args)
+    torchrun = [python, "-m", "torch.distributed.run"]
+    if scheduler == "local":
+        if layout.nodes > 1:
+            raise ValueError(
+                f"key 'cluster.train.nodes': {layout.nodes} nodes need a scheduler allocation "
+                f"(run with --profile profiles/slurm, or set it to 1 on one machine)"
+            )
+        return [
+            *torchrun,
+            "--standalone",
+            f"--nproc-per-node={layout.tasks_per_node}",
+            f"--max-restarts={layout.max_restarts}",
+            "-m",
+            "cosmocub.cli",
+            *args,
+        ]
+    if scheduler == "slurm":
+        if layout.world_size == 1:
+            # The job is one task already; ParallelDims reads SLURM_PROCID=0 / SLURM_NTASKS=1.
+            return [python, "-m", "cosmocub.cli", *args]
+        return [
+            "srun",
+            f"--nodes={layout.nodes}",
+            f"--ntasks={layout.world_size}",
+            f"--ntasks-per-node={layout.tasks_per_node}",
+            f"--cpus-per-task={layout.cpus_per_rank}",
+            "--kill-on-bad-exit=1",
+            python,
+            "-m",
+            "cosmocub.cli",
+            *args,
+        ]
+    # Flux and LSF: one torchrun agent per node; the batch script runs on the allocation's first
+    # node, so its hostname is an address every agent can reach.
+    job_id = env.get("FLUX_JOB_ID") or env.get("LSB_JOBID") or "0"
+    endpoint = f"{host or socket.gethostname()}:{RENDEZVOUS_PORT}"
+    agent = [
+        *torchrun,
+        f"--nnodes={layout.nodes}",
+        f"--nproc-per-node={layout.tasks_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={job_id}",
+        f"--max-restarts={layout.max_restarts}",
+        "-m",
+        "cosmocub.cli",
+        *args,
+    ]
+    if scheduler == "flux":
+        return [
+            "flux",
+            "run",
+            f"--nodes={layout.nodes}",
+            "--tasks-per-node=1",
+            f"--cores-per-task={layout.cpus_per_rank * layout.tasks_per_node}",
+            *agent,
+        ]
+    hosts = _lsf_hosts(env)
+    if len(hosts) < layout.nodes:
+        raise ValueError(
+            f"LSF job {job_id}: cluster.train.nodes is {layout.nodes} but LSB_MCPU_HOSTS names "
+            f"{len(hosts)} host(s)"
+        )
+    return ["blaunch", "-z", " ".join(hosts[: layout.nodes]), *agent]
+
+
+def format_command(argv: Sequence[str]) -> str:
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def exec_launch(layout: RankLayout, module_args: Sequence[str]) -> None:
+    """Replace this process with the launcher (its exit status becomes the job's)."""
+    argv = launch_command(layout, module_args)
+    print(f"cosmocub launch: {format_command(argv)}", file=sys.stderr, flush=True)
+    # The ranks' torch threads: what the scheduler or the rule granted each rank.
+    os.environ["COSMOCUB_CPUS_PER_RANK"] = str(layout.cpus_per_rank)
+    os.execvp(argv[0], argv)

@@ -1,0 +1,97 @@
+"""cosmocub.launch: the launcher follows the allocation (none, Slurm, Flux, LSF); and the
+rendezvous on Slurm is where rank 0 runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from cosmocub.launch import RankLayout, launch_command
+from cosmocub.parallel.mesh import detect_launch_env
+
+TRAIN = ["train", "--shards", "s", "--out", "r"]
+
+
+def test_local_is_torchrun_standalone() -> None:
+    argv = launch_command(
+        RankLayout(nodes=1, tasks_per_node=2, cpus_per_rank=3, max_restarts=2),
+        TRAIN,
+        environ={},
+        python="py",
+    )
+    assert argv == [
+        "py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        "--max-restarts=2", "-m", "cosmocub.cli", *TRAIN,
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match=r"cluster.train.nodes': 2 nodes need a scheduler"):
+        launch_command(RankLayout(nodes=2, tasks_per_node=1, cpus_per_rank=1), TRAIN, environ={})
+
+
+def test_slurm_is_srun_over_every_task() -> None:
+    env = {"SLURM_JOB_ID": "77"}
+    argv = launch_command(
+        RankLayout(nodes=2, tasks_per_node=4, cpus_per_rank=8), TRAIN, environ=env, python="py"
+    )
+    assert argv[:6] == [
+        "srun", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--cpus-per-task=8",
+        "--kill-on-bad-exit=1",
+    ]  # fmt: skip
+    assert argv[6:] == ["py", "-m", "cosmocub.cli", *TRAIN]
+    # One task: the batch job is that task already.
+    one = launch_command(RankLayout(nodes=1, tasks_per_node=1, cpus_per_rank=2), TRAIN, environ=env)
+    assert one[1:4] == ["-m", "cosmocub.cli", "train"]
+
+
+def test_flux_and_lsf_start_one_torchrun_per_node_meeting_here() -> None:
+    layout = RankLayout(nodes=2, tasks_per_node=4, cpus_per_rank=8)
+    flux = launch_command(layout, TRAIN, environ={"FLUX_JOB_ID": "f2"}, python="py", host="n1")
+    assert flux[:5] == ["flux", "run", "--nodes=2", "--tasks-per-node=1", "--cores-per-task=32"]
+    assert "--nnodes=2" in flux and "--nproc-per-node=4" in flux
+    assert "--rdzv-endpoint=n1:29400" in flux and "--rdzv-id=f2" in flux
+    lsf_env = {"LSB_JOBID": "9", "LSB_MCPU_HOSTS": "a1 32 a2 32"}
+    lsf = launch_command(layout, TRAIN, environ=lsf_env, python="py", host="a1")
+    assert lsf[:3] == ["blaunch", "-z", "a1 a2"] and "--rdzv-endpoint=a1:29400" in lsf
+    with pytest.raises(ValueError, match="LSB_MCPU_HOSTS names 1 host"):
+        launch_command(layout, TRAIN, environ={"LSB_JOBID": "9", "LSB_MCPU_HOSTS": "a1 32"})
+
+
+def test_slurm_rendezvous_is_rank_zeros_node_not_the_login_node() -> None:
+    # After `salloc` on a login node, srun runs from there: SLURM_LAUNCH_NODE_IPADDR is the login
+    # node's address, where nothing listens; rank 0 runs on the step's first node.
+    env = detect_launch_env(
+        {
+            "SLURM_PROCID": "3",
+            "SLURM_NTASKS": "4",
+            "SLURM_JOB_ID": "5",
+            "SLURM_LAUNCH_NODE_IPADDR": "10.1.2.3",
+            "SLURM_JOB_NODELIST": "gpu[007-009]",
+            "SLURM_STEP_NODELIST": "gpu[008-009]",
+        }
+    )
+    assert env.master_addr == "gpu008"
+    env = detect_launch_env(
+        {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": "cn[1-2]"}
+    )
+    assert env.master_addr == "cn1"
+
+
+def test_torchrun_ranks_get_the_cores_the_launcher_granted() -> None:
+    env = detect_launch_env({"RANK": "0", "WORLD_SIZE": "2", "COSMOCUB_CPUS_PER_RANK": "3"})
+    assert env.cpus_per_rank == 3
+    assert detect_launch_env({"RANK": "0", "WORLD_SIZE": "2"}).cpus_per_rank is None
+
+
+def test_cluster_section_and_server_settings(tmp_path) -> None:
+    from cosmocub import workflow_support as ws
+    from cosmocub.config import ConfigError, load_config
+
+    cfg = load_config(None, {"train": {"nproc_per_node": 4}, "cluster": {"train": {"nodes": 3}}})
+    assert ws.train_world_size(cfg) == 12
+    assert ws.train_threads(cfg) == 4 * 8
+    assert ws.train_gres(cfg) == ""
+    gpu = load_config(
+        None, {"train": {"nproc_per_node": 4}, "cluster": {"train": {"gpus_per_rank": 1}}}
+    )
+    assert ws.train_gres(gpu) == "gpu:4"
+    assert ws.num_preprocess_groups(cfg, 10_000) == 157  # 64 universes a job
+    with pytest.raises(ConfigError, match=r"tracking.server.start': true .* set one of them"):
+        load_config(None, {"tracking": {"uri": "http://x:5000", "server": {"start": True}}})

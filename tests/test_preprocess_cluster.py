@@ -1,0 +1,138 @@
+"""Preprocessing at cluster scale: the same shards from plan → per-group jobs → gather, and from
+a Dask distributed cluster (a LocalCluster over TCP on 127.0.0.1), as from one local job."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from cosmocub.config import PreprocessConfig, SplitRatios
+from cosmocub.data.preprocess import (
+    PreprocessError,
+    crop_group,
+    gather_shards,
+    plan_shards,
+    preprocess,
+)
+
+SPLITS = ("train", "val", "test")
+
+
+def settings(**overrides) -> PreprocessConfig:
+    values = dict(
+        sample_size=8,
+        log1p=True,
+        dtype="float16",
+        splits=SplitRatios(train=0.6, val=0.2, test=0.2),
+        slab_depth=4,
+        dask_scheduler=None,
+        num_workers=2,
+    )
+    values.update(overrides)
+    return PreprocessConfig(**values)
+
+
+@pytest.fixture
+def universes(make_universe) -> list[Path]:
+    return sorted(make_universe(f"univ_{i}.hdf5", size=16, seed=i) for i in range(7))
+
+
+def assert_same_shards(a: Path, b: Path) -> None:
+    """Every dataset and attribute equal, stats equal, manifests equal but for their date."""
+    for split in SPLITS:
+        with h5py.File(a / f"{split}.h5") as fa, h5py.File(b / f"{split}.h5") as fb:
+            assert set(fa) == set(fb)
+            for name in fa:
+                np.testing.assert_array_equal(fa[name][...], fb[name][...], err_msg=name)
+            assert dict(fa.attrs) == dict(fb.attrs)
+    assert json.loads((a / "stats.json").read_text()) == json.loads((b / "stats.json").read_text())
+    ma, mb = (json.loads((d / "manifest.json").read_text()) for d in (a, b))
+    ma.pop("created"), mb.pop("created")
+    assert ma == mb
+
+
+@pytest.mark.parametrize("per_job", [1, 3, 7])
+def test_groups_then_gather_equal_one_job(universes, tmp_path, per_job) -> None:
+    cfg = settings()
+    preprocess(universes, tmp_path / "one", settings=cfg, seed=3, config_hash="h")
+    staging = tmp_path / "staging"
+    plan = plan_shards(universes, staging, settings=cfg, seed=3, universes_per_job=per_job)
+    assert len(plan["groups"]) == -(-7 // per_job)
+    # Groups run in any order (as cluster jobs do), and a group run twice writes the same.
+    order = [*reversed(range(len(plan["groups"]))), 0]
+    for g in order:
+        crop_group(staging, g, tmp_path / "groups" / f"{g}.npz", settings=cfg)
+    files = [tmp_path / "groups" / f"{g}.npz" for g in range(len(plan["groups"]))]
+    gather_shards(staging, files, tmp_path / "many", settings=cfg, config_hash="h")
+    assert_same_shards(tmp_path / "one", tmp_path / "many")
+    # The stats are not trivially equal: 4 channels of log1p(Poisson(1)) values.
+    stats = json.loads((tmp_path / "many" / "stats.json").read_text())
+    assert all(0.4 < m < 0.7 for m in stats["mean"])
+
+
+def test_gather_refuses_a_missing_group(universes, tmp_path) -> None:
+    cfg = settings()
+    staging = tmp_path / "staging"
+    plan_shards(universes, staging, settings=cfg, seed=3, universes_per_job=4)
+    crop_group(staging, 0, tmp_path / "0.npz", settings=cfg)
+    with pytest.raises(PreprocessError, match=r"3 universe\(s\) were cropped by no group"):
+        gather_shards(
+            staging, [tmp_path / "0.npz"], tmp_path / "out", settings=cfg, config_hash="h"
+        )
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(PreprocessError, match="group 5 does not exist"):
+        crop_group(staging, 5, tmp_path / "5.npz", settings=cfg)
+
+
+@pytest.mark.slow
+def test_dask_local_cluster_over_tcp_writes_the_same_shards(universes, tmp_path) -> None:
+    distributed = pytest.importorskip("distributed")
+    cfg = settings()
+    preprocess(universes, tmp_path / "threads", settings=cfg, seed=5, config_hash="h")
+    with distributed.LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        protocol="tcp",
+        dashboard_address=None,
+    ) as cluster:
+        assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
+        on_cluster = dataclasses.replace(cfg, dask_scheduler=cluster.scheduler_address)
+        preprocess(universes, tmp_path / "cluster", settings=on_cluster, seed=5, config_hash="h")
+        # The per-group path on the cluster too.
+        staging = tmp_path / "staging"
+        plan_shards(universes, staging, settings=on_cluster, seed=5, universes_per_job=4)
+        for g in range(2):
+            crop_group(staging, g, tmp_path / f"{g}.npz", settings=on_cluster)
+        gather_shards(
+            staging,
+            [tmp_path / "0.npz", tmp_path / "1.npz"],
+            tmp_path / "cluster-groups",
+            settings=on_cluster,
+            config_hash="h",
+        )
+    assert_same_shards(tmp_path / "threads", tmp_path / "cluster")
+    assert_same_shards(tmp_path / "threads", tmp_path / "cluster-groups")
+
+
+def test_a_dask_scheduler_that_does_not_answer(universes, tmp_path) -> None:
+    pytest.importorskip("distributed")
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = settings(dask_scheduler=f"tcp://127.0.0.1:{port}")
+    t0 = time.perf_counter()
+    with pytest.raises(PreprocessError, match=r"no Dask scheduler answers at 'tcp://127.0.0.1:"):
+        preprocess(universes, tmp_path / "s", settings=cfg, seed=0, config_hash="h")
+    assert time.perf_counter() - t0 < 30
+    assert not (tmp_path / "s").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".s")] == []
