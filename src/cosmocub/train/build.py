@@ -123,9 +123,10 @@ def _spatial_block(cfg: Config, dims: ParallelDims) -> tuple[slice, slice, slice
 
 
 def _parallelize(model: CosmoFlow, cfg: Config, dims: ParallelDims) -> nn.Module:
-    """The model itself at spatial = 1; else its spatial form (same parameters and keys)."""
-    if dims.spatial == 1:
-        return model
+    """The model's parallel form (same parameters and state_dict keys): spatial layers under a
+    split, and batch norm over the global batch whenever there is more than one rank, so that
+    every data × spatial decomposition of a run computes the same thing. On one rank, and
+    without batch norm at spatial = 1, it is the model itself."""
     from cosmocub.parallel.spatial import parallelize_cosmoflow
 
     pc = cfg.parallel
