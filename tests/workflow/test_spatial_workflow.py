@@ -96,7 +96,9 @@ def test_sample_size_study_target(workdir: Path) -> None:
         ("8", "universe"): 1,
     }
     for r in rows:
-        assert float(r["mae_ratio"]) == pytest.approx(float(r["mae"]) / float(r["baseline_mae"]))
+        # The TSV holds 6 significant digits.
+        ratio = float(r["mae"]) / float(r["baseline_mae"])
+        assert float(r["mae_ratio"]) == pytest.approx(ratio, rel=2e-5)
     assert (study / "sample_size.png").stat().st_size > 10_000
     train = json.loads((study / "8/run/train_summary.json").read_text())
     assert (train["world_size"], train["spatial_parallel"]) == (2, 2)
