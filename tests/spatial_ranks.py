@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from cosmocub.config import ModelConfig
 from cosmocub.models.cosmoflow import CosmoFlow
+from cosmocub.models.summary import activation_bytes
 from cosmocub.parallel.halo import HaloPlan, halo_exchange, spatial_coords
 from cosmocub.parallel.mesh import ParallelDims, build_parallel_dims
 from cosmocub.parallel.spatial import parallelize_cosmoflow, spatial_block
@@ -142,7 +143,18 @@ def model_case(
     )
     sync = build_gradient_sync(optimizer, dims)
     wrapped = sync.wrap(model)
-    pred = wrapped(x)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(
+        t: torch.Tensor,
+    ) -> torch.Tensor:  # what autograd keeps for backward, as summary counts
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        pred = wrapped(x)
     loss = F.mse_loss(pred, y_global[mine])
     loss.backward()
     sync.after_backward(model)
@@ -218,6 +230,8 @@ def model_case(
         "eval_output": eval_err,
         "loss_value": loss_ref.item(),
         "state_dict_keys_plain": list(model.state_dict()) == list(reference.state_dict()),
+        "saved_bytes": sum(saved.values()),
+        "summary_saved_bytes": activation_bytes(cfg, split, batch=batch)["total"],
     }
 
 

@@ -20,6 +20,7 @@ import torch
 
 from cosmocub.config import ModelConfig
 from cosmocub.models.cosmoflow import CosmoFlow
+from cosmocub.models.summary import activation_bytes
 from cosmocub.parallel.halo import spatial_coords, spatial_rank
 from cosmocub.parallel.mesh import LaunchEnv, ParallelDims
 from cosmocub.parallel.spatial import check_spatial_split, parallelize_cosmoflow
@@ -118,6 +119,18 @@ def test_parallel_model_matches_the_single_process_model(
     synthetic: dict[str, dict[str, Any]], name: str
 ) -> None:
     _assert_matches(synthetic[name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODEL_CASES)
+def test_summary_counts_the_activations_a_rank_saves(
+    synthetic: dict[str, dict[str, Any]], name: str
+) -> None:
+    # model-summary's per-rank figure (meta device) against the bytes the parallel model's
+    # forward really left for backward on a rank; batch norm's plain form saves two
+    # channel-sized vectors more than the synced one.
+    case = synthetic[name]
+    assert case["summary_saved_bytes"] == pytest.approx(case["saved_bytes"], rel=5e-3), case
 
 
 @pytest.mark.slow
@@ -228,6 +241,39 @@ def test_one_rank_leaves_the_model_plain() -> None:
     before = list(model.modules())
     assert parallelize_cosmoflow(model, _single_dims(), split=(1, 1, 1)) is model
     assert list(model.modules()) == before
+
+
+def test_model_summary_reports_activations_per_rank(capsys: pytest.CaptureFixture[str]) -> None:
+    from cosmocub.cli import main
+
+    assert main(["model-summary", "--split", "2,2,1"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("activations per rank:") and "at split [2, 2, 1]" in line
+    assert main(["model-summary", "--split", "3,1,1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "conv_blocks.block0.conv: depth extent 32 does not divide into 3 blocks" in err
+
+
+def test_activation_bytes_unsplit_is_what_a_plain_forward_saves() -> None:
+    cfg = tiny_cfg()
+    model = CosmoFlow(cfg)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(torch.randn(2, 4, 16, 16, 16))
+    assert activation_bytes(cfg, batch=2)["total"] == sum(saved.values())
+    # A split divides the conv stack's activations, halos aside; the head is replicated.
+    halves = activation_bytes(cfg, (2, 1, 1), batch=2)
+    whole = activation_bytes(cfg, batch=2)
+    assert halves["head"] == whole["head"]
+    assert 0.5 < halves["conv_stack"] / whole["conv_stack"] < 0.56
 
 
 def test_split_must_match_the_spatial_axis() -> None:

@@ -132,7 +132,8 @@ def _cmd_model_summary(args: argparse.Namespace) -> int:
     from cosmocub.models.summary import format_summary, summarize
 
     cfg = load_config(args.config)
-    print(format_summary(summarize(cfg.model)))
+    split = args.split or cfg.parallel.split_dhw
+    print(format_summary(summarize(cfg.model, split=split)))
     return 0
 
 
@@ -233,6 +234,13 @@ def _cmd_sample_size_study(args: argparse.Namespace) -> int:
     return 0
 
 
+def _split_arg(text: str) -> tuple[int, int, int]:
+    parts = text.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: need three positive integers, e.g. 2,1,1")
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cosmocub", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -304,6 +312,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "model-summary", _cmd_model_summary, "layer table, parameter count and FLOPs per sample"
     )
     add_config(p)
+    p.add_argument(
+        "--split",
+        type=_split_arg,
+        help="ranks along D,H,W for the activation memory per rank, e.g. 2,1,1 "
+        "(default: the config's parallel.split)",
+    )
 
     p = add("train", _cmd_train, "train CosmoFlow (run under torchrun or srun for several ranks)")
     p.add_argument("--shards", required=True)
