@@ -79,21 +79,24 @@ class _SyncBatchNorm(torch.autograd.Function):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         dims = [0, *range(2, x_bcdhw.dim())]
         count = x_bcdhw.numel() // x_bcdhw.shape[1]
-        var, mean = torch.var_mean(x_bcdhw, dim=dims, correction=0)  # (C,), (C,)
+        # Statistics and normalisation in at least float32, also for a bf16/fp16 input (autocast).
+        acc = torch.promote_types(x_bcdhw.dtype, torch.float32)
+        x = x_bcdhw.to(acc)
+        var, mean = torch.var_mean(x, dim=dims, correction=0)  # (C,), (C,)
         local = torch.cat([mean.new_tensor([count]), mean, var * count]).double()  # (1+2C,)
         parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, local, group=group)
         stats = torch.stack(parts)  # (P, 1+2C)
-        c = x_bcdhw.shape[1]
+        c = x.shape[1]
         n_p, mean_pc, m2_pc = stats[:, :1], stats[:, 1 : 1 + c], stats[:, 1 + c :]
         total = n_p.sum()
         mean_c = (n_p * mean_pc).sum(0) / total
         m2_c = (m2_pc + n_p * (mean_pc - mean_c) ** 2).sum(0)
         invstd_c = torch.rsqrt(m2_c / total + eps)
-        shape = (1, c) + (1,) * (x_bcdhw.dim() - 2)
-        mean_x, invstd_x = mean_c.to(x_bcdhw.dtype), invstd_c.to(x_bcdhw.dtype)
-        xhat = (x_bcdhw - mean_x.view(shape)) * invstd_x.view(shape)
-        y = xhat * weight.view(shape) + bias.view(shape)
+        shape = (1, c) + (1,) * (x.dim() - 2)
+        mean_x, invstd_x = mean_c.to(acc), invstd_c.to(acc)
+        xhat = (x - mean_x.view(shape)) * invstd_x.view(shape)
+        y = (xhat * weight.to(acc).view(shape) + bias.to(acc).view(shape)).to(x_bcdhw.dtype)
         ctx.save_for_backward(x_bcdhw, weight, mean_x, invstd_x)
         ctx.group, ctx.total = group, float(total)
         ctx.mark_non_differentiable(mean_c, m2_c, total)
@@ -102,18 +105,22 @@ class _SyncBatchNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor, *_unused: torch.Tensor):  # type: ignore[override]
         x_bcdhw, weight, mean_x, invstd_x = ctx.saved_tensors
-        c = x_bcdhw.shape[1]
-        shape = (1, c) + (1,) * (x_bcdhw.dim() - 2)
-        dims = [0, *range(2, x_bcdhw.dim())]
-        xhat = (x_bcdhw - mean_x.view(shape)) * invstd_x.view(shape)
+        acc = mean_x.dtype
+        x, dy = x_bcdhw.to(acc), dy.to(acc)
+        c = x.shape[1]
+        shape = (1, c) + (1,) * (x.dim() - 2)
+        dims = [0, *range(2, x.dim())]
+        xhat = (x - mean_x.view(shape)) * invstd_x.view(shape)
         sum_dy = dy.sum(dims)  # (C,) local partials: they are also the bias gradient
         sum_dy_xhat = (dy * xhat).sum(dims)  # (C,) and the weight gradient
         both = torch.cat([sum_dy, sum_dy_xhat])
         dist.all_reduce(both, group=ctx.group)
         mean_dy, mean_dy_xhat = (both / ctx.total).split(c)
-        dx = (weight * invstd_x).view(shape) * (
+        dx = (weight.to(acc) * invstd_x).view(shape) * (
             dy - mean_dy.view(shape) - xhat * mean_dy_xhat.view(shape)
         )
+        dx = dx.to(x_bcdhw.dtype)
+        sum_dy_xhat, sum_dy = sum_dy_xhat.to(weight.dtype), sum_dy.to(weight.dtype)
         return dx, sum_dy_xhat, sum_dy, None, None
 
 
