@@ -95,8 +95,10 @@ class _SyncBatchNorm(torch.autograd.Function):
         invstd_c = torch.rsqrt(m2_c / total + eps)
         shape = (1, c) + (1,) * (x.dim() - 2)
         mean_x, invstd_x = mean_c.to(acc), invstd_c.to(acc)
-        xhat = (x - mean_x.view(shape)) * invstd_x.view(shape)
-        y = (xhat * weight.to(acc).view(shape) + bias.to(acc).view(shape)).to(x_bcdhw.dtype)
+        # In place on one new tensor: a block-sized temporary fewer at the peak than (x̂·w + b).
+        y = x - mean_x.view(shape)
+        y.mul_((invstd_x * weight.to(acc)).view(shape)).add_(bias.to(acc).view(shape))
+        y = y.to(x_bcdhw.dtype)
         ctx.save_for_backward(x_bcdhw, weight, mean_x, invstd_x)
         ctx.group, ctx.total = group, float(total)
         ctx.mark_non_differentiable(mean_c, m2_c, total)
@@ -110,15 +112,18 @@ class _SyncBatchNorm(torch.autograd.Function):
         c = x.shape[1]
         shape = (1, c) + (1,) * (x.dim() - 2)
         dims = [0, *range(2, x.dim())]
-        xhat = (x - mean_x.view(shape)) * invstd_x.view(shape)
+        xhat = x - mean_x.view(shape)
+        xhat.mul_(invstd_x.view(shape))
         sum_dy = dy.sum(dims)  # (C,) local partials: they are also the bias gradient
         sum_dy_xhat = (dy * xhat).sum(dims)  # (C,) and the weight gradient
         both = torch.cat([sum_dy, sum_dy_xhat])
         dist.all_reduce(both, group=ctx.group)
         mean_dy, mean_dy_xhat = (both / ctx.total).split(c)
-        dx = (weight.to(acc) * invstd_x).view(shape) * (
-            dy - mean_dy.view(shape) - xhat * mean_dy_xhat.view(shape)
-        )
+        # dx = w·invstd·(dy − mean(dy) − x̂·mean(dy·x̂)), in place: at most two block-sized
+        # temporaries alive (x̂ and dx), where the plain expression holds four.
+        dx = dy - mean_dy.view(shape)
+        dx.sub_(xhat.mul_(mean_dy_xhat.view(shape)))
+        dx.mul_((weight.to(acc) * invstd_x).view(shape))
         dx = dx.to(x_bcdhw.dtype)
         sum_dy_xhat, sum_dy = sum_dy_xhat.to(weight.dtype), sum_dy.to(weight.dtype)
         return dx, sum_dy_xhat, sum_dy, None, None
