@@ -8,10 +8,10 @@ Memory is measured two ways, per rank, over one training step:
 - saved activations: the bytes of every distinct storage autograd keeps for backward
   (torch.autograd.graph.saved_tensors_hooks), parameters excluded. Exact and independent of the
   allocator and of other processes on the machine: what "activations ~ 1/S" is about.
-- peak RSS above the step's start: resident memory sampled every 0.5 ms during a step after a
-  warm-up one, with glibc told to return large buffers to the OS at once (a fixed
-  MALLOC_MMAP_THRESHOLD_): what the step really needed, temporaries (halo copies, conv
-  workspaces, gradients, communication buffers) included.
+- peak RSS above the step's start: the kernel's resident high-water mark (VmHWM, reset before
+  the step) over a step after a warm-up one, with glibc told to return large buffers to the OS
+  at once (a fixed MALLOC_MMAP_THRESHOLD_): what the step really needed, temporaries (halo
+  copies, conv workspaces, gradients, communication buffers) included.
 Halo share: `halo._pad_dim` / `_unpad_dim` timed (forward and backward exchange: slab copies,
 concatenation, transfer and the wait for the neighbours) against the whole step, median over
 --steps steps after the warm-up; "of it p2p" is the part inside the point-to-point transfer
@@ -36,7 +36,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -159,28 +158,23 @@ def _rank_main(args: argparse.Namespace) -> None:
 
 
 class RssPeak:
-    """Resident set size sampled every 0.5 ms in a thread: the peak above the start."""
+    """The kernel's resident high-water mark over a block: VmHWM reset on entry (writing 5 to
+    /proc/self/clear_refs, Linux ≥ 4.0), read on exit; exact, no sampling."""
+
+    @staticmethod
+    def _status_bytes(key: str) -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError(f"no {key} in /proc/self/status")
 
     def __enter__(self) -> RssPeak:
-        self.page = os.sysconf("SC_PAGE_SIZE")
-        self.start = self.peak = self._rss()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
+        Path("/proc/self/clear_refs").write_text("5")
+        self.start = self._status_bytes("VmRSS")
         return self
 
-    def _rss(self) -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * self.page
-
-    def _watch(self) -> None:
-        while not self._stop.wait(0.0005):
-            self.peak = max(self.peak, self._rss())
-
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self._rss())
+        self.peak = self._status_bytes("VmHWM")
 
 
 def dist_barrier(dims: Any) -> None:
