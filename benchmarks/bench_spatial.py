@@ -16,6 +16,9 @@ Halo share: `halo._pad_dim` / `_unpad_dim` timed (forward and backward exchange:
 concatenation, transfer and the wait for the neighbours) against the whole step, median over
 --steps steps after the warm-up; "of it p2p" is the part inside the point-to-point transfer
 (`halo._swap`), the most that overlapping the exchange with interior compute could hide.
+Overlap: the first conv's forward on a depth slab, exchange-then-conv against an exchange
+started before the interior conv (which needs no halo) and two one-plane boundary convs after it
+(implemented here only, to measure whether the option would pay).
 Memory cap: RLIMIT_DATA set in each rank to its data size after setup plus --cap-mib, then two
 training steps; an allocation over the cap fails as it would on a full device.
 
@@ -67,6 +70,9 @@ def _rank_main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     split = tuple(int(s) for s in args.split.split(","))
     dims = build_parallel_dims(spatial=split[0] * split[1] * split[2])
+    if args.mode == "overlap":
+        _overlap_main(args, dims, split)
+        return
     cfg = dataclasses.replace(load_config(ROOT / "config/config.yaml").model, input_size=args.size)
     torch.manual_seed(0)
     model = parallelize_cosmoflow(CosmoFlow(cfg), dims, split=split)
@@ -157,6 +163,62 @@ def _rank_main(args: argparse.Namespace) -> None:
     close_parallel_dims(dims)
 
 
+def _overlap_main(args: argparse.Namespace, dims: Any, split: tuple[int, ...]) -> None:
+    """Forward of the first conv on this rank's depth slab, exchange then conv ("blocking")
+    against exchange started, interior conv, wait, two boundary convs ("overlapped")."""
+    import torch.distributed as dist
+
+    from cosmocub.parallel.halo import HaloPlan, halo_exchange, spatial_coords
+
+    assert split[1] == split[2] == 1, "the overlap table splits depth only"
+    group_rank = dims.axis_rank("spatial")
+    plan = HaloPlan(
+        dims.group("spatial"), split, spatial_coords(group_rank, split), (1, 0, 0), False
+    )  # type: ignore[arg-type]
+    n = args.size // split[0]
+    gen = torch.Generator().manual_seed(group_rank)
+    x = torch.randn(args.batch, 4, n, args.size, args.size, generator=gen)
+    w = torch.randn(16, 4, 3, 3, 3, generator=torch.Generator().manual_seed(1))
+    pad = (0, 1, 1)
+
+    def blocking() -> torch.Tensor:
+        return F.conv3d(halo_exchange(x, plan), w, None, padding=pad)
+
+    def overlapped() -> torch.Tensor:
+        low, high = plan.peers(0)
+        first, last = x[:, :, :1].contiguous(), x[:, :, -1:].contiguous()
+        from_low = torch.zeros_like(last)
+        from_high = torch.zeros_like(first)
+        ops = []
+        if low is not None:
+            ops.append(dist.P2POp(dist.isend, first, group=plan.group, group_peer=low, tag=1))
+        if high is not None:
+            ops.append(dist.P2POp(dist.irecv, from_high, group=plan.group, group_peer=high, tag=1))
+            ops.append(dist.P2POp(dist.isend, last, group=plan.group, group_peer=high, tag=2))
+        if low is not None:
+            ops.append(dist.P2POp(dist.irecv, from_low, group=plan.group, group_peer=low, tag=2))
+        works = dist.batch_isend_irecv(ops)
+        interior = F.conv3d(x, w, None, padding=pad)  # (B, 16, n - 2, H, W): needs no halo
+        for work in works:
+            work.wait()
+        out_low = F.conv3d(torch.cat([from_low, x[:, :, :2]], 2), w, None, padding=pad)
+        out_high = F.conv3d(torch.cat([x[:, :, -2:], from_high], 2), w, None, padding=pad)
+        return torch.cat([out_low, interior, out_high], 2)
+
+    with torch.no_grad():
+        diff = (blocking() - overlapped()).abs().max().item()
+        times: dict[str, list[float]] = {"blocking": [], "overlapped": []}
+        for _ in range(args.steps):
+            for name, fn in (("blocking", blocking), ("overlapped", overlapped)):
+                dist.barrier()
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    result = {name: statistics.median(t) for name, t in times.items()}
+    result["max_abs_diff"] = diff
+    Path(f"{args.out}.rank{dims.rank}").write_text(json.dumps(result))
+
+
 class RssPeak:
     """The kernel's resident high-water mark over a block: VmHWM reset on entry (writing 5 to
     /proc/self/clear_refs, Linux ≥ 4.0), read on exit; exact, no sampling."""
@@ -237,7 +299,7 @@ def run_config(
             f"split {list(split)} at {size}³: no result within {args.timeout} s"
         ) from None
     files = sorted(out.parent.glob(out.name + ".rank*"))
-    if not files or (mode == "measure" and len(files) != nproc):
+    if not files or (mode != "cap" and len(files) != nproc):
         raise SystemExit(f"split {list(split)} at {size}³ failed:\n{log[-3000:]}")
     return [json.loads(f.read_text()) for f in files]
 
@@ -255,7 +317,9 @@ def table(rows: list[tuple[str, ...]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tables", default="memory,cap", help="memory (with halo share), cap")
+    parser.add_argument(
+        "--tables", default="memory,cap,overlap", help="memory (with halo share), cap, overlap"
+    )
     parser.add_argument("--size", type=int, default=64, help="sample voxels per side")
     parser.add_argument("--batch", type=int, default=1, help="samples per data rank")
     parser.add_argument("--steps", type=int, default=3, help="timed steps after the first")
@@ -265,7 +329,9 @@ def main() -> None:
     parser.add_argument("--cap-mib", type=int, default=600, help="per-rank budget above setup")
     parser.add_argument("--timeout", type=float, default=900)
     # Rank side (set by the driver).
-    parser.add_argument("--rank-mode", choices=["measure", "cap"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--rank-mode", choices=["measure", "cap", "overlap"], help=argparse.SUPPRESS
+    )
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--split", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -321,6 +387,27 @@ def main() -> None:
             print(
                 f"\nMemory and halo share per rank, {args.size}³ x batch {args.batch}, "
                 f"config/config.yaml model, {args.threads} thread(s)/rank (max over ranks)"
+            )
+            print(table(rows))
+        if "overlap" in tables:
+            rows = [
+                ("split", "block D x H x W", "blocking s", "overlapped s", "ratio", "max |diff|")
+            ]
+            for split in ((2, 1, 1), (4, 1, 1)):
+                ranks = run_config(split, args, "overlap", args.size, workdir)
+                block = f"{args.size // split[0]}x{args.size}x{args.size}"
+                slow = max(r["blocking"] for r in ranks)
+                fast = max(r["overlapped"] for r in ranks)
+                diff = max(r["max_abs_diff"] for r in ranks)
+                rows.append(
+                    ("x".join(map(str, split)), block, f"{slow:.4f}", f"{fast:.4f}",
+                     f"{fast / slow:.2f}", f"{diff:.1e}")
+                )  # fmt: skip
+            print(
+                f"\nFirst conv's forward (4 -> 16 channels, k = 3), batch {args.batch}: halo "
+                f"exchange then conv, against the interior conv overlapping the exchange "
+                f"(median of "
+                f"{args.steps}, slowest rank)"
             )
             print(table(rows))
         if "cap" in tables:
