@@ -1,5 +1,6 @@
 # The sample-size study (`snakemake sample_size_study`): the recipe of the config trained on crops
-# of each size in sample_size_study.sizes, cut from the same universes, each its own run.
+# of each size in sample_size_study.sizes, cut from the same universes, each its own run (on one
+# node, launched like `train`).
 
 STUDY = f"{RESULTS}/studies/sample_size"
 # Spatial ranks per sample for the run at each crop size.
@@ -76,13 +77,16 @@ rule sample_size_train:
         shards=lambda w, input: os.path.dirname(input.manifest),
         out=lambda w, output: os.path.dirname(output.model),
         nproc=lambda w: STUDY_SPATIAL[int(w.size)] * CFG.train.nproc_per_node,
+        cpus=lambda w, threads: max(
+            1, threads // (STUDY_SPATIAL[int(w.size)] * CFG.train.nproc_per_node)
+        ),
         max_restarts=CFG.train.max_restarts,
         env=tracking_env("sample_size_train"),
     shell:
-        "{params.env} torchrun --standalone"
-        " --nproc-per-node {params.nproc} --max-restarts {params.max_restarts}"
-        " -m cosmocub.cli train --config {input.config} --shards {params.shards}"
-        " --out {params.out} > {log} 2>&1"
+        "{params.env} cosmocub launch --tasks-per-node {params.nproc}"
+        " --cpus-per-rank {params.cpus} --max-restarts {params.max_restarts}"
+        " -- train --config {input.config} --shards {params.shards} --out {params.out}"
+        " > {log} 2>&1"
 
 
 rule sample_size_evaluate:
