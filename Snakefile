@@ -9,6 +9,7 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/studies.smk"
 
 
 # The resolved config and the MLflow parent run exist before any job starts.

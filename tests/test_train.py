@@ -294,7 +294,9 @@ def test_metrics_reach_mlflow(shards: Path, tmp_path: Path) -> None:
     val_mae = client.get_metric_history(run_id, "val_mae")
     assert [m.step for m in val_mae] == [4, 8]  # one per epoch, at its last step
     assert [m.step for m in client.get_metric_history(run_id, "lr")] == [2, 4, 4, 6, 8, 8]
-    assert client.get_run(run_id).data.params["global_batch_size"] == "4"
+    params = client.get_run(run_id).data.params
+    assert params["global_batch_size"] == "4"
+    assert (params["mesh_shape"], params["spatial_split"]) == ("1x1", "1x1x1")
     names = {a.path for a in client.list_artifacts(run_id)}
     assert {"metrics.jsonl", "train_summary.json"} <= names
 

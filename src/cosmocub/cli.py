@@ -132,7 +132,8 @@ def _cmd_model_summary(args: argparse.Namespace) -> int:
     from cosmocub.models.summary import format_summary, summarize
 
     cfg = load_config(args.config)
-    print(format_summary(summarize(cfg.model)))
+    split = args.split or cfg.parallel.split_dhw
+    print(format_summary(summarize(cfg.model, split=split)))
     return 0
 
 
@@ -198,6 +199,46 @@ def _cmd_resolve_config(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     write_config(cfg.values, args.out)
     return 0
+
+
+def _cmd_sample_size_config(args: argparse.Namespace) -> int:
+    from cosmocub.config import from_values, write_config
+    from cosmocub.studies.sample_size import size_config_values
+
+    cfg = load_config(args.config)
+    values = size_config_values(cfg, args.size)
+    from_values(values, source=f"sample_size_study at {args.size}")  # checks it, as a job would
+    write_config(values, args.out)
+    return 0
+
+
+def _cmd_sample_size_study(args: argparse.Namespace) -> int:
+    from cosmocub.studies.sample_size import run_study
+    from cosmocub.tracking import job_run
+
+    cfg = load_config(args.config)
+    eval_dirs = {}
+    for item in args.eval:
+        size, _, folder = item.partition("=")
+        if not size.isdigit() or not folder:
+            raise ValueError(f"--eval {item!r}: expected SIZE=EVAL_DIR")
+        eval_dirs[int(size)] = Path(folder)
+    with job_run(cfg, stage="sample_size_study") as tracker:
+        run_study(
+            cfg,
+            eval_dirs=eval_dirs,
+            out_tsv=Path(args.tsv),
+            out_png=Path(args.plot),
+            tracker=tracker,
+        )
+    return 0
+
+
+def _split_arg(text: str) -> tuple[int, int, int]:
+    parts = text.split(",")
+    if len(parts) != 3 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: need three positive integers, e.g. 2,1,1")
+    return int(parts[0]), int(parts[1]), int(parts[2])
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -271,6 +312,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "model-summary", _cmd_model_summary, "layer table, parameter count and FLOPs per sample"
     )
     add_config(p)
+    p.add_argument(
+        "--split",
+        type=_split_arg,
+        help="ranks along D,H,W for the activation memory per rank, e.g. 2,1,1 "
+        "(default: the config's parallel.split)",
+    )
 
     p = add("train", _cmd_train, "train CosmoFlow (run under torchrun or srun for several ranks)")
     p.add_argument("--shards", required=True)
@@ -303,6 +350,25 @@ def _build_parser() -> argparse.ArgumentParser:
     t.add_argument("--run-id", required=True, help="id printed by 'tracking start' ('' = no-op)")
     t.add_argument("--status", required=True, choices=["FINISHED", "FAILED", "KILLED"])
     add_config(t)
+
+    p = add(
+        "sample-size-config",
+        _cmd_sample_size_config,
+        "write the config of the sample-size study's run at one crop size",
+    )
+    p.add_argument("--size", type=int, required=True, help="crop side (one of the study's sizes)")
+    p.add_argument("--out", required=True)
+    add_config(p)
+
+    p = add(
+        "sample-size-study",
+        _cmd_sample_size_study,
+        "test error per parameter against sample size (TSV and plot) from the runs' evaluations",
+    )
+    p.add_argument("--eval", nargs="+", required=True, help="SIZE=EVAL_DIR for every size")
+    p.add_argument("--tsv", required=True)
+    p.add_argument("--plot", required=True)
+    add_config(p)
 
     p = add("resolve-config", _cmd_resolve_config, "write the config with every default filled in")
     p.add_argument("--out", required=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from importlib import resources
@@ -284,6 +285,42 @@ class LionCubConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    """How one sample is split across ranks; the data axis is whatever the world size leaves."""
+
+    spatial: int
+    split: tuple[int, int, int] | None
+    periodic: bool
+
+    def __post_init__(self) -> None:
+        if self.split is not None and math.prod(self.split) != self.spatial:
+            raise ConfigError(
+                f"key 'parallel.split': {list(self.split)} multiplies to "
+                f"{math.prod(self.split)}, not parallel.spatial {self.spatial}"
+            )
+
+    @property
+    def split_dhw(self) -> tuple[int, int, int]:
+        """Ranks along (D, H, W); the default splits depth only (the shards' chunk axis)."""
+        return self.split if self.split is not None else (self.spatial, 1, 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SampleSizeStudyConfig:
+    sizes: tuple[int, ...]
+    spatial: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.spatial) != len(self.sizes):
+            raise ConfigError(
+                f"key 'sample_size_study.spatial': {len(self.spatial)} values for "
+                f"{len(self.sizes)} sizes {list(self.sizes)}"
+            )
+        if len(set(self.sizes)) != len(self.sizes):
+            raise ConfigError(f"key 'sample_size_study.sizes': {list(self.sizes)} repeats a size")
+
+
+@dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
     name: str
     lr: float
@@ -407,6 +444,8 @@ class Config:
     simulate: SimulateConfig
     preprocess: PreprocessConfig
     model: ModelConfig
+    parallel: ParallelConfig
+    sample_size_study: SampleSizeStudyConfig
     optimizer: OptimizerConfig
     train: TrainConfig
     evaluate: EvaluateConfig
@@ -426,6 +465,12 @@ class Config:
                 f"{self.source}: key 'model.input_size': {self.model.input_size} differs from "
                 f"preprocess.sample_size {self.preprocess.sample_size}"
             )
+        for axis, ranks in zip("DHW", self.parallel.split_dhw, strict=True):
+            if self.model.input_size % ranks:
+                raise ConfigError(
+                    f"{self.source}: key 'parallel.split': {ranks} ranks along {axis} do not "
+                    f"divide model.input_size {self.model.input_size}"
+                )
         sample, universe = self.preprocess.sample_size, self.universes.size
         # Public universes are checked against the files themselves at preprocessing time.
         if self.universes.source == "synthetic" and (sample > universe or universe % sample):
@@ -456,6 +501,10 @@ def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
             simulate=SimulateConfig(**values["simulate"]),
             preprocess=PreprocessConfig(**pre),
             model=ModelConfig(**_tuple_fields(ModelConfig, values["model"])),
+            parallel=ParallelConfig(**_tuple_fields(ParallelConfig, values["parallel"])),
+            sample_size_study=SampleSizeStudyConfig(
+                **_tuple_fields(SampleSizeStudyConfig, values["sample_size_study"])
+            ),
             optimizer=OptimizerConfig(**_tuple_fields(OptimizerConfig, values["optimizer"])),
             train=TrainConfig(**values["train"]),
             evaluate=EvaluateConfig(**values["evaluate"]),

@@ -1,7 +1,8 @@
 """Torch datasets over the HDF5 shards of docs/formats.md: standardised (C, S, S, S) samples.
 
-HDF5 files are opened lazily in the process that reads (fork-safe for DataLoader workers), and a
-`depth_slab` reads only x[i, :, d0:d1]: the seam for spatially parallel I/O.
+HDF5 files are opened lazily in the process that reads (fork-safe for DataLoader workers). Under a
+spatial split a dataset reads only its rank's `block` of each sample (spatially parallel I/O), and
+an index (i, symmetry) yields that block of sample i under that cube symmetry (data/augment.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from torch.utils.data import Dataset
 
 from cosmocub.config import ModelConfig
+from cosmocub.data.augment import cube_symmetry, source_region
 
 SPLITS = ("train", "val", "test")
 
@@ -51,10 +53,11 @@ def read_stats(shards_dir: str | os.PathLike) -> tuple[list[float], list[float]]
 
 
 class ShardDataset(Dataset):
-    """Samples of one shard file: (x float32 (C, S, S, S) or (C, d1-d0, S, S), y float32 (4,)).
+    """Samples of one shard file: (x float32 (C, S, S, S) or its block, y float32 (4,)).
 
     `mean`/`std` (per channel, from stats.json) standardise x; None leaves it as stored.
     `sample_size`/`in_channels`, when given, are checked against the shard's sample shape.
+    `block` (D, H, W slices) or `depth_slab` (d0, d1) restricts every read to that part.
     """
 
     def __init__(
@@ -64,6 +67,7 @@ class ShardDataset(Dataset):
         mean: Sequence[float] | None,
         std: Sequence[float] | None,
         depth_slab: tuple[int, int] | None = None,
+        block: tuple[slice, slice, slice] | None = None,
         sample_size: int | None = None,
         in_channels: int | None = None,
     ) -> None:
@@ -98,7 +102,15 @@ class ShardDataset(Dataset):
             d0, d1 = depth_slab
             if not 0 <= d0 < d1 <= self.size:
                 raise ValueError(f"{self.path}: depth_slab ({d0}, {d1}) outside [0, {self.size}]")
-        self.depth_slab = depth_slab
+        if depth_slab is not None and block is not None:
+            raise ValueError(f"{self.path}: give depth_slab or block, not both")
+        if depth_slab is not None:
+            block = (slice(*depth_slab), slice(None), slice(None))
+        if block is not None:
+            bounds = [b.indices(self.size) for b in block]
+            if len(block) != 3 or any(step != 1 or lo >= hi for lo, hi, step in bounds):
+                raise ValueError(f"{self.path}: block {block} is not 3 non-empty slices of step 1")
+        self.block = block
         self._scale: tuple[np.ndarray, np.ndarray] | None = None
         if (mean is None) != (std is None):
             raise ValueError(f"{self.path}: give both mean and std, or neither")
@@ -125,19 +137,26 @@ class ShardDataset(Dataset):
             self._pid = os.getpid()
         return self._file
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, index: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample `index`, or (index, symmetry): that cube symmetry of it (block: its block)."""
+        sample, symmetry = (index, 0) if isinstance(index, int) else index
         f = self._open()
-        if self.depth_slab is None:
-            x = f["x"][index]  # (C, S, S, S)
+        if self.block is None:
+            x = f["x"][sample]  # (C, S, S, S)
         else:
-            d0, d1 = self.depth_slab
-            x = f["x"][index, :, d0:d1]  # (C, d1-d0, S, S): only this slab's chunks are read
+            # The stored region whose image under the symmetry is this block: only the depth
+            # chunks it spans are read (for the symmetries a split keeps, one rank's share).
+            d, h, w = source_region(symmetry, self.block, self.size)
+            x = f["x"][sample, :, d, h, w]  # (C, D/sd, H/sh, W/sw) for a split's block
         x = x.astype(np.float32, copy=False)
         if self._scale is not None:
             mean, inv_std = self._scale
             x = (x - mean) * inv_std
-        y = f["y"][index].astype(np.float32, copy=False)
-        return torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y)
+        x_cdhw = torch.from_numpy(np.ascontiguousarray(x))
+        if symmetry:
+            x_cdhw = cube_symmetry(x_cdhw, symmetry).contiguous()
+        y = f["y"][sample].astype(np.float32, copy=False)
+        return x_cdhw, torch.from_numpy(y)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -156,6 +175,7 @@ def open_split(
     model_cfg: ModelConfig,
     *,
     depth_slab: tuple[int, int] | None = None,
+    block: tuple[slice, slice, slice] | None = None,
 ) -> ShardDataset:
     """The `split` shard standardised with the training stats, checked against the model."""
     mean, std = read_stats(shards_dir)
@@ -164,6 +184,7 @@ def open_split(
         mean=mean,
         std=std,
         depth_slab=depth_slab,
+        block=block,
         sample_size=model_cfg.input_size,
         in_channels=model_cfg.in_channels,
     )

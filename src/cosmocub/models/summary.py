@@ -1,8 +1,11 @@
-"""Layer table, parameter count and FLOPs per sample of a CosmoFlow config, without running it.
+"""Layer table, parameter count, FLOPs per sample and activation memory per rank of a CosmoFlow
+config, without running it.
 
 The model is built on PyTorch's meta device (no memory, no compute), so even the 512³ reference
 summarises instantly; FLOPs are counted analytically as 2 × multiply-accumulates of convs and
-dense layers (what `torch.utils.flop_counter.FlopCounterMode` reports for them too).
+dense layers (what `torch.utils.flop_counter.FlopCounterMode` reports for them too). Activation
+memory is what autograd saves for backward in a training forward, counted on the meta device for
+one rank's block of a spatial split (halo planes included).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from cosmocub.config import ModelConfig
@@ -29,8 +33,56 @@ def _layer_flops(module: nn.Module, out_shape: tuple[int, ...]) -> int:
     return 0
 
 
-def summarize(model_cfg: ModelConfig) -> dict[str, Any]:
-    """Describe every leaf layer: {name, type, output_shape, params, flops}, and the totals."""
+def activation_bytes(
+    model_cfg: ModelConfig, split: tuple[int, int, int] = (1, 1, 1), *, batch: int = 1
+) -> dict[str, int]:
+    """Bytes autograd saves for backward on one rank in a training forward of `batch` samples
+    split over `split` = (ranks along D, H, W): {"conv_stack", "head", "total"}.
+
+    Mirrors the spatial layers: each conv saves its input padded with halos along the split
+    dims; the head is replicated and saves the gathered (whole) features. Distinct storages are
+    counted once; parameters are not activations and are left out.
+    """
+    # Imported here: the split rules live with the parallel layers, which build on this package.
+    from cosmocub.parallel.spatial import check_spatial_split
+
+    check_spatial_split(model_cfg, model_cfg.input_size, split)
+    halo = model_cfg.kernel_size // 2
+    with torch.device("meta"):
+        model = CosmoFlow(model_cfg).train()
+        x_bcdhw = torch.empty(
+            batch, model_cfg.in_channels, *(model_cfg.input_size // s for s in split)
+        )
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage._cdata not in params:
+            saved[storage._cdata] = storage.nbytes()
+        return t
+
+    # F.pad takes (W_lo, W_hi, H_lo, H_hi, D_lo, D_hi); split dims get a halo, others the conv's.
+    halo_pad = [halo if s > 1 else 0 for s in reversed(split) for _ in range(2)]
+    conv_pad = tuple(0 if s > 1 else halo for s in split)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        h = x_bcdhw
+        for block in model.conv_blocks.children():
+            h = F.conv3d(F.pad(h, halo_pad), block.conv.weight, block.conv.bias, padding=conv_pad)
+            for name, layer in block.named_children():
+                if name != "conv":
+                    h = layer(h)
+        conv_stack = sum(saved.values())
+        whole_shape = (*h.shape[:2], *(n * s for n, s in zip(h.shape[2:], split, strict=True)))
+        whole = torch.empty(whole_shape, device="meta")  # what the gather hands the head
+        torch.tanh(model.head(model.flatten(whole)))
+    total = sum(saved.values())
+    return {"conv_stack": conv_stack, "head": total - conv_stack, "total": total}
+
+
+def summarize(model_cfg: ModelConfig, split: tuple[int, int, int] = (1, 1, 1)) -> dict[str, Any]:
+    """Describe every leaf layer: {name, type, output_shape, params, flops}, the totals, and the
+    activation memory per sample on one rank of `split` (and unsplit, to compare)."""
     with torch.device("meta"):
         model = CosmoFlow(model_cfg).eval()
         x_bcdhw = torch.empty(1, model_cfg.in_channels, *(model_cfg.input_size,) * 3)
@@ -68,6 +120,9 @@ def summarize(model_cfg: ModelConfig) -> dict[str, Any]:
         "total_params": sum(p.numel() for p in model.parameters()),
         "flops_per_sample": sum(layer["flops"] for layer in layers),
         "flops_method": FLOPS_METHOD,
+        "split": list(split),
+        "activation_bytes_per_rank": activation_bytes(model_cfg, split),
+        "activation_bytes_unsplit": activation_bytes(model_cfg),
     }
 
 
@@ -97,4 +152,12 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"(~{3 * summary['flops_per_sample'] / 1e9:.3f} forward+backward)",
         f"FLOP count:           {summary['flops_method']}",
     ]
+    per_rank, whole = summary["activation_bytes_per_rank"], summary["activation_bytes_unsplit"]
+    mib = 2**20
+    lines.append(
+        f"activations per rank: {per_rank['total'] / mib:,.1f} MiB per sample saved for backward "
+        f"at split {summary['split']} (conv stack {per_rank['conv_stack'] / mib:,.1f}, head "
+        f"{per_rank['head'] / mib:,.1f}); unsplit {whole['total'] / mib:,.1f} MiB, "
+        f"{whole['total'] / per_rank['total']:.2f}x more"
+    )
     return "\n".join(lines)

@@ -184,13 +184,19 @@ def build_parallel_dims(
     training code has no `if distributed:` branches. Reuses a process group that already exists.
     """
     env = detect_launch_env(environ)
+    if spatial < 1 or env.world_size % spatial:
+        raise ValueError(
+            f"key 'parallel.spatial': {spatial} does not divide the world size "
+            f"{env.world_size} ({env.launcher}): the data axis would be "
+            f"{env.world_size}/{spatial}"
+        )
     device = _pick_device(env)
     if backend == "auto":
         backend = "nccl" if device.type == "cuda" else "gloo"
     if backend == "nccl" and device.type != "cuda":
         raise ValueError("key 'train.backend': nccl needs CUDA devices, none is available")
     dims = ParallelDims(
-        data=max(1, env.world_size // spatial),
+        data=env.world_size // spatial,
         spatial=spatial,
         env=env,
         device=device,

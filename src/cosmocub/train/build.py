@@ -11,6 +11,7 @@ from pathlib import Path
 from torch import nn
 
 from cosmocub.config import Config
+from cosmocub.data.augment import symmetries_for_split
 from cosmocub.data.dataset import open_split
 from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.optim.factory import build_optimizer, build_schedule
@@ -33,8 +34,9 @@ def build_trainer(
     """(trainer, train state, checkpoint resumed from or None); trainer.log is a no-op to set."""
     tc = cfg.train
     num_workers = 0 if tc.deterministic else tc.num_data_workers
-    train_set = open_split(shards_dir, "train", cfg.model)
-    val_set = open_split(shards_dir, "val", cfg.model)
+    block = _spatial_block(cfg, dims)
+    train_set = open_split(shards_dir, "train", cfg.model, block=block)
+    val_set = open_split(shards_dir, "val", cfg.model, block=block)
     per_rank = len(train_set) // dims.data
     if per_rank < tc.local_batch_size:
         raise ValueError(
@@ -46,10 +48,15 @@ def build_trainer(
     global_batch = tc.local_batch_size * dims.data
 
     runtime.seed_everything(cfg.seed)  # same initial weights on every rank
-    model = CosmoFlow(cfg.model).to(dims.device)
+    model = _parallelize(CosmoFlow(cfg.model).to(dims.device), cfg, dims)
     optimizer = build_optimizer(model.named_parameters(), cfg.optimizer, global_batch, dims=dims)
     train_loader = build_train_loader(
-        train_set, dims, batch_size=tc.local_batch_size, seed=cfg.seed, num_workers=num_workers
+        train_set,
+        dims,
+        batch_size=tc.local_batch_size,
+        seed=cfg.seed,
+        num_workers=num_workers,
+        symmetries=symmetries_for_split(cfg.parallel.split_dhw) if tc.augment else None,
     )
     schedule = build_schedule(
         optimizer,
@@ -57,7 +64,9 @@ def build_trainer(
         global_batch=global_batch,
         steps_per_epoch=train_loader.sampler.batches_per_epoch,
     )
-    runtime.seed_everything(runtime.rank_seed(cfg.seed, dims.rank))
+    # Per data rank, not per rank: a spatial group runs the replicated dense layers together, so
+    # its dropout masks must agree.
+    runtime.seed_everything(runtime.rank_seed(cfg.seed, dims.axis_rank("data")))
     state = TrainState()
     # One checkpoint folder per (resume-relevant config, training data): a re-run with the same
     # inputs resumes; a changed config or new shards start afresh beside the old checkpoints,
@@ -70,12 +79,12 @@ def build_trainer(
         run_dir / "checkpoints" / run_hash,
         config_hash=run_hash,
         stateful={
-            "model": model,
+            "model": getattr(model, "module", model),  # the plain CosmoFlow's keys
             "optimizer": optimizer,
             "schedule": schedule,
             "train_state": state,
         },
-        invariants={"data_parallel_size": dims.data},
+        invariants={"data_parallel_size": dims.data, "spatial_split": list(cfg.parallel.split_dhw)},
         is_main=dims.is_main,
     )
     resumed_from = checkpoints.restore_latest(dims.rank)
@@ -99,3 +108,26 @@ def build_trainer(
         on_step_end=on_step_end,
     )
     return trainer, state, resumed_from
+
+
+def _spatial_block(cfg: Config, dims: ParallelDims) -> tuple[slice, slice, slice] | None:
+    """This rank's block of every sample (None: the whole sample), after checking that the
+    split fits every layer of the model (an error at start rather than at the first step)."""
+    if dims.spatial == 1:
+        return None
+    from cosmocub.parallel.spatial import check_spatial_split, spatial_block
+
+    split, size = cfg.parallel.split_dhw, cfg.model.input_size
+    check_spatial_split(cfg.model, size, split)
+    return spatial_block(dims, split, (size, size, size))
+
+
+def _parallelize(model: CosmoFlow, cfg: Config, dims: ParallelDims) -> nn.Module:
+    """The model's parallel form (same parameters and state_dict keys): spatial layers under a
+    split, and batch norm over the global batch whenever there is more than one rank, so that
+    every data × spatial decomposition of a run computes the same thing. On one rank, and
+    without batch norm at spatial = 1, it is the model itself."""
+    from cosmocub.parallel.spatial import parallelize_cosmoflow
+
+    pc = cfg.parallel
+    return parallelize_cosmoflow(model, dims, split=pc.split_dhw, periodic=pc.periodic)

@@ -42,14 +42,16 @@ class CheckpointMismatchError(ValueError):
 
 
 def resume_hash(cfg: Config, *, data_identity: str = "") -> str:
-    """Hash of seed + model + optimizer + train + preprocess (without the operational keys) and
-    of the training data (`data_identity`, see `shard_identity`): what a resumed run must share.
+    """Hash of seed + model + parallel + optimizer + train + preprocess (without the operational
+    keys) and of the training data (`data_identity`, see `shard_identity`): what a resumed run
+    must share.
     """
     c = cfg
     return config_hash(
         {
             "seed": c.seed,
             "model": dataclasses.asdict(c.model),
+            "parallel": dataclasses.asdict(c.parallel),
             "optimizer": dataclasses.asdict(c.optimizer),
             "train": {
                 k: v

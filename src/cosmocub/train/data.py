@@ -1,16 +1,18 @@
 """Data loading for training: a resumable distributed sampler and the train/val loaders.
 
-The sampler is DistributedSampler (seeded, epoch-set) plus a batch offset, so a run resumed in the
-middle of an epoch skips exactly the batches it had consumed.
+The sampler is DistributedSampler (seeded, epoch-set) over the "data" mesh axis plus a batch offset,
+so a run resumed in the middle of an epoch skips exactly the batches it had consumed. Ranks of one
+spatial group get the same indices and the same augmentation, and each reads its own block.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset
 
+from cosmocub.data.augment import draw_symmetries
 from cosmocub.parallel.mesh import ParallelDims
 
 
@@ -18,7 +20,14 @@ class ResumableSampler(Sampler[int]):
     """This data rank's indices for one epoch, in batches of `batch_size`, from batch `skip` on."""
 
     def __init__(
-        self, dataset: Dataset, *, num_replicas: int, rank: int, seed: int, batch_size: int
+        self,
+        dataset: Dataset,
+        *,
+        num_replicas: int,
+        rank: int,
+        seed: int,
+        batch_size: int,
+        symmetries: Sequence[int] | None = None,
     ) -> None:
         # drop_last: every rank sees the same number of samples, so DDP steps stay in lockstep.
         self.inner = DistributedSampler(
@@ -26,6 +35,8 @@ class ResumableSampler(Sampler[int]):
         )
         self.batch_size = batch_size
         self.epoch, self.skip_batches = 0, 0
+        # Augmentation: yield (index, symmetry) drawn from these symmetry indices (None: plain).
+        self.symmetries, self.seed, self.rank = symmetries, seed, rank
 
     @property
     def batches_per_epoch(self) -> int:
@@ -35,9 +46,20 @@ class ResumableSampler(Sampler[int]):
         self.epoch, self.skip_batches = epoch, skip_batches
         self.inner.set_epoch(epoch)
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[int | tuple[int, int]]:
         indices = list(self.inner)[: self.batches_per_epoch * self.batch_size]
-        return iter(indices[self.skip_batches * self.batch_size :])
+        if self.symmetries is None:
+            return iter(indices[self.skip_batches * self.batch_size :])
+        return self._with_symmetries(indices)
+
+    def _with_symmetries(self, indices: list[int]) -> Iterator[tuple[int, int]]:
+        for batch in range(self.skip_batches, self.batches_per_epoch):
+            step = self.epoch * self.batches_per_epoch + batch
+            chosen = draw_symmetries(
+                self.batch_size, augment_generator(self.seed, self.rank, step), self.symmetries
+            )
+            batch_indices = indices[batch * self.batch_size : (batch + 1) * self.batch_size]
+            yield from zip(batch_indices, chosen, strict=True)
 
     def __len__(self) -> int:
         return max(0, self.batches_per_epoch - self.skip_batches) * self.batch_size
@@ -50,6 +72,7 @@ def build_train_loader(
     batch_size: int,
     seed: int,
     num_workers: int,
+    symmetries: Sequence[int] | None = None,
 ) -> DataLoader:
     sampler = ResumableSampler(
         dataset,
@@ -57,6 +80,7 @@ def build_train_loader(
         rank=dims.axis_rank("data"),
         seed=seed,
         batch_size=batch_size,
+        symmetries=symmetries,
     )
     return DataLoader(
         dataset,
@@ -86,3 +110,9 @@ def build_eval_loader(
         pin_memory=dims.device.type == "cuda",
         persistent_workers=num_workers > 0,  # validation runs every epoch: keep its workers
     )
+
+
+def augment_generator(seed: int, data_rank: int, step: int) -> torch.Generator:
+    # Seeded by (seed, data rank, step): the same symmetries after a resume, different ones per
+    # data rank, and the same for all ranks that share a sample (a spatial group).
+    return torch.Generator().manual_seed((seed * 1_000_003 + data_rank) * 1_000_003 + step)

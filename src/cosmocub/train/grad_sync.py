@@ -1,13 +1,19 @@
-"""Who averages gradients across the "data" mesh axis: a small object the training step asks.
+"""Who reduces gradients across the mesh: a small object the training step asks.
 
-Today that is DDP's bucketed all-reduce; an optimizer that exchanges compressed updates itself
-(Lion Cub) sets `communicates_gradients = True` and gets `LocalGradients` instead.
+Spatial = 1: DDP's bucketed all-reduce over the "data" axis. Spatial > 1: the spatial layers
+(`parallel/layers.py`) leave on each rank S × a partial gradient of the conv stack and the full
+gradient of the replicated head, so the spatial reduction is an average, and spatial average then
+data average is one average over the whole mesh: DDP over all ranks. An optimizer that exchanges
+compressed updates itself (Lion Cub, `communicates_gradients = True`) gets only the spatial
+average, in full precision, and does the data axis itself.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
@@ -26,7 +32,8 @@ class GradientSync(Protocol):
 
 
 class DDPAllReduce:
-    """DistributedDataParallel over the data axis: averaging overlaps the backward pass."""
+    """DistributedDataParallel over the data axis (or the whole mesh when spatial > 1, see the
+    module docstring): averaging overlaps the backward pass."""
 
     name = "ddp"
 
@@ -35,10 +42,10 @@ class DDPAllReduce:
 
     def wrap(self, model: nn.Module) -> nn.Module:
         device_ids = [self.dims.device.index] if self.dims.device.type == "cuda" else None
+        # ParallelDims checked data × spatial = world, so the default group is the whole mesh.
+        group = self.dims.group("data") if self.dims.spatial == 1 else dist.group.WORLD
         # DDP broadcasts rank 0's parameters and buffers here, so every rank starts identical.
-        return DistributedDataParallel(
-            model, device_ids=device_ids, process_group=self.dims.group("data")
-        )
+        return DistributedDataParallel(model, device_ids=device_ids, process_group=group)
 
     def after_backward(self, model: nn.Module) -> None:
         pass  # DDP's hooks already averaged every gradient during backward
@@ -56,7 +63,34 @@ class LocalGradients:
         pass
 
 
+class SpatialAverage:
+    """Average every gradient over the spatial group only, in full precision (one flat
+    all-reduce after backward), for an optimizer that does the data axis itself."""
+
+    name = "spatial"
+
+    def __init__(self, dims: ParallelDims) -> None:
+        self.dims = dims
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def after_backward(self, model: nn.Module) -> None:
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.dims.group("spatial"))
+        flat /= self.dims.spatial
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
 def build_gradient_sync(optimizer: Optimizer, dims: ParallelDims) -> GradientSync:
-    if getattr(optimizer, "communicates_gradients", False) or dims.data == 1:
+    if getattr(optimizer, "communicates_gradients", False):
+        return SpatialAverage(dims) if dims.spatial > 1 else LocalGradients()
+    if dims.data * dims.spatial == 1:
         return LocalGradients()
     return DDPAllReduce(dims)

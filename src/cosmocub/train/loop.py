@@ -24,7 +24,6 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from cosmocub.config import Config
-from cosmocub.data.augment import random_cube_symmetries
 from cosmocub.data.universe import NAME_PAR
 from cosmocub.io import atomic_path
 from cosmocub.optim.schedule import EpochSchedule
@@ -62,7 +61,7 @@ class TrainState:
 class Trainer:
     cfg: Config
     dims: ParallelDims
-    model: nn.Module  # the plain CosmoFlow
+    model: nn.Module  # CosmoFlow (its spatial form under a split; state_dict keys the same)
     wrapped: nn.Module  # what the step calls (DDP or the model itself)
     optimizer: Optimizer
     schedule: EpochSchedule
@@ -84,13 +83,6 @@ class Trainer:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _augment_generator(t: Trainer, step: int) -> torch.Generator:
-    # Seeded by (seed, data rank, step): the same symmetries after a resume, different ones per
-    # data rank, and the same for all ranks that share a sample (a spatial group).
-    data_rank = t.dims.axis_rank("data")
-    return torch.Generator().manual_seed((t.cfg.seed * 1_000_003 + data_rank) * 1_000_003 + step)
 
 
 def _check_losses(t: Trainer, state: TrainState, pending: list[torch.Tensor]) -> float:
@@ -138,9 +130,8 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
     )
     tick = time.perf_counter()
     for x_bcdhw, y_bp in batches:
-        if cfg.augment:
-            x_bcdhw = random_cube_symmetries(x_bcdhw, _augment_generator(t, state.step))
-        x_bcdhw = x_bcdhw.to(device, non_blocking=True)  # (B, C, S, S, S)
+        # Already augmented by the sampler's symmetries; a spatial rank holds its block only.
+        x_bcdhw = x_bcdhw.to(device, non_blocking=True)  # (B, C, S/sd, S/sh, S/sw)
         y_bp = y_bp.to(device, non_blocking=True)  # (B, P)
         data_wait += time.perf_counter() - tick
         step_start = time.perf_counter()

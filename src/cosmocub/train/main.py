@@ -20,7 +20,7 @@ from torch import nn
 
 from cosmocub.config import Config
 from cosmocub.io import atomic_path
-from cosmocub.models.cosmoflow import save_model_file
+from cosmocub.models.cosmoflow import CosmoFlow, save_model_file
 from cosmocub.parallel.mesh import build_parallel_dims, close_parallel_dims
 from cosmocub.tracking import job_run
 from cosmocub.train import runtime
@@ -42,7 +42,7 @@ def train(
     """
     started = time.time()
     shards_dir, run_dir = Path(shards_dir), Path(run_dir)
-    dims = build_parallel_dims(backend=cfg.train.backend)
+    dims = build_parallel_dims(backend=cfg.train.backend, spatial=cfg.parallel.spatial)
     previous_deterministic = runtime.set_deterministic(cfg.train.deterministic)
     try:
         threads = runtime.set_threads(cfg.train, dims)
@@ -53,6 +53,9 @@ def train(
             "world_size": dims.world_size,
             "data_parallel": dims.data,
             "spatial_parallel": dims.spatial,
+            # data × spatial ranks, and the spatial split of a sample along (D, H, W)
+            "mesh_shape": f"{dims.data}x{dims.spatial}",
+            "spatial_split": "x".join(map(str, cfg.parallel.split_dhw)),
             "global_batch_size": trainer.global_batch,
             "steps_per_epoch": trainer.train_loader.sampler.batches_per_epoch,
             "threads_per_rank": threads,
@@ -70,6 +73,7 @@ def train(
                 "wall_time_s": time.time() - started,
                 "world_size": dims.world_size,
                 "data_parallel": dims.data,
+                "spatial_parallel": dims.spatial,
                 "global_batch_size": trainer.global_batch,
                 "device": str(dims.device),
                 "resumed_from": str(resumed_from) if resumed_from else None,
@@ -88,7 +92,14 @@ def train(
 def _write_outputs(
     run_dir: Path, model: nn.Module, cfg: Config, state: TrainState, summary: dict, tracker: Any
 ) -> None:
-    """Rank 0: metrics.jsonl, model.pt and train_summary.json (atomically), then to MLflow."""
+    """Rank 0: metrics.jsonl, model.pt and train_summary.json (atomically), then to MLflow.
+
+    What is saved is a plain CosmoFlow on the CPU with the trained weights, whatever the split:
+    loadable and evaluable on one process (the spatial layers hold process groups).
+    """
+    module = getattr(model, "module", model)
+    model = CosmoFlow(cfg.model)
+    model.load_state_dict({k: v.detach().cpu() for k, v in module.state_dict().items()})
     write_jsonl(run_dir / "metrics.jsonl", state.history)
     save_model_file(run_dir / "model.pt", model, cfg.model)
     with atomic_path(run_dir / "train_summary.json") as tmp:

@@ -1,0 +1,379 @@
+"""Rank program for tests/test_spatial_layers.py: run under torchrun (gloo), many cases per spawn.
+
+Every case compares the spatially parallel layers with the plain single-process computation on
+the same global input; world rank 0 computes the reference and writes {case: errors} as JSON.
+Errors are relative, normwise per tensor: ‖parallel − reference‖₂ / ‖reference‖₂.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from cosmocub.config import ModelConfig
+from cosmocub.models.cosmoflow import CosmoFlow
+from cosmocub.models.summary import activation_bytes
+from cosmocub.parallel.halo import HaloPlan, halo_exchange, spatial_coords
+from cosmocub.parallel.mesh import ParallelDims, build_parallel_dims
+from cosmocub.parallel.spatial import parallelize_cosmoflow, spatial_block
+from cosmocub.train.grad_sync import build_gradient_sync
+
+Results = dict[str, dict[str, Any]]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative error of a tensor, normwise: ‖a − b‖₂ / ‖b‖₂ (taken in float64)."""
+    a, b = a.double(), b.double()
+    scale = b.norm().item()
+    return (a - b).norm().item() / (scale if scale > 0 else 1.0)
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def halo_case(dims: ParallelDims, split, shape, *, periodic: bool, seed: int) -> dict[str, Any]:
+    """halo_exchange alone against slices of the globally padded tensor, forward and backward."""
+    b, c, *dhw = shape
+    x_global = torch.randn(shape, generator=gen(seed))
+    coords = spatial_coords(dims.axis_rank("spatial"), split)
+    widths = tuple(1 if (s > 1 or periodic) else 0 for s in split)
+    plan = HaloPlan(dims.group("spatial"), split, coords, widths, periodic)
+    block = spatial_block(dims, split, dhw)
+    x = x_global[(slice(None), slice(None), *block)].clone().requires_grad_(True)
+    out = halo_exchange(x, plan)
+
+    def weights(rank: int) -> torch.Tensor:  # the upstream gradient rank `rank` back-propagates
+        local = [n // s + 2 * w for n, s, w in zip(dhw, split, widths, strict=True)]
+        return torch.randn(b, c, *local, generator=gen(seed + 1000 + rank))
+
+    (out * weights(dims.axis_rank("spatial"))).sum().backward()
+    # Reference: pad the whole volume once, cut every rank's padded block, same upstream weights.
+    xr = x_global.clone().requires_grad_(True)
+    pad = [w for w in reversed(widths) for _ in range(2)]
+    padded = F.pad(xr, pad, mode="circular" if periodic else "constant")
+    loss = 0.0
+    mine = None
+    for r in range(math.prod(split)):
+        rc = spatial_coords(r, split)
+        sl = [
+            slice(k * (n // s), k * (n // s) + n // s + 2 * w)
+            for n, s, w, k in zip(dhw, split, widths, rc, strict=True)
+        ]
+        piece = padded[(slice(None), slice(None), *sl)]
+        loss = loss + (piece * weights(r)).sum()
+        if r == dims.axis_rank("spatial"):
+            mine = piece.detach()
+    loss.backward()
+    grad_ref = xr.grad[(slice(None), slice(None), *block)]
+    return {
+        "forward_equal": bool(torch.equal(out.detach(), mine)),
+        "backward": rel(x.grad, grad_ref),
+        "shape": list(out.shape),
+    }
+
+
+def model_cfg(
+    input_size: int, *, filters: int, blocks: int, batch_norm: bool, dropout: float = 0.0
+) -> ModelConfig:
+    return ModelConfig(
+        input_size=input_size,
+        in_channels=4,
+        base_filters=filters,
+        num_conv_blocks=blocks,
+        kernel_size=3,
+        dense_sizes=(16,),
+        num_outputs=4,
+        dropout=dropout,
+        batch_norm=batch_norm,
+        leaky_relu_slope=0.3,
+        output_scale=1.0,
+    )
+
+
+class SelfCommunicating(torch.optim.SGD):
+    communicates_gradients = True
+
+
+def gather_world(t: torch.Tensor) -> list[torch.Tensor]:
+    parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, t.contiguous())
+    return parts
+
+
+def model_case(
+    dims: ParallelDims,
+    cfg: ModelConfig,
+    split,
+    *,
+    batch: int,
+    seed: int,
+    comm_optimizer: bool = False,
+    x_global: torch.Tensor | None = None,
+    y_global: torch.Tensor | None = None,
+) -> dict[str, Any] | None:
+    """One training step (forward, loss, backward, gradient sync) of the parallel model against
+    the plain model on the whole global batch (data × batch samples), then an eval forward."""
+    torch.manual_seed(seed)
+    plain = CosmoFlow(cfg)
+    with torch.no_grad():
+        # Keep tanh off saturation, where 1 − tanh² loses digits in fp32 whatever the split.
+        plain.head.output.weight.mul_(0.1)
+    reference = copy.deepcopy(plain) if dims.is_main else None
+    model = parallelize_cosmoflow(plain, dims, split=split)
+    n = dims.data * batch
+    if x_global is None:
+        x_global = torch.randn(n, 4, *(cfg.input_size,) * 3, generator=gen(seed + 1))
+        y_global = torch.rand(n, 4, generator=gen(seed + 2)) - 0.5
+    assert y_global is not None
+    mine = slice(dims.axis_rank("data") * batch, (dims.axis_rank("data") + 1) * batch)
+    block = spatial_block(dims, split, (cfg.input_size,) * 3)
+    x = x_global[(mine, slice(None), *block)].contiguous()
+    optimizer = (SelfCommunicating if comm_optimizer else torch.optim.SGD)(
+        model.parameters(), lr=0.1
+    )
+    sync = build_gradient_sync(optimizer, dims)
+    wrapped = sync.wrap(model)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(
+        t: torch.Tensor,
+    ) -> torch.Tensor:  # what autograd keeps for backward, as summary counts
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        pred = wrapped(x)
+    loss = F.mse_loss(pred, y_global[mine])
+    loss.backward()
+    sync.after_backward(model)
+    if comm_optimizer:  # what the optimizer would do over the data axis, in full precision
+        for p in model.parameters():
+            dist.all_reduce(p.grad, group=dims.group("data"))
+            p.grad /= dims.data
+    loss_mean = loss.detach().clone()
+    dist.all_reduce(loss_mean, group=dims.group("data"))
+    loss_mean /= dims.data
+    preds = gather_world(pred.detach())
+    names = [name for name, _ in model.named_parameters()]
+    flat = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    flats = gather_world(flat)
+    buffers = torch.cat([b.reshape(-1).double() for b in model.buffers()] + [torch.zeros(1)])
+    buffer_copies = gather_world(buffers)
+    model.eval()
+    with torch.no_grad():
+        pred_eval = gather_world(model(x))
+    del wrapped
+    if not dims.is_main:
+        return None
+    assert reference is not None
+    out_ref = reference(x_global)
+    loss_ref = F.mse_loss(out_ref, y_global)
+    loss_ref.backward()
+    # The float64 model: how far fp32 rounding alone takes the plain model from the exact answer.
+    exact = copy.deepcopy(reference).double()
+    exact.zero_grad()
+    F.mse_loss(exact(x_global.double()), y_global.double()).backward()
+    # Per tensor: (parallel vs plain fp32, plain fp32 vs float64); the second says how much of a
+    # difference fp32 rounding alone makes.
+    grad_errs = {
+        name: (rel(p.grad, q.grad), rel(q.grad, e.grad))
+        for name, p, q, e in zip(
+            names, model.parameters(), reference.parameters(), exact.parameters(), strict=True
+        )
+    }
+    ref_flat = torch.cat([q.grad.reshape(-1) for q in reference.parameters()])
+    s = dims.spatial
+    out_err = max(
+        rel(preds[r], out_ref[(r // s) * batch : (r // s + 1) * batch]) for r in range(len(preds))
+    )
+    reference.eval()
+    with torch.no_grad():
+        eval_ref = reference(x_global)
+    eval_err = max(
+        rel(pred_eval[r], eval_ref[(r // s) * batch : (r // s + 1) * batch])
+        for r in range(len(preds))
+    )
+    ref_buffers = torch.cat(
+        [b.reshape(-1).double() for b in reference.buffers()] + [torch.zeros(1)]
+    )
+    worst = max(grad_errs, key=lambda name: grad_errs[name][0])
+    excess = max(err - 2 * cond for err, cond in grad_errs.values())
+    return {
+        "output": out_err,
+        "loss": rel(loss_mean, loss_ref.detach()),
+        "grad_all": rel(flat, ref_flat),  # every parameter's gradient as one vector
+        "grad_max": grad_errs[worst][0],  # the worst single tensor
+        "grad_worst": worst,
+        "grad_worst_plain_vs_f64": grad_errs[worst][1],
+        # max over tensors of err − 2 × (plain fp32 vs float64): a sum that mostly cancels (a
+        # norm's bias ahead of the next norm) is ill-conditioned, and there fp32 rounding alone
+        # moves the plain model ~1e-5 from the float64 answer.
+        "grad_excess": excess,
+        "num_grads": len(grad_errs),
+        "grads_identical_on_all_ranks": all(torch.equal(f, flats[0]) for f in flats),
+        "buffers": rel(buffers, ref_buffers),
+        "buffers_identical_on_all_ranks": all(
+            torch.equal(b, buffer_copies[0]) for b in buffer_copies
+        ),
+        "eval_output": eval_err,
+        "loss_value": loss_ref.item(),
+        "state_dict_keys_plain": list(model.state_dict()) == list(reference.state_dict()),
+        "saved_bytes": sum(saved.values()),
+        "summary_saved_bytes": activation_bytes(cfg, split, batch=batch)["total"],
+    }
+
+
+def dropout_case(dims: ParallelDims, split, *, seed: int) -> dict[str, Any] | None:
+    """With dropout the head must still give the same prediction on every rank of a group."""
+    cfg = model_cfg(16, filters=4, blocks=2, batch_norm=True, dropout=0.5)
+    torch.manual_seed(seed)
+    model = parallelize_cosmoflow(CosmoFlow(cfg), dims, split=split)
+    torch.manual_seed(seed + 7 * dims.rank)  # each rank a different random state
+    x = torch.randn(2, 4, *(16 // s for s in split), generator=gen(seed + dims.rank))
+    preds = gather_world(model(x).detach())
+    if not dims.is_main:
+        return None
+    s = dims.spatial
+    groups = [preds[g * s : (g + 1) * s] for g in range(dims.data)]
+    return {"spatial_replicas_equal": all(torch.equal(p, grp[0]) for grp in groups for p in grp)}
+
+
+def periodic_conv_case(dims: ParallelDims, split, *, seed: int) -> dict[str, Any] | None:
+    """A whole periodic box: the parallel model with periodic halos against the plain model
+    whose convs pad circularly."""
+    cfg = model_cfg(16, filters=4, blocks=2, batch_norm=False)
+    torch.manual_seed(seed)
+    plain = CosmoFlow(cfg)
+    reference = copy.deepcopy(plain)
+    for block in reference.conv_blocks.children():
+        block.conv.padding_mode = "circular"
+    model = parallelize_cosmoflow(plain, dims, split=split, periodic=True)
+    x_global = torch.randn(dims.data, 4, 16, 16, 16, generator=gen(seed + 1))
+    block = spatial_block(dims, split, (16, 16, 16))
+    dr = dims.axis_rank("data")
+    x = x_global[(slice(dr, dr + 1), slice(None), *block)]
+    sync = build_gradient_sync(torch.optim.SGD(model.parameters(), lr=0.1), dims)
+    wrapped = sync.wrap(model)
+    pred = wrapped(x)
+    pred.square().sum().backward()
+    sync.after_backward(model)
+    preds = gather_world(pred.detach())
+    out_ref = reference(x_global)
+    out_ref.square().sum().backward()
+    grads = [p.grad * dims.data for p in model.parameters()]  # DDP averaged; the sum is wanted
+    # No batch norm: no cancelling sums, so the plain tolerance holds for every tensor.
+    if not dims.is_main:
+        return None
+    s = dims.spatial
+    return {
+        "output": max(rel(preds[r], out_ref[r // s : r // s + 1]) for r in range(len(preds))),
+        "grad": max(rel(g, p.grad) for g, p in zip(grads, reference.parameters(), strict=True)),
+    }
+
+
+def synthetic_cases(results: Results, world: int) -> None:
+    meshes = {s: build_parallel_dims(spatial=s) for s in (2, 4) if world % s == 0}
+    if world % 8 == 0:
+        meshes[8] = build_parallel_dims(spatial=8)
+    halo_splits = [(2, 1, 1), (4, 1, 1), (1, 2, 1), (2, 2, 1), (1, 2, 2), (2, 1, 2), (2, 2, 2)]
+    for i, split in enumerate(halo_splits):
+        s = math.prod(split)
+        if s not in meshes:
+            continue
+        for periodic in (False, True):
+            shape = (2, 3, 8, 6, 4) if split[1] * split[2] == 1 else (1, 2, 4, 6, 4)
+            name = f"halo split={list(split)} periodic={periodic}"
+            case = halo_case(meshes[s], split, shape, periodic=periodic, seed=10 * i + periodic)
+            # Every rank's answer matters here; the worst one is reported.
+            fwd = torch.tensor([float(case["forward_equal"])])
+            bwd = torch.tensor([case["backward"]])
+            dist.all_reduce(fwd, op=dist.ReduceOp.MIN)
+            dist.all_reduce(bwd, op=dist.ReduceOp.MAX)
+            results[name] = {"forward_equal": bool(fwd.item()), "backward": bwd.item()}
+    model_cases = [
+        # (split, input size, base filters, blocks, batch norm, batch per data rank)
+        ((2, 1, 1), 16, 4, 2, False, 2),
+        ((2, 1, 1), 16, 4, 2, True, 2),
+        ((2, 1, 1), 32, 3, 3, True, 1),
+        ((4, 1, 1), 16, 2, 2, True, 2),
+        ((4, 1, 1), 32, 4, 3, False, 1),
+        ((2, 2, 1), 16, 4, 2, True, 2),
+        ((2, 2, 1), 24, 5, 2, False, 1),
+        ((2, 2, 1), 32, 4, 3, True, 1),
+        ((1, 2, 2), 16, 4, 2, True, 1),
+        ((2, 2, 2), 16, 4, 2, True, 1),
+    ]
+    for i, (split, size, filters, blocks, bn, batch) in enumerate(model_cases):
+        s = math.prod(split)
+        if s not in meshes:
+            continue
+        cfg = model_cfg(size, filters=filters, blocks=blocks, batch_norm=bn)
+        name = f"model split={list(split)} input={size} filters={filters} blocks={blocks} bn={bn}"
+        case = model_case(meshes[s], cfg, split, batch=batch, seed=100 + i)
+        if case is not None:
+            results[name] = case
+    # Only the spatial average from the gradient sync; the data axis done by the "optimizer".
+    cfg = model_cfg(16, filters=4, blocks=2, batch_norm=True)
+    case = model_case(meshes[2], cfg, (2, 1, 1), batch=2, seed=99, comm_optimizer=True)
+    if case is not None:
+        results["model split=[2, 1, 1] communicates_gradients"] = case
+    for split in ((2, 1, 1), (2, 2, 1)):
+        s = math.prod(split)
+        case = dropout_case(meshes[s], split, seed=5)
+        if case is not None:
+            results[f"dropout split={list(split)}"] = case
+        case = periodic_conv_case(meshes[s], split, seed=6)
+        if case is not None:
+            results[f"periodic model split={list(split)}"] = case
+
+
+def real_cases(results: Results, world: int, files: list[str]) -> None:
+    from cosmocub.data.tfrecord import read_tfrecord_sample
+
+    split = (2, 2, 1) if world % 4 == 0 else (2, 1, 1)
+    dims = build_parallel_dims(spatial=math.prod(split))
+    xs, ys = [], []
+    for i in range(dims.data):
+        counts_dhwc, y = read_tfrecord_sample(files[i % len(files)])
+        x_cdhw = np.log1p(counts_dhwc.astype(np.float32)).transpose(3, 0, 1, 2)
+        x_cdhw = (x_cdhw - x_cdhw.mean()) / x_cdhw.std()
+        xs.append(torch.from_numpy(np.ascontiguousarray(x_cdhw)))
+        ys.append(torch.from_numpy(y))
+    x_global, y_global = torch.stack(xs), torch.stack(ys)
+    size = x_global.shape[-1]
+    cfg = model_cfg(size, filters=4, blocks=4, batch_norm=True)
+    case = model_case(dims, cfg, split, batch=1, seed=11, x_global=x_global, y_global=y_global)
+    if case is not None:
+        results[f"real {size}^3 split={list(split)} bn=True"] = case
+
+
+def main() -> None:
+    out_path, mode, *files = sys.argv[1:]
+    torch.set_num_threads(1)
+    first = build_parallel_dims(spatial=1)
+    world = first.world_size
+    results: Results = {}
+    if mode == "synthetic":
+        synthetic_cases(results, world)
+    else:
+        real_cases(results, world, files)
+    if first.is_main:
+        Path(out_path).write_text(json.dumps(results, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

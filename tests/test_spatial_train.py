@@ -1,0 +1,177 @@
+"""Hybrid data × spatial training on gloo with real processes (torchrun): data=2 × spatial=2
+follows data=4 × spatial=1 on the same global batches, and a spatial=2 run resumes exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from cosmocub.models.cosmoflow import CosmoFlow, load_model_file
+from cosmocub.train.testing import make_random_shards
+
+pytestmark = pytest.mark.slow
+
+TINY: dict[str, Any] = {
+    "preprocess": {"sample_size": 8, "slab_depth": 2},
+    "model": {
+        "input_size": 8,
+        "base_filters": 4,
+        "num_conv_blocks": 2,
+        "dense_sizes": [16],
+        "dropout": 0.0,
+    },
+    "optimizer": {"name": "adamw", "lr": 0.003, "base_batch_size": 8, "warmup_epochs": 0},
+    "train": {
+        "epochs": 2,
+        "checkpoint_every_steps": 3,
+        "log_every_steps": 1,
+        "threads_per_rank": 1,
+        "deterministic": True,
+    },
+    "tracking": {"enabled": False},
+}
+
+RANK_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    from cosmocub.config import load_config
+    from cosmocub.train.main import train
+    cfg_path, shards, run, die_at = sys.argv[1:5]
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+
+    def hook(step, model):
+        if first_attempt and os.environ["RANK"] == "1" and step == int(die_at):
+            os._exit(17)  # a rank dies without cleaning up; torchrun restarts every rank
+
+    train(load_config(cfg_path), shards_dir=shards, run_dir=run, on_step_end=hook)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("shards")
+    return make_random_shards(folder, counts={"train": 16, "val": 8}, size=8, slab_depth=2)
+
+
+def run_ranks(
+    tmp: Path, shards: Path, name: str, *, nproc: int, die_at: int = 0, **sections: dict
+) -> Path:
+    values = json.loads(json.dumps(TINY))
+    for section, changes in sections.items():
+        values.setdefault(section, {}).update(changes)
+    cfg_path = tmp / f"{name}.yaml"
+    cfg_path.write_text(yaml.safe_dump(values))
+    script = tmp / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    run = tmp / name
+    run.mkdir(exist_ok=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            "--max-restarts",
+            "1" if die_at else "0",
+            str(script),
+            str(cfg_path),
+            str(shards),
+            str(run),
+            str(die_at),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (run / "stderr.txt").write_text(proc.stderr)
+    return run
+
+
+def step_losses(run: Path) -> dict[int, float]:
+    """Per-step global losses from rank 0's log lines (log_every_steps = 1)."""
+    losses = {}
+    for line in (run / "stderr.txt").read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["step"] and "loss" in words:
+            losses[int(words[1])] = float(words[words.index("loss") + 1])
+    return losses
+
+
+def epoch_records(run: Path) -> list[dict[str, float]]:
+    """What a run computed per epoch (losses, metrics, lr), without its timings and traffic."""
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(x).items() if computed(k)} for x in lines]
+
+
+def computed(key: str) -> bool:
+    return key in ("epoch", "step", "train_loss", "lr") or key.startswith("val_")
+
+
+def test_data2_spatial2_matches_data4(shards: Path, tmp_path: Path) -> None:
+    # The same global batch of 8: 4 data ranks × 2, or 2 data ranks × 4 (each split in two).
+    # Batch norm normalises over the global batch in both.
+    model = {"batch_norm": True}
+    flat = run_ranks(tmp_path, shards, "data4", nproc=4, train={"local_batch_size": 2}, model=model)
+    split = run_ranks(
+        tmp_path,
+        shards,
+        "data2_spatial2",
+        nproc=4,
+        train={"local_batch_size": 4},
+        parallel={"spatial": 2},
+        model=model,
+    )
+    summary = json.loads((split / "train_summary.json").read_text())
+    assert (summary["data_parallel"], summary["spatial_parallel"], summary["steps"]) == (2, 2, 4)
+    flat_losses, split_losses = step_losses(flat), step_losses(split)
+    assert sorted(flat_losses) == sorted(split_losses) == [1, 2, 3, 4]
+    for step, loss in flat_losses.items():
+        # The log line prints 5 decimals.
+        assert split_losses[step] == pytest.approx(loss, rel=1e-4, abs=2e-5), step
+    for a, b in zip(epoch_records(flat), epoch_records(split), strict=True):
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
+    # What spatial=2 saved is the plain CosmoFlow, loadable on one process.
+    a = load_model_file(flat / "model.pt")
+    b = load_model_file(split / "model.pt")
+    assert type(b) is CosmoFlow
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        torch.testing.assert_close(pb, pa, rtol=1e-5, atol=1e-6, msg=name)
+    torch.manual_seed(0)  # the config's seed: the weights every rank started from
+    initial = CosmoFlow(a.config)
+    assert not torch.allclose(a.head.output.weight, initial.head.output.weight, atol=1e-4)
+
+
+def test_spatial2_resumes_exactly(shards: Path, tmp_path: Path) -> None:
+    sections = {
+        "parallel": {"spatial": 2},
+        "train": {"local_batch_size": 4, "augment": True},
+        "model": {"batch_norm": True, "dropout": 0.3},
+    }
+    whole = run_ranks(tmp_path, shards, "whole", nproc=2, **sections)
+    # Rank 1 dies at step 5 of 8, after the checkpoint at step 3; torchrun restarts both.
+    broken = run_ranks(tmp_path, shards, "broken", nproc=2, die_at=5, **sections)
+    summary = json.loads((broken / "train_summary.json").read_text())
+    assert summary["resumed_from"].endswith("step_00000003.pt") and summary["steps"] == 8
+    assert (summary["world_size"], summary["spatial_parallel"]) == (2, 2)
+    a = torch.load(whole / "model.pt", weights_only=True)["state_dict"]
+    b = torch.load(broken / "model.pt", weights_only=True)["state_dict"]
+    plain = CosmoFlow(load_model_file(whole / "model.pt").config)
+    assert a.keys() == b.keys() == plain.state_dict().keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert epoch_records(whole) == epoch_records(broken)

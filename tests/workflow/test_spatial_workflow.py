@@ -1,0 +1,108 @@
+"""The workflow at spatial = 2 (one sample split over two ranks), and the sample-size study."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from test_workflow import REPO, job_counts, snakemake
+
+pytestmark = pytest.mark.slow
+TEST_CONFIG = str(REPO / "config" / "test.yaml")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A results folder where the spatial = 1 run of the test config has trained."""
+    cwd = tmp_path_factory.mktemp("workflow")
+    proc = snakemake(
+        "--cores",
+        "2",
+        "--configfile",
+        TEST_CONFIG,
+        "--config",
+        "train={run_name: s1, deterministic: true}",
+        "tracking={enabled: false}",
+        "--",
+        "results-test/runs/s1/metrics.jsonl",
+        cwd=cwd,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return cwd
+
+
+def records(path: Path) -> list[dict[str, float]]:
+    """What a run computed per epoch (losses, metrics, lr), without its timings and traffic."""
+    lines = path.read_text().splitlines()
+    return [{k: v for k, v in json.loads(x).items() if computed(k)} for x in lines]
+
+
+def computed(key: str) -> bool:
+    return key in ("epoch", "step", "train_loss", "lr") or key.startswith("val_")
+
+
+def test_spatial2_trains_through_the_workflow_like_spatial1(workdir: Path) -> None:
+    proc = snakemake(
+        "--cores",
+        "2",
+        "--configfile",
+        TEST_CONFIG,
+        "--config",
+        "parallel={spatial: 2}",
+        "train={run_name: s2, deterministic: true, nproc_per_node: 2}",
+        "tracking={enabled: false}",
+        "--",
+        "results-test/runs/s2/metrics.jsonl",
+        cwd=workdir,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # Only training ran: the universes and shards of the spatial = 1 run serve it.
+    assert job_counts(proc.stdout + proc.stderr) == {"train": 1}
+    runs = workdir / "results-test/runs"
+    summary = json.loads((runs / "s2/train_summary.json").read_text())
+    assert (summary["world_size"], summary["data_parallel"], summary["spatial_parallel"]) == (
+        2,
+        1,
+        2,
+    )
+    one, two = records(runs / "s1/metrics.jsonl"), records(runs / "s2/metrics.jsonl")
+    assert [r["step"] for r in two] == [r["step"] for r in one] == [6, 12]
+    for a, b in zip(one, two, strict=True):
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (a["epoch"], key)
+
+
+def test_sample_size_study_target(workdir: Path) -> None:
+    proc = snakemake(
+        "sample_size_study",
+        "--cores",
+        "2",
+        "--configfile",
+        TEST_CONFIG,
+        "--config",
+        "train={epochs: 1}",
+        "tracking={enabled: false}",
+        cwd=workdir,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    study = workdir / "results-test/studies/sample_size"
+    with open(study / "sample_size.tsv") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    # 2 sizes × 2 levels × (4 parameters + their mean).
+    assert len(rows) == 20
+    assert {r["sample_size"] for r in rows} == {"4", "8"}
+    counts = {(r["sample_size"], r["level"]): int(r["count"]) for r in rows}
+    # One test universe of 16³: 64 crops of 4³ or 8 of 8³, averaged into one per universe.
+    assert counts == {
+        ("4", "sample"): 64,
+        ("4", "universe"): 1,
+        ("8", "sample"): 8,
+        ("8", "universe"): 1,
+    }
+    for r in rows:
+        # The TSV holds 6 significant digits.
+        ratio = float(r["mae"]) / float(r["baseline_mae"])
+        assert float(r["mae_ratio"]) == pytest.approx(ratio, rel=2e-5)
+    assert (study / "sample_size.png").stat().st_size > 10_000
+    train = json.loads((study / "8/run/train_summary.json").read_text())
+    assert (train["world_size"], train["spatial_parallel"]) == (2, 2)
