@@ -1,8 +1,11 @@
 """Per-epoch communication and time breakdown of the training step, the same for every optimizer.
 
-comm_bytes_per_step: bytes this rank sends per step over the data group — DDP's fp32 ring
-all-reduce of every gradient (2(P−1)/P × payload), or what a self-communicating optimizer counted
-(its compressed exchange and momentum syncs). Times are host wall-clock seconds per step:
+comm_bytes_per_step: bytes this rank sends per step for gradients and updates — the gradient
+sync's fp32 ring all-reduce (2(P−1)/P × payload over its group: DDP over the data group, or over
+the whole mesh when spatial > 1; the spatial average ahead of a self-communicating optimizer)
+plus what such an optimizer counted (its compressed exchange and momentum syncs). Halo exchanges
+and the feature gather of the spatial layers move activations, not gradients: not counted.
+Times are host wall-clock seconds per step:
 time_exchange_s and time_momentum_sync_s as the optimizer measured them (it waits for its
 collectives), time_compute_s the rest of the step (forward, backward, and DDP's all-reduce, which
 overlaps the backward pass and cannot be told apart from it).
@@ -13,14 +16,15 @@ from __future__ import annotations
 from torch import nn
 from torch.optim import Optimizer
 
-from cosmocub.optim.collectives import CommStats, ring_allreduce_bytes
+from cosmocub.optim.collectives import CommStats
+from cosmocub.train.grad_sync import GradientSync
 
 
 class CommMeter:
-    def __init__(self, optimizer: Optimizer, model: nn.Module, *, data_size: int, ddp: bool):
+    def __init__(self, optimizer: Optimizer, model: nn.Module, grad_sync: GradientSync):
         self.stats: CommStats | None = getattr(optimizer, "comm_stats", None)
         payload = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-        self.ddp_bytes = ring_allreduce_bytes(payload, data_size) if ddp else 0.0
+        self.sync_bytes = grad_sync.bytes_sent_per_step(payload)
         self.steps, self.step_s = 0, 0.0
         if self.stats is not None:
             self.stats.reset()
@@ -33,7 +37,7 @@ class CommMeter:
         n = max(1, self.steps)
         s = self.stats or CommStats()
         return {
-            "comm_bytes_per_step": self.ddp_bytes + s.bytes_sent / n,
+            "comm_bytes_per_step": self.sync_bytes + s.bytes_sent / n,
             "time_compute_s": max(0.0, self.step_s - s.exchange_s - s.momentum_sync_s) / n,
             "time_exchange_s": s.exchange_s / n,
             "time_momentum_sync_s": s.momentum_sync_s / n,

@@ -18,17 +18,21 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
+from cosmocub.optim.collectives import ring_allreduce_bytes
 from cosmocub.parallel.mesh import ParallelDims
 
 
 class GradientSync(Protocol):
-    """wrap(model) once before training; after_backward(model) after every backward pass."""
+    """wrap(model) once before training; after_backward(model) after every backward pass;
+    bytes_sent_per_step(payload) for the byte accounting (what this rank sends per step)."""
 
     name: str
 
     def wrap(self, model: nn.Module) -> nn.Module: ...
 
     def after_backward(self, model: nn.Module) -> None: ...
+
+    def bytes_sent_per_step(self, payload_bytes: int) -> float: ...
 
 
 class DDPAllReduce:
@@ -50,6 +54,9 @@ class DDPAllReduce:
     def after_backward(self, model: nn.Module) -> None:
         pass  # DDP's hooks already averaged every gradient during backward
 
+    def bytes_sent_per_step(self, payload_bytes: int) -> float:
+        return ring_allreduce_bytes(payload_bytes, self.dims.data * self.dims.spatial)
+
 
 class LocalGradients:
     """No exchange: one data rank, or an optimizer that communicates by itself."""
@@ -61,6 +68,9 @@ class LocalGradients:
 
     def after_backward(self, model: nn.Module) -> None:
         pass
+
+    def bytes_sent_per_step(self, payload_bytes: int) -> float:
+        return 0.0
 
 
 class SpatialAverage:
@@ -86,6 +96,9 @@ class SpatialAverage:
         for g in grads:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
+
+    def bytes_sent_per_step(self, payload_bytes: int) -> float:
+        return ring_allreduce_bytes(payload_bytes, self.dims.spatial)
 
 
 def build_gradient_sync(optimizer: Optimizer, dims: ParallelDims) -> GradientSync:

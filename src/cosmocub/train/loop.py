@@ -114,7 +114,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
     show_bar = t.dims.is_main and sys.stderr.isatty()
     t.wrapped.train()
     data_wait, steps_here = 0.0, 0
-    meter = CommMeter(t.optimizer, t.model, data_size=t.dims.data, ddp=t.grad_sync.name == "ddp")
+    meter = CommMeter(t.optimizer, t.model, t.grad_sync)
     # Global mean losses of steps not yet looked at, kept on the device: the host reads them only
     # when it logs or checkpoints, so a GPU is not made to wait at every step.
     pending: list[torch.Tensor] = []

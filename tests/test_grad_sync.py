@@ -1,0 +1,42 @@
+"""The gradient sync's byte accounting follows the group it really reduces over."""
+
+import pytest
+import torch
+
+from cosmocub.parallel.mesh import LaunchEnv, ParallelDims
+from cosmocub.train.grad_sync import DDPAllReduce, LocalGradients, SpatialAverage
+
+
+def _dims(data: int, spatial: int) -> ParallelDims:
+    env = LaunchEnv(
+        launcher="torchrun",
+        rank=0,
+        world_size=data * spatial,
+        local_rank=0,
+        local_world_size=data * spatial,
+        master_addr="127.0.0.1",
+        master_port=0,
+    )
+    return ParallelDims(
+        data=data, spatial=spatial, env=env, device=torch.device("cpu"), backend="gloo"
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "spatial", "ranks"),
+    [(4, 1, 4), (2, 2, 4), (1, 4, 4), (3, 1, 3)],
+)
+def test_ddp_counts_a_ring_over_every_rank_it_reduces_over(data, spatial, ranks):
+    # Spatial > 1: DDP runs over the whole mesh, so P is data × spatial, not the data axis alone.
+    payload = 1_000_000
+    expected = 2 * (ranks - 1) / ranks * payload
+    assert DDPAllReduce(_dims(data, spatial)).bytes_sent_per_step(payload) == pytest.approx(
+        expected
+    )
+
+
+def test_spatial_average_counts_its_ring_over_the_spatial_group_only():
+    payload = 1_000_000
+    assert SpatialAverage(_dims(4, 2)).bytes_sent_per_step(payload) == pytest.approx(payload)
+    assert SpatialAverage(_dims(1, 4)).bytes_sent_per_step(payload) == pytest.approx(1.5 * payload)
+    assert LocalGradients().bytes_sent_per_step(payload) == 0.0
