@@ -83,6 +83,7 @@ def main() -> None:
     settings = PreprocessConfig(
         sample_size=args.sample_size,
         log1p=True,
+        standardize=True,
         dtype=args.dtype,
         splits=SplitRatios(train=0.5, val=0.25, test=0.25),
         slab_depth=args.slab_depth,

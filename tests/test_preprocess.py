@@ -23,6 +23,7 @@ def settings(**overrides) -> PreprocessConfig:
     values = dict(
         sample_size=8,
         log1p=True,
+        standardize=True,
         dtype="float16",
         splits=SplitRatios(train=0.6, val=0.2, test=0.2),
         slab_depth=4,
@@ -166,6 +167,29 @@ def test_float32_without_log1p_and_one_sample_per_universe(universes, tmp_path) 
     manifest = preprocess(universes, tmp_path / "s", settings=cfg, seed=0, config_hash="h")
     _check_shards(tmp_path / "s", universes, cfg)
     assert manifest["counts"] == {"train": 3, "val": 1, "test": 1}
+
+
+@pytest.mark.parametrize("standardize", [True, False])
+def test_standardize_switch_reaches_the_datasets(universes, tmp_path, standardize) -> None:
+    """preprocess.standardize is recorded with the shards; open_split obeys it (MLPerf: off)."""
+    from cosmocub.config import load_config
+    from cosmocub.data.dataset import open_split
+
+    cfg = settings(standardize=standardize)
+    manifest = preprocess(universes, tmp_path / "s", settings=cfg, seed=0, config_hash="h")
+    stats = json.loads((tmp_path / "s" / "stats.json").read_text())
+    assert stats["standardize"] is standardize and manifest["standardize"] is standardize
+    model = dataclasses.replace(load_config(None).model, input_size=8, num_conv_blocks=2)
+    ds = open_split(tmp_path / "s", "train", model)
+    xs = np.stack([ds[i][0].numpy() for i in range(len(ds))])  # (N, C, S, S, S)
+    channel_mean = xs.mean(axis=(0, 2, 3, 4))
+    if standardize:
+        np.testing.assert_allclose(channel_mean, 0.0, atol=2e-3)
+    else:  # log1p of Poisson(1) counts as stored: mean E[log(1 + k)] ≈ 0.56 per channel
+        np.testing.assert_allclose(channel_mean, stats["mean"], rtol=1e-3)
+        assert channel_mean.min() > 0.5
+        with h5py.File(tmp_path / "s" / "train.h5") as f:
+            np.testing.assert_array_equal(xs[0], f["x"][0].astype(np.float32))
 
 
 def test_same_file_names_in_different_folders(tmp_path: Path, make_universe) -> None:
@@ -344,7 +368,6 @@ def test_cluster_path_with_a_pickling_client(universes, tmp_path, monkeypatch) -
 
 
 def test_cluster_address_without_distributed(universes, tmp_path) -> None:
-    pytest.importorskip("dask")
     try:
         import distributed  # noqa: F401
     except ImportError:

@@ -422,6 +422,9 @@ def _stats(hist: np.ndarray, settings: PreprocessConfig, out_dir: Path) -> dict[
         "std": moments["std"].tolist(),
         "split": "train",
         "num_values": moments["count"].tolist(),
+        # Whether datasets apply mean/std (preprocess.standardize): the shards carry it, so
+        # training and evaluation cannot disagree.
+        "standardize": settings.standardize,
     }
 
 
@@ -441,6 +444,7 @@ def _manifest(
         "sample_shape": [metas[0].num_channels, s, s, s],
         "dtype": settings.dtype,
         "log1p": settings.log1p,
+        "standardize": settings.standardize,
         "sample_size": s,
         "slab_depth": settings.slab_depth,
         "universe_size": metas[0].size,

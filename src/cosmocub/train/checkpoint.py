@@ -29,6 +29,7 @@ _OPERATIONAL_TRAIN_KEYS = {
     "epochs",
     "num_data_workers",
     "checkpoint_every_steps",
+    "keep_old_checkpoint_folders",
     "max_restarts",
     "log_every_steps",
     "threads_per_rank",
