@@ -32,8 +32,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from cosmocub.tracking import job_run
 
     cfg = load_config(args.config)
-    with job_run(cfg, stage="simulate", params={"size": args.size, "seed": args.seed}):
-        run_simulate(args.out, size=args.size, seed=args.seed, settings=cfg.simulate)
+    params = {"size": args.size, "seed": args.seed}
+    # Deferred: inside a workflow, MLflow would cost this job more time than the simulation.
+    with job_run(cfg, stage="simulate", params=params, defer=True) as tracker:
+        metrics = run_simulate(args.out, size=args.size, seed=args.seed, settings=cfg.simulate)
+        tracker.log_metrics(metrics)
     return 0
 
 
