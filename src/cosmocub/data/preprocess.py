@@ -137,8 +137,21 @@ def value_table(log1p: bool, dtype: str) -> np.ndarray:
     return values.astype(dtype)
 
 
+# Voxels per table lookup: the index is copied to intp (8 bytes a value) before the gather; in
+# pieces that copy stays in cache (measured ~2x faster on a 16 MB block than one whole lookup).
+_LOOKUP_VALUES = 1 << 18
+
+
 def _to_values(block: np.ndarray, log1p: bool, dtype: str) -> np.ndarray:
-    return value_table(log1p, dtype)[block.view(np.uint16)]
+    table = value_table(log1p, dtype)
+    index = np.ascontiguousarray(block).view(np.uint16)
+    flat = index.reshape(-1)
+    out = np.empty(flat.shape, dtype=table.dtype)
+    for start in range(0, flat.size, _LOOKUP_VALUES):
+        np.take(
+            table, flat[start : start + _LOOKUP_VALUES], out=out[start : start + _LOOKUP_VALUES]
+        )
+    return out.reshape(block.shape)
 
 
 def crop_samples(
