@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -161,9 +162,18 @@ def test_deterministic_resume_is_bit_identical(shards: Path, tmp_path: Path) -> 
         return [{k: v for k, v in json.loads(x).items() if not k.startswith(timing)} for x in lines]
 
     assert losses("whole") == losses("broken")
+    # Data workers change nothing: the same run without them gives the same weights (the val
+    # loader must not draw worker seeds from the global RNG that dropout uses).
+    no_workers = tiny_cfg(
+        train={"deterministic": True, "num_data_workers": 0, "augment": True},
+        model={"dropout": 0.3, "batch_norm": True},
+    )
+    train(no_workers, shards_dir=shards, run_dir=tmp_path / "no_workers")
+    plain = torch.load(tmp_path / "no_workers/model.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(whole[name], plain[name]) for name in whole)
 
 
-def test_checkpoint_from_other_config_is_refused(shards: Path, tmp_path: Path) -> None:
+def test_checkpoint_from_other_config_is_refused(shards: Path, tmp_path: Path, caplog) -> None:
     run = tmp_path / "run"
     train(tiny_cfg(train={"epochs": 1}), shards_dir=shards, run_dir=run)
     # Operational keys may change on resume (more epochs, other logging cadence).
@@ -173,8 +183,18 @@ def test_checkpoint_from_other_config_is_refused(shards: Path, tmp_path: Path) -
     # Another optimizer setting is another run: it starts at step 0 in a folder of its own and
     # leaves the first run's checkpoints as they were.
     other = tiny_cfg(train={"epochs": 1}, optimizer={"lr": 0.01})
-    summary = train(other, shards_dir=shards, run_dir=run)
+    with caplog.at_level(logging.WARNING, logger="cosmocub.train.main"):
+        summary = train(other, shards_dir=shards, run_dir=run)
     assert summary["resumed_from"] is None and summary["steps"] == 4
+    # ... and says so, naming the keys that changed against the newest checkpoints.
+    assert summary["fresh_start"] == {
+        "previous": str(first_folder),
+        "changed": ["optimizer.lr: 0.003 → 0.01"],
+    }
+    assert f"training starts at step 0 in {run / 'checkpoints'}" in caplog.text
+    assert f"{first_folder}, were written with other settings: optimizer.lr: 0.003 → 0.01" in (
+        caplog.text
+    )
     folders = sorted((run / "checkpoints").iterdir())
     assert len(folders) == 2 and first_folder in folders
     assert sorted(p.name for p in first_folder.iterdir()) == first_checkpoints
@@ -197,7 +217,29 @@ def test_new_training_data_starts_a_new_run(tmp_path: Path) -> None:
     train(cfg, shards_dir=old, run_dir=run)
     summary = train(cfg, shards_dir=new, run_dir=run)
     assert summary["resumed_from"] is None
+    assert summary["fresh_start"]["changed"] == [
+        "data: other training shards (stats or split sizes)"
+    ]
     assert len(list((run / "checkpoints").iterdir())) == 2
+
+
+def test_old_checkpoint_folders_are_pruned_by_the_keep_policy(shards: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    folders = []
+    for lr in (0.001, 0.002, 0.003, 0.004):
+        cfg = tiny_cfg(train={"epochs": 1, "keep_old_checkpoint_folders": 1}, optimizer={"lr": lr})
+        train(cfg, shards_dir=shards, run_dir=run)
+        new = set((run / "checkpoints").iterdir()) - set(folders)
+        folders += sorted(new)
+        # This run's folder and the newest other one; older ones are gone.
+        assert set((run / "checkpoints").iterdir()) == set(folders[-2:])
+    # Folders holding anything but checkpoints are never deleted.
+    (folders[-2] / "notes.txt").write_text("mine")
+    for lr in (0.005, 0.006):
+        cfg = tiny_cfg(train={"epochs": 1, "keep_old_checkpoint_folders": 0}, optimizer={"lr": lr})
+        train(cfg, shards_dir=shards, run_dir=run)
+    left = set((run / "checkpoints").iterdir())
+    assert folders[-2] in left and len(left) == 2
 
 
 @pytest.mark.parametrize(
@@ -276,6 +318,23 @@ def test_checkpoint_invariants_are_checked(tmp_path: Path) -> None:
         r"with data_parallel_size=4, this run has data_parallel_size=2",
     ):
         other.restore_latest(rank=0)
+
+
+def test_growing_world_on_resume_is_said(tmp_path: Path, caplog) -> None:
+    layer = torch.nn.Linear(2, 2)
+    manager = CheckpointManager(tmp_path, config_hash="abc", stateful={"model": layer})
+    manager.save(3)  # one rank's RNG state
+    torch.manual_seed(123)
+    with caplog.at_level(logging.WARNING, logger="cosmocub.train.checkpoint"):
+        assert manager.restore_latest(rank=0, world_size=4) == tmp_path / "step_00000003.pt"
+    assert (
+        "step_00000003.pt: saved by 1 ranks, resumed by 4: ranks 1..3 take rank 0's RNG state"
+        in (caplog.text)
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cosmocub.train.checkpoint"):
+        manager.restore_latest(rank=0, world_size=1)
+    assert caplog.text == ""
 
 
 def test_cli_train_writes_run_and_reports_user_errors(

@@ -11,6 +11,7 @@ the newest checkpoint in RUN_DIR/checkpoints by itself. On Slurm: `srun -n N cos
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,8 @@ from cosmocub.tracking import job_run
 from cosmocub.train import runtime
 from cosmocub.train.build import build_trainer
 from cosmocub.train.loop import TrainState, fit, write_jsonl
+
+log = logging.getLogger(__name__)
 
 
 def train(
@@ -49,6 +52,9 @@ def train(
         trainer, state, resumed_from = build_trainer(
             cfg, dims, shards_dir=shards_dir, run_dir=run_dir, on_step_end=on_step_end
         )
+        fresh = trainer.checkpoints.fresh_start
+        if fresh is not None and dims.is_main:
+            log.warning("train: %s", fresh.describe())
         params = {
             "world_size": dims.world_size,
             "data_parallel": dims.data,
@@ -63,6 +69,16 @@ def train(
         }
         with job_run(cfg, stage="train", params=params, enabled=dims.is_main) as tracker:
             trainer.log = lambda metrics, step: tracker.log_metrics(metrics, step=step)
+            if fresh is not None:
+                tracker.set_tags(
+                    {
+                        "fresh_start.previous_checkpoints": str(fresh.previous),
+                        # MLflow tags hold up to 8000 characters; the job log has the full list.
+                        "fresh_start.changed": "; ".join(fresh.changed or ["(not recorded)"])[
+                            :8000
+                        ],
+                    }
+                )
             fit(trainer, state, metrics_path=run_dir / "metrics.jsonl")
             # The final position, so that a re-run finds nothing left to do.
             trainer.checkpoints.save(state.step)
@@ -77,6 +93,12 @@ def train(
                 "global_batch_size": trainer.global_batch,
                 "device": str(dims.device),
                 "resumed_from": str(resumed_from) if resumed_from else None,
+                "fresh_start": None
+                if fresh is None
+                else {
+                    "previous": str(fresh.previous),
+                    "changed": None if fresh.changed is None else list(fresh.changed),
+                },
                 "config_hash": cfg.hash,
                 "resume_hash": trainer.checkpoints.config_hash,
                 "mlflow_run_id": getattr(tracker, "run_id", None),
