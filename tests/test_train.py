@@ -114,8 +114,10 @@ def test_outputs_follow_the_run_format(shards: Path, tmp_path: Path) -> None:
     assert r["val_mae"] == pytest.approx(sum(per_param) / 4)
     assert 0 <= r["data_wait_share"] < 1 and r["samples_per_s"] > 0
     assert r["lr"] == pytest.approx(0.003)
-    # Checkpoints every 5 steps plus the final one; only the last 2 are kept.
+    # Checkpoints every 5 steps plus the final one; only the last 2 are kept, beside the values
+    # the folder's hash comes from.
     assert sorted(p.name for p in checkpoint_dir(run).iterdir()) == [
+        "resume.json",
         "step_00000010.pt",
         "step_00000012.pt",
     ]
@@ -262,7 +264,10 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(
         r"step_00000002\.pt",
     ):
         train(cfg, shards_dir=shards, run_dir=run, on_step_end=poison)
-    assert [p.name for p in checkpoint_dir(run).iterdir()] == ["step_00000002.pt"]
+    assert sorted(p.name for p in checkpoint_dir(run).iterdir()) == [
+        "resume.json",
+        "step_00000002.pt",
+    ]
     assert not (run / "model.pt").exists()
     state = torch.load(checkpoint_dir(run) / "step_00000002.pt", weights_only=True)
     assert all(torch.isfinite(v).all() for v in state["model"].values())
