@@ -522,3 +522,76 @@ def test_two_gloo_ranks_survive_a_restart_with_identical_weights(
     # The model that rank 0 wrote is the weights both ranks hold.
     written = torch.load(run / "model.pt", weights_only=True)["state_dict"]
     assert all(torch.equal(written[k], rank0[k]) for k in rank0)
+
+
+def _kill_first_attempt_rank(launcher: subprocess.Popen, timeout: float = 120) -> int:
+    """SIGKILL a rank of the launcher's first attempt as soon as it runs: a crash, no message."""
+    import signal
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in psutil.Process(launcher.pid).children(recursive=True):
+            try:
+                env = child.environ()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if env.get("COSMOCUB_LAUNCH_ATTEMPT") == "0" and env.get("RANK") == "1":
+                os.kill(child.pid, signal.SIGKILL)
+                return child.pid
+        time.sleep(0.05)
+    raise AssertionError("no rank 1 of the first attempt appeared")
+
+
+@pytest.mark.slow
+def test_launch_starts_again_after_a_crash_but_not_after_a_user_error(
+    shards: Path, tmp_path: Path
+) -> None:
+    """A real torchrun under `cosmocub launch`: a killed rank gets a second attempt that trains
+    to the end; a user error (a missing shard folder) fails at once, its message once."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name in ("COSMOCUB_USER_ERROR_FILE", "COSMOCUB_LAUNCH_ATTEMPT"):
+        env.pop(name, None)
+    config = tmp_path / "cfg.yaml"
+    config.write_text(yaml.safe_dump({**TINY, "train": {**TINY["train"], "epochs": 1}}))
+    launch = [sys.executable, "-m", "cosmocub.cli", "launch", "--tasks-per-node", "2"]
+
+    missing = tmp_path / "no-shards"
+    train_args = ["train", "--config", str(config), "--out", str(tmp_path / "bad")]
+    proc = subprocess.run(
+        [*launch, "--max-restarts", "2", "--", *train_args, "--shards", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.count("cosmocub launch: attempt") == 1
+    assert "stopped by a user error (above), not starting again" in proc.stderr
+    assert f"{missing}/stats.json: shard statistics not found" in proc.stderr
+    assert not list(tmp_path.glob(".cosmocub-user-error-*"))  # the marker is cleaned up
+
+    run = tmp_path / "run"
+    args = ["train", "--config", str(config), "--shards", str(shards), "--out", str(run)]
+    launcher = subprocess.Popen(
+        [*launch, "--max-restarts", "1", "--", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    try:
+        _kill_first_attempt_rank(launcher)
+        _, stderr = launcher.communicate(timeout=150)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 0, stderr[-3000:]
+    assert "ranks crashed (exit 1); starting them again" in stderr
+    assert "cosmocub launch: attempt 2 of 2" in stderr
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 2  # 16 samples, 2 × batch 4

@@ -1,11 +1,9 @@
 """Entry of the training stage: read the launcher's environment, build, train, write, close.
 
-One process per device. Locally:
-    torchrun --standalone --nproc-per-node N --max-restarts R -m cosmocub.cli train \
-        --config CFG --shards DIR --out RUN_DIR
-with R = train.max_restarts: torchrun restarts every rank when one dies, and `train` resumes from
-the newest checkpoint in RUN_DIR/checkpoints by itself. On Slurm: `srun -n N cosmocub train …`
-(add `--requeue` or an outer retry loop for restarts; the resume is the same).
+One process per device, started by `cosmocub launch --tasks-per-node N --max-restarts R -- train
+--config CFG --shards DIR --out RUN_DIR` (torchrun locally, srun on Slurm, see cosmocub.launch):
+it starts the ranks again after a crash, never after a user error (exit 2), and `train` resumes
+from the newest checkpoint in RUN_DIR/checkpoints by itself.
 """
 
 from __future__ import annotations
