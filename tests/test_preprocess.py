@@ -13,7 +13,13 @@ import pytest
 
 from cosmocub.config import PreprocessConfig, SplitRatios
 from cosmocub.data import preprocess as pre
-from cosmocub.data.h5chunks import ChunkWriter, chunk_offsets, create_preallocated, open_source
+from cosmocub.data.h5chunks import (
+    ChunkFormatError,
+    ChunkWriter,
+    chunk_offsets,
+    create_preallocated,
+    open_source,
+)
 from cosmocub.data.preprocess import PreprocessError, assign_splits, preprocess, split_counts
 from cosmocub.data.universe import UniverseFormatError, phys_from_unit, read_universe
 from cosmocub.io import sha256_file
@@ -269,6 +275,61 @@ def test_chunk_writer_after_pickling_writes_the_right_chunks(tmp_path: Path) -> 
     with h5py.File(path) as f:
         np.testing.assert_array_equal(f["x"][...], expect)
         np.testing.assert_array_equal(f["after"][...], np.arange(10))
+
+
+@pytest.mark.parametrize(
+    ("layout", "reason"),
+    [
+        ({"compression": "gzip"}, "it has filters"),
+        ({"shuffle": True}, "it has filters"),
+        ({"fletcher32": True}, "it has filters"),
+        ({"dtype": ">f2"}, "its type >f2 is not a little-endian number"),
+        ({"chunks": None}, "it is contiguous, not chunked"),
+        ({"chunks": (2, 2, 2, 4, 4)}, r"chunks \(2, 2, 2, 4, 4\) are not \(1, C, slab, S, S\)"),
+        ({"dtype": "<f4"}, "a chunk holds 256 bytes, not 128"),
+    ],
+)
+def test_chunk_writer_refuses_layouts_it_would_corrupt(tmp_path: Path, layout, reason) -> None:
+    path = tmp_path / "shard.h5"
+    options = {"dtype": "<f2", "chunks": (1, 2, 2, 4, 4), **layout}
+    with h5py.File(path, "w") as f:
+        if options["chunks"] is None:
+            f.create_dataset("x", shape=(6, 2, 4, 4, 4), dtype=options["dtype"])
+        else:
+            f.create_dataset("x", shape=(6, 2, 4, 4, 4), **options)
+    with pytest.raises(
+        ChunkFormatError,
+        match=rf"shard.h5: cannot write 'x' by chunk offsets: "
+        rf".*{reason}",
+    ):
+        ChunkWriter(path, chunk_bytes=2 * 2 * 4 * 4 * 2)
+
+
+def test_chunk_writer_refuses_a_block_of_another_type(tmp_path: Path) -> None:
+    path = tmp_path / "shard.h5"
+    with h5py.File(path, "w") as f:
+        create_preallocated(f, "x", shape=(2, 2, 4, 4, 4), dtype="float16", chunks=(1, 2, 2, 4, 4))
+    writer = ChunkWriter(path, chunk_bytes=2 * 2 * 4 * 4 * 2)
+    block = np.zeros((2, 2, 2, 2, 4, 4), dtype=">f2")
+    with pytest.raises(ChunkFormatError, match=r"block of >f2 \(step 1\) for 'x' of <f2"):
+        writer[slice(0, 2), slice(None)] = block
+
+
+def test_a_corrupt_write_is_caught_and_leaves_no_shards(universes, tmp_path, monkeypatch) -> None:
+    """The read-back check: a writer bug (here swapped bytes) fails the run before the rename."""
+    original = ChunkWriter.__setitem__
+
+    def corrupting(self, key, block):
+        original(self, key, block.byteswap())
+
+    monkeypatch.setattr(ChunkWriter, "__setitem__", corrupting)
+    with pytest.raises(
+        PreprocessError,
+        match=r"sample 0 read back through HDF5 differs from .*"
+        r"univ_\d\.hdf5 at origin \(0, 0, 0\): the shard writer wrote a corrupt",
+    ):
+        preprocess(universes, tmp_path / "s", settings=settings(), seed=0, config_hash="h")
+    assert not (tmp_path / "s").exists()
 
 
 def test_input_errors(universes: list[Path], tmp_path: Path, make_universe) -> None:

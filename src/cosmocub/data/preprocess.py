@@ -266,6 +266,27 @@ def _create_shard(
     return ChunkWriter(path, chunk_bytes=c * slab * s * s * np.dtype(settings.dtype).itemsize)
 
 
+def _verify_written(path: Path, metas: list[UniverseMeta], settings: PreprocessConfig) -> None:
+    """Read a shard's first and last samples back through HDF5 and recompute them from their
+    universes: the raw chunk writer bypasses HDF5, so the standard reader must agree with it."""
+    table = value_table(settings.log1p, settings.dtype)
+    s = settings.sample_size
+    with h5py.File(path, "r") as f:
+        n = f["x"].shape[0]
+        for i in sorted({0, n - 1}):
+            u = int(f["universe_index"][i])
+            d, h, w = (int(v) for v in f["crop_origin"][i])
+            stored = f["x"][i]  # (C, S, S, S)
+            with h5py.File(metas[u].path, "r") as src:
+                counts = np.asarray(src["full"][d : d + s, h : h + s, w : w + s, :], np.int16)
+            expected = table[counts.view(np.uint16)].transpose(3, 0, 1, 2)
+            if not np.array_equal(stored, expected, equal_nan=True):
+                raise PreprocessError(
+                    f"{path}: sample {i} read back through HDF5 differs from {metas[u].path} "
+                    f"at origin ({d}, {h}, {w}): the shard writer wrote a corrupt shard"
+                )
+
+
 class _LogProgress(Callback):
     """Periodic progress lines for non-interactive logs (Dask's ProgressBar redraws a tty line)."""
 
@@ -400,6 +421,9 @@ def preprocess(
                 s: _create_shard(tmp / f"{s}.h5", s, split_metas[s], settings) for s in SPLITS
             }
             _compute(samples, writers, hist, hist_np, settings, total_bytes)
+            for split, writer in writers.items():
+                if writer is not None:
+                    _verify_written(tmp / f"{split}.h5", split_metas[split], settings)
         except BaseException:
             for future in hashing:  # fail now, not after hashing every remaining universe
                 future.cancel()
