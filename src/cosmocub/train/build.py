@@ -50,7 +50,8 @@ def build_trainer(
     global_batch = tc.local_batch_size * dims.data
 
     runtime.seed_everything(cfg.seed)  # same initial weights on every rank
-    model = _parallelize(CosmoFlow(cfg.model).to(dims.device), cfg, dims)
+    layout = runtime.memory_format(dims.device, spatial=dims.spatial)
+    model = _parallelize(CosmoFlow(cfg.model).to(dims.device, memory_format=layout), cfg, dims)
     optimizer = build_optimizer(model.named_parameters(), cfg.optimizer, global_batch, dims=dims)
     train_loader = build_train_loader(
         train_set,
