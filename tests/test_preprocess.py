@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pickle
+import sys
 from pathlib import Path
 
 import h5py
@@ -428,13 +429,10 @@ def test_cluster_path_with_a_pickling_client(universes, tmp_path, monkeypatch) -
     _check_shards(tmp_path / "s", universes, cfg)
 
 
-def test_cluster_address_without_distributed(universes, tmp_path) -> None:
-    try:
-        import distributed  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("dask.distributed is installed here")
+def test_cluster_address_without_distributed(universes, tmp_path, monkeypatch) -> None:
+    # The tests install distributed; a None entry makes importing it fail as if it were absent.
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    monkeypatch.setitem(sys.modules, "dask.distributed", None)
     cfg = dataclasses.replace(settings(), dask_scheduler="tcp://127.0.0.1:8786")
     with pytest.raises(
         PreprocessError, match=r"'tcp://127.0.0.1:8786' but dask.distributed is not"

@@ -642,6 +642,9 @@ def gather_shards(
     metas_by_path = {p: read_universe_meta(Path(p)) for p in every}
     metas = [metas_by_path[p] for p in sorted(every)]
     split_metas = {s: [metas_by_path[p] for p in plan["splits"][s]] for s in SPLITS}
+    for s in SPLITS:
+        if split_metas[s]:  # the groups wrote raw chunks: read some back through HDF5
+            _verify_written(staging / f"{s}.h5", split_metas[s], settings)
     stats = _stats(np.asarray(hist_total), settings, Path(out_dir))
     manifest = _manifest(
         split_metas,
