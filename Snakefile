@@ -2,7 +2,12 @@
 # Rules are thin: each calls the `cosmocub` CLI; the science lives in the package.
 
 
-configfile: "config/config.yaml"
+# The embedded default, only when no --configfile is given: Snakemake would otherwise deep-merge
+# the given file over it, and config/test.yaml would run with this file's batch norm and
+# augmentation. A given config is that file plus the schema's defaults, nothing else.
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 include: "workflow/rules/common.smk"

@@ -40,6 +40,36 @@ def test_mlperf_config_is_the_reference_model():
     assert (m.input_size, m.base_filters, m.num_conv_blocks, m.kernel_size) == (128, 32, 5, 3)
     assert m.dense_sizes == (128, 64) and m.dropout == 0.5 and m.output_scale == 1.2
     assert cfg.optimizer.decay_factors == (0.25, 0.125)
+    assert cfg.optimizer.name == "sgd" and not m.batch_norm
+    assert not cfg.train.augment and cfg.evaluate.symmetries == 1
+    assert not cfg.preprocess.standardize and cfg.preprocess.log1p
+
+
+def test_defaults_are_the_default_recipe():
+    """A stage run by hand without --config trains what `snakemake --cores all` trains."""
+    by_hand = load_config(None)
+    workflow = load_config(REPO / "config" / "config.yaml")
+    assert by_hand.values == workflow.values
+    assert by_hand.model.batch_norm and by_hand.model.dropout == 0.0
+    assert by_hand.optimizer.name == "adamw" and by_hand.train.augment
+    assert by_hand.evaluate.symmetries == 8 and by_hand.preprocess.standardize
+
+
+def test_mlperf_config_states_every_reference_value():
+    """The reference recipe must not lean on defaults (they are the laptop recipe)."""
+    raw = yaml.safe_load((REPO / "config" / "cosmoflow-mlperf.yaml").read_text())
+    schema_props = load_config(None).values
+    missing = [f"model.{k}" for k in schema_props["model"] if k not in raw["model"]]
+    missing += [f"optimizer.{k}" for k in schema_props["optimizer"] if k not in raw["optimizer"]]
+    missing.remove("optimizer.betas")  # SGD has none
+    missing.remove("optimizer.lion_cub")  # options of another optimizer
+    recipe = {
+        "preprocess": ["sample_size", "log1p", "standardize", "dtype"],
+        "train": ["epochs", "local_batch_size", "augment"],
+        "evaluate": ["symmetries"],
+    }
+    missing += [f"{sec}.{k}" for sec, keys in recipe.items() for k in keys if k not in raw[sec]]
+    assert missing == []
 
 
 def test_unknown_key_names_file_and_key(tmp_path):

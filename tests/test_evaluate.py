@@ -21,6 +21,7 @@ from cosmocub.evaluate import (
     to_physical,
     tracker_metrics,
 )
+from cosmocub.models import cosmoflow
 
 NAMES = ("Omega_m", "sigma_8", "N_spec", "H_0")
 
@@ -159,8 +160,6 @@ def _write_shard(path: Path, rng: np.random.Generator, n: int) -> tuple[np.ndarr
 
 @pytest.fixture
 def tiny_run(tmp_path):
-    cosmoflow = pytest.importorskip("cosmocub.models.cosmoflow")
-    pytest.importorskip("cosmocub.data.dataset")
     rng = np.random.default_rng(3)
     shards, run_dir = tmp_path / "shards", tmp_path / "run"
     shards.mkdir()
@@ -185,7 +184,8 @@ def tiny_run(tmp_path):
             "universes": {"size": 16},
             "preprocess": {"sample_size": SIZE, "slab_depth": 4},
             "model": {"input_size": SIZE, "num_conv_blocks": 1},
-            "evaluate": {"batch_size": 2},  # 5 samples: a ragged last batch
+            # 5 samples: a ragged last batch; no test-time symmetries (the default 8 averages)
+            "evaluate": {"batch_size": 2, "symmetries": 1},
         },
     )
     # Expected predictions computed independently: standardise with stats.json by hand.

@@ -39,6 +39,7 @@ def test_universe_stats_in_slabs_equal_numpy(make_universe, monkeypatch) -> None
 def test_real_tfrecord(real_samples: list[Path]) -> None:
     report = inspect_path(real_samples[0])
     assert report["format"] == "mlperf-tfrecord" and report["shape"] == [128, 128, 128, 4]
+    assert report["records"] == 1  # every record read and CRC-checked
     assert report["unitPar"][0] == pytest.approx(-0.5267246, abs=1e-6)
     # physPar derived: Omega_m = 0.3 * (1 + 0.1 * u)
     assert report["physPar"][0] == pytest.approx(0.3 * (1 - 0.05267246), rel=1e-6)

@@ -53,7 +53,7 @@ def test_mlperf_reference_layer_sizes(mlperf_model_cfg: ModelConfig) -> None:
 
 def test_xavier_uniform_weights_and_zero_biases() -> None:
     torch.manual_seed(0)
-    model = CosmoFlow(model_cfg(base_filters=8))
+    model = CosmoFlow(model_cfg(base_filters=8, batch_norm=False))
     for module in model.modules():
         if isinstance(module, nn.Conv3d | nn.Linear):
             fan_out, fan_in = module.weight.shape[0], module.weight.shape[1]

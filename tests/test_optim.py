@@ -82,13 +82,15 @@ def test_warmup_ramps_down_when_global_batch_is_below_base() -> None:
 
 
 def test_schedule_without_warmup_and_small_batch() -> None:
-    cfg = opt_cfg(lr=0.01, warmup_epochs=0, decay_epochs=[2], decay_factors=[0.5])
+    cfg = opt_cfg(
+        lr=0.01, base_batch_size=64, warmup_epochs=0, decay_epochs=[2], decay_factors=[0.5]
+    )
     assert lr_at(0.0, cfg, 4) == pytest.approx(0.01 * 4 / 64)
     assert lr_at(2.0, cfg, 4) == pytest.approx(0.01 * 4 / 64 / 2)
 
 
 def test_epoch_schedule_steps_and_resumes() -> None:
-    cfg = opt_cfg(lr=0.001, warmup_epochs=2)
+    cfg = opt_cfg(lr=0.001, base_batch_size=64, warmup_epochs=2)
     params = [torch.zeros(2, requires_grad=True)]
     opt = build_optimizer(params, cfg, global_batch=256)
     sched = build_schedule(opt, cfg, global_batch=256, steps_per_epoch=10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pickle
+import sys
 from pathlib import Path
 
 import h5py
@@ -13,7 +14,13 @@ import pytest
 
 from cosmocub.config import PreprocessConfig, SplitRatios
 from cosmocub.data import preprocess as pre
-from cosmocub.data.h5chunks import ChunkWriter, chunk_offsets, create_preallocated, open_source
+from cosmocub.data.h5chunks import (
+    ChunkFormatError,
+    ChunkWriter,
+    chunk_offsets,
+    create_preallocated,
+    open_source,
+)
 from cosmocub.data.preprocess import PreprocessError, assign_splits, preprocess, split_counts
 from cosmocub.data.universe import UniverseFormatError, phys_from_unit, read_universe
 from cosmocub.io import sha256_file
@@ -23,6 +30,7 @@ def settings(**overrides) -> PreprocessConfig:
     values = dict(
         sample_size=8,
         log1p=True,
+        standardize=True,
         dtype="float16",
         splits=SplitRatios(train=0.6, val=0.2, test=0.2),
         slab_depth=4,
@@ -168,6 +176,29 @@ def test_float32_without_log1p_and_one_sample_per_universe(universes, tmp_path) 
     assert manifest["counts"] == {"train": 3, "val": 1, "test": 1}
 
 
+@pytest.mark.parametrize("standardize", [True, False])
+def test_standardize_switch_reaches_the_datasets(universes, tmp_path, standardize) -> None:
+    """preprocess.standardize is recorded with the shards; open_split obeys it (MLPerf: off)."""
+    from cosmocub.config import load_config
+    from cosmocub.data.dataset import open_split
+
+    cfg = settings(standardize=standardize)
+    manifest = preprocess(universes, tmp_path / "s", settings=cfg, seed=0, config_hash="h")
+    stats = json.loads((tmp_path / "s" / "stats.json").read_text())
+    assert stats["standardize"] is standardize and manifest["standardize"] is standardize
+    model = dataclasses.replace(load_config(None).model, input_size=8, num_conv_blocks=2)
+    ds = open_split(tmp_path / "s", "train", model)
+    xs = np.stack([ds[i][0].numpy() for i in range(len(ds))])  # (N, C, S, S, S)
+    channel_mean = xs.mean(axis=(0, 2, 3, 4))
+    if standardize:
+        np.testing.assert_allclose(channel_mean, 0.0, atol=2e-3)
+    else:  # log1p of Poisson(1) counts as stored: mean E[log(1 + k)] ≈ 0.56 per channel
+        np.testing.assert_allclose(channel_mean, stats["mean"], rtol=1e-3)
+        assert channel_mean.min() > 0.5
+        with h5py.File(tmp_path / "s" / "train.h5") as f:
+            np.testing.assert_array_equal(xs[0], f["x"][0].astype(np.float32))
+
+
 def test_same_file_names_in_different_folders(tmp_path: Path, make_universe) -> None:
     paths = []
     for i in range(5):
@@ -245,6 +276,61 @@ def test_chunk_writer_after_pickling_writes_the_right_chunks(tmp_path: Path) -> 
     with h5py.File(path) as f:
         np.testing.assert_array_equal(f["x"][...], expect)
         np.testing.assert_array_equal(f["after"][...], np.arange(10))
+
+
+@pytest.mark.parametrize(
+    ("layout", "reason"),
+    [
+        ({"compression": "gzip"}, "it has filters"),
+        ({"shuffle": True}, "it has filters"),
+        ({"fletcher32": True}, "it has filters"),
+        ({"dtype": ">f2"}, "its type >f2 is not a little-endian number"),
+        ({"chunks": None}, "it is contiguous, not chunked"),
+        ({"chunks": (2, 2, 2, 4, 4)}, r"chunks \(2, 2, 2, 4, 4\) are not \(1, C, slab, S, S\)"),
+        ({"dtype": "<f4"}, "a chunk holds 256 bytes, not 128"),
+    ],
+)
+def test_chunk_writer_refuses_layouts_it_would_corrupt(tmp_path: Path, layout, reason) -> None:
+    path = tmp_path / "shard.h5"
+    options = {"dtype": "<f2", "chunks": (1, 2, 2, 4, 4), **layout}
+    with h5py.File(path, "w") as f:
+        if options["chunks"] is None:
+            f.create_dataset("x", shape=(6, 2, 4, 4, 4), dtype=options["dtype"])
+        else:
+            f.create_dataset("x", shape=(6, 2, 4, 4, 4), **options)
+    with pytest.raises(
+        ChunkFormatError,
+        match=rf"shard.h5: cannot write 'x' by chunk offsets: "
+        rf".*{reason}",
+    ):
+        ChunkWriter(path, chunk_bytes=2 * 2 * 4 * 4 * 2)
+
+
+def test_chunk_writer_refuses_a_block_of_another_type(tmp_path: Path) -> None:
+    path = tmp_path / "shard.h5"
+    with h5py.File(path, "w") as f:
+        create_preallocated(f, "x", shape=(2, 2, 4, 4, 4), dtype="float16", chunks=(1, 2, 2, 4, 4))
+    writer = ChunkWriter(path, chunk_bytes=2 * 2 * 4 * 4 * 2)
+    block = np.zeros((2, 2, 2, 2, 4, 4), dtype=">f2")
+    with pytest.raises(ChunkFormatError, match=r"block of >f2 \(step 1\) for 'x' of <f2"):
+        writer[slice(0, 2), slice(None)] = block
+
+
+def test_a_corrupt_write_is_caught_and_leaves_no_shards(universes, tmp_path, monkeypatch) -> None:
+    """The read-back check: a writer bug (here swapped bytes) fails the run before the rename."""
+    original = ChunkWriter.__setitem__
+
+    def corrupting(self, key, block):
+        original(self, key, block.byteswap())
+
+    monkeypatch.setattr(ChunkWriter, "__setitem__", corrupting)
+    with pytest.raises(
+        PreprocessError,
+        match=r"sample 0 read back through HDF5 differs from .*"
+        r"univ_\d\.hdf5 at origin \(0, 0, 0\): the shard writer wrote a corrupt",
+    ):
+        preprocess(universes, tmp_path / "s", settings=settings(), seed=0, config_hash="h")
+    assert not (tmp_path / "s").exists()
 
 
 def test_input_errors(universes: list[Path], tmp_path: Path, make_universe) -> None:
@@ -343,14 +429,10 @@ def test_cluster_path_with_a_pickling_client(universes, tmp_path, monkeypatch) -
     _check_shards(tmp_path / "s", universes, cfg)
 
 
-def test_cluster_address_without_distributed(universes, tmp_path) -> None:
-    pytest.importorskip("dask")
-    try:
-        import distributed  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("dask.distributed is installed here")
+def test_cluster_address_without_distributed(universes, tmp_path, monkeypatch) -> None:
+    # The tests install distributed; a None entry makes importing it fail as if it were absent.
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    monkeypatch.setitem(sys.modules, "dask.distributed", None)
     cfg = dataclasses.replace(settings(), dask_scheduler="tcp://127.0.0.1:8786")
     with pytest.raises(
         PreprocessError, match=r"'tcp://127.0.0.1:8786' but dask.distributed is not"

@@ -28,6 +28,7 @@ def settings(**overrides) -> PreprocessConfig:
     values = dict(
         sample_size=8,
         log1p=True,
+        standardize=True,
         dtype="float16",
         splits=SplitRatios(train=0.6, val=0.2, test=0.2),
         slab_depth=4,
@@ -76,6 +77,25 @@ def test_groups_then_gather_equal_one_job(universes, tmp_path, per_job) -> None:
     assert all(0.4 < m < 0.7 for m in stats["mean"])
 
 
+def test_gather_reads_raw_chunk_writes_back(universes, tmp_path, monkeypatch) -> None:
+    """The groups write raw chunks too: a writer bug (swapped bytes) fails the gather."""
+    from cosmocub.data.h5chunks import ChunkWriter
+
+    original = ChunkWriter.__setitem__
+    monkeypatch.setattr(
+        ChunkWriter, "__setitem__", lambda self, key, block: original(self, key, block.byteswap())
+    )
+    cfg = settings()
+    staging = tmp_path / "staging"
+    plan = plan_shards(universes, staging, settings=cfg, seed=3, universes_per_job=7)
+    crop_group(staging, 0, tmp_path / "0.npz", settings=cfg)
+    with pytest.raises(PreprocessError, match=r"sample 0 read back through HDF5 differs"):
+        gather_shards(
+            staging, [tmp_path / "0.npz"], tmp_path / "out", settings=cfg, config_hash="h"
+        )
+    assert len(plan["groups"]) == 1 and not (tmp_path / "out").exists()
+
+
 def test_gather_refuses_a_missing_group(universes, tmp_path) -> None:
     cfg = settings()
     staging = tmp_path / "staging"
@@ -92,7 +112,8 @@ def test_gather_refuses_a_missing_group(universes, tmp_path) -> None:
 
 @pytest.mark.slow
 def test_dask_local_cluster_over_tcp_writes_the_same_shards(universes, tmp_path) -> None:
-    distributed = pytest.importorskip("distributed")
+    import distributed  # a declared test dependency: missing must fail, not skip
+
     cfg = settings()
     preprocess(universes, tmp_path / "threads", settings=cfg, seed=5, config_hash="h")
     with distributed.LocalCluster(
@@ -123,8 +144,9 @@ def test_dask_local_cluster_over_tcp_writes_the_same_shards(universes, tmp_path)
 
 
 def test_a_dask_scheduler_that_does_not_answer(universes, tmp_path) -> None:
-    pytest.importorskip("distributed")
     import socket
+
+    import distributed  # noqa: F401  (a declared test dependency: missing must fail)
 
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

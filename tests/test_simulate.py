@@ -8,8 +8,7 @@ import yaml
 
 from cosmocub.config import SimulateConfig
 from cosmocub.cosmology.simulate import SNAPSHOT_REDSHIFTS, run_simulate, simulate_universe
-
-universe = pytest.importorskip("cosmocub.data.universe")
+from cosmocub.data import universe
 
 SETTINGS = SimulateConfig(pm_steps=4, initial_redshift=5.0, lpt_order=2, force_mesh_factor=1)
 

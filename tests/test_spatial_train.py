@@ -32,6 +32,7 @@ TINY: dict[str, Any] = {
     "optimizer": {"name": "adamw", "lr": 0.003, "base_batch_size": 8, "warmup_epochs": 0},
     "train": {
         "epochs": 2,
+        "augment": False,  # the schema's default is on; these runs compare layouts, not symmetries
         "checkpoint_every_steps": 3,
         "log_every_steps": 1,
         "threads_per_rank": 1,

@@ -208,3 +208,43 @@ def test_example_with_a_number_where_a_message_belongs_is_a_clean_error():
     features = bytes([0x0A, len(entry)]) + entry
     with pytest.raises(IndexError, match="field 2 should be a nested message"):
         parse_example(bytes([0x0A, len(features)]) + features)
+
+
+@pytest.mark.parametrize(
+    ("y", "message"),
+    [
+        ([0.1, float("nan"), 0.2, 0.3], r"record 0: feature 'y' \[0\.1.*nan.*\] is not finite"),
+        ([0.1, 0.2, 1.5, 0.3], r"record 0: feature 'y' \[.*1\.5.*\] is outside \[-1, 1\]"),
+    ],
+)
+def test_targets_are_checked_like_the_hdf5_reader(tmp_path: Path, small_sample, y, message):
+    x, _, _ = small_sample
+    framed = _frame(_example(x.astype("<i2").tobytes(), np.array(y, np.float32)))
+    path = _write(tmp_path / "bad_y.tfrecord", framed)
+    with pytest.raises(TFRecordError, match=message) as err:
+        read_tfrecord_sample(path)
+    _one_line(err, path)
+
+
+def test_every_record_is_read_and_checked(tmp_path: Path, small_sample) -> None:
+    """Not just the first: a corrupt or malformed later record fails the read."""
+    from cosmocub.data.inspect import inspect_path
+    from cosmocub.data.tfrecord import read_tfrecord
+
+    x, y, framed = small_sample
+    good = _write(tmp_path / "three.tfrecord", framed * 3)
+    back_x, back_y, count = read_tfrecord(good)
+    assert count == 3
+    np.testing.assert_array_equal(back_x, x)
+    np.testing.assert_array_equal(back_y, y)
+    report = inspect_path(good)
+    assert report["records"] == 3
+    broken = bytearray(framed)
+    broken[-10] ^= 0xFF  # a payload byte of the last record
+    path = _write(tmp_path / "bad_last.tfrecord", framed + framed + bytes(broken))
+    with pytest.raises(TFRecordError, match=r"record 2: CRC mismatch in the \d+-byte payload"):
+        read_tfrecord(path)
+    no_y = _frame(_example(x.astype("<i2").tobytes(), None))
+    path = _write(tmp_path / "no_y_second.tfrecord", framed + no_y)
+    with pytest.raises(TFRecordError, match=r"record 1: missing feature 'y'"):
+        read_tfrecord_sample(path)

@@ -23,6 +23,7 @@ from cosmocub import tracking
 from cosmocub.cli import main as cli_main
 from cosmocub.config import flatten, load_config
 from cosmocub.tracking import (
+    PARENT_RUN_ENV,
     NullTracker,
     TrackingUnavailable,
     end_workflow_run,
@@ -322,6 +323,84 @@ def test_cli_tracking_start_and_end(store, tmp_path, capsys):
     assert cli_main(args) == 0
     run = client_for(load_config(config)).get_run(run_id)
     assert (run.info.status, run.info.run_name) == ("FAILED", "cli")
+
+
+def test_experiment_declares_model_training(store, tmp_path):
+    """MLflow 3's UI opens experiments in its GenAI view unless told otherwise."""
+    cfg = make_cfg(tmp_path)
+    experiment_id = tracking.init_store(cfg)
+    tags = client_for(cfg).get_experiment(experiment_id).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_deferred_simulate_run_imports_no_mlflow_and_is_logged_later(store, tmp_path):
+    """Inside a workflow a simulate job writes its run to a file (no MLflow import, ~3.5 s less
+    per job); the next store opener logs it with the job's own times, metrics and parent."""
+    cfg = make_cfg(tmp_path)
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({**cfg.values, "results": str(tmp_path / "results")}))
+    parent = start_workflow_run(cfg)
+    env = {**os.environ, PARENT_RUN_ENV: parent, "COSMOCUB_RULE": "simulate"}
+    env["COSMOCUB_WILDCARDS"] = "seed=7"
+    probe = (
+        "import sys; from cosmocub.cli import main; "
+        "rc = main(['simulate', sys.argv[1], '--size', '16', '--seed', '7',"
+        " '--config', sys.argv[2]]); "
+        "assert 'mlflow' not in sys.modules, 'mlflow imported'; sys.exit(rc)"
+    )
+    out = tmp_path / "u.hdf5"
+    t0 = int(time.time() * 1000)
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, str(out), str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    t1 = int(time.time() * 1000)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (record,) = (tmp_path / "results" / "mlflow-pending").glob("*.json")
+    client = client_for(cfg)
+    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
+    assert len(client.search_runs([experiment.experiment_id])) == 1  # only the parent so far
+
+    end_workflow_run(cfg, parent, "FINISHED")  # the workflow's end flushes what is left
+    assert not record.exists()
+    runs = client.search_runs([experiment.experiment_id], "tags.rule = 'simulate'")
+    (run,) = runs
+    assert run.data.tags["mlflow.parentRunId"] == parent
+    assert run.info.run_name == "simulate[seed=7]" and run.info.status == "FINISHED"
+    assert t0 <= run.info.start_time <= run.info.end_time <= t1  # the job's times, not the flush's
+    assert run.data.params["seed"] == "7" and run.data.params["train.epochs"] == "36"
+    from cosmocub.data.universe import read_universe
+
+    counts, _ = read_universe(out)
+    m = run.data.metrics
+    assert m["std_z0"] == pytest.approx(float(counts[..., 0].std()), rel=1e-6)
+    assert m["max_z3"] == float(counts[..., 3].max())
+    assert m["empty_fraction_z0.5"] == pytest.approx(float((counts[..., 1] == 0).mean()))
+    assert 0 < m["wall_time_s"] < (t1 - t0) / 1000
+
+
+def test_pending_runs_survive_a_store_outage(store, tmp_path, monkeypatch):
+    from cosmocub.tracking_pending import RecordingTracker, flush_pending, write_record
+
+    cfg = make_cfg(tmp_path)
+    tracking.init_store(cfg)
+    recorder = RecordingTracker()
+    recorder.log_metrics({"a": 1.0})
+    path = write_record(
+        cfg, recorder, tags={"rule": "x"}, run_name="x", params=None, start_ms=1, status="FINISHED"
+    )
+
+    class Down:
+        def get_experiment_by_name(self, name):
+            raise OSError("store down")
+
+    assert flush_pending(cfg, Down()) == 0
+    assert path.exists()  # put back for a later flush
+    assert flush_pending(cfg, client_for(cfg)) == 1 and not path.exists()
+    assert flush_pending(cfg, client_for(cfg)) == 0  # never twice
 
 
 # ---------------------------------------------------------------------------------------------

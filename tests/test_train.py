@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -25,13 +26,30 @@ from cosmocub.train.loop import NonFiniteLossError
 from cosmocub.train.main import train
 from cosmocub.train.testing import make_random_shards
 
+# Tiny and plain (no batch norm, no augmentation, no decay), as these tests were written; each
+# test switches on what it checks.
 TINY = {
     "preprocess": {"sample_size": 8},
-    "model": {"input_size": 8, "base_filters": 4, "num_conv_blocks": 2, "dense_sizes": [16]},
-    "optimizer": {"name": "adamw", "lr": 0.003, "base_batch_size": 4, "warmup_epochs": 0},
+    "model": {
+        "input_size": 8,
+        "base_filters": 4,
+        "num_conv_blocks": 2,
+        "dense_sizes": [16],
+        "batch_norm": False,
+        "dropout": 0.5,
+    },
+    "optimizer": {
+        "name": "adamw",
+        "lr": 0.003,
+        "base_batch_size": 4,
+        "warmup_epochs": 0,
+        "decay_epochs": [],
+        "decay_factors": [],
+    },
     "train": {
         "epochs": 3,
         "local_batch_size": 4,
+        "augment": False,
         "checkpoint_every_steps": 5,
         "log_every_steps": 100,
         "threads_per_rank": 1,
@@ -96,8 +114,10 @@ def test_outputs_follow_the_run_format(shards: Path, tmp_path: Path) -> None:
     assert r["val_mae"] == pytest.approx(sum(per_param) / 4)
     assert 0 <= r["data_wait_share"] < 1 and r["samples_per_s"] > 0
     assert r["lr"] == pytest.approx(0.003)
-    # Checkpoints every 5 steps plus the final one; only the last 2 are kept.
+    # Checkpoints every 5 steps plus the final one; only the last 2 are kept, beside the values
+    # the folder's hash comes from.
     assert sorted(p.name for p in checkpoint_dir(run).iterdir()) == [
+        "resume.json",
         "step_00000010.pt",
         "step_00000012.pt",
     ]
@@ -144,9 +164,18 @@ def test_deterministic_resume_is_bit_identical(shards: Path, tmp_path: Path) -> 
         return [{k: v for k, v in json.loads(x).items() if not k.startswith(timing)} for x in lines]
 
     assert losses("whole") == losses("broken")
+    # Data workers change nothing: the same run without them gives the same weights (the val
+    # loader must not draw worker seeds from the global RNG that dropout uses).
+    no_workers = tiny_cfg(
+        train={"deterministic": True, "num_data_workers": 0, "augment": True},
+        model={"dropout": 0.3, "batch_norm": True},
+    )
+    train(no_workers, shards_dir=shards, run_dir=tmp_path / "no_workers")
+    plain = torch.load(tmp_path / "no_workers/model.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(whole[name], plain[name]) for name in whole)
 
 
-def test_checkpoint_from_other_config_is_refused(shards: Path, tmp_path: Path) -> None:
+def test_checkpoint_from_other_config_is_refused(shards: Path, tmp_path: Path, caplog) -> None:
     run = tmp_path / "run"
     train(tiny_cfg(train={"epochs": 1}), shards_dir=shards, run_dir=run)
     # Operational keys may change on resume (more epochs, other logging cadence).
@@ -156,8 +185,18 @@ def test_checkpoint_from_other_config_is_refused(shards: Path, tmp_path: Path) -
     # Another optimizer setting is another run: it starts at step 0 in a folder of its own and
     # leaves the first run's checkpoints as they were.
     other = tiny_cfg(train={"epochs": 1}, optimizer={"lr": 0.01})
-    summary = train(other, shards_dir=shards, run_dir=run)
+    with caplog.at_level(logging.WARNING, logger="cosmocub.train.main"):
+        summary = train(other, shards_dir=shards, run_dir=run)
     assert summary["resumed_from"] is None and summary["steps"] == 4
+    # ... and says so, naming the keys that changed against the newest checkpoints.
+    assert summary["fresh_start"] == {
+        "previous": str(first_folder),
+        "changed": ["optimizer.lr: 0.003 → 0.01"],
+    }
+    assert f"training starts at step 0 in {run / 'checkpoints'}" in caplog.text
+    assert f"{first_folder}, were written with other settings: optimizer.lr: 0.003 → 0.01" in (
+        caplog.text
+    )
     folders = sorted((run / "checkpoints").iterdir())
     assert len(folders) == 2 and first_folder in folders
     assert sorted(p.name for p in first_folder.iterdir()) == first_checkpoints
@@ -180,7 +219,29 @@ def test_new_training_data_starts_a_new_run(tmp_path: Path) -> None:
     train(cfg, shards_dir=old, run_dir=run)
     summary = train(cfg, shards_dir=new, run_dir=run)
     assert summary["resumed_from"] is None
+    assert summary["fresh_start"]["changed"] == [
+        "data: other training shards (stats or split sizes)"
+    ]
     assert len(list((run / "checkpoints").iterdir())) == 2
+
+
+def test_old_checkpoint_folders_are_pruned_by_the_keep_policy(shards: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    folders = []
+    for lr in (0.001, 0.002, 0.003, 0.004):
+        cfg = tiny_cfg(train={"epochs": 1, "keep_old_checkpoint_folders": 1}, optimizer={"lr": lr})
+        train(cfg, shards_dir=shards, run_dir=run)
+        new = set((run / "checkpoints").iterdir()) - set(folders)
+        folders += sorted(new)
+        # This run's folder and the newest other one; older ones are gone.
+        assert set((run / "checkpoints").iterdir()) == set(folders[-2:])
+    # Folders holding anything but checkpoints are never deleted.
+    (folders[-2] / "notes.txt").write_text("mine")
+    for lr in (0.005, 0.006):
+        cfg = tiny_cfg(train={"epochs": 1, "keep_old_checkpoint_folders": 0}, optimizer={"lr": lr})
+        train(cfg, shards_dir=shards, run_dir=run)
+    left = set((run / "checkpoints").iterdir())
+    assert folders[-2] in left and len(left) == 2
 
 
 @pytest.mark.parametrize(
@@ -203,7 +264,10 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(
         r"step_00000002\.pt",
     ):
         train(cfg, shards_dir=shards, run_dir=run, on_step_end=poison)
-    assert [p.name for p in checkpoint_dir(run).iterdir()] == ["step_00000002.pt"]
+    assert sorted(p.name for p in checkpoint_dir(run).iterdir()) == [
+        "resume.json",
+        "step_00000002.pt",
+    ]
     assert not (run / "model.pt").exists()
     state = torch.load(checkpoint_dir(run) / "step_00000002.pt", weights_only=True)
     assert all(torch.isfinite(v).all() for v in state["model"].values())
@@ -261,6 +325,23 @@ def test_checkpoint_invariants_are_checked(tmp_path: Path) -> None:
         other.restore_latest(rank=0)
 
 
+def test_growing_world_on_resume_is_said(tmp_path: Path, caplog) -> None:
+    layer = torch.nn.Linear(2, 2)
+    manager = CheckpointManager(tmp_path, config_hash="abc", stateful={"model": layer})
+    manager.save(3)  # one rank's RNG state
+    torch.manual_seed(123)
+    with caplog.at_level(logging.WARNING, logger="cosmocub.train.checkpoint"):
+        assert manager.restore_latest(rank=0, world_size=4) == tmp_path / "step_00000003.pt"
+    assert (
+        "step_00000003.pt: saved by 1 ranks, resumed by 4: ranks 1..3 take rank 0's RNG state"
+        in (caplog.text)
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cosmocub.train.checkpoint"):
+        manager.restore_latest(rank=0, world_size=1)
+    assert caplog.text == ""
+
+
 def test_cli_train_writes_run_and_reports_user_errors(
     shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -281,7 +362,8 @@ def test_cli_train_writes_run_and_reports_user_errors(
 
 @pytest.mark.slow
 def test_metrics_reach_mlflow(shards: Path, tmp_path: Path) -> None:
-    mlflow = pytest.importorskip("mlflow")
+    import mlflow
+
     cfg = tiny_cfg(
         train={"epochs": 2, "log_every_steps": 2},
         tracking={"enabled": True, "system_metrics": False},
@@ -440,3 +522,76 @@ def test_two_gloo_ranks_survive_a_restart_with_identical_weights(
     # The model that rank 0 wrote is the weights both ranks hold.
     written = torch.load(run / "model.pt", weights_only=True)["state_dict"]
     assert all(torch.equal(written[k], rank0[k]) for k in rank0)
+
+
+def _kill_first_attempt_rank(launcher: subprocess.Popen, timeout: float = 120) -> int:
+    """SIGKILL a rank of the launcher's first attempt as soon as it runs: a crash, no message."""
+    import signal
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for child in psutil.Process(launcher.pid).children(recursive=True):
+            try:
+                env = child.environ()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if env.get("COSMOCUB_LAUNCH_ATTEMPT") == "0" and env.get("RANK") == "1":
+                os.kill(child.pid, signal.SIGKILL)
+                return child.pid
+        time.sleep(0.05)
+    raise AssertionError("no rank 1 of the first attempt appeared")
+
+
+@pytest.mark.slow
+def test_launch_starts_again_after_a_crash_but_not_after_a_user_error(
+    shards: Path, tmp_path: Path
+) -> None:
+    """A real torchrun under `cosmocub launch`: a killed rank gets a second attempt that trains
+    to the end; a user error (a missing shard folder) fails at once, its message once."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name in ("COSMOCUB_USER_ERROR_FILE", "COSMOCUB_LAUNCH_ATTEMPT"):
+        env.pop(name, None)
+    config = tmp_path / "cfg.yaml"
+    config.write_text(yaml.safe_dump({**TINY, "train": {**TINY["train"], "epochs": 1}}))
+    launch = [sys.executable, "-m", "cosmocub.cli", "launch", "--tasks-per-node", "2"]
+
+    missing = tmp_path / "no-shards"
+    train_args = ["train", "--config", str(config), "--out", str(tmp_path / "bad")]
+    proc = subprocess.run(
+        [*launch, "--max-restarts", "2", "--", *train_args, "--shards", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.count("cosmocub launch: attempt") == 1
+    assert "stopped by a user error (above), not starting again" in proc.stderr
+    assert f"{missing}/stats.json: shard statistics not found" in proc.stderr
+    assert not list(tmp_path.glob(".cosmocub-user-error-*"))  # the marker is cleaned up
+
+    run = tmp_path / "run"
+    args = ["train", "--config", str(config), "--shards", str(shards), "--out", str(run)]
+    launcher = subprocess.Popen(
+        [*launch, "--max-restarts", "1", "--", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    try:
+        _kill_first_attempt_rank(launcher)
+        _, stderr = launcher.communicate(timeout=150)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 0, stderr[-3000:]
+    assert "ranks crashed (exit 1); starting them again" in stderr
+    assert "cosmocub launch: attempt 2 of 2" in stderr
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 2  # 16 samples, 2 × batch 4

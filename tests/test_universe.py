@@ -146,3 +146,28 @@ def test_fixture_universe_is_valid(make_universe) -> None:
     meta = read_universe_meta(make_universe(size=8, seed=3))
     assert meta.size == 8 and meta.attrs["cosmocub_seed"] == 3
     assert np.all(np.abs(meta.unit_par) <= 1)
+
+
+def test_channel_histogram_over_many_pieces_is_exact() -> None:
+    """More voxels than one histogram piece, counts up to int16's extremes (negative included)."""
+    from cosmocub.data import universe as u
+
+    rng = np.random.default_rng(5)
+    voxels = 2 * u._HISTOGRAM_ROWS + 123
+    counts = np.minimum(rng.lognormal(0, 2, size=(voxels, 3)), 32767).astype(np.int16)
+    counts[7, 1], counts[-1, 2] = -32768, 32767
+    hist = u.channel_histogram(counts.reshape(-1, 1, 1, 3))
+    for c in range(3):
+        values, n = np.unique(counts[:, c], return_counts=True)
+        expected = np.zeros(2**16, np.int64)
+        expected[values.view(np.uint16)] = n
+        np.testing.assert_array_equal(hist[c], expected)
+
+
+def test_value_lookup_over_many_pieces_is_log1p() -> None:
+    from cosmocub.data import preprocess as pre
+
+    rng = np.random.default_rng(6)
+    block = rng.integers(0, 3000, size=(3 * pre._LOOKUP_VALUES // 4 + 5, 4), dtype=np.int16)
+    expected = np.log1p(block.astype(np.float32)).astype(np.float16)
+    np.testing.assert_array_equal(pre._to_values(block, True, "float16"), expected)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cosmocub.config import load_config
+from cosmocub.launch import record_user_error
 from cosmocub.workflow_support import CONFIG_ENV
 
 
@@ -32,8 +33,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from cosmocub.tracking import job_run
 
     cfg = load_config(args.config)
-    with job_run(cfg, stage="simulate", params={"size": args.size, "seed": args.seed}):
-        run_simulate(args.out, size=args.size, seed=args.seed, settings=cfg.simulate)
+    params = {"size": args.size, "seed": args.seed}
+    # Deferred: inside a workflow, MLflow would cost this job more time than the simulation.
+    with job_run(cfg, stage="simulate", params=params, defer=True) as tracker:
+        metrics = run_simulate(args.out, size=args.size, seed=args.seed, settings=cfg.simulate)
+        tracker.log_metrics(metrics)
     return 0
 
 
@@ -115,7 +119,7 @@ def _cmd_preprocess_gather(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from cosmocub.launch import RankLayout, exec_launch
+    from cosmocub.launch import RankLayout, run_launch
 
     command = args.command_args[1:] if args.command_args[:1] == ["--"] else args.command_args
     layout = RankLayout(
@@ -124,8 +128,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         cpus_per_rank=args.cpus_per_rank,
         max_restarts=args.max_restarts,
     )
-    exec_launch(layout, command)
-    return 0  # not reached: exec_launch replaces this process
+    return run_launch(layout, command)
 
 
 def _cmd_model_summary(args: argparse.Namespace) -> int:
@@ -305,7 +308,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--tasks-per-node", type=int, default=1)
     p.add_argument("--cpus-per-rank", type=int, default=1)
-    p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts (local only)")
+    p.add_argument(
+        "--max-restarts", type=int, default=0, help="starts again after a crash (not a user error)"
+    )
     p.add_argument("command_args", nargs=argparse.REMAINDER, help="-- <stage> <arguments>")
 
     p = add(
@@ -384,7 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args)
     except (ValueError, FileNotFoundError) as err:
         # User mistakes: one line, naming the file/key/numbers (the raiser's job), non-zero exit.
-        print(f"cosmocub {args.command}: error: {err}".replace("\n", " "), file=sys.stderr)
+        message = f"cosmocub {args.command}: error: {err}".replace("\n", " ")
+        print(message, file=sys.stderr)
+        record_user_error(message)  # under `cosmocub launch`: no restart for this
         return 2
     except KeyboardInterrupt:
         return 130

@@ -194,6 +194,7 @@ class SplitRatios:
 class PreprocessConfig:
     sample_size: int
     log1p: bool
+    standardize: bool
     dtype: str
     splits: SplitRatios
     slab_depth: int
@@ -364,6 +365,7 @@ class TrainConfig:
     augment: bool
     num_data_workers: int
     checkpoint_every_steps: int
+    keep_old_checkpoint_folders: int | None
     max_restarts: int
     deterministic: bool
     log_every_steps: int

@@ -23,6 +23,7 @@ from cosmocub.config import Config
 from cosmocub.data.augment import cube_symmetry
 from cosmocub.data.universe import BASE_PHYS_PAR, NAME_PAR, phys_from_unit
 from cosmocub.io import atomic_path
+from cosmocub.train.runtime import memory_format
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +237,7 @@ def predict(
     averaging over the group removes the part of the model's error that does.
     """
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = model.to(device).eval()
+    model = model.to(device, memory_format=memory_format(device)).eval()
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=0)
     interactive = sys.stderr.isatty()
     preds, trues = [], []

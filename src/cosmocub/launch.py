@@ -3,19 +3,33 @@
 Inside a Slurm job: `srun` over the job's tasks (ParallelDims reads SLURM_PROCID/…); inside a
 Flux or LSF job: one `torchrun` per node (`flux run` / `blaunch`) meeting at this host, which is
 the allocation's first node; outside any: `torchrun --standalone` on this machine.
+
+Restarts are the launcher's, not torchrun's: torchrun restarts every rank whatever the cause, so
+a bad config or a non-finite loss ran and failed max_restarts + 1 times. A rank that stops on a
+user error (exit 2) leaves a marker file (`cosmocub.cli` writes it); only a launch that failed
+without one is started again, and training resumes from its checkpoint.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import signal
 import socket
+import subprocess
 import sys
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 # torchrun's c10d rendezvous port on Flux/LSF (Slurm derives its port from the job id).
 RENDEZVOUS_PORT = 29400
+# Set by the launcher for the ranks: where a rank records that it stopped on a user error (in the
+# working directory, which a cluster's nodes share), and which attempt they run in (0 = first).
+USER_ERROR_ENV = "COSMOCUB_USER_ERROR_FILE"
+ATTEMPT_ENV = "COSMOCUB_LAUNCH_ATTEMPT"
+USER_ERROR_EXIT = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,7 +91,7 @@ def launch_command(
             *torchrun,
             "--standalone",
             f"--nproc-per-node={layout.tasks_per_node}",
-            f"--max-restarts={layout.max_restarts}",
+            "--max-restarts=0",  # restarts: run_launch
             "-m",
             "cosmocub.cli",
             *args,
@@ -109,7 +123,7 @@ def launch_command(
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={job_id}",
-        f"--max-restarts={layout.max_restarts}",
+        "--max-restarts=0",  # restarts: run_launch
         "-m",
         "cosmocub.cli",
         *args,
@@ -136,10 +150,68 @@ def format_command(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(a) for a in argv)
 
 
-def exec_launch(layout: RankLayout, module_args: Sequence[str]) -> None:
-    """Replace this process with the launcher (its exit status becomes the job's)."""
+def record_user_error(message: str) -> None:
+    """Called by a rank that exits on a user error: tell the launcher not to start it again."""
+    path = os.environ.get(USER_ERROR_ENV)
+    if not path:
+        return
+    with open(path, "a") as f:
+        f.write(f"rank {os.environ.get('RANK', os.environ.get('SLURM_PROCID', '0'))}: {message}\n")
+
+
+def run_launch(layout: RankLayout, module_args: Sequence[str]) -> int:
+    """Start the ranks up to 1 + max_restarts times: again after a crash, never after a user
+    error; returns the exit status for the job."""
     argv = launch_command(layout, module_args)
     print(f"cosmocub launch: {format_command(argv)}", file=sys.stderr, flush=True)
     # The ranks' torch threads: what the scheduler or the rule granted each rank.
     os.environ["COSMOCUB_CPUS_PER_RANK"] = str(layout.cpus_per_rank)
-    os.execvp(argv[0], argv)
+    marker = Path.cwd() / f".cosmocub-user-error-{uuid.uuid4().hex}"
+    rc = 1
+    try:
+        for attempt in range(layout.max_restarts + 1):
+            env = {**os.environ, USER_ERROR_ENV: str(marker), ATTEMPT_ENV: str(attempt)}
+            print(
+                f"cosmocub launch: attempt {attempt + 1} of {layout.max_restarts + 1}",
+                file=sys.stderr,
+                flush=True,
+            )
+            rc, stopped_by = _run_forwarding_signals(argv, env)
+            if rc == 0 or stopped_by is not None:
+                return rc
+            if marker.exists():
+                print(
+                    "cosmocub launch: stopped by a user error (above), not starting again",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return USER_ERROR_EXIT
+            if attempt < layout.max_restarts:
+                print(
+                    f"cosmocub launch: ranks crashed (exit {rc}); starting them again, from the "
+                    "last checkpoint",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        return rc
+    finally:
+        marker.unlink(missing_ok=True)
+
+
+def _run_forwarding_signals(argv: Sequence[str], env: dict[str, str]) -> tuple[int, int | None]:
+    """Run argv; SIGTERM/SIGINT to this process (Snakemake, scancel) go on to it and end the
+    attempts. Returns (exit status, the signal that stopped us or None)."""
+    child = subprocess.Popen(list(argv), env=env)
+    stopped: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        stopped.append(signum)
+        child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        rc = child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return rc, (stopped[0] if stopped else None)

@@ -38,6 +38,8 @@ SCHEDULER_JOB_ENVS = {
     "pbs": "PBS_JOBID",
 }
 RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
+# MLflow 3's UI opens an experiment in its GenAI view unless it is told it holds model training.
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 # The start-of-job probe: one retry, no backoff, 5 s per request, so a dead server costs seconds.
 _PROBE_ENV = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
@@ -122,9 +124,15 @@ def _get_or_create_experiment(cfg: Config, uri: str) -> str:
                 f"{cfg.source}: key 'tracking.experiment': experiment '{name}' in {uri} is "
                 "deleted; restore it (mlflow experiments restore) or choose another name"
             )
+        if EXPERIMENT_KIND_TAG not in found.tags:  # an experiment made before the tag, or by hand
+            client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
         return found.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=artifact_location(cfg))
+        return client.create_experiment(
+            name,
+            artifact_location=artifact_location(cfg),
+            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+        )
     except MlflowException as err:
         # Another job (or host, with a server) created it between our lookup and create.
         found = client.get_experiment_by_name(name)
@@ -218,6 +226,7 @@ def start_workflow_run(cfg: Config, *, name: str | None = None) -> str:
     run = client.create_run(experiment_id, tags=tags, run_name=run_name)
     run_id = run.info.run_id
     _log_config(client, run_id, cfg, params=None)
+    _flush_pending(cfg, client)  # left by an earlier invocation that was killed
     return run_id
 
 
@@ -232,9 +241,18 @@ def end_workflow_run(cfg: Config, run_id: str, status: str) -> None:
     uri = tracking_uri(cfg)
     try:
         with _probe_timeouts():
-            MlflowClient(tracking_uri=uri).set_terminated(run_id, status=status)
+            client = MlflowClient(tracking_uri=uri)
+            _flush_pending(cfg, client)  # the runs of the last short jobs
+            client.set_terminated(run_id, status=status)
     except Exception as err:
         raise _unavailable(cfg, uri, err) from err
+
+
+def _flush_pending(cfg: Config, client: Any) -> None:
+    from cosmocub.tracking_pending import flush_pending
+
+    if count := flush_pending(cfg, client):
+        log.info("MLflow: logged %d pending job run(s)", count)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,7 +281,8 @@ class NullTracker:
 
 
 class Tracker(NullTracker):
-    """Logs to one MLflow run through a client bound to its URI (no global MLflow state)."""
+    """Logs to one MLflow run through a client bound to its URI; only `log_model` sets MLflow's
+    global tracking URI (Model.log reads it), so concurrent jobs must be processes, not threads."""
 
     def __init__(self, uri: str, run_id: str) -> None:
         from mlflow.tracking import MlflowClient
@@ -359,22 +378,32 @@ def job_run(
     stage: str,
     params: Mapping[str, Any] | None = None,
     enabled: bool = True,
-) -> Iterator[NullTracker]:
+    defer: bool = False,
+) -> Iterator[Any]:
     """Run a job inside an MLflow child run; yield its Tracker (a NullTracker when not logging).
 
     The run is nested under $COSMOCUB_PARENT_RUN_ID when set, tagged with the rule, wildcards,
     stage, config hash, git commit, host and scheduler job id, and carries the flattened config as
     params and the resolved config as `config.yaml`. An exception ends it FAILED and propagates.
+
+    `defer`, for jobs of seconds: inside a workflow (a parent run is set) the run is written to a
+    pending record instead (`cosmocub.tracking_pending`), without importing MLflow, and logged by
+    the next process that opens the store; by hand it is logged at once as usual.
     """
     if not (enabled and cfg.tracking.enabled):
         yield NullTracker()
+        return
+    tags = _job_tags(cfg, stage)
+    if defer and os.environ.get(PARENT_RUN_ENV):
+        with _deferred_run(cfg, tags, params) as recorder:
+            yield recorder
         return
     from mlflow.tracking import MlflowClient
 
     experiment_id = init_store(cfg)  # fails here, at job start, if the store is unusable
     uri = tracking_uri(cfg)
     client = MlflowClient(tracking_uri=uri)
-    tags = _job_tags(cfg, stage)
+    _flush_pending(cfg, client)
     try:
         with _probe_timeouts():
             run = client.create_run(experiment_id, tags=tags, run_name=_run_name(tags))
@@ -397,6 +426,32 @@ def job_run(
             client.set_terminated(tracker.run_id, status=status)
         if tracker.failures:
             log.warning("%d MLflow call(s) failed during run %s", tracker.failures, tracker.run_id)
+
+
+@contextlib.contextmanager
+def _deferred_run(
+    cfg: Config, tags: dict[str, str], params: Mapping[str, Any] | None
+) -> Iterator[Any]:
+    from cosmocub.tracking_pending import RecordingTracker, write_record
+
+    recorder = RecordingTracker()
+    start_ms, status = int(time.time() * 1000), "FAILED"
+    try:
+        yield recorder
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        write_record(
+            cfg,
+            recorder,
+            tags=tags,
+            run_name=_run_name(tags),
+            params=params,
+            start_ms=start_ms,
+            status=status,
+        )
 
 
 @contextlib.contextmanager

@@ -2,12 +2,15 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import h5py
 import pytest
+
+from cosmocub.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -52,21 +55,55 @@ def test_dry_run(tmp_path, config, expected):
         assert counts.get(rule) == n, (rule, counts)
 
 
-def test_dry_run_mlperf_links_public_universes(tmp_path):
+def config_in_effect(output: str) -> tuple[str, str]:
+    """(hash, config files) from the workflow's 'cosmocub config <hash>: <files> + schema
+    defaults' line."""
+    found = re.search(r"cosmocub config ([0-9a-f]{12}): (.*) \+ schema defaults", output)
+    assert found, output[-2000:]
+    return found.group(1), found.group(2)
+
+
+def write_public_universes(folder: Path) -> Path:
     import numpy as np
 
     from cosmocub.data.universe import write_universe
 
-    public = tmp_path / "public"
-    public.mkdir()
+    folder.mkdir()
     for name in ["univ_ics_2019-03_a1", "univ_ics_2019-03_a2", "univ_ics_2019-03_a3"]:
         write_universe(
-            public / f"{name}.hdf5",
+            folder / f"{name}.hdf5",
             np.ones((8, 8, 8, 4), np.int16),
             unit_par=np.zeros(4, np.float32),
             phys_par=np.array([0.3, 0.8, 0.96, 70], np.float32),
             redshifts=np.array([0.0, 0.5, 1.5, 3.0], np.float32),
         )
+    return folder
+
+
+@pytest.mark.parametrize("config", ["config.yaml", "test.yaml", "cosmoflow-mlperf.yaml"])
+def test_given_config_is_that_file_plus_schema_defaults(tmp_path, config):
+    """From the repository root, where config/config.yaml exists: a --configfile must not be
+    deep-merged over it (config/test.yaml used to get its batch norm and augmentation)."""
+    path = REPO / "config" / config
+    args, overrides = ["-n", "--configfile", str(path)], None
+    if config == "cosmoflow-mlperf.yaml":
+        public = write_public_universes(tmp_path / "public")
+        args += ["--config", f"universes={{source: cosmoflow, cosmoflow_dir: {public}}}"]
+        overrides = {"universes": {"source": "cosmoflow", "cosmoflow_dir": str(public)}}
+    proc = snakemake(*args, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # Only the given file: the embedded default's values equal the schema's today, so the hash
+    # alone would not show a merge.
+    expected = (load_config(path, overrides).hash, str(path))
+    assert config_in_effect(proc.stdout + proc.stderr) == expected
+    if config == "config.yaml":  # and without --configfile, the embedded default
+        plain = snakemake("-n", cwd=REPO)
+        expected = (load_config(path).hash, "config/config.yaml")
+        assert config_in_effect(plain.stdout + plain.stderr) == expected
+
+
+def test_dry_run_mlperf_links_public_universes(tmp_path):
+    public = write_public_universes(tmp_path / "public")
     proc = snakemake(
         "-n",
         "--configfile",

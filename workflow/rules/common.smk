@@ -9,6 +9,12 @@ from cosmocub.config import coerce_cli_strings, from_values
 coerce_cli_strings(config)  # nested --config values arrive as strings
 validate(config, "../schemas/config.schema.yaml")
 CFG = from_values(config, source="snakemake config")
+# Which config is in effect, in every invocation's output (dry runs too): the files given, or the
+# embedded default, plus the schema's defaults; the hash names the resolved file jobs read.
+logger.info(
+    f"cosmocub config {CFG.hash}: "
+    f"{' + '.join(map(str, workflow.configfiles)) or 'no config file'} + schema defaults"
+)
 RESULTS = str(CFG.results)
 UNIVERSE_IDS = ws.universe_ids(CFG)
 # The resolved config is content-addressed: jobs read it by path, and a config change that

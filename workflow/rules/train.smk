@@ -1,6 +1,6 @@
-# Training, launched by `cosmocub launch` as the allocation asks: torchrun locally (it restarts a
-# dead rank, which resumes from the last checkpoint), srun on Slurm, flux run / blaunch + torchrun
-# on Flux and LSF; and evaluation on the test split.
+# Training, launched by `cosmocub launch` as the allocation asks: torchrun locally, srun on Slurm,
+# flux run / blaunch + torchrun on Flux and LSF; a crash starts the ranks again (they resume from
+# the last checkpoint), a user error fails the job at once. And evaluation on the test split.
 
 
 rule train:

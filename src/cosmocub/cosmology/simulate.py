@@ -29,7 +29,13 @@ from cosmocub.cosmology.lpt import (
 )
 from cosmocub.cosmology.pm import ParticleMeshForce, evolve_kdk, ngp_counts, step_scale_factors
 from cosmocub.cosmology.power import OMEGA_B, linear_power_spectrum
-from cosmocub.data.universe import REDSHIFTS, phys_from_unit, write_universe
+from cosmocub.data.universe import (
+    REDSHIFTS,
+    channel_histogram,
+    histogram_moments,
+    phys_from_unit,
+    write_universe,
+)
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +178,25 @@ def simulate_universe(
     )
 
 
-def run_simulate(out: str | os.PathLike, *, size: int, seed: int, settings: SimulateConfig) -> None:
-    """Simulate one universe and write it to `out` in the cosmoUniverse HDF5 layout (atomically)."""
+def universe_metrics(universe: SimulatedUniverse) -> dict[str, float]:
+    """The realised universe at a glance, per snapshot (channel): std, max and empty fraction of
+    the counts (exact, from their histogram), and the wall and FFT times; for MLflow, so that
+    universes can be compared in its UI."""
+    moments = histogram_moments(channel_histogram(universe.counts_dhwc))
+    metrics: dict[str, float] = {}
+    for c, z in enumerate(universe.redshifts):
+        for name in ("std", "max", "empty_fraction"):
+            metrics[f"{name}_z{float(z):g}"] = float(moments[name][c])
+    metrics["wall_time_s"] = universe.timings["total"]
+    metrics["fft_time_s"] = universe.timings["fft"]
+    return metrics
+
+
+def run_simulate(
+    out: str | os.PathLike, *, size: int, seed: int, settings: SimulateConfig
+) -> dict[str, float]:
+    """Simulate one universe and write it to `out` in the cosmoUniverse HDF5 layout (atomically);
+    returns `universe_metrics`."""
     universe = simulate_universe(size=size, seed=seed, settings=settings)
     attrs: dict[str, Any] = {
         "cosmocub_seed": seed,
@@ -204,6 +227,7 @@ def run_simulate(out: str | os.PathLike, *, size: int, seed: int, settings: Simu
         t["fft"],
         float(universe.counts_dhwc[..., 0].std()),
     )
+    return universe_metrics(universe)
 
 
 def _lattice(size: int) -> np.ndarray:

@@ -52,6 +52,16 @@ def read_stats(shards_dir: str | os.PathLike) -> tuple[list[float], list[float]]
     return mean, std
 
 
+def stats_say_standardize(shards_dir: str | os.PathLike) -> bool:
+    """preprocess.standardize of the run that wrote the shards (recorded in stats.json), so that
+    training and evaluation read the samples the same way whatever config they are given."""
+    path = Path(shards_dir) / "stats.json"
+    value = json.loads(path.read_text()).get("standardize", True)  # absent: shards before the key
+    if not isinstance(value, bool):
+        raise ValueError(f"{path}: 'standardize' must be true or false, got {value!r}")
+    return value
+
+
 class ShardDataset(Dataset):
     """Samples of one shard file: (x float32 (C, S, S, S) or its block, y float32 (4,)).
 
@@ -177,12 +187,14 @@ def open_split(
     depth_slab: tuple[int, int] | None = None,
     block: tuple[slice, slice, slice] | None = None,
 ) -> ShardDataset:
-    """The `split` shard standardised with the training stats, checked against the model."""
+    """The `split` shard, standardised with the training stats unless the shards were made with
+    preprocess.standardize false, checked against the model."""
     mean, std = read_stats(shards_dir)
+    standardize = stats_say_standardize(shards_dir)
     return ShardDataset(
         shard_path(shards_dir, split),
-        mean=mean,
-        std=std,
+        mean=mean if standardize else None,
+        std=std if standardize else None,
         depth_slab=depth_slab,
         block=block,
         sample_size=model_cfg.input_size,

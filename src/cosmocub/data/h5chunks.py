@@ -19,7 +19,8 @@ import numpy as np
 
 
 class ChunkFormatError(ValueError):
-    """A raw chunk on disk is shorter than its dataset says; the message names the file."""
+    """A raw chunk cannot be read or written by offset (cut short, filtered, another byte order
+    or layout); the message names the file and what is wrong."""
 
 
 class H5Source:
@@ -158,8 +159,48 @@ def chunk_offsets(path: str, token: str) -> np.ndarray:
         else:  # HDF5 < 1.14: one call per chunk, slower but the same answer
             for i in range(x.id.get_num_chunks()):
                 record(x.id.get_chunk_info(i))
-    assert np.all(offsets >= 0), f"{path}: unallocated chunks after early allocation"
+    if np.any(offsets < 0):
+        raise ChunkFormatError(f"{path}: 'x' has unallocated chunks (not created early)")
     return offsets
+
+
+def check_raw_writable(path: str, chunk_bytes: int) -> np.dtype:
+    """Refuse any layout of a shard's `x` that writing raw bytes at chunk offsets would corrupt:
+    contiguous or external storage, filters (compression, shuffle, checksums), a big-endian or
+    non-numeric type, another chunk shape, or chunks that overlap. Returns x's dtype."""
+    with h5py.File(path, "r") as f:
+        x = f["x"]
+        reasons = []
+        if x.chunks is None:
+            reasons.append("it is contiguous, not chunked")
+        elif (
+            x.ndim != 5
+            or x.chunks[0] != 1
+            or x.chunks[1] != x.shape[1]
+            or x.chunks[3:] != x.shape[3:]
+        ):
+            reasons.append(f"chunks {x.chunks} are not (1, C, slab, S, S) of shape {x.shape}")
+        if x.id.get_create_plist().get_nfilters():
+            reasons.append("it has filters (compression, shuffle or checksums)")
+        if x.external:
+            reasons.append("it is stored in external files")
+        if (
+            x.dtype.kind not in "fiu"
+            or x.dtype.byteorder not in "<|="
+            or (x.dtype.byteorder == "=" and np.little_endian is False)
+        ):
+            reasons.append(f"its type {x.dtype.str} is not a little-endian number")
+        elif x.chunks is not None and math.prod(x.chunks) * x.dtype.itemsize != chunk_bytes:
+            reasons.append(
+                f"a chunk holds {math.prod(x.chunks) * x.dtype.itemsize} bytes, not {chunk_bytes}"
+            )
+        dtype = x.dtype
+    if reasons:
+        raise ChunkFormatError(f"{path}: cannot write 'x' by chunk offsets: {'; '.join(reasons)}")
+    starts = np.sort(chunk_offsets.__wrapped__(path, "").ravel())  # uncached: a fresh file
+    if np.any(np.diff(starts) < chunk_bytes):
+        raise ChunkFormatError(f"{path}: chunks of 'x' overlap in the file")
+    return dtype
 
 
 class ChunkWriter:
@@ -173,15 +214,25 @@ class ChunkWriter:
 
     def __init__(self, path: Path, chunk_bytes: int) -> None:
         self.path, self.chunk_bytes = os.path.abspath(path), chunk_bytes
+        self.dtype = check_raw_writable(self.path, chunk_bytes)
         self.token = uuid.uuid4().hex
         chunk_offsets(self.path, self.token)  # build the table once, before the threads start
 
     def __setitem__(self, key: Any, block: np.ndarray) -> None:
         table = chunk_offsets(self.path, self.token)
-        first, last, _ = key[0].indices(len(table))
+        first, last, step = key[0].indices(len(table))
+        if block.dtype != self.dtype or step != 1:
+            raise ChunkFormatError(
+                f"{self.path}: block of {block.dtype.str} (step {step}) for 'x' of "
+                f"{self.dtype.str}: raw bytes would be misread"
+            )
         offsets = table[first:last].ravel()
         data = memoryview(np.ascontiguousarray(block)).cast("B")
-        assert len(data) == len(offsets) * self.chunk_bytes
+        if len(data) != len(offsets) * self.chunk_bytes:
+            raise ChunkFormatError(
+                f"{self.path}: block of {len(data)} bytes for {len(offsets)} chunks of "
+                f"{self.chunk_bytes} bytes"
+            )
         # Runs of chunks that lie back to back in the file go out in one call.
         breaks = np.flatnonzero(np.diff(offsets) != self.chunk_bytes) + 1
         fd = os.open(self.path, os.O_WRONLY)

@@ -13,7 +13,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from cosmocub.data.tfrecord import read_tfrecord_sample
+from cosmocub.data.tfrecord import read_tfrecord
 from cosmocub.data.universe import (
     NAME_PAR,
     REDSHIFTS,
@@ -67,10 +67,11 @@ def _inspect_universe(path: Path) -> dict[str, Any]:
 
 
 def _inspect_tfrecord(path: Path) -> dict[str, Any]:
-    x, y = read_tfrecord_sample(path)
+    x, y, num_records = read_tfrecord(path)  # every record read and CRC-checked
     return {
         "format": "mlperf-tfrecord",
         "path": str(path),
+        "records": num_records,
         "shape": list(x.shape),
         "dtype": "int16",
         "namePar": list(NAME_PAR),
@@ -109,6 +110,11 @@ def format_report(report: dict[str, Any]) -> str:
         f"path    {report['path']}",
         f"format  {report['format']}",
         f"shape   {tuple(report['shape'])} {report['dtype']}",
+        *(
+            [f"records {report['records']} (all CRC-checked; the first shown)"]
+            if "records" in report
+            else []
+        ),
         "",
         f"{'param':<10}{'unitPar':>10}{'physPar':>10}",
     ]

@@ -137,8 +137,21 @@ def value_table(log1p: bool, dtype: str) -> np.ndarray:
     return values.astype(dtype)
 
 
+# Voxels per table lookup: the index is copied to intp (8 bytes a value) before the gather; in
+# pieces that copy stays in cache (measured ~2x faster on a 16 MB block than one whole lookup).
+_LOOKUP_VALUES = 1 << 18
+
+
 def _to_values(block: np.ndarray, log1p: bool, dtype: str) -> np.ndarray:
-    return value_table(log1p, dtype)[block.view(np.uint16)]
+    table = value_table(log1p, dtype)
+    index = np.ascontiguousarray(block).view(np.uint16)
+    flat = index.reshape(-1)
+    out = np.empty(flat.shape, dtype=table.dtype)
+    for start in range(0, flat.size, _LOOKUP_VALUES):
+        np.take(
+            table, flat[start : start + _LOOKUP_VALUES], out=out[start : start + _LOOKUP_VALUES]
+        )
+    return out.reshape(block.shape)
 
 
 def crop_samples(
@@ -251,6 +264,27 @@ def _create_shard(
     if not n:
         return None
     return ChunkWriter(path, chunk_bytes=c * slab * s * s * np.dtype(settings.dtype).itemsize)
+
+
+def _verify_written(path: Path, metas: list[UniverseMeta], settings: PreprocessConfig) -> None:
+    """Read a shard's first and last samples back through HDF5 and recompute them from their
+    universes: the raw chunk writer bypasses HDF5, so the standard reader must agree with it."""
+    table = value_table(settings.log1p, settings.dtype)
+    s = settings.sample_size
+    with h5py.File(path, "r") as f:
+        n = f["x"].shape[0]
+        for i in sorted({0, n - 1}):
+            u = int(f["universe_index"][i])
+            d, h, w = (int(v) for v in f["crop_origin"][i])
+            stored = f["x"][i]  # (C, S, S, S)
+            with h5py.File(metas[u].path, "r") as src:
+                counts = np.asarray(src["full"][d : d + s, h : h + s, w : w + s, :], np.int16)
+            expected = table[counts.view(np.uint16)].transpose(3, 0, 1, 2)
+            if not np.array_equal(stored, expected, equal_nan=True):
+                raise PreprocessError(
+                    f"{path}: sample {i} read back through HDF5 differs from {metas[u].path} "
+                    f"at origin ({d}, {h}, {w}): the shard writer wrote a corrupt shard"
+                )
 
 
 class _LogProgress(Callback):
@@ -387,6 +421,9 @@ def preprocess(
                 s: _create_shard(tmp / f"{s}.h5", s, split_metas[s], settings) for s in SPLITS
             }
             _compute(samples, writers, hist, hist_np, settings, total_bytes)
+            for split, writer in writers.items():
+                if writer is not None:
+                    _verify_written(tmp / f"{split}.h5", split_metas[split], settings)
         except BaseException:
             for future in hashing:  # fail now, not after hashing every remaining universe
                 future.cancel()
@@ -422,6 +459,9 @@ def _stats(hist: np.ndarray, settings: PreprocessConfig, out_dir: Path) -> dict[
         "std": moments["std"].tolist(),
         "split": "train",
         "num_values": moments["count"].tolist(),
+        # Whether datasets apply mean/std (preprocess.standardize): the shards carry it, so
+        # training and evaluation cannot disagree.
+        "standardize": settings.standardize,
     }
 
 
@@ -441,6 +481,7 @@ def _manifest(
         "sample_shape": [metas[0].num_channels, s, s, s],
         "dtype": settings.dtype,
         "log1p": settings.log1p,
+        "standardize": settings.standardize,
         "sample_size": s,
         "slab_depth": settings.slab_depth,
         "universe_size": metas[0].size,
@@ -601,6 +642,9 @@ def gather_shards(
     metas_by_path = {p: read_universe_meta(Path(p)) for p in every}
     metas = [metas_by_path[p] for p in sorted(every)]
     split_metas = {s: [metas_by_path[p] for p in plan["splits"][s]] for s in SPLITS}
+    for s in SPLITS:
+        if split_metas[s]:  # the groups wrote raw chunks: read some back through HDF5
+            _verify_written(staging / f"{s}.h5", split_metas[s], settings)
     stats = _stats(np.asarray(hist_total), settings, Path(out_dir))
     manifest = _manifest(
         split_metas,

@@ -179,39 +179,66 @@ def parse_example(payload: bytes | memoryview) -> dict[str, tuple[str, object]]:
 
 
 def read_tfrecord_sample(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
-    """The first record of an MLPerf CosmoFlow file: (x int16 (S, S, S, 4), y float32 (4,)).
+    """The first sample of an MLPerf CosmoFlow file: (x int16 (S, S, S, 4), y float32 (4,)).
 
-    S follows from the byte count of `x` (a cube of 4 int16 channels: 128 for MLPerf).
+    Every record of the file is read, CRC-checked and decoded (see `read_tfrecord`).
+    """
+    x, y, _ = read_tfrecord(path)
+    return x, y
+
+
+def read_tfrecord(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, int]:
+    """(x, y) of the first record and the number of records, each of which is read, CRC-checked
+    and decoded as a sample (a corrupt later record must not pass unnoticed).
+
+    S follows from the byte count of `x` (a cube of 4 int16 channels: 128 for MLPerf); `y` must be
+    4 finite unitPar values in [-1, 1].
     """
     path = Path(path)
-    payload = next(iter_tfrecords(path), None)
-    if payload is None:
+    first: tuple[np.ndarray, np.ndarray] | None = None
+    count = 0
+    for index, payload in enumerate(iter_tfrecords(path)):
+        sample = _decode_sample(path, index, payload)
+        if first is None:
+            first = sample
+        count += 1
+    if first is None:
         raise TFRecordError(f"{path}: holds no records")
+    return first[0], first[1], count
+
+
+def _decode_sample(path: Path, index: int, payload: bytes) -> tuple[np.ndarray, np.ndarray]:
+    where = f"{path}: record {index}"
     try:
         features = parse_example(payload)
     except (IndexError, UnicodeDecodeError) as err:
-        raise TFRecordError(f"{path}: record 0 is not a valid tf.train.Example ({err})") from None
+        raise TFRecordError(f"{where} is not a valid tf.train.Example ({err})") from None
     for name, kind in (("x", "bytes"), ("y", "float")):
         if name not in features:
-            raise TFRecordError(f"{path}: missing feature '{name}' (has {sorted(features)})")
+            raise TFRecordError(f"{where}: missing feature '{name}' (has {sorted(features)})")
         if features[name][0] != kind:
             raise TFRecordError(
-                f"{path}: feature '{name}' is a {features[name][0]} list, expected {kind}"
+                f"{where}: feature '{name}' is a {features[name][0]} list, expected {kind}"
             )
     x_values = features["x"][1]
     assert isinstance(x_values, list)
     if len(x_values) != 1:
-        raise TFRecordError(f"{path}: feature 'x' holds {len(x_values)} byte strings, expected 1")
+        raise TFRecordError(f"{where}: feature 'x' holds {len(x_values)} byte strings, expected 1")
     raw = x_values[0]
     voxels = len(raw) // (2 * NUM_CHANNELS)
     side = round(voxels ** (1 / 3))
     if side < 1 or side**3 * NUM_CHANNELS * 2 != len(raw):
         raise TFRecordError(
-            f"{path}: feature 'x' has {len(raw)} bytes, not a cube of {NUM_CHANNELS} int16 "
+            f"{where}: feature 'x' has {len(raw)} bytes, not a cube of {NUM_CHANNELS} int16 "
             f"channels (side**3 * 8 bytes)"
         )
     x = np.frombuffer(raw, dtype="<i2").astype(np.int16).reshape(side, side, side, NUM_CHANNELS)
     y = np.asarray(features["y"][1], dtype=np.float32)
     if y.shape != (NUM_PARAMS,):
-        raise TFRecordError(f"{path}: feature 'y' has {y.size} floats, expected {NUM_PARAMS}")
+        raise TFRecordError(f"{where}: feature 'y' has {y.size} floats, expected {NUM_PARAMS}")
+    # The same checks as the HDF5 reader's on unitPar: a NaN target would poison training.
+    if not np.all(np.isfinite(y)):
+        raise TFRecordError(f"{where}: feature 'y' {y.tolist()} is not finite")
+    if np.any(np.abs(y) > 1.0):
+        raise TFRecordError(f"{where}: feature 'y' {y.tolist()} is outside [-1, 1]")
     return x, y

@@ -249,13 +249,22 @@ def _plain(value: Any) -> Any:
 COUNT_VALUES = np.arange(2**16, dtype=np.uint16).view(np.int16)  # histogram bin → int16 count
 
 
+# Voxels per histogram pass: np.bincount copies its input to intp first (8 bytes a value); in
+# pieces of 2**16 voxels that copy stays in cache instead of streaming 4x the block through memory.
+_HISTOGRAM_ROWS = 1 << 16
+
+
 def channel_histogram(counts_dhwc: np.ndarray) -> np.ndarray:
     """(..., C) int16 counts → (C, 65536) int64 histogram; bin b holds count COUNT_VALUES[b]."""
     flat = np.ascontiguousarray(counts_dhwc, dtype=np.int16).view(np.uint16)
     flat = flat.reshape(-1, flat.shape[-1])
-    return np.stack(
-        [np.bincount(flat[:, c], minlength=2**16) for c in range(flat.shape[1])]
-    ).astype(np.int64)
+    hist = np.zeros((flat.shape[1], 2**16), dtype=np.int64)
+    for start in range(0, flat.shape[0], _HISTOGRAM_ROWS):
+        part = flat[start : start + _HISTOGRAM_ROWS]
+        for c in range(flat.shape[1]):
+            counts = np.bincount(part[:, c])  # only up to this piece's largest count
+            hist[c, : counts.size] += counts
+    return hist
 
 
 def histogram_moments(hist: np.ndarray, values: np.ndarray | None = None) -> dict[str, np.ndarray]:

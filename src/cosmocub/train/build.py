@@ -10,14 +10,14 @@ from pathlib import Path
 
 from torch import nn
 
-from cosmocub.config import Config
+from cosmocub.config import Config, config_hash
 from cosmocub.data.augment import symmetries_for_split
 from cosmocub.data.dataset import open_split
 from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.optim.factory import build_optimizer, build_schedule
 from cosmocub.parallel.mesh import ParallelDims
 from cosmocub.train import runtime
-from cosmocub.train.checkpoint import CheckpointManager, resume_hash, shard_identity
+from cosmocub.train.checkpoint import CheckpointManager, resume_values, shard_identity
 from cosmocub.train.data import build_eval_loader, build_train_loader
 from cosmocub.train.grad_sync import build_gradient_sync
 from cosmocub.train.loop import Trainer, TrainState
@@ -33,7 +33,9 @@ def build_trainer(
 ) -> tuple[Trainer, TrainState, Path | None]:
     """(trainer, train state, checkpoint resumed from or None); trainer.log is a no-op to set."""
     tc = cfg.train
-    num_workers = 0 if tc.deterministic else tc.num_data_workers
+    # Workers only read, standardise and turn samples (the sampler draws each sample's symmetry,
+    # seeded per step) and batches come in sampler order, so deterministic runs keep them.
+    num_workers = tc.num_data_workers
     block = _spatial_block(cfg, dims)
     train_set = open_split(shards_dir, "train", cfg.model, block=block)
     val_set = open_split(shards_dir, "val", cfg.model, block=block)
@@ -48,7 +50,8 @@ def build_trainer(
     global_batch = tc.local_batch_size * dims.data
 
     runtime.seed_everything(cfg.seed)  # same initial weights on every rank
-    model = _parallelize(CosmoFlow(cfg.model).to(dims.device), cfg, dims)
+    layout = runtime.memory_format(dims.device, spatial=dims.spatial)
+    model = _parallelize(CosmoFlow(cfg.model).to(dims.device, memory_format=layout), cfg, dims)
     optimizer = build_optimizer(model.named_parameters(), cfg.optimizer, global_batch, dims=dims)
     train_loader = build_train_loader(
         train_set,
@@ -69,12 +72,14 @@ def build_trainer(
     runtime.seed_everything(runtime.rank_seed(cfg.seed, dims.axis_rank("data")))
     state = TrainState()
     # One checkpoint folder per (resume-relevant config, training data): a re-run with the same
-    # inputs resumes; a changed config or new shards start afresh beside the old checkpoints,
-    # which are kept (the workflow reruns `train` exactly when those inputs change).
-    run_hash = resume_hash(
+    # inputs resumes; a changed config or new shards start afresh beside the old checkpoints
+    # (the workflow reruns `train` exactly when those inputs change), and say what changed;
+    # train.keep_old_checkpoint_folders of the old folders are kept.
+    identity = resume_values(
         cfg,
         data_identity=shard_identity(shards_dir, num_train=len(train_set), num_val=len(val_set)),
     )
+    run_hash = config_hash(identity)
     checkpoints = CheckpointManager(
         run_dir / "checkpoints" / run_hash,
         config_hash=run_hash,
@@ -85,9 +90,11 @@ def build_trainer(
             "train_state": state,
         },
         invariants={"data_parallel_size": dims.data, "spatial_split": list(cfg.parallel.split_dhw)},
+        identity=identity,
         is_main=dims.is_main,
     )
-    resumed_from = checkpoints.restore_latest(dims.rank)
+    resumed_from = checkpoints.restore_latest(dims.rank, dims.world_size)
+    checkpoints.prune_other_folders(tc.keep_old_checkpoint_folders)
     grad_sync = build_gradient_sync(optimizer, dims)
     trainer = Trainer(
         cfg=cfg,

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import random
 import re
+import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,6 +24,12 @@ from cosmocub.io import atomic_path
 
 CHECKPOINT_FORMAT = "cosmocub.checkpoint/1"
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
+# Beside the checkpoints of a folder: the resume-relevant values its hash was computed from, so a
+# run that starts afresh can say which keys changed.
+IDENTITY_FILE = "resume.json"
+_FOLDER_NAME = re.compile(r"^[0-9a-f]{12}$")  # config_hash
+
+log = logging.getLogger(__name__)
 
 # Keys that change how a run is operated, not what it computes: a resumed run may change them.
 _OPERATIONAL_TRAIN_KEYS = {
@@ -29,6 +37,7 @@ _OPERATIONAL_TRAIN_KEYS = {
     "epochs",
     "num_data_workers",
     "checkpoint_every_steps",
+    "keep_old_checkpoint_folders",
     "max_restarts",
     "log_every_steps",
     "threads_per_rank",
@@ -46,25 +55,32 @@ def resume_hash(cfg: Config, *, data_identity: str = "") -> str:
     keys) and of the training data (`data_identity`, see `shard_identity`): what a resumed run
     must share.
     """
+    return config_hash(resume_values(cfg, data_identity=data_identity))
+
+
+def resume_values(cfg: Config, *, data_identity: str = "") -> dict[str, Any]:
+    """The values `resume_hash` hashes (JSON types)."""
     c = cfg
-    return config_hash(
-        {
-            "seed": c.seed,
-            "model": dataclasses.asdict(c.model),
-            "parallel": dataclasses.asdict(c.parallel),
-            "optimizer": dataclasses.asdict(c.optimizer),
-            "train": {
-                k: v
-                for k, v in dataclasses.asdict(c.train).items()
-                if k not in _OPERATIONAL_TRAIN_KEYS
-            },
-            "preprocess": {
-                k: v
-                for k, v in dataclasses.asdict(c.preprocess).items()
-                if k not in _OPERATIONAL_PREPROCESS_KEYS
-            },
-            "data": data_identity,
-        }
+    return json.loads(
+        json.dumps(
+            {
+                "seed": c.seed,
+                "model": dataclasses.asdict(c.model),
+                "parallel": dataclasses.asdict(c.parallel),
+                "optimizer": dataclasses.asdict(c.optimizer),
+                "train": {
+                    k: v
+                    for k, v in dataclasses.asdict(c.train).items()
+                    if k not in _OPERATIONAL_TRAIN_KEYS
+                },
+                "preprocess": {
+                    k: v
+                    for k, v in dataclasses.asdict(c.preprocess).items()
+                    if k not in _OPERATIONAL_PREPROCESS_KEYS
+                },
+                "data": data_identity,
+            }
+        )
     )
 
 
@@ -109,6 +125,41 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+@dataclasses.dataclass(frozen=True)
+class FreshStart:
+    """Why a run starts at step 0 although the run folder holds checkpoints of another config."""
+
+    folder: Path  # this run's new checkpoint folder
+    previous: Path  # the newest other checkpoint folder
+    changed: tuple[str, ...] | None  # "key: old → new" per changed key; None = not recorded
+
+    def describe(self) -> str:
+        what = (
+            "; ".join(self.changed)
+            if self.changed
+            else "its config was not recorded (written before resume.json)"
+        )
+        return (
+            f"training starts at step 0 in {self.folder}: the newest checkpoints, in "
+            f"{self.previous}, were written with other settings: {what}"
+        )
+
+
+def diff_values(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, ...]:
+    """'key: old → new' for every flattened key whose value differs (the data as one key)."""
+    from cosmocub.config import flatten
+
+    a, b = flatten(old), flatten(new)
+    changed = []
+    for key in sorted(a.keys() | b.keys()):
+        if a.get(key) != b.get(key):
+            if key == "data":
+                changed.append("data: other training shards (stats or split sizes)")
+            else:
+                changed.append(f"{key}: {json.dumps(a.get(key))} → {json.dumps(b.get(key))}")
+    return tuple(changed)
+
+
 class Stateful(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -130,6 +181,7 @@ class CheckpointManager:
         config_hash: str,
         stateful: dict[str, Stateful],
         invariants: dict[str, Any] | None = None,
+        identity: dict[str, Any] | None = None,
         keep: int = 2,
         is_main: bool = True,
     ) -> None:
@@ -138,6 +190,11 @@ class CheckpointManager:
         self.folder = Path(folder)
         self.config_hash, self.keep, self.is_main = config_hash, keep, is_main
         self.stateful, self.invariants = stateful, dict(invariants or {})
+        # The values config_hash was computed from (see resume_values), written beside the
+        # checkpoints so that a later run with other values can say what changed.
+        self.identity = identity
+        # Set by restore_latest when this run starts afresh beside another config's checkpoints.
+        self.fresh_start: FreshStart | None = None
 
     def path_for(self, step: int) -> Path:
         return self.folder / f"step_{step:08d}.pt"
@@ -175,6 +232,10 @@ class CheckpointManager:
         path = self.path_for(step)
         with atomic_path(path) as tmp:
             torch.save(payload, tmp)
+        identity_path = self.folder / IDENTITY_FILE
+        if self.identity is not None and not identity_path.exists():
+            with atomic_path(identity_path) as tmp:
+                tmp.write_text(json.dumps(self.identity, indent=1) + "\n")
         for old in self.list()[: -self.keep]:
             old.unlink(missing_ok=True)
         return path
@@ -199,15 +260,72 @@ class CheckpointManager:
                 )
         return payload
 
-    def restore_latest(self, rank: int) -> Path | None:
-        """Load the newest checkpoint into every stateful piece and this rank's RNGs, if any."""
+    def restore_latest(self, rank: int, world_size: int = 1) -> Path | None:
+        """Load the newest checkpoint into every stateful piece and this rank's RNGs, if any.
+
+        With nothing to restore, `fresh_start` says which other config's checkpoints, if any,
+        this run does not resume from, and why.
+        """
         path = self.latest()
         if path is None:
+            self.fresh_start = self._fresh_start()
             return None
         payload = self.load(path)
         for name, obj in self.stateful.items():
             obj.load_state_dict(payload[name])
         per_rank = payload["rng_per_rank"]
-        # Same world as when saved (the invariants say so): each rank takes back its own streams.
+        if len(per_rank) != world_size and rank == 0:
+            # The data-parallel size is an invariant, so this is a change of the other axes:
+            # the model state is the same, but the random streams cannot be split anew.
+            log.warning(
+                "%s: saved by %d ranks, resumed by %d: %s",
+                path,
+                len(per_rank),
+                world_size,
+                f"ranks {len(per_rank)}..{world_size - 1} take rank 0's RNG state"
+                if world_size > len(per_rank)
+                else f"the RNG states of ranks {world_size}..{len(per_rank) - 1} are dropped",
+            )
         restore_rng_state(per_rank[rank] if rank < len(per_rank) else per_rank[0])
         return path
+
+    def other_folders(self) -> list[Path]:
+        """Checkpoint folders of other configs beside this one, newest checkpoint first."""
+        root = self.folder.parent
+        if not root.is_dir():
+            return []
+        found = []
+        for d in root.iterdir():
+            if d == self.folder or not d.is_dir() or not _FOLDER_NAME.match(d.name):
+                continue
+            steps = [p for p in d.iterdir() if _NAME.match(p.name)]
+            if steps:
+                found.append((max(p.stat().st_mtime for p in steps), d))
+        return [d for _, d in sorted(found, reverse=True)]
+
+    def _fresh_start(self) -> FreshStart | None:
+        others = self.other_folders()
+        if not others:
+            return None
+        previous = others[0]
+        identity_path = previous / IDENTITY_FILE
+        changed = None
+        if identity_path.is_file() and self.identity is not None:
+            changed = diff_values(json.loads(identity_path.read_text()), self.identity)
+        return FreshStart(folder=self.folder, previous=previous, changed=changed)
+
+    def prune_other_folders(self, keep: int | None) -> list[Path]:
+        """Rank 0: delete the checkpoint folders of other configs beyond the `keep` newest
+        (None = keep all); only folders that hold nothing but checkpoints. Returns the deleted."""
+        if keep is None or not self.is_main:
+            return []
+        deleted = []
+        for folder in self.other_folders()[keep:]:
+            names = [p.name for p in folder.iterdir()]
+            if all(_NAME.match(n) or n == IDENTITY_FILE or n.endswith(".tmp") for n in names):
+                shutil.rmtree(folder)
+                deleted.append(folder)
+                log.info(
+                    "deleted old checkpoint folder %s (train.keep_old_checkpoint_folders)", folder
+                )
+        return deleted

@@ -109,6 +109,10 @@ def build_eval_loader(
         num_workers=num_workers,
         pin_memory=dims.device.type == "cuda",
         persistent_workers=num_workers > 0,  # validation runs every epoch: keep its workers
+        # Without a generator of its own every new iterator draws a worker seed from the global
+        # torch RNG, so dropout masks would depend on how often the iterator is remade: every
+        # epoch without workers, once with persistent workers, again after a resume.
+        generator=torch.Generator().manual_seed(0),
     )
 
 

@@ -1,16 +1,15 @@
 """Entry of the training stage: read the launcher's environment, build, train, write, close.
 
-One process per device. Locally:
-    torchrun --standalone --nproc-per-node N --max-restarts R -m cosmocub.cli train \
-        --config CFG --shards DIR --out RUN_DIR
-with R = train.max_restarts: torchrun restarts every rank when one dies, and `train` resumes from
-the newest checkpoint in RUN_DIR/checkpoints by itself. On Slurm: `srun -n N cosmocub train …`
-(add `--requeue` or an outer retry loop for restarts; the resume is the same).
+One process per device, started by `cosmocub launch --tasks-per-node N --max-restarts R -- train
+--config CFG --shards DIR --out RUN_DIR` (torchrun locally, srun on Slurm, see cosmocub.launch):
+it starts the ranks again after a crash, never after a user error (exit 2), and `train` resumes
+from the newest checkpoint in RUN_DIR/checkpoints by itself.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +25,8 @@ from cosmocub.tracking import job_run
 from cosmocub.train import runtime
 from cosmocub.train.build import build_trainer
 from cosmocub.train.loop import TrainState, fit, write_jsonl
+
+log = logging.getLogger(__name__)
 
 
 def train(
@@ -49,6 +50,9 @@ def train(
         trainer, state, resumed_from = build_trainer(
             cfg, dims, shards_dir=shards_dir, run_dir=run_dir, on_step_end=on_step_end
         )
+        fresh = trainer.checkpoints.fresh_start
+        if fresh is not None and dims.is_main:
+            log.warning("train: %s", fresh.describe())
         params = {
             "world_size": dims.world_size,
             "data_parallel": dims.data,
@@ -63,6 +67,16 @@ def train(
         }
         with job_run(cfg, stage="train", params=params, enabled=dims.is_main) as tracker:
             trainer.log = lambda metrics, step: tracker.log_metrics(metrics, step=step)
+            if fresh is not None:
+                tracker.set_tags(
+                    {
+                        "fresh_start.previous_checkpoints": str(fresh.previous),
+                        # MLflow tags hold up to 8000 characters; the job log has the full list.
+                        "fresh_start.changed": "; ".join(fresh.changed or ["(not recorded)"])[
+                            :8000
+                        ],
+                    }
+                )
             fit(trainer, state, metrics_path=run_dir / "metrics.jsonl")
             # The final position, so that a re-run finds nothing left to do.
             trainer.checkpoints.save(state.step)
@@ -77,6 +91,12 @@ def train(
                 "global_batch_size": trainer.global_batch,
                 "device": str(dims.device),
                 "resumed_from": str(resumed_from) if resumed_from else None,
+                "fresh_start": None
+                if fresh is None
+                else {
+                    "previous": str(fresh.previous),
+                    "changed": None if fresh.changed is None else list(fresh.changed),
+                },
                 "config_hash": cfg.hash,
                 "resume_hash": trainer.checkpoints.config_hash,
                 "mlflow_run_id": getattr(tracker, "run_id", None),
