@@ -7,6 +7,11 @@ STUDY = f"{RESULTS}/studies/sample_size"
 STUDY_SPATIAL = dict(zip(CFG.sample_size_study.sizes, CFG.sample_size_study.spatial))
 
 
+def study_ranks(wildcards):
+    """Ranks of the study's run at one crop size, all on one node."""
+    return STUDY_SPATIAL[int(wildcards.size)] * CFG.train.nproc_per_node
+
+
 rule sample_size_config:
     output:
         f"{STUDY}/{{size}}/config.yaml",
@@ -48,13 +53,16 @@ rule sample_size_preprocess:
         size=r"\d+",
     conda:
         "../../envs/cosmocub.yaml"
-    threads: lambda wildcards: workflow.cores
+    threads: CFG.cluster.preprocess.threads
+    resources:
+        mem_mb=CFG.cluster.preprocess.mem_mb,
+        runtime=CFG.cluster.preprocess.runtime,
     params:
         out=lambda w, output: os.path.dirname(output.manifest),
         env=tracking_env("sample_size_preprocess"),
     shell:
         "{params.env} cosmocub preprocess {input.universes} --out {params.out}"
-        " --config {input.config} > {log} 2>&1"
+        " --config {input.config} --threads {threads} > {log} 2>&1"
 
 
 rule sample_size_train:
@@ -72,14 +80,16 @@ rule sample_size_train:
         size=r"\d+",
     conda:
         "../../envs/cosmocub.yaml"
-    threads: lambda wildcards: workflow.cores
+    # Like `train`, the ranks (spatial × nproc_per_node here) ask for cluster.train.cpus_per_rank.
+    threads: lambda w: study_ranks(w) * CFG.cluster.train.cpus_per_rank
+    resources:
+        mem_mb=lambda w: study_ranks(w) * CFG.cluster.train.mem_mb_per_rank,
+        runtime=CFG.cluster.train.runtime,
     params:
         shards=lambda w, input: os.path.dirname(input.manifest),
         out=lambda w, output: os.path.dirname(output.model),
-        nproc=lambda w: STUDY_SPATIAL[int(w.size)] * CFG.train.nproc_per_node,
-        cpus=lambda w, threads: max(
-            1, threads // (STUDY_SPATIAL[int(w.size)] * CFG.train.nproc_per_node)
-        ),
+        nproc=study_ranks,
+        cpus=lambda w, threads: max(1, threads // study_ranks(w)),  # as granted
         max_restarts=CFG.train.max_restarts,
         env=tracking_env("sample_size_train"),
     shell:
