@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -184,6 +185,17 @@ def crop_samples(
         dims=("sample", *dims),
         coords={"channel": ordered["channel"].values},
         name="values",
+    )
+
+
+def _cropper(settings: PreprocessConfig) -> Callable[[xr.DataArray], xr.DataArray]:
+    """`crop_samples` with this config's crop size, slab depth, transform and dtype bound."""
+    return functools.partial(
+        crop_samples,
+        sample_size=settings.sample_size,
+        slab_depth=settings.slab_depth,
+        log1p=settings.log1p,
+        dtype=settings.dtype,
     )
 
 
@@ -386,13 +398,7 @@ def preprocess(
     by_path = {m.path: m for m in metas}
     assigned = assign_splits(paths, settings.splits.as_dict(), seed)
     split_metas = {s: [by_path[p] for p in assigned[s]] for s in SPLITS}
-    crop = functools.partial(
-        crop_samples,
-        sample_size=settings.sample_size,
-        slab_depth=settings.slab_depth,
-        log1p=settings.log1p,
-        dtype=settings.dtype,
-    )
+    crop = _cropper(settings)
     counts = {
         s: open_universes(ms, sample_size=settings.sample_size)
         for s, ms in split_metas.items()
@@ -573,13 +579,7 @@ def crop_group(staging: Path, group: int, out: Path, *, settings: PreprocessConf
         )
     members = [Path(p) for p in plan["groups"][group]]
     metas = [read_universe_meta(p) for p in members]
-    crop = functools.partial(
-        crop_samples,
-        sample_size=settings.sample_size,
-        slab_depth=settings.slab_depth,
-        log1p=settings.log1p,
-        dtype=settings.dtype,
-    )
+    crop = _cropper(settings)
     samples: dict[str, da.Array] = {}
     targets: dict[str, Any] = {}
     train_counts = None
