@@ -34,6 +34,14 @@ def lion_update(
     exp_avg.mul_(beta2).add_(grad, alpha=1.0 - beta2)
 
 
+def check_lion_hyperparameters(owner: str, *, lr: float, betas: tuple[float, float]) -> None:
+    """The ValueErrors every Lion variant raises for an lr ≤ 0 or a β outside [0, 1)."""
+    if lr <= 0:
+        raise ValueError(f"{owner}: lr must be > 0, got {lr}")
+    if not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"{owner}: betas must lie in [0, 1), got {betas}")
+
+
 class Lion(Optimizer):
     """Single-process Lion; gradients arrive already averaged (by DDP or a GradientSync)."""
 
@@ -48,10 +56,7 @@ class Lion(Optimizer):
         betas: tuple[float, float] = (0.9, 0.99),
         weight_decay: float = 0.0,
     ) -> None:
-        if lr <= 0:
-            raise ValueError(f"Lion: lr must be > 0, got {lr}")
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"Lion: betas must lie in [0, 1), got {betas}")
+        check_lion_hyperparameters("Lion", lr=lr, betas=betas)
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
 
     @torch.no_grad()

@@ -24,6 +24,7 @@ from cosmocub.optim.collectives import (
     build_collective,
     ring_allreduce_bytes,
 )
+from cosmocub.optim.lion import check_lion_hyperparameters
 from cosmocub.optim.momentum_sync import average_momenta, is_sync_step, matches
 from cosmocub.optim.quantize import quantize, quantizer_levels, wire_bits
 from cosmocub.optim.vote import tie_pattern
@@ -91,10 +92,7 @@ class LionCub(Optimizer):
         overlap: bool = False,
         bucket_mb: float = 4.0,
     ) -> None:
-        if lr <= 0:
-            raise ValueError(f"LionCub: lr must be > 0, got {lr}")
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"LionCub: betas must lie in [0, 1), got {betas}")
+        check_lion_hyperparameters("LionCub", lr=lr, betas=betas)
         named = [(n, p) for n, p in named_params if p.requires_grad]
         params = [p for _, p in named]
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
