@@ -43,3 +43,9 @@ def tracking_env(rule_name):
         return f"COSMOCUB_RULE={rule_name} COSMOCUB_WILDCARDS='{pairs}'"
 
     return env
+
+
+def study_ranks(wildcards):
+    """Ranks of the sample-size study's run at one crop size ({size}), all on one node."""
+    spatial = dict(zip(CFG.sample_size_study.sizes, CFG.sample_size_study.spatial))
+    return spatial[int(wildcards.size)] * CFG.train.nproc_per_node

@@ -3,13 +3,6 @@
 # node, launched like `train`).
 
 STUDY = f"{RESULTS}/studies/sample_size"
-# Spatial ranks per sample for the run at each crop size.
-STUDY_SPATIAL = dict(zip(CFG.sample_size_study.sizes, CFG.sample_size_study.spatial))
-
-
-def study_ranks(wildcards):
-    """Ranks of the study's run at one crop size, all on one node."""
-    return STUDY_SPATIAL[int(wildcards.size)] * CFG.train.nproc_per_node
 
 
 rule sample_size_config:
