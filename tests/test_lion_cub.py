@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from test_train import TINY  # the plain tiny recipe the training tests share
 from torch import nn
 
 from cosmocub.config import ConfigError, load_config
@@ -462,33 +463,9 @@ train(load_config(cfg_path), shards_dir=shards, run_dir=run, on_step_end=hook)
 # Plain, as these tests were written against (the schema's defaults are now the laptop recipe:
 # batch norm, augmentation, a decay schedule).
 LION_TINY = {
-    "preprocess": {"sample_size": 8},
-    "model": {
-        "input_size": 8,
-        "base_filters": 4,
-        "num_conv_blocks": 2,
-        "dense_sizes": [16],
-        "batch_norm": False,
-        "dropout": 0.5,
-    },
-    "optimizer": {
-        "name": "lion",
-        "lr": 0.0005,
-        "base_batch_size": 8,
-        "warmup_epochs": 0,
-        "decay_epochs": [],
-        "decay_factors": [],
-    },
-    "train": {
-        "epochs": 6,
-        "augment": False,
-        "local_batch_size": 2,
-        "checkpoint_every_steps": 5,
-        "log_every_steps": 100,
-        "threads_per_rank": 1,
-        "deterministic": True,
-    },
-    "tracking": {"enabled": False},
+    **TINY,
+    "optimizer": {**TINY["optimizer"], "name": "lion", "lr": 0.0005, "base_batch_size": 8},
+    "train": {**TINY["train"], "epochs": 6, "local_batch_size": 2, "deterministic": True},
 }
 
 

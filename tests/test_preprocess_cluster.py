@@ -11,8 +11,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from test_preprocess import settings  # the same tiny preprocess settings
 
-from cosmocub.config import PreprocessConfig, SplitRatios
 from cosmocub.data.preprocess import (
     PreprocessError,
     crop_group,
@@ -22,21 +22,6 @@ from cosmocub.data.preprocess import (
 )
 
 SPLITS = ("train", "val", "test")
-
-
-def settings(**overrides) -> PreprocessConfig:
-    values = dict(
-        sample_size=8,
-        log1p=True,
-        standardize=True,
-        dtype="float16",
-        splits=SplitRatios(train=0.6, val=0.2, test=0.2),
-        slab_depth=4,
-        dask_scheduler=None,
-        num_workers=2,
-    )
-    values.update(overrides)
-    return PreprocessConfig(**values)
 
 
 @pytest.fixture
