@@ -1,6 +1,6 @@
 """Lion Cub on the hybrid mesh: data 2 × spatial 2 trains as data 2 alone over the options that
-matter (quantizer × collective × momentum-sync schedule, sync patterns), resumes with every data
-rank's momentum, and counts its halo traffic exactly.
+matter (every pair of quantizer, collective and momentum-sync schedule; allgather; sync
+patterns), resumes with every data rank's momentum, and counts its halo traffic exactly.
 
 Two torchrun spawns (2 and 4 gloo ranks, tests/spatial_ranks.py mode `train`) run every case in
 one process group each. Why the tolerance holds here and what it does not promise over long runs:
