@@ -7,8 +7,10 @@ difference, with a control that changes nothing but the fp32 summation order (is
      an unsplit CPU run uses, `train/runtime.memory_format`): the same math in another fp32 order.
 If B departs from A as far as C does, the departure is fp32 rounding that the optimizer's
 discrete steps amplify, not something the hybrid mesh computes differently
-(docs/lion_cub_hybrid.md). Deterministic, batch norm on, no augmentation, random shards of
---size³ samples; every run of a mesh trains in one torchrun spawn (gloo, CPU).
+(docs/lion_cub_hybrid.md). "Same weights through" is the last step after which two runs'
+parameters were still equal bit for bit (a digest of every parameter after every step).
+Deterministic, batch norm on, no augmentation, random shards of --size³ samples; every run of
+a mesh trains in one torchrun spawn (gloo, CPU).
 
     python benchmarks/bench_hybrid_lion_cub.py                 # 3 epochs, 16³, 8 steps an epoch
 """
@@ -16,6 +18,7 @@ discrete steps amplify, not something the hybrid mesh computes differently
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -56,7 +59,20 @@ def _rank_main(args: argparse.Namespace) -> None:
     if args.contiguous:
         runtime.memory_format = lambda device, spatial=1: torch.contiguous_format
     dims = build_parallel_dims()
-    summaries = train_runs(args.rank_manifest)
+    digests: dict[str, list[str]] = {}  # run: parameter digest after every step
+
+    def begin(run: dict) -> None:
+        digests[run["name"]] = []
+
+    def digest(step: int, model: torch.nn.Module) -> None:
+        h = hashlib.sha1()
+        for p in model.parameters():
+            h.update(p.detach().cpu().numpy().tobytes())
+        digests[next(reversed(digests))].append(h.hexdigest())
+
+    summaries = train_runs(args.rank_manifest, before_run=begin, on_step_end=digest)
+    for name, summary in summaries.items():
+        summary["param_digests"] = digests[name]
     if dims.is_main:
         Path(args.rank_out).write_text(json.dumps(summaries))
     torch.distributed.destroy_process_group()
@@ -118,12 +134,24 @@ def _spawn(args: argparse.Namespace, work: Path, mesh: str, shards: Path) -> dic
         sys.exit(f"mesh {mesh}: no result within {args.timeout} s")
     if proc.returncode != 0:
         sys.exit(f"mesh {mesh} failed:\n{log[-3000:]}")
-    return {label: Path(run["run_dir"]) for label, run in zip(ROWS, runs, strict=True)}
+    summaries = json.loads(out.read_text())
+    return {
+        label: (Path(run["run_dir"]), summaries[label])
+        for label, run in zip(ROWS, runs, strict=True)
+    }
 
 
 def _losses(run: Path) -> list[dict[str, float]]:
     lines = (run / "metrics.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
+
+
+def same_through(a: list[str], b: list[str]) -> str:
+    """The last step after which both runs' parameters were equal bit for bit."""
+    for step, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x != y:
+            return str(step)  # steps count from 1: `step` is the last equal one
+    return f"{len(a)} (all)"
 
 
 def max_rel(a: list[dict], b: list[dict]) -> float:
@@ -153,16 +181,24 @@ def main() -> None:
         counts = {"train": args.train_samples, "val": 8}
         shards = make_random_shards(work / "shards", counts=counts, size=args.size)
         runs = {mesh: _spawn(args, work, mesh, shards) for mesh in MESHES}
-        losses = {m: {row: _losses(r) for row, r in by_row.items()} for m, by_row in runs.items()}
+        losses = {m: {row: _losses(r) for row, (r, _) in rs.items()} for m, rs in runs.items()}
+    digests = {m: {row: s["param_digests"] for row, (_, s) in rs.items()} for m, rs in runs.items()}
     print(
         f"\n{args.epochs} epochs, {args.size}³ samples, {args.train_samples} training samples, "
         f"global batch 4, filters {args.filters}, {args.blocks} blocks, batch norm, deterministic"
     )
-    print("\n| optimizer | B vs A | C vs A (order only) | B vs C |")
-    print("|---|---|---|---|")
+    print(
+        "\n| optimizer | B vs A | C vs A (order only) | B vs C | same weights through: "
+        "B, A | C, A | B, C |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for row in ROWS:
         a, b, c = (losses[m][row] for m in "ABC")
-        print(f"| {row} | {max_rel(a, b):.1e} | {max_rel(a, c):.1e} | {max_rel(c, b):.1e} |")
+        da, db, dc = (digests[m][row] for m in "ABC")
+        print(
+            f"| {row} | {max_rel(a, b):.1e} | {max_rel(a, c):.1e} | {max_rel(c, b):.1e} | "
+            f"{same_through(db, da)} | {same_through(dc, da)} | {same_through(db, dc)} |"
+        )
     print("\nval_loss per epoch (A / B / C)")
     for row in ROWS:
         values = zip(*(losses[m][row] for m in "ABC"), strict=True)

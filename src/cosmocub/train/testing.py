@@ -70,13 +70,16 @@ class _Stopped(Exception):
 
 
 def train_runs(
-    manifest_path: str | os.PathLike, *, before_run: Callable[[dict], None] | None = None
+    manifest_path: str | os.PathLike,
+    *,
+    before_run: Callable[[dict], None] | None = None,
+    on_step_end: Callable[[int, Any], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Train every run of a manifest, {"shards": DIR, "runs": [{"name", "config", "run_dir",
     "stop_at"?}, …]}, in the process group that already exists (`train` leaves it open); a run
     with stop_at > 0 is stopped there on every rank and started again, so that it resumes from
-    its newest checkpoint. `before_run(run)` runs first (a benchmark's control). Returns
-    {name: train summary}."""
+    its newest checkpoint. `before_run(run)` runs first (a benchmark's control) and
+    `on_step_end(step, model)` after every step (as `train`'s). Returns {name: train summary}."""
     from cosmocub.config import load_config
     from cosmocub.train.main import train
 
@@ -89,11 +92,13 @@ def train_runs(
         where = {"shards_dir": manifest["shards"], "run_dir": run["run_dir"]}
         if run.get("stop_at", 0):
 
-            def stop(step: int, _model: object, at: int = run["stop_at"]) -> None:
+            def stop(step: int, model: Any, at: int = run["stop_at"]) -> None:
+                if on_step_end is not None:
+                    on_step_end(step, model)
                 if step == at:
                     raise _Stopped
 
             with contextlib.suppress(_Stopped):
                 train(cfg, **where, on_step_end=stop)
-        summaries[run["name"]] = train(cfg, **where)
+        summaries[run["name"]] = train(cfg, **where, on_step_end=on_step_end)
     return summaries
