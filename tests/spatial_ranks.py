@@ -1,8 +1,12 @@
-"""Rank program for tests/test_spatial_layers.py: run under torchrun (gloo), many cases per spawn.
+"""Rank program for tests/test_spatial_layers.py and tests/test_lion_cub_hybrid.py: run under
+torchrun (gloo), many cases per spawn.
 
-Every case compares the spatially parallel layers with the plain single-process computation on
-the same global input; world rank 0 computes the reference and writes {case: errors} as JSON.
-Errors are relative, normwise per tensor: ‖parallel − reference‖₂ / ‖reference‖₂.
+Modes `synthetic` and `real`: every case compares the spatially parallel layers with the plain
+single-process computation on the same global input; world rank 0 computes the reference and
+writes {case: errors} as JSON. Errors are relative, normwise per tensor:
+‖parallel − reference‖₂ / ‖reference‖₂.
+Mode `train`: whole training runs one after another in this one process group, as a manifest
+lists them (`cosmocub.train.testing.train_runs`); rank 0 writes {run: train summary} as JSON.
 """
 
 from __future__ import annotations
@@ -367,6 +371,10 @@ def main() -> None:
     results: Results = {}
     if mode == "synthetic":
         synthetic_cases(results, world)
+    elif mode == "train":
+        from cosmocub.train.testing import train_runs
+
+        results.update(train_runs(files[0]))
     else:
         real_cases(results, world, files)
     if first.is_main:

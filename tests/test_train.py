@@ -107,6 +107,8 @@ def test_outputs_follow_the_run_format(shards: Path, tmp_path: Path) -> None:
         "time_compute_s",
         "time_exchange_s",
         "time_momentum_sync_s",
+        "halo_bytes_per_step",
+        "time_halo_s",
     } | {f"val_mae_{p}" for p in ("Omega_m", "sigma_8", "N_spec", "H_0")}
     assert set(records[0]) == expected_keys
     r = records[-1]

@@ -2,12 +2,14 @@
 
 Each rank pads its block (B, C, d, h, w) with `width` planes from its neighbours along every dim
 that has a halo; the backward pass sends the halo gradients back to their owners, which add them.
+What a rank sends and how long the exchanges take are counted in the plan's `HaloStats`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -32,6 +34,20 @@ def spatial_rank(coords: tuple[int, int, int], split: tuple[int, int, int]) -> i
     return (cd * split[1] + ch) * split[2] + cw
 
 
+@dataclass
+class HaloStats:
+    """What this rank's halo exchanges sent (bytes of the planes it sent to other ranks; a
+    periodic wrap of an unsplit dim stays local) and how long they took (host wall clock of the
+    forward and backward exchange: slab copies, transfer, wait, concatenation), since the last
+    reset. The training loop reads it per epoch (`train/comm_meter.py`)."""
+
+    bytes_sent: int = 0
+    seconds: float = 0.0
+
+    def reset(self) -> None:
+        self.bytes_sent, self.seconds = 0, 0.0
+
+
 @dataclass(frozen=True)
 class HaloPlan:
     """Who this rank's neighbours are and how wide the halo is along each spatial dim.
@@ -46,6 +62,8 @@ class HaloPlan:
     coords: tuple[int, int, int]
     widths: tuple[int, int, int]
     periodic: bool
+    # Shared by every layer built on this plan; mutable, so not part of the plan's identity.
+    stats: HaloStats = field(default_factory=HaloStats, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for d, (n, w) in enumerate(zip(self.split, self.widths, strict=True)):
@@ -100,6 +118,9 @@ def _swap(
     if ops:
         for work in dist.batch_isend_irecv(ops):
             work.wait()
+    for peer, sent in ((low, to_low), (high, to_high)):
+        if peer is not None:
+            plan.stats.bytes_sent += sent.numel() * sent.element_size()
     return from_low, from_high
 
 
@@ -133,23 +154,34 @@ def _unpad_dim(g: torch.Tensor, d: int, plan: HaloPlan) -> torch.Tensor:
     return inner
 
 
+def _sync(x: torch.Tensor) -> None:
+    if x.device.type == "cuda":
+        torch.cuda.synchronize(x.device)  # so the time is the exchange's, not a later wait's
+
+
 class _HaloExchange(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_bcdhw: torch.Tensor, plan: HaloPlan) -> torch.Tensor:  # type: ignore[override]
         ctx.plan = plan
+        start = time.perf_counter()
         # Dims one after another, each padding the halos already received: the second exchange
         # carries the first one's halo planes along, which fills edges and corners.
         for d in range(3):
             if plan.widths[d]:
                 x_bcdhw = _pad_dim(x_bcdhw, d, plan)
+        _sync(x_bcdhw)
+        plan.stats.seconds += time.perf_counter() - start
         return x_bcdhw
 
     @staticmethod
     def backward(ctx, g_bcdhw: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
         plan = ctx.plan
+        start = time.perf_counter()
         for d in reversed(range(3)):
             if plan.widths[d]:
                 g_bcdhw = _unpad_dim(g_bcdhw, d, plan)
+        _sync(g_bcdhw)
+        plan.stats.seconds += time.perf_counter() - start
         return g_bcdhw, None
 
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from cosmocub.parallel.halo import HaloPlan, halo_exchange, spatial_coords
+from cosmocub.parallel.halo import HaloPlan, HaloStats, halo_exchange, spatial_coords
 
 
 class SpatialConv3d(nn.Module):
@@ -58,6 +58,15 @@ class SpatialConv3d(nn.Module):
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
             f"split={self.plan.split}, halo={self.plan.widths}, periodic={self.plan.periodic}"
         )
+
+
+def halo_stats(model: nn.Module) -> HaloStats | None:
+    """The halo exchange counters of a spatially parallel model (its convs share one plan), or
+    None for a model without halo convs."""
+    for module in model.modules():
+        if isinstance(module, SpatialConv3d):
+            return module.plan.stats
+    return None
 
 
 class _SyncBatchNorm(torch.autograd.Function):

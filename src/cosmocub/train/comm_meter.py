@@ -3,12 +3,16 @@
 comm_bytes_per_step: bytes this rank sends per step for gradients and updates — the gradient
 sync's fp32 ring all-reduce (2(P−1)/P × payload over its group: DDP over the data group, or over
 the whole mesh when spatial > 1; the spatial average ahead of a self-communicating optimizer)
-plus what such an optimizer counted (its compressed exchange and momentum syncs). Halo exchanges
-and the feature gather of the spatial layers move activations, not gradients: not counted.
+plus what such an optimizer counted (its compressed exchange and momentum syncs).
+halo_bytes_per_step: bytes this rank's halo exchanges send per step under a spatial split (the
+planes sent to neighbours in forward, and their gradients sent back in backward), apart from
+comm_bytes_per_step because they are activations. The feature gather before the head and the
+batch-norm statistics are not counted in either.
 Times are host wall-clock seconds per step:
 time_exchange_s and time_momentum_sync_s as the optimizer measured them (it waits for its
-collectives), time_compute_s the rest of the step (forward, backward, and DDP's all-reduce, which
-overlaps the backward pass and cannot be told apart from it).
+collectives), time_halo_s as the halo exchange measured itself (`parallel/halo.py`),
+time_compute_s the rest of the step (forward, backward, and DDP's all-reduce, which overlaps
+the backward pass and cannot be told apart from it), so the four add up to the step.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from torch import nn
 from torch.optim import Optimizer
 
 from cosmocub.optim.collectives import CommStats
+from cosmocub.parallel.halo import HaloStats
+from cosmocub.parallel.layers import halo_stats
 from cosmocub.train.grad_sync import GradientSync
 
 
@@ -28,6 +34,8 @@ class CommMeter:
         self.steps, self.step_s = 0, 0.0
         if self.stats is not None:
             self.stats.reset()
+        self.halo = halo_stats(model) or HaloStats()
+        self.halo.reset()  # also drops what validation's forward passes sent
 
     def add_step(self, seconds: float) -> None:
         self.steps += 1
@@ -36,9 +44,12 @@ class CommMeter:
     def metrics(self) -> dict[str, float]:
         n = max(1, self.steps)
         s = self.stats or CommStats()
+        measured = s.exchange_s + s.momentum_sync_s + self.halo.seconds
         return {
             "comm_bytes_per_step": self.sync_bytes + s.bytes_sent / n,
-            "time_compute_s": max(0.0, self.step_s - s.exchange_s - s.momentum_sync_s) / n,
+            "halo_bytes_per_step": self.halo.bytes_sent / n,
+            "time_compute_s": max(0.0, self.step_s - measured) / n,
             "time_exchange_s": s.exchange_s / n,
             "time_momentum_sync_s": s.momentum_sync_s / n,
+            "time_halo_s": self.halo.seconds / n,
         }

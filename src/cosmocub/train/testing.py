@@ -1,14 +1,18 @@
-"""Tiny random shard folders in the docs/formats.md layout, for tests and benchmarks.
+"""For tests and benchmarks: tiny random shard folders in the docs/formats.md layout, and many
+training runs one after another in one process group (process start-up is the cost).
 
-The targets depend on the inputs (a fixed random projection of per-channel means), so a model
-can fit them; nothing here is physics.
+The shards' targets depend on the inputs (a fixed random projection of per-channel means), so a
+model can fit them; nothing here is physics.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -59,3 +63,42 @@ def make_random_shards(
     }
     (folder / "stats.json").write_text(json.dumps(stats))
     return folder
+
+
+class _Stopped(Exception):
+    """Raised by every rank at the same step: the run stops after a checkpoint, to resume."""
+
+
+def train_runs(
+    manifest_path: str | os.PathLike,
+    *,
+    before_run: Callable[[dict], None] | None = None,
+    on_step_end: Callable[[int, Any], None] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Train every run of a manifest, {"shards": DIR, "runs": [{"name", "config", "run_dir",
+    "stop_at"?}, …]}, in the process group that already exists (`train` leaves it open); a run
+    with stop_at > 0 is stopped there on every rank and started again, so that it resumes from
+    its newest checkpoint. `before_run(run)` runs first (a benchmark's control) and
+    `on_step_end(step, model)` after every step (as `train`'s). Returns {name: train summary}."""
+    from cosmocub.config import load_config
+    from cosmocub.train.main import train
+
+    manifest = json.loads(Path(manifest_path).read_text())
+    summaries = {}
+    for run in manifest["runs"]:
+        if before_run is not None:
+            before_run(run)
+        cfg = load_config(run["config"])
+        where = {"shards_dir": manifest["shards"], "run_dir": run["run_dir"]}
+        if run.get("stop_at", 0):
+
+            def stop(step: int, model: Any, at: int = run["stop_at"]) -> None:
+                if on_step_end is not None:
+                    on_step_end(step, model)
+                if step == at:
+                    raise _Stopped
+
+            with contextlib.suppress(_Stopped):
+                train(cfg, **where, on_step_end=stop)
+        summaries[run["name"]] = train(cfg, **where, on_step_end=on_step_end)
+    return summaries
