@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,7 @@ import yaml
 from test_train import TINY  # the plain tiny recipe the training tests share
 from torch import nn
 
+from cosmocub import multirank
 from cosmocub.config import ConfigError, load_config
 from cosmocub.optim.collectives import COLLECTIVES
 from cosmocub.optim.factory import build_optimizer
@@ -432,14 +430,7 @@ dist.destroy_process_group()
 def test_four_gloo_ranks_collectives_agree(tmp_path: Path) -> None:
     script = tmp_path / "four.py"
     script.write_text(FOUR_RANKS)
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    proc = subprocess.run(
-        [*launcher, "--nproc-per-node=4", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    proc = multirank.run_ranks(multirank.torchrun_argv(4, str(script)), timeout=180)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.count("cases OK") == 4, proc.stdout
 
@@ -478,15 +469,8 @@ def _torchrun(tmp_path: Path, name: str, nproc: int, optimizer: dict, shards: Pa
     script = tmp_path / "rank.py"
     script.write_text(TRAIN_RANK)
     run = tmp_path / name
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts=1"]
     args = [str(script), str(cfg_path), str(shards), str(run), str(kw.get("die_at", 0))]
-    proc = subprocess.run(
-        [*launcher, f"--nproc-per-node={nproc}", *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    proc = multirank.run_ranks(multirank.torchrun_argv(nproc, *args, max_restarts=1), timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return run
 
