@@ -92,7 +92,11 @@ def test_multirank_timeout_leaves_no_process_behind(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_kill_9_of_the_launcher_leaves_no_rank(shards: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "term"])
+def test_a_stopped_launcher_leaves_no_rank(shards: Path, tmp_path: Path, signum: int) -> None:
+    """kill -9 (OOM killer, a killed Snakemake) or SIGTERM (scancel, Snakemake's stop) of
+    `cosmocub launch` while its ranks train: within 10 s no torchrun and no rank is left, and
+    the run folder's lock went with them. SIGTERM's log ends with the launcher's own line."""
     cfg = tiny_yaml(tmp_path / "cfg.yaml", epochs=1000, checkpoint_every_steps=2)
     run = tmp_path / "run"
     argv = [sys.executable, "-m", "cosmocub.cli", "launch", "--tasks-per-node", "2", "--"]
@@ -103,11 +107,16 @@ def test_kill_9_of_the_launcher_leaves_no_rank(shards: Path, tmp_path: Path) -> 
         wait_for(lambda: list(run.glob("checkpoints/*/step_*.pt")), 120, "no checkpoint")
         family = [p.pid for p in psutil.Process(launcher.pid).children(recursive=True)]
         assert len(family) >= 3, family  # torchrun + 2 ranks
-        os.kill(launcher.pid, signal.SIGKILL)
-        launcher.wait()
+        os.kill(launcher.pid, signum)
         wait_for(lambda: not alive(family), 10, f"{alive(family)} outlived the launcher")
+        _, err = launcher.communicate(timeout=60)
     finally:
         multirank.kill_tree(launcher)
+    if signum == signal.SIGTERM:
+        assert launcher.returncode == 128 + signal.SIGTERM, err[-3000:]
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("cosmocub launch: stopped by SIGTERM"), err[-3000:]
+        assert "Traceback" not in err and "SignalException" not in err, err[-3000:]
     acquire_run_lock(run).release()  # the dead holder's lock went with it
 
 

@@ -270,8 +270,9 @@ class CheckpointManager:
         collective when world_size > 1): ranks that listed the folder themselves could pick
         different steps while rank 0 writes, or read folders that rank 0 is pruning.
         """
-        decision = [self._decide() if rank == 0 else None]
-        if world_size > 1 and dist.is_initialized():
+        collective = world_size > 1 and dist.is_initialized()
+        decision = [self._decide() if rank == 0 or not collective else None]
+        if collective:
             dist.broadcast_object_list(decision, src=0)
         path, self.fresh_start = decision[0]
         if path is None:
