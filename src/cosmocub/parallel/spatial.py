@@ -85,7 +85,8 @@ def parallelize_cosmoflow(
     identical on every rank of the spatial group. Batch norm statistics span the whole
     data × spatial mesh (also at split [1, 1, 1] when data > 1: a global-batch norm, so that a
     data × spatial run and a data-only run normalise over the same samples). `periodic` gives
-    every conv periodic halos (whole periodic boxes) instead of zero padding.
+    every conv periodic halos (whole periodic boxes) instead of zero padding. Dropout draws
+    nn.Dropout's mask on spatial rank 0 (`SharedDropout`), the mask the unsplit run draws.
 
     Gradients: see `layers.py` — average them over the spatial group (`build_gradient_sync`).
     """
