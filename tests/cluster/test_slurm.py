@@ -203,9 +203,9 @@ def test_requests_the_cluster_refuses_fail_fast(slurm, tmp_path, args, said) -> 
 
 def test_kill_9_of_the_launcher_under_srun_leaves_no_task(slurm, tmp_path) -> None:
     """`cosmocub launch` in a batch job starts the ranks with srun; killing the launcher with
-    SIGKILL (as an OOM killer would) must end srun and its tasks within 10 s. Here Slurm tracks
-    processes by lineage (proctrack/linuxproc), so an orphaned srun would escape it: the kernel's
-    death signal (SIGTERM to srun, which passes it to the tasks) is what ends them."""
+    SIGKILL (as an OOM killer would) must end srun and its tasks within 10 s, while the job itself
+    goes on: the kernel's death signal (SIGTERM to srun, which passes it to the step's tasks) is
+    what ends them. (Without it the orphaned srun and its tasks train on until the job ends.)"""
     import psutil
 
     from cosmocub.train.testing import make_random_shards
@@ -223,7 +223,9 @@ def test_kill_9_of_the_launcher_under_srun_leaves_no_task(slurm, tmp_path) -> No
         f"{sys.executable} -m cosmocub.cli launch --tasks-per-node 2 --cpus-per-rank 1 -- train "
         f"--config {tmp_path / 'cfg.yaml'} --shards {shards} --out {run}"
     )
-    (tmp_path / "job.sh").write_text(f"#!/bin/bash\n{launch}\n")
+    # The job outlives its launcher (as a batch script with more to do would): Slurm's end of
+    # the job cannot be what stops the tasks, only the launcher's death can.
+    (tmp_path / "job.sh").write_text(f"#!/bin/bash\n{launch}\nsleep 300\n")
     sbatch = ["sbatch", "--parsable", "--ntasks=2", "--cpus-per-task=1", "--mem=3000", "--time=10"]
     job_id = subprocess.run(
         [
@@ -237,11 +239,13 @@ def test_kill_9_of_the_launcher_under_srun_leaves_no_task(slurm, tmp_path) -> No
         check=True,
     ).stdout.strip()
 
-    def ours(word: str) -> list[psutil.Process]:
+    def ours(stage: str) -> list[psutil.Process]:
+        """The python processes running `cosmocub <stage>` on this run folder."""
         found = []
-        for p in psutil.process_iter(["cmdline"]):
+        for p in psutil.process_iter(["name", "cmdline"]):
             cmd = " ".join(p.info["cmdline"] or [])
-            if "cosmocub.cli" in cmd and word in cmd and str(run) in cmd:
+            python = (p.info["name"] or "").startswith("python")
+            if python and f"cosmocub.cli {stage} " in cmd and str(run) in cmd:
                 found.append(p)
         return found
 
@@ -250,8 +254,8 @@ def test_kill_9_of_the_launcher_under_srun_leaves_no_task(slurm, tmp_path) -> No
         while not list(run.glob("checkpoints/*/step_*.pt")):
             assert time.monotonic() < deadline, (tmp_path / "job.log").read_text()[-3000:]
             time.sleep(0.2)
-        (launcher,) = [p for p in ours("launch") if p.name().startswith("python")]
-        ranks = [p for p in ours("train") if p.pid != launcher.pid]
+        (launcher,) = ours("launch")
+        ranks = ours("train")
         assert len(ranks) == 2, ranks
         launcher.kill()
         t0 = time.monotonic()
