@@ -27,10 +27,11 @@ SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 # Fast polling: the executor's defaults (40 s before the first check) are meant for busy sites.
 POLL = ["--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "2"]
 # config/test.yaml made to fit a 2-CPU node: 2 training ranks of one core each, and a training
-# long enough that the scheduler can cancel it after its first checkpoint.
+# long enough that the scheduler can cancel it after its first checkpoint (step 2 of 80: ~0.2 s
+# an epoch on 2 CPUs, so several seconds to spare), and no longer: the rerun trains the rest.
 FIT = {
     "universes": {"count": 4},
-    "train": {"nproc_per_node": 2, "epochs": 100, "checkpoint_every_steps": 2},
+    "train": {"nproc_per_node": 2, "epochs": 40, "checkpoint_every_steps": 2},
     "cluster": {
         "train": {"cpus_per_rank": 1, "mem_mb_per_rank": 1500, "runtime": 10},
         "preprocess": {"threads": 2, "mem_mb": 2000, "runtime": 10},
