@@ -34,7 +34,6 @@ import json
 import os
 import re
 import resource
-import signal
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from cosmocub import multirank
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -254,13 +255,8 @@ def run_config(
 ) -> list[dict[str, Any]]:
     nproc = split[0] * split[1] * split[2]
     out = workdir / f"{mode}_{size}_{'x'.join(map(str, split))}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
+    cmd = multirank.torchrun_argv(
+        nproc,
         __file__,
         "--rank-mode",
         mode,
@@ -278,26 +274,19 @@ def run_config(
         str(args.threads),
         "--cap-mib",
         str(args.cap_mib),
-    ]
+    )
     # A fixed mmap threshold makes glibc return every large buffer to the OS when it is freed, so
     # the sampled RSS follows the live tensors instead of malloc's retained heap.
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": str(args.threads),
-        "MALLOC_MMAP_THRESHOLD_": str(128 * 1024),
-    }
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        start_new_session=True,
-    )  # fmt: skip
+    env = multirank.rank_env(
+        {"OMP_NUM_THREADS": str(args.threads), "MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
+    )
     try:
-        log, _ = proc.communicate(timeout=args.timeout)
+        proc = multirank.run_ranks(cmd, timeout=args.timeout, env=env)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
         raise SystemExit(
             f"split {list(split)} at {size}³: no result within {args.timeout} s"
         ) from None
+    log = proc.stdout + proc.stderr
     files = sorted(out.parent.glob(out.name + ".rank*"))
     if not files or (mode != "cap" and len(files) != nproc):
         raise SystemExit(f"split {list(split)} at {size}³ failed:\n{log[-3000:]}")

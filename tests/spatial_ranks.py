@@ -254,6 +254,50 @@ def dropout_case(dims: ParallelDims, split, *, seed: int) -> dict[str, Any] | No
     return {"spatial_replicas_equal": all(torch.equal(p, grp[0]) for grp in groups for p in grp)}
 
 
+def dropout_unsplit_case(dims: ParallelDims, split, *, seed: int) -> dict[str, Any]:
+    """The split model drops what the unsplit model drops with spatial rank 0's RNG state: the
+    dropout layer alone bit for bit, the whole prediction to rounding (halo convs)."""
+    cfg = model_cfg(16, filters=4, blocks=2, batch_norm=False, dropout=0.5)
+    torch.manual_seed(seed)
+    plain = CosmoFlow(cfg)
+    model = parallelize_cosmoflow(copy.deepcopy(plain), dims, split=split)
+    data_rank = dims.axis_rank("data")
+    x_global = torch.randn(2, 4, 16, 16, 16, generator=gen(seed + data_rank))
+    x = x_global[(slice(None), slice(None), *spatial_block(dims, split, (16, 16, 16)))]
+    h = torch.randn(3, 64, generator=gen(seed + 50 + data_rank))
+    torch.manual_seed(seed + 7 * dims.rank)  # each rank a different random state
+    # Spatial rank 0's state, which the shared mask is drawn from, known to the whole group.
+    state = torch.get_rng_state()
+    dist.broadcast(state, group=dims.group("spatial"), group_src=0)
+    shared = model.head.dropout0(h)
+    pred = model(x).detach()
+    torch.set_rng_state(state)
+    plain_layer = torch.nn.Dropout(0.5)(h)
+    plain_pred = plain(x_global).detach()  # plain is in training mode: its dropout is on
+    other_mask = plain(x_global).detach()  # the next draw: another mask
+    flags = torch.tensor(
+        [float(torch.equal(shared, plain_layer)), rel(pred, plain_pred), rel(pred, other_mask)]
+    )
+    worst = gather_world(flags)
+    return {
+        "layer_equal": all(bool(w[0]) for w in worst),
+        "prediction": max(float(w[1]) for w in worst),
+        "prediction_other_mask": min(float(w[2]) for w in worst),
+    }
+
+
+def groups_left_case(split) -> int:
+    """Process groups a build + parallelize + close leaves behind in a caller's default group."""
+    from cosmocub.parallel.mesh import close_parallel_dims
+
+    before = len(dist.distributed_c10d._world.pg_map)
+    dims = build_parallel_dims(spatial=math.prod(split))
+    cfg = model_cfg(16, filters=4, blocks=2, batch_norm=True)
+    parallelize_cosmoflow(CosmoFlow(cfg), dims, split=split)  # + batch norm's own group
+    close_parallel_dims(dims)
+    return len(dist.distributed_c10d._world.pg_map) - before
+
+
 def periodic_conv_case(dims: ParallelDims, split, *, seed: int) -> dict[str, Any] | None:
     """A whole periodic box: the parallel model with periodic halos against the plain model
     whose convs pad circularly."""
@@ -338,9 +382,14 @@ def synthetic_cases(results: Results, world: int) -> None:
         case = dropout_case(meshes[s], split, seed=5)
         if case is not None:
             results[f"dropout split={list(split)}"] = case
+        results[f"dropout unsplit split={list(split)}"] = dropout_unsplit_case(
+            meshes[s], split, seed=8
+        )
         case = periodic_conv_case(meshes[s], split, seed=6)
         if case is not None:
             results[f"periodic model split={list(split)}"] = case
+
+    results["groups left after close"] = {"count": groups_left_case((2, 1, 1))}
 
 
 def real_cases(results: Results, world: int, files: list[str]) -> None:

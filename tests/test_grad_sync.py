@@ -40,3 +40,22 @@ def test_spatial_average_counts_its_ring_over_the_spatial_group_only():
     assert SpatialAverage(_dims(4, 2)).bytes_sent_per_step(payload) == pytest.approx(payload)
     assert SpatialAverage(_dims(1, 4)).bytes_sent_per_step(payload) == pytest.approx(1.5 * payload)
     assert LocalGradients().bytes_sent_per_step(payload) == 0.0
+
+
+def test_spatial_average_leaves_the_replicated_head_out():
+    # The head after the gather is whole on every spatial rank, with the same gradient: it is
+    # neither reduced nor counted. The conv stack is.
+    from cosmocub.config import load_config
+    from cosmocub.models.cosmoflow import CosmoFlow
+    from cosmocub.parallel.layers import GatherFlatten
+
+    model = CosmoFlow(load_config(None).model)
+    head = sum(4 * p.numel() for p in model.head.parameters())
+    total = sum(4 * p.numel() for p in model.parameters())
+    sync = SpatialAverage(_dims(2, 4))
+    sync.wrap(model)
+    assert sync.replicated_bytes == 0  # not split: nothing is replicated
+    model.flatten = GatherFlatten(plan=None, group_rank=0)  # as parallelize_cosmoflow leaves it
+    sync.wrap(model)
+    assert sync.replicated_bytes == head > 0
+    assert sync.bytes_sent_per_step(total) == pytest.approx(1.5 * (total - head))

@@ -19,7 +19,7 @@ def test_local_is_torchrun_standalone() -> None:
         python="py",
     )
     assert argv == [
-        "py", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        "py", "-m", "cosmocub.launch_agent", "--standalone", "--nproc-per-node=2",
         "--max-restarts=0", "-m", "cosmocub.cli", *TRAIN,  # restarts are run_launch's
     ]  # fmt: skip
     with pytest.raises(ValueError, match=r"cluster.train.nodes': 2 nodes need a scheduler"):

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,7 @@ import yaml
 from test_train import TINY  # the plain tiny recipe the training tests share
 from torch import nn
 
+from cosmocub import multirank
 from cosmocub.config import ConfigError, load_config
 from cosmocub.optim.collectives import COLLECTIVES
 from cosmocub.optim.factory import build_optimizer
@@ -402,18 +400,23 @@ for collective, overlap in itertools.product(COLLECTIVES, (False, True)):
         assert torch.equal(a, b), (collective, overlap)
 # Momentum synced at step 3 for layer 0 only, then one local step: layer 0's momenta are
 # β2·mean + (1-β2)·g_local; check the sync itself by replaying: state_dict has every rank's.
-saved = ref_opt.state_dict()
-per_rank = saved["state"]
-assert saved["data_group_size"] == P and saved["step_count"] == 4
-w2 = per_rank[2]["exp_avg_per_data_rank"]  # layer 2 weight: never synced, ranks differ
-assert w2.shape == (P, 2, 12) and not torch.equal(w2[0], w2[1])
-mine = ref_opt.state[list(ref_model.parameters())[2]]["exp_avg"]
-assert torch.equal(w2[rank], mine)
-_, synced = run("alltoall", False, quantizer="sign", bits=1)
 def gather(t):
     out = [torch.empty_like(t) for _ in range(P)]
     dist.all_gather(out, t.contiguous(), group=group)
     return out
+
+saved = ref_opt.state_dict()
+per_rank = saved["state"]
+assert saved["data_group_size"] == P and saved["step_count"] == 4
+w2 = per_rank[2]["exp_avg_per_data_rank"]  # layer 2 weight: never synced, ranks differ
+mine = ref_opt.state[list(ref_model.parameters())[2]]["exp_avg"]
+everyone_m = gather(mine)
+if rank == 0:  # the checkpoint's writer holds every data rank's momentum, in rank order
+    assert w2.shape == (P, 2, 12) and not torch.equal(w2[0], w2[1])
+    assert all(torch.equal(w2[r], everyone_m[r]) for r in range(P))
+else:  # the others only their own: nothing of P × the parameters
+    assert w2.shape == (1, 2, 12) and torch.equal(w2[0], mine)
+_, synced = run("alltoall", False, quantizer="sign", bits=1)
 
 m0, m2 = (synced.state[synced.param_groups[0]["params"][i]]["exp_avg"] for i in (0, 2))
 before0, before2 = gather(m0), gather(m2)
@@ -432,14 +435,7 @@ dist.destroy_process_group()
 def test_four_gloo_ranks_collectives_agree(tmp_path: Path) -> None:
     script = tmp_path / "four.py"
     script.write_text(FOUR_RANKS)
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    proc = subprocess.run(
-        [*launcher, "--nproc-per-node=4", str(script)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    proc = multirank.run_ranks(multirank.torchrun_argv(4, str(script)), timeout=180)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.count("cases OK") == 4, proc.stdout
 
@@ -478,15 +474,8 @@ def _torchrun(tmp_path: Path, name: str, nproc: int, optimizer: dict, shards: Pa
     script = tmp_path / "rank.py"
     script.write_text(TRAIN_RANK)
     run = tmp_path / name
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts=1"]
     args = [str(script), str(cfg_path), str(shards), str(run), str(kw.get("die_at", 0))]
-    proc = subprocess.run(
-        [*launcher, f"--nproc-per-node={nproc}", *args],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    proc = multirank.run_ranks(multirank.torchrun_argv(nproc, *args, max_restarts=1), timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return run
 

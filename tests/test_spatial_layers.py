@@ -8,16 +8,13 @@ relative, normwise per tensor: ‖parallel − plain‖₂ / ‖plain‖₂ in f
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from cosmocub import multirank
 from cosmocub.config import ModelConfig
 from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.models.summary import activation_bytes
@@ -30,31 +27,11 @@ TOLERANCE = 1e-5  # fp32 rounding, as the issue asks
 
 
 def run_ranks(out: Path, nproc: int, *args: str, timeout: float) -> dict[str, dict[str, Any]]:
-    """torchrun `nproc` gloo ranks of spatial_ranks.py in their own process group, killed whole
-    on timeout so no rank outlives the test."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        str(RANKS_SCRIPT),
-        str(out),
-        *args,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        log, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"spatial ranks did not finish within {timeout} s")
-    assert proc.returncode == 0, log[-4000:]
+    """torchrun `nproc` gloo ranks of spatial_ranks.py, killed whole on timeout."""
+    proc = multirank.run_ranks(
+        multirank.torchrun_argv(nproc, str(RANKS_SCRIPT), str(out), *args), timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
 
 
@@ -148,6 +125,18 @@ def test_dropout_mask_is_shared_in_the_spatial_group(
     synthetic: dict[str, dict[str, Any]], split: str
 ) -> None:
     assert synthetic[f"dropout split={split}"]["spatial_replicas_equal"]
+    # ... and it is the mask nn.Dropout draws at spatial = 1 from the same generator state: the
+    # layer bit for bit, the prediction to the halo convs' rounding, where another mask is far.
+    unsplit = synthetic[f"dropout unsplit split={split}"]
+    assert unsplit["layer_equal"]
+    assert unsplit["prediction"] < 1e-5
+    assert unsplit["prediction_other_mask"] > 1e-2
+
+
+@pytest.mark.slow
+def test_close_destroys_the_groups_it_made(synthetic: dict[str, dict[str, Any]]) -> None:
+    # Under a caller's default group: the two mesh axes and batch norm's group, all destroyed.
+    assert synthetic["groups left after close"]["count"] == 0
 
 
 @pytest.mark.slow

@@ -4,9 +4,6 @@ follows data=4 × spatial=1 on the same global batches, and a spatial=2 run resu
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -15,6 +12,7 @@ import pytest
 import torch
 import yaml
 
+from cosmocub import multirank
 from cosmocub.models.cosmoflow import CosmoFlow, load_model_file
 from cosmocub.train.testing import make_random_shards
 
@@ -76,27 +74,9 @@ def run_ranks(
     script.write_text(RANK_SCRIPT)
     run = tmp / name
     run.mkdir(exist_ok=True)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(nproc),
-            "--max-restarts",
-            "1" if die_at else "0",
-            str(script),
-            str(cfg_path),
-            str(shards),
-            str(run),
-            str(die_at),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    args = [str(script), str(cfg_path), str(shards), str(run), str(die_at)]
+    argv = multirank.torchrun_argv(nproc, *args, max_restarts=1 if die_at else 0)
+    proc = multirank.run_ranks(argv, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (run / "stderr.txt").write_text(proc.stderr)
     return run

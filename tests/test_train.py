@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from cosmocub import cli
+from cosmocub import cli, multirank
 from cosmocub.config import Config, load_config
 from cosmocub.models.cosmoflow import load_model_file
 from cosmocub.parallel.mesh import LaunchEnv, ParallelDims, _first_slurm_host, detect_launch_env
@@ -487,28 +487,9 @@ def test_two_gloo_ranks_survive_a_restart_with_identical_weights(
     script.write_text(RANK_SCRIPT)
     run = tmp_path / "run"
     run.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "--max-restarts",
-            "1",
-            str(script),
-            str(cfg_path),
-            str(shards),
-            str(run),
-            "6",  # rank 1 dies at step 6 of 8, after the checkpoint at step 5
-        ],
-        capture_output=True,
-        text=True,
-        timeout=150,
-        env=env,
-    )
+    # rank 1 dies at step 6 of 8, after the checkpoint at step 5
+    args = [str(script), str(cfg_path), str(shards), str(run), "6"]
+    proc = multirank.run_ranks(multirank.torchrun_argv(2, *args, max_restarts=1), timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rank0 = torch.load(run / "rank0.pt", weights_only=True)
     rank1 = torch.load(run / "rank1.pt", weights_only=True)
@@ -572,8 +553,11 @@ def test_launch_starts_again_after_a_crash_but_not_after_a_user_error(
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.count("cosmocub launch: attempt") == 1
-    assert "stopped by a user error (above), not starting again" in proc.stderr
-    assert f"{missing}/stats.json: shard statistics not found" in proc.stderr
+    assert "stopped by a user error; not starting the ranks again" in proc.stderr
+    # The job log ends with the rank's one-line error, not torchrun's traceback.
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("cosmocub train: error: ") and "stats.json: shard statistics" in last
+    assert "Traceback" not in proc.stderr and "ChildFailedError" not in proc.stderr
     assert not list(tmp_path.glob(".cosmocub-user-error-*"))  # the marker is cleaned up
 
     run = tmp_path / "run"

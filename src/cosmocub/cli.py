@@ -17,6 +17,7 @@ from pathlib import Path
 
 from cosmocub.config import load_config
 from cosmocub.launch import record_user_error
+from cosmocub.launch_agent import arm_rank
 from cosmocub.workflow_support import CONFIG_ENV
 
 
@@ -382,6 +383,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    arm_rank()  # a rank of `cosmocub launch`'s torchrun dies with it (no orphaned ranks)
     args = _build_parser().parse_args(argv)
     # Stages report through `logging`; plain lines on stderr, as the workflow's job logs want.
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -8,10 +8,18 @@ Restarts are the launcher's, not torchrun's: torchrun restarts every rank whatev
 a bad config or a non-finite loss ran and failed max_restarts + 1 times. A rank that stops on a
 user error (exit 2) leaves a marker file (`cosmocub.cli` writes it); only a launch that failed
 without one is started again, and training resumes from its checkpoint.
+
+Nothing outlives the launcher: what it starts runs in a session of its own (a signal to the
+launcher's terminal or group reaches it only through the launcher) with the kernel's death signal
+armed (SIGTERM when the launcher dies, even by `kill -9`); torchrun's ranks die with torchrun
+(`cosmocub.launch_agent`); srun forwards the SIGTERM to its step's tasks, which Slurm ends. The
+job log ends with the launcher's own line: the rank's one-line user error, the signal that
+stopped it, or the crash.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -22,6 +30,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from cosmocub.launch_agent import exit_with_parent
 
 # torchrun's c10d rendezvous port on Flux/LSF (Slurm derives its port from the job id).
 RENDEZVOUS_PORT = 29400
@@ -80,7 +90,8 @@ def launch_command(
     env = os.environ if environ is None else environ
     scheduler = detect_scheduler(env)
     args = list(module_args)
-    torchrun = [python, "-m", "torch.distributed.run"]
+    # torchrun, reporting failures in one line and arming its ranks to die with it.
+    torchrun = [python, "-m", "cosmocub.launch_agent"]
     if scheduler == "local":
         if layout.nodes > 1:
             raise ValueError(
@@ -161,52 +172,62 @@ def record_user_error(message: str) -> None:
 
 def run_launch(layout: RankLayout, module_args: Sequence[str]) -> int:
     """Start the ranks up to 1 + max_restarts times: again after a crash, never after a user
-    error; returns the exit status for the job."""
+    error; returns the exit status for the job. The last line it prints says why it stopped."""
     argv = launch_command(layout, module_args)
-    print(f"cosmocub launch: {format_command(argv)}", file=sys.stderr, flush=True)
+    _say(f"{format_command(argv)}")
     # The ranks' torch threads: what the scheduler or the rule granted each rank.
     os.environ["COSMOCUB_CPUS_PER_RANK"] = str(layout.cpus_per_rank)
     marker = Path.cwd() / f".cosmocub-user-error-{uuid.uuid4().hex}"
-    rc = 1
+    attempts = layout.max_restarts + 1
     try:
-        for attempt in range(layout.max_restarts + 1):
+        for attempt in range(attempts):
             env = {**os.environ, USER_ERROR_ENV: str(marker), ATTEMPT_ENV: str(attempt)}
-            print(
-                f"cosmocub launch: attempt {attempt + 1} of {layout.max_restarts + 1}",
-                file=sys.stderr,
-                flush=True,
-            )
+            _say(f"attempt {attempt + 1} of {attempts}")
             rc, stopped_by = _run_forwarding_signals(argv, env)
-            if rc == 0 or stopped_by is not None:
+            if stopped_by is not None:
+                _say(f"stopped by {signal.Signals(stopped_by).name} (exit {rc}); the ranks ended")
                 return rc
+            if rc == 0:
+                return 0
             if marker.exists():
-                print(
-                    "cosmocub launch: stopped by a user error (above), not starting again",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                _say("stopped by a user error; not starting the ranks again:")
+                # The rank's own one-line error is the job log's last line.
+                print(marker.read_text().splitlines()[0].split(": ", 1)[1], file=sys.stderr)
                 return USER_ERROR_EXIT
             if attempt < layout.max_restarts:
-                print(
-                    f"cosmocub launch: ranks crashed (exit {rc}); starting them again, from the "
-                    "last checkpoint",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                _say(f"ranks crashed (exit {rc}); starting them again, from the last checkpoint")
+        _say(f"ranks crashed (exit {rc}) in all {attempts} attempt(s); giving up")
         return rc
     finally:
         marker.unlink(missing_ok=True)
 
 
+def _say(line: str) -> None:
+    print(f"cosmocub launch: {line}", file=sys.stderr, flush=True)
+
+
+def _start_child(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen:
+    """argv in a session of its own, armed to get SIGTERM when this process dies."""
+    launcher = os.getpid()
+
+    def arm() -> None:  # in the child, between fork and exec: the death signal survives exec
+        if sys.platform.startswith("linux"):
+            exit_with_parent(launcher, signal.SIGTERM)
+
+    return subprocess.Popen(list(argv), env=env, start_new_session=True, preexec_fn=arm)
+
+
 def _run_forwarding_signals(argv: Sequence[str], env: dict[str, str]) -> tuple[int, int | None]:
-    """Run argv; SIGTERM/SIGINT to this process (Snakemake, scancel) go on to it and end the
-    attempts. Returns (exit status, the signal that stopped us or None)."""
-    child = subprocess.Popen(list(argv), env=env)
+    """Run argv; SIGTERM/SIGINT to this process (Snakemake, scancel, Ctrl-C) go on to its
+    process group and end the attempts. Returns (exit status, the signal that stopped us or
+    None)."""
+    child = _start_child(argv, env)
     stopped: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
         stopped.append(signum)
-        child.send_signal(signum)
+        with contextlib.suppress(ProcessLookupError):  # already gone
+            os.killpg(child.pid, signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

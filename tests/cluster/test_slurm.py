@@ -27,10 +27,11 @@ SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 # Fast polling: the executor's defaults (40 s before the first check) are meant for busy sites.
 POLL = ["--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "2"]
 # config/test.yaml made to fit a 2-CPU node: 2 training ranks of one core each, and a training
-# long enough that the scheduler can cancel it after its first checkpoint.
+# long enough that the scheduler can cancel it after its first checkpoint (step 2 of 80: ~0.2 s
+# an epoch on 2 CPUs, so several seconds to spare), and no longer: the rerun trains the rest.
 FIT = {
     "universes": {"count": 4},
-    "train": {"nproc_per_node": 2, "epochs": 100, "checkpoint_every_steps": 2},
+    "train": {"nproc_per_node": 2, "epochs": 40, "checkpoint_every_steps": 2},
     "cluster": {
         "train": {"cpus_per_rank": 1, "mem_mb_per_rank": 1500, "runtime": 10},
         "preprocess": {"threads": 2, "mem_mb": 2000, "runtime": 10},
@@ -199,3 +200,68 @@ def test_requests_the_cluster_refuses_fail_fast(slurm, tmp_path, args, said) -> 
     assert said in out.lower(), out[-3000:]
     assert time.perf_counter() - t0 < 120
     assert not list((tmp_path / "results-test").glob("universes/*.hdf5"))
+
+
+def test_kill_9_of_the_launcher_under_srun_leaves_no_task(slurm, tmp_path) -> None:
+    """`cosmocub launch` in a batch job starts the ranks with srun; killing the launcher with
+    SIGKILL (as an OOM killer would) must end srun and its tasks within 10 s, while the job itself
+    goes on: the kernel's death signal (SIGTERM to srun, which passes it to the step's tasks) is
+    what ends them. (Without it the orphaned srun and its tasks train on until the job ends.)"""
+    import psutil
+
+    from cosmocub.train.testing import make_random_shards
+
+    shards = make_random_shards(tmp_path / "shards", counts={"train": 16, "val": 8}, size=8)
+    values = {
+        "preprocess": {"sample_size": 8},
+        "model": {"input_size": 8, "base_filters": 4, "num_conv_blocks": 2, "dense_sizes": [16]},
+        "train": {"epochs": 1000, "local_batch_size": 4, "checkpoint_every_steps": 2},
+        "tracking": {"enabled": False},
+    }
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(values))
+    run = tmp_path / "run"
+    launch = (
+        f"{sys.executable} -m cosmocub.cli launch --tasks-per-node 2 --cpus-per-rank 1 -- train "
+        f"--config {tmp_path / 'cfg.yaml'} --shards {shards} --out {run}"
+    )
+    # The job outlives its launcher (as a batch script with more to do would): Slurm's end of
+    # the job cannot be what stops the tasks, only the launcher's death can.
+    (tmp_path / "job.sh").write_text(f"#!/bin/bash\n{launch}\nsleep 300\n")
+    sbatch = ["sbatch", "--parsable", "--ntasks=2", "--cpus-per-task=1", "--mem=3000", "--time=10"]
+    job_id = subprocess.run(
+        [
+            *sbatch,
+            f"--chdir={tmp_path}",
+            f"--output={tmp_path / 'job.log'}",
+            str(tmp_path / "job.sh"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+    def ours(stage: str) -> list[psutil.Process]:
+        """The python processes running `cosmocub <stage>` on this run folder."""
+        found = []
+        for p in psutil.process_iter(["name", "cmdline"]):
+            cmd = " ".join(p.info["cmdline"] or [])
+            python = (p.info["name"] or "").startswith("python")
+            if python and f"cosmocub.cli {stage} " in cmd and str(run) in cmd:
+                found.append(p)
+        return found
+
+    try:
+        deadline = time.monotonic() + 180
+        while not list(run.glob("checkpoints/*/step_*.pt")):
+            assert time.monotonic() < deadline, (tmp_path / "job.log").read_text()[-3000:]
+            time.sleep(0.2)
+        (launcher,) = ours("launch")
+        ranks = ours("train")
+        assert len(ranks) == 2, ranks
+        launcher.kill()
+        t0 = time.monotonic()
+        _, alive = psutil.wait_procs(ranks, timeout=10)
+        assert not alive, f"{alive} outlived the launcher by 10 s"
+        print(f"srun tasks ended {time.monotonic() - t0:.1f} s after kill -9 of the launcher")
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)

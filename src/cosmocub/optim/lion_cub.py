@@ -20,7 +20,6 @@ from cosmocub.optim.collectives import (
     CommStats,
     Pending,
     WireSpec,
-    all_gather_flat,
     build_collective,
     ring_allreduce_bytes,
 )
@@ -226,21 +225,27 @@ class LionCub(Optimizer):
     # -- checkpoints: every data rank's momentum, and the schedule's position -----------------
 
     def state_dict(self) -> dict[str, Any]:
-        """A collective over the data group: every rank must call it (the checkpoint does)."""
+        """A collective over the data group: every rank must call it (the checkpoint does).
+
+        Each data rank's momentum is gathered onto the group's rank 0 alone, the one that holds
+        the whole state (the checkpoint's writer is data rank 0 of spatial rank 0); the others
+        return their own momentum only, as a 1-row state that is not meant to be written.
+        """
         flat = torch.cat([b.momentum for b in self.buckets]) if self.buckets else torch.zeros(0)
+        rank = self.collective.rank
         if self.group_size > 1:
-            gathered = flat.new_empty(self.group_size * flat.numel())
-            all_gather_flat(gathered, flat, group=self.group)
-            gathered = gathered.view(self.group_size, -1)
+            rows = flat.new_empty(self.group_size, flat.numel()) if rank == 0 else flat[None]
+            parts = list(rows.unbind(0)) if rank == 0 else None  # views: one (D, n) buffer
+            dist.gather(flat, parts, group=self.group, group_dst=0)
         else:
-            gathered = flat.unsqueeze(0)
-        gathered = gathered.cpu()
+            rows = flat.unsqueeze(0)
+        rows = rows.cpu()
         base = super().state_dict()
         index = {id(p): i for i, p in enumerate(self.param_groups[0]["params"])}
         state, offset = {}, 0
         for b in self.buckets:
             for p in b.params:
-                per_rank = gathered[:, offset : offset + p.numel()]
+                per_rank = rows[:, offset : offset + p.numel()]
                 state[index[id(p)]] = {"exp_avg_per_data_rank": per_rank.reshape(-1, *p.shape)}
                 offset += p.numel()
         return {

@@ -92,7 +92,11 @@ class _SyncBatchNorm(torch.autograd.Function):
         acc = torch.promote_types(x_bcdhw.dtype, torch.float32)
         x = x_bcdhw.to(acc)
         var, mean = torch.var_mean(x, dim=dims, correction=0)  # (C,), (C,)
-        local = torch.cat([mean.new_tensor([count]), mean, var * count]).double()  # (1+2C,)
+        # Formed in float64 from the start: a float32 count is exact only up to 2^24 elements
+        # and var·count in float32 rounds the very sums the float64 merge is meant to keep.
+        mean64, var64 = mean.double(), var.double()
+        count64 = torch.tensor([count], dtype=torch.float64, device=mean.device)
+        local = torch.cat([count64, mean64, var64 * count])  # (1+2C,)
         parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, local, group=group)
         stats = torch.stack(parts)  # (P, 1+2C)
@@ -223,7 +227,14 @@ class GatherFlatten(nn.Module):
 
 class SharedDropout(nn.Module):
     """Dropout whose mask is drawn on spatial rank 0 and broadcast, so the replicated head stays
-    identical across the group whatever each rank's random state."""
+    identical across the group whatever each rank's random state.
+
+    The draw is nn.Dropout's (F.dropout of ones): spatial rank 0 of data rank d is seeded as data
+    rank d of an unsplit run (train/build.py) and nothing random runs before the head, so a split
+    run drops the same units as the unsplit one. On the CPU (tested) mask and output are equal
+    bit for bit; elsewhere the mask is the same kernel's, and x·(mask/(1−p)) may round
+    differently from a fused kernel's x·mask·scale unless 1/(1−p) is a power of two (p = 0.5).
+    """
 
     def __init__(self, p: float, group: dist.ProcessGroup) -> None:
         super().__init__()
@@ -234,9 +245,12 @@ class SharedDropout(nn.Module):
             return x
         if self.p >= 1.0:
             return torch.zeros_like(x)
-        keep = (torch.rand_like(x) >= self.p).to(x.dtype)
-        dist.broadcast(keep, group=self.group, group_src=0)
-        return x * keep / (1.0 - self.p)
+        # nn.Dropout's own draw, on the group's rank 0: the kept entries scaled by 1/(1−p) as
+        # F.dropout forms them, so with the same generator state the mask and the product are
+        # those of the plain model at spatial = 1 (bit for bit on the CPU).
+        scaled_keep = F.dropout(torch.ones_like(x), self.p, training=True)
+        dist.broadcast(scaled_keep, group=self.group, group_src=0)
+        return x * scaled_keep
 
     def extra_repr(self) -> str:
         return f"p={self.p}, shared over the spatial group"

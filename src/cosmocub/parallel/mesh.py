@@ -121,6 +121,8 @@ class ParallelDims:
     backend: str
     mesh: DeviceMesh | None = field(default=None, repr=False)
     owns_process_group: bool = False
+    # Groups made for this run beyond the mesh's (e.g. batch norm's): destroyed on close.
+    extra_groups: list[dist.ProcessGroup] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if self.data < 1 or self.spatial < 1 or self.data * self.spatial != self.env.world_size:
@@ -152,6 +154,12 @@ class ParallelDims:
 
     def axis_rank(self, axis: str) -> int:
         return self._axis(axis).get_local_rank()
+
+    def new_group(self, ranks: list[int]) -> dist.ProcessGroup:
+        """A process group over `ranks` (a collective over the world), destroyed on close."""
+        group = dist.new_group(ranks=ranks)
+        self.extra_groups.append(group)
+        return group
 
 
 def _pick_device(env: LaunchEnv) -> torch.device:
@@ -220,7 +228,21 @@ def build_parallel_dims(
 
 
 def close_parallel_dims(dims: ParallelDims) -> None:
-    """Destroy the process group if `build_parallel_dims` started it."""
-    if dims.owns_process_group and dist.is_initialized():
-        dist.destroy_process_group()
+    """Destroy the process group if `build_parallel_dims` started it; else only the groups it
+    and the run made (the mesh's axes, `new_group`'s), which would otherwise live as long as the
+    caller's default group: each holds connections to its peers (gloo sockets, NCCL
+    communicators with their device buffers), one more set per run in the same process."""
+    if not dist.is_initialized():
+        return
+    if dims.owns_process_group:
+        dist.destroy_process_group()  # every group with it
         dims.owns_process_group = False
+    else:
+        groups = list(dims.extra_groups)
+        if dims.mesh is not None:
+            groups += [dims.group(axis) for axis in MESH_AXES]
+        for group in groups:
+            if group is not dist.group.WORLD and group is not dist.GroupMember.WORLD:
+                dist.destroy_process_group(group)
+    dims.extra_groups.clear()
+    dims.mesh = None

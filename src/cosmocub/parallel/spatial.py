@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import torch.distributed as dist
 from torch import nn
 
 from cosmocub.config import ModelConfig
@@ -86,7 +85,8 @@ def parallelize_cosmoflow(
     identical on every rank of the spatial group. Batch norm statistics span the whole
     data × spatial mesh (also at split [1, 1, 1] when data > 1: a global-batch norm, so that a
     data × spatial run and a data-only run normalise over the same samples). `periodic` gives
-    every conv periodic halos (whole periodic boxes) instead of zero padding.
+    every conv periodic halos (whole periodic boxes) instead of zero padding. Dropout draws
+    nn.Dropout's mask on spatial rank 0 (`SharedDropout`), the mask the unsplit run draws.
 
     Gradients: see `layers.py` — average them over the spatial group (`build_gradient_sync`).
     """
@@ -113,7 +113,7 @@ def parallelize_cosmoflow(
     if cfg.batch_norm and dims.world_size > 1:
         # A group of its own, so norm collectives issued during backward never interleave with
         # DDP's gradient all-reduce on the default group.
-        stats_group = dist.new_group(ranks=list(range(dims.world_size)))
+        stats_group = dims.new_group(list(range(dims.world_size)))
     for block in model.conv_blocks.children():
         if not isinstance(block.conv, nn.Conv3d):
             raise ValueError("parallelize_cosmoflow: the model is already parallelized")
@@ -127,3 +127,11 @@ def parallelize_cosmoflow(
             if isinstance(layer, nn.Dropout):
                 setattr(model.head, name, SharedDropout(layer.p, plan.group))
     return model
+
+
+def replicated_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters every rank of the spatial group holds whole, with the same gradient: the
+    dense head after a `GatherFlatten` (none in a model that is not spatially split)."""
+    if not isinstance(getattr(model, "flatten", None), GatherFlatten):
+        return []
+    return list(model.head.parameters())

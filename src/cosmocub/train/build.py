@@ -68,7 +68,8 @@ def build_trainer(
         steps_per_epoch=train_loader.sampler.batches_per_epoch,
     )
     # Per data rank, not per rank: a spatial group runs the replicated dense layers together, so
-    # its dropout masks must agree.
+    # its dropout masks must agree; and spatial rank 0, which draws them, then has the stream of
+    # the same data rank in an unsplit run, so a split run drops what the unsplit one drops.
     runtime.seed_everything(runtime.rank_seed(cfg.seed, dims.axis_rank("data")))
     state = TrainState()
     # One checkpoint folder per (resume-relevant config, training data): a re-run with the same

@@ -243,7 +243,9 @@ class CheckpointManager:
     def load(self, path: str | Path) -> dict[str, Any]:
         """Read a checkpoint on CPU; a foreign config raises CheckpointMismatchError."""
         path = Path(path)
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        # Memory-mapped: a rank pages in what it copies out (its own row of a distributed
+        # optimizer's per-data-rank momenta), not the whole file.
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"{path}: not a cosmocub checkpoint (expected {CHECKPOINT_FORMAT})")
         if payload["config_hash"] != self.config_hash:
@@ -263,12 +265,17 @@ class CheckpointManager:
     def restore_latest(self, rank: int, world_size: int = 1) -> Path | None:
         """Load the newest checkpoint into every stateful piece and this rank's RNGs, if any.
 
-        With nothing to restore, `fresh_start` says which other config's checkpoints, if any,
-        this run does not resume from, and why.
+        Rank 0 alone decides which checkpoint that is, or with none, `fresh_start` (which other
+        config's checkpoints this run does not resume from, and why), and tells every rank (a
+        collective when world_size > 1): ranks that listed the folder themselves could pick
+        different steps while rank 0 writes, or read folders that rank 0 is pruning.
         """
-        path = self.latest()
+        collective = world_size > 1 and dist.is_initialized()
+        decision = [self._decide() if rank == 0 or not collective else None]
+        if collective:
+            dist.broadcast_object_list(decision, src=0)
+        path, self.fresh_start = decision[0]
         if path is None:
-            self.fresh_start = self._fresh_start()
             return None
         payload = self.load(path)
         for name, obj in self.stateful.items():
@@ -288,6 +295,10 @@ class CheckpointManager:
             )
         restore_rng_state(per_rank[rank] if rank < len(per_rank) else per_rank[0])
         return path
+
+    def _decide(self) -> tuple[Path | None, FreshStart | None]:
+        path = self.latest()
+        return (path, None) if path is not None else (None, self._fresh_start())
 
     def other_folders(self) -> list[Path]:
         """Checkpoint folders of other configs beside this one, newest checkpoint first."""
@@ -316,8 +327,14 @@ class CheckpointManager:
 
     def prune_other_folders(self, keep: int | None) -> list[Path]:
         """Rank 0: delete the checkpoint folders of other configs beyond the `keep` newest
-        (None = keep all); only folders that hold nothing but checkpoints. Returns the deleted."""
-        if keep is None or not self.is_main:
+        (None = keep all); only folders that hold nothing but checkpoints. Returns the deleted.
+
+        Every rank calls it after its restore: a barrier, so no rank still reads what goes."""
+        if keep is None:
+            return []
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+        if not self.is_main:
             return []
         deleted = []
         for folder in self.other_folders()[keep:]:

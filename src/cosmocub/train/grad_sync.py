@@ -2,7 +2,8 @@
 
 Spatial = 1: DDP's bucketed all-reduce over the "data" axis. Spatial > 1: the spatial layers
 (`parallel/layers.py`) leave on each rank S × a partial gradient of the conv stack and the full
-gradient of the replicated head, so the spatial reduction is an average, and spatial average then
+gradient of the replicated head, so the spatial reduction is an average (of the conv stack alone:
+the head's gradients are already equal over the group), and spatial average then
 data average is one average over the whole mesh: DDP over all ranks. An optimizer that exchanges
 compressed updates itself (Lion Cub, `communicates_gradients = True`) gets only the spatial
 average, in full precision, and does the data axis itself.
@@ -74,19 +75,34 @@ class LocalGradients:
 
 
 class SpatialAverage:
-    """Average every gradient over the spatial group only, in full precision (one flat
-    all-reduce after backward), for an optimizer that does the data axis itself."""
+    """Average the conv stack's gradients over the spatial group only, in full precision (one
+    flat all-reduce after backward), for an optimizer that does the data axis itself.
+
+    The replicated dense head already holds the same full gradient on every spatial rank (see
+    `parallel/layers.py`): it is left out of the all-reduce and of the byte count.
+    """
 
     name = "spatial"
 
     def __init__(self, dims: ParallelDims) -> None:
         self.dims = dims
+        self.replicated: set[int] = set()  # ids of the head's parameters, set by wrap
+        self.replicated_bytes = 0
 
     def wrap(self, model: nn.Module) -> nn.Module:
+        from cosmocub.parallel.spatial import replicated_parameters
+
+        params = [p for p in replicated_parameters(model) if p.requires_grad]
+        self.replicated = {id(p) for p in params}
+        self.replicated_bytes = sum(p.numel() * p.element_size() for p in params)
         return model
 
     def after_backward(self, model: nn.Module) -> None:
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        grads = [
+            p.grad
+            for p in model.parameters()
+            if p.grad is not None and id(p) not in self.replicated
+        ]
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])
@@ -98,7 +114,7 @@ class SpatialAverage:
             offset += g.numel()
 
     def bytes_sent_per_step(self, payload_bytes: int) -> float:
-        return ring_allreduce_bytes(payload_bytes, self.dims.spatial)
+        return ring_allreduce_bytes(payload_bytes - self.replicated_bytes, self.dims.spatial)
 
 
 def build_gradient_sync(optimizer: Optimizer, dims: ParallelDims) -> GradientSync:

@@ -3,7 +3,8 @@
 One process per device, started by `cosmocub launch --tasks-per-node N --max-restarts R -- train
 --config CFG --shards DIR --out RUN_DIR` (torchrun locally, srun on Slurm, see cosmocub.launch):
 it starts the ranks again after a crash, never after a user error (exit 2), and `train` resumes
-from the newest checkpoint in RUN_DIR/checkpoints by itself.
+from the newest checkpoint in RUN_DIR/checkpoints by itself. One training at a time holds RUN_DIR
+(`run_lock`): a second one is refused at start.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from cosmocub.tracking import job_run
 from cosmocub.train import runtime
 from cosmocub.train.build import build_trainer
 from cosmocub.train.loop import TrainState, fit, write_jsonl
+from cosmocub.train.run_lock import hold_run_folder
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,10 @@ def train(
     shards_dir, run_dir = Path(shards_dir), Path(run_dir)
     dims = build_parallel_dims(backend=cfg.train.backend, spatial=cfg.parallel.spatial)
     previous_deterministic = runtime.set_deterministic(cfg.train.deterministic)
+    lock = None
     try:
+        # Before anything reads or writes the folder: a second training on it stops here.
+        lock = hold_run_folder(run_dir, is_main=dims.is_main, world_size=dims.world_size)
         threads = runtime.set_threads(cfg.train, dims)
         trainer, state, resumed_from = build_trainer(
             cfg, dims, shards_dir=shards_dir, run_dir=run_dir, on_step_end=on_step_end
@@ -105,6 +110,8 @@ def train(
                 _write_outputs(run_dir, trainer.model, cfg, state, summary, tracker)
         return summary
     finally:
+        if lock is not None:
+            lock.release()
         runtime.restore_deterministic(previous_deterministic)
         close_parallel_dims(dims)
 
