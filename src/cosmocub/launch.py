@@ -19,7 +19,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,18 +116,7 @@ def launch_command(
     # node, so its hostname is an address every agent can reach.
     job_id = env.get("FLUX_JOB_ID") or env.get("LSB_JOBID") or "0"
     endpoint = f"{host or socket.gethostname()}:{RENDEZVOUS_PORT}"
-    agent = [
-        *torchrun,
-        f"--nnodes={layout.nodes}",
-        f"--nproc-per-node={layout.tasks_per_node}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={endpoint}",
-        f"--rdzv-id={job_id}",
-        "--max-restarts=0",  # restarts: run_launch
-        "-m",
-        "cosmocub.cli",
-        *args,
-    ]
+    agent = torchrun_agent(layout, args, endpoint=endpoint, rdzv_id=job_id, python=python)
     if scheduler == "flux":
         return [
             "flux",
@@ -144,6 +133,35 @@ def launch_command(
             f"{len(hosts)} host(s)"
         )
     return ["blaunch", "-z", " ".join(hosts[: layout.nodes]), *agent]
+
+
+def torchrun_agent(
+    layout: RankLayout,
+    module_args: Sequence[str],
+    *,
+    endpoint: str,
+    rdzv_id: str,
+    python: str = sys.executable,
+    local_addr: str | None = None,
+) -> list[str]:
+    """One node's torchrun agent of a multi-node launch (Flux, LSF, emulated nodes): it meets the
+    other nodes' agents at the c10d `endpoint` and starts tasks_per_node ranks. `local_addr`: the
+    address the other nodes reach this one at, when its hostname does not resolve to it."""
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={layout.nodes}",
+        f"--nproc-per-node={layout.tasks_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={rdzv_id}",
+        *([f"--local-addr={local_addr}"] if local_addr else []),
+        "--max-restarts=0",  # restarts: run_launch / run_attempts
+        "-m",
+        "cosmocub.cli",
+        *module_args,
+    ]
 
 
 def format_command(argv: Sequence[str]) -> str:
@@ -166,17 +184,26 @@ def run_launch(layout: RankLayout, module_args: Sequence[str]) -> int:
     print(f"cosmocub launch: {format_command(argv)}", file=sys.stderr, flush=True)
     # The ranks' torch threads: what the scheduler or the rule granted each rank.
     os.environ["COSMOCUB_CPUS_PER_RANK"] = str(layout.cpus_per_rank)
+    return run_attempts(layout.max_restarts, lambda env: _run_forwarding_signals(argv, env))
+
+
+def run_attempts(
+    max_restarts: int, run_once: Callable[[dict[str, str]], tuple[int, int | None]]
+) -> int:
+    """Call `run_once(env)` (start every rank, wait for them: (exit status, stopping signal or
+    None)) up to 1 + max_restarts times: again after a crash, never after a user error or a
+    signal; env is os.environ plus the user-error marker and the attempt number."""
     marker = Path.cwd() / f".cosmocub-user-error-{uuid.uuid4().hex}"
     rc = 1
     try:
-        for attempt in range(layout.max_restarts + 1):
+        for attempt in range(max_restarts + 1):
             env = {**os.environ, USER_ERROR_ENV: str(marker), ATTEMPT_ENV: str(attempt)}
             print(
-                f"cosmocub launch: attempt {attempt + 1} of {layout.max_restarts + 1}",
+                f"cosmocub launch: attempt {attempt + 1} of {max_restarts + 1}",
                 file=sys.stderr,
                 flush=True,
             )
-            rc, stopped_by = _run_forwarding_signals(argv, env)
+            rc, stopped_by = run_once(env)
             if rc == 0 or stopped_by is not None:
                 return rc
             if marker.exists():
@@ -186,7 +213,7 @@ def run_launch(layout: RankLayout, module_args: Sequence[str]) -> int:
                     flush=True,
                 )
                 return USER_ERROR_EXIT
-            if attempt < layout.max_restarts:
+            if attempt < max_restarts:
                 print(
                     f"cosmocub launch: ranks crashed (exit {rc}); starting them again, from the "
                     "last checkpoint",
