@@ -143,10 +143,13 @@ def torchrun_agent(
     rdzv_id: str,
     python: str = sys.executable,
     local_addr: str | None = None,
+    is_host: bool | None = None,
 ) -> list[str]:
     """One node's torchrun agent of a multi-node launch (Flux, LSF, emulated nodes): it meets the
-    other nodes' agents at the c10d `endpoint` and starts tasks_per_node ranks. `local_addr`: the
-    address the other nodes reach this one at, when its hostname does not resolve to it."""
+    other nodes' agents at the c10d `endpoint` and starts tasks_per_node ranks. Where hostnames
+    do not tell the nodes apart (emulated nodes share the machine's): `local_addr`, the address
+    the other nodes reach this one at, and `is_host`, whether this agent serves the endpoint."""
+    conf = [] if is_host is None else [f"--rdzv-conf=is_host={int(is_host)}"]
     return [
         python,
         "-m",
@@ -156,6 +159,7 @@ def torchrun_agent(
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={rdzv_id}",
+        *conf,
         *([f"--local-addr={local_addr}"] if local_addr else []),
         "--max-restarts=0",  # restarts: run_launch / run_attempts
         "-m",

@@ -6,9 +6,11 @@ the whole mesh when spatial > 1; the spatial average ahead of a self-communicati
 plus what such an optimizer counted (its compressed exchange and momentum syncs). Halo exchanges
 and the feature gather of the spatial layers move activations, not gradients: not counted.
 Times are host wall-clock seconds per step:
-time_exchange_s and time_momentum_sync_s as the optimizer measured them (it waits for its
-collectives), time_compute_s the rest of the step (forward, backward, and DDP's all-reduce, which
-overlaps the backward pass and cannot be told apart from it).
+time_exchange_s what the optimizer measured (it waits for its collectives) plus what the gradient
+sync waited (`grad_sync.exchange_s`: DDP's bucket all-reduces under train.ddp_exchange_timing =
+blocking, the spatial average), time_momentum_sync_s as the optimizer measured it,
+time_compute_s the rest of the step (forward, backward, and DDP's all-reduce when "overlapped",
+which overlaps the backward pass and cannot be told apart from it).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class CommMeter:
         self.stats: CommStats | None = getattr(optimizer, "comm_stats", None)
         payload = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         self.sync_bytes = grad_sync.bytes_sent_per_step(payload)
+        self.grad_sync, self.sync_exchange_start = grad_sync, grad_sync.exchange_s
         self.steps, self.step_s = 0, 0.0
         if self.stats is not None:
             self.stats.reset()
@@ -36,9 +39,10 @@ class CommMeter:
     def metrics(self) -> dict[str, float]:
         n = max(1, self.steps)
         s = self.stats or CommStats()
+        exchange_s = s.exchange_s + self.grad_sync.exchange_s - self.sync_exchange_start
         return {
             "comm_bytes_per_step": self.sync_bytes + s.bytes_sent / n,
-            "time_compute_s": max(0.0, self.step_s - s.exchange_s - s.momentum_sync_s) / n,
-            "time_exchange_s": s.exchange_s / n,
+            "time_compute_s": max(0.0, self.step_s - exchange_s - s.momentum_sync_s) / n,
+            "time_exchange_s": exchange_s / n,
             "time_momentum_sync_s": s.momentum_sync_s / n,
         }
