@@ -301,3 +301,32 @@ def test_a_cut_link_fails_within_the_timeout_and_training_resumes_identically(
     for name in expected:
         assert torch.equal(final[name], expected[name]), name
     assert list_namespaces(PREFIX) == []
+
+
+@needs_netns
+def test_a_stopped_study_stops_its_agents_and_removes_the_network(tmp_path) -> None:
+    """SIGTERM to a study inside run_training_on_nodes: the agents (here a stand-in `python` that
+    only sleeps) are stopped, the namespaces removed, and the study ends by that signal."""
+    fake_python = tmp_path / "python"
+    fake_python.write_text('#!/bin/sh\necho $$ >> "$PIDS"\nexec sleep 60\n')
+    fake_python.chmod(0o755)
+    pids = tmp_path / "pids"
+    study = (
+        "from cosmocub.netemu.runner import run_training_on_nodes\n"
+        f"run_training_on_nodes(config_path='c', shards_dir='s', out_dir={str(tmp_path / 'run')!r},"
+        f" nodes=2, nproc_per_node=1, bandwidth_mbit=1, prefix='ccubt-',"
+        f" python={str(fake_python)!r})\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", study], env={**os.environ, "PYTHONPATH": SRC, "PIDS": str(pids)}
+    )
+    deadline = time.monotonic() + 60
+    while (not pids.exists() or len(pids.read_text().split()) < 2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    agents = [int(p) for p in pids.read_text().split()]
+    assert len(agents) == 2 and len(list_namespaces(PREFIX)) == 3
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert list_namespaces(PREFIX) == []
+    time.sleep(0.2)
+    assert not any(_alive(pid) for pid in agents)

@@ -32,7 +32,6 @@ from cosmocub.launch import (
     torchrun_agent,
 )
 from cosmocub.netemu.nodes import DEFAULT_PREFIX, EmulatedNetwork, emulated_nodes
-from cosmocub.train.wire_meter import INTERFACE_ENV
 
 # An agent still running this long after another one failed is stopped (its ranks would wait
 # for the collective timeout anyway); then killed after the same again.
@@ -135,7 +134,8 @@ def run_training_on_nodes(
             envs = [
                 {
                     **env,
-                    INTERFACE_ENV: node.interface,
+                    # gloo's interface; also the one train/wire_meter.py reads tx_bytes of
+                    "GLOO_SOCKET_IFNAME": node.interface,
                     "COSMOCUB_CPUS_PER_RANK": str(layout.cpus_per_rank),
                 }
                 for node in net.nodes
