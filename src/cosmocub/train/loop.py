@@ -116,7 +116,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
     t.wrapped.train()
     data_wait, steps_here = 0.0, 0
     meter = CommMeter(t.optimizer, t.model, t.grad_sync)
-    wire = WireMeter()
+    wire = WireMeter(device)
     # Global mean losses of steps not yet looked at, kept on the device: the host reads them only
     # when it logs or checkpoints, so a GPU is not made to wait at every step.
     pending: list[torch.Tensor] = []
