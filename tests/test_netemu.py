@@ -290,7 +290,7 @@ def test_a_cut_link_fails_within_the_timeout_and_training_resumes_identically(
     assert result.attempts == 2
     # The ranks failed on the configured timeout (gloo's messages: the side that timed out
     # first, or its peer whose connection it then closed) and did not hang: the restart came
-    # after the timeout and long before the 300 s default (the slack is for the ranks and
+    # after the timeout and long before the 600 s default (the slack is for the ranks and
     # agents to stop, on a loaded 2-core machine).
     logs = "".join(p.read_text() for p in result.logs)
     timed_out = f"Timed out waiting {int(timeout_s * 1000)}ms|Application timeout caused pair"
