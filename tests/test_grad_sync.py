@@ -59,3 +59,36 @@ def test_spatial_average_leaves_the_replicated_head_out():
     sync.wrap(model)
     assert sync.replicated_bytes == head > 0
     assert sync.bytes_sent_per_step(total) == pytest.approx(1.5 * (total - head))
+
+
+@pytest.mark.parametrize("timing", ["blocking", "overlapped"])
+def test_ddp_exchange_is_timed_when_blocking_with_the_same_gradients(timing):
+    """One gloo rank: DDP still runs its all-reduce (averaging over a group of one), so the hook's
+    wait is real; gradients are those of the plain model either way."""
+    import datetime
+
+    from cosmocub.parallel.mesh import build_parallel_dims, close_parallel_dims
+
+    dims = build_parallel_dims(backend="gloo", environ={}, timeout_s=7)
+    try:
+        data_group = dims.group("data")
+        assert data_group._get_backend(torch.device("cpu")).options._timeout == (
+            datetime.timedelta(seconds=7)
+        )  # the configured timeout reaches the mesh's groups, not torch's 30 min
+        torch.manual_seed(0)
+        plain = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+        copy = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+        copy.load_state_dict(plain.state_dict())
+        sync = DDPAllReduce(dims, timing=timing)
+        wrapped = sync.wrap(copy)
+        x = torch.randn(4, 6)
+        plain(x).square().sum().backward()
+        wrapped(x).square().sum().backward()
+        for a, b in zip(plain.parameters(), copy.parameters(), strict=True):
+            assert torch.equal(a.grad, b.grad)
+        if timing == "blocking":
+            assert sync.exchange_s > 0
+        else:
+            assert sync.exchange_s == 0
+    finally:
+        close_parallel_dims(dims)

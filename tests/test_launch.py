@@ -95,3 +95,19 @@ def test_cluster_section_and_server_settings(tmp_path) -> None:
     assert ws.num_preprocess_groups(cfg, 10_000) == 157  # 64 universes a job
     with pytest.raises(ConfigError, match=r"tracking.server.start': true .* set one of them"):
         load_config(None, {"tracking": {"uri": "http://x:5000", "server": {"start": True}}})
+
+
+def test_emulated_nodes_name_their_address_and_which_one_serves_the_rendezvous() -> None:
+    from cosmocub.launch import torchrun_agent
+
+    layout = RankLayout(nodes=2, tasks_per_node=1, cpus_per_rank=1)
+    argv = torchrun_agent(
+        layout, TRAIN, endpoint="10.77.0.1:29400", rdzv_id="x", python="py",
+        local_addr="10.77.0.2", is_host=False,
+    )  # fmt: skip
+    assert argv == [
+        "py", "-m", "cosmocub.launch_agent", "--nnodes=2", "--nproc-per-node=1",
+        "--rdzv-backend=c10d", "--rdzv-endpoint=10.77.0.1:29400", "--rdzv-id=x",
+        "--rdzv-conf=is_host=0", "--local-addr=10.77.0.2", "--max-restarts=0",
+        "-m", "cosmocub.cli", *TRAIN,
+    ]  # fmt: skip

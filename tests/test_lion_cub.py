@@ -502,7 +502,8 @@ def test_four_rank_lion_cub_trains_as_well_as_lion(tmp_path: Path, shards32: Pat
     # DDP's fp32 ring all-reduce vs 4-bit codes in alltoall + a 1-bit allgather (plus padding).
     ratio = cub[-1]["comm_bytes_per_step"] / lion[-1]["comm_bytes_per_step"]
     assert 5 / 64 < ratio < 5 / 64 * 1.2, ratio
-    assert cub[-1]["time_exchange_s"] > 0 and lion[-1]["time_exchange_s"] == 0
+    # Both timed: Lion Cub's own collectives, DDP's bucket all-reduces (ddp_exchange_timing).
+    assert cub[-1]["time_exchange_s"] > 0 and lion[-1]["time_exchange_s"] > 0
 
 
 @pytest.mark.slow

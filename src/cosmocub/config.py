@@ -372,6 +372,8 @@ class TrainConfig:
     backend: str
     amp: str
     threads_per_rank: int | None
+    collective_timeout_s: float
+    ddp_exchange_timing: str
 
 
 @dataclass(frozen=True, kw_only=True)

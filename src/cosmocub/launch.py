@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,18 +127,7 @@ def launch_command(
     # node, so its hostname is an address every agent can reach.
     job_id = env.get("FLUX_JOB_ID") or env.get("LSB_JOBID") or "0"
     endpoint = f"{host or socket.gethostname()}:{RENDEZVOUS_PORT}"
-    agent = [
-        *torchrun,
-        f"--nnodes={layout.nodes}",
-        f"--nproc-per-node={layout.tasks_per_node}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={endpoint}",
-        f"--rdzv-id={job_id}",
-        "--max-restarts=0",  # restarts: run_launch
-        "-m",
-        "cosmocub.cli",
-        *args,
-    ]
+    agent = torchrun_agent(layout, args, endpoint=endpoint, rdzv_id=job_id, python=python)
     if scheduler == "flux":
         return [
             "flux",
@@ -155,6 +144,39 @@ def launch_command(
             f"{len(hosts)} host(s)"
         )
     return ["blaunch", "-z", " ".join(hosts[: layout.nodes]), *agent]
+
+
+def torchrun_agent(
+    layout: RankLayout,
+    module_args: Sequence[str],
+    *,
+    endpoint: str,
+    rdzv_id: str,
+    python: str = sys.executable,
+    local_addr: str | None = None,
+    is_host: bool | None = None,
+) -> list[str]:
+    """One node's torchrun agent of a multi-node launch (Flux, LSF, emulated nodes): it meets the
+    other nodes' agents at the c10d `endpoint` and starts tasks_per_node ranks. Where hostnames
+    do not tell the nodes apart (emulated nodes share the machine's): `local_addr`, the address
+    the other nodes reach this one at, and `is_host`, whether this agent serves the endpoint."""
+    conf = [] if is_host is None else [f"--rdzv-conf=is_host={int(is_host)}"]
+    return [
+        python,
+        "-m",
+        "cosmocub.launch_agent",  # torchrun, with one-line failures and ranks that die with it
+        f"--nnodes={layout.nodes}",
+        f"--nproc-per-node={layout.tasks_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={rdzv_id}",
+        *conf,
+        *([f"--local-addr={local_addr}"] if local_addr else []),
+        "--max-restarts=0",  # restarts: run_launch / run_attempts
+        "-m",
+        "cosmocub.cli",
+        *module_args,
+    ]
 
 
 def format_command(argv: Sequence[str]) -> str:
@@ -177,13 +199,22 @@ def run_launch(layout: RankLayout, module_args: Sequence[str]) -> int:
     _say(f"{format_command(argv)}")
     # The ranks' torch threads: what the scheduler or the rule granted each rank.
     os.environ["COSMOCUB_CPUS_PER_RANK"] = str(layout.cpus_per_rank)
+    return run_attempts(layout.max_restarts, lambda env: _run_forwarding_signals(argv, env))
+
+
+def run_attempts(
+    max_restarts: int, run_once: Callable[[dict[str, str]], tuple[int, int | None]]
+) -> int:
+    """Call `run_once(env)` (start every rank, wait for them: (exit status, stopping signal or
+    None)) up to 1 + max_restarts times: again after a crash, never after a user error or a
+    signal; env is os.environ plus the user-error marker and the attempt number."""
     marker = Path.cwd() / f".cosmocub-user-error-{uuid.uuid4().hex}"
-    attempts = layout.max_restarts + 1
+    attempts = max_restarts + 1
     try:
         for attempt in range(attempts):
             env = {**os.environ, USER_ERROR_ENV: str(marker), ATTEMPT_ENV: str(attempt)}
             _say(f"attempt {attempt + 1} of {attempts}")
-            rc, stopped_by = _run_forwarding_signals(argv, env)
+            rc, stopped_by = run_once(env)
             if stopped_by is not None:
                 _say(f"stopped by {signal.Signals(stopped_by).name} (exit {rc}); the ranks ended")
                 return rc
@@ -194,7 +225,7 @@ def run_launch(layout: RankLayout, module_args: Sequence[str]) -> int:
                 # The rank's own one-line error is the job log's last line.
                 print(marker.read_text().splitlines()[0].split(": ", 1)[1], file=sys.stderr)
                 return USER_ERROR_EXIT
-            if attempt < layout.max_restarts:
+            if attempt < max_restarts:
                 _say(f"ranks crashed (exit {rc}); starting them again, from the last checkpoint")
         _say(f"ranks crashed (exit {rc}) in all {attempts} attempt(s); giving up")
         return rc

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import Backend as C10dBackend
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 MESH_AXES = ("data", "spatial")
@@ -184,7 +185,11 @@ def _store(env: LaunchEnv) -> dist.Store:
 
 
 def build_parallel_dims(
-    *, backend: str = "auto", spatial: int = 1, environ: Mapping[str, str] | None = None
+    *,
+    backend: str = "auto",
+    spatial: int = 1,
+    environ: Mapping[str, str] | None = None,
+    timeout_s: float = 1800.0,
 ) -> ParallelDims:
     """Start the process group (gloo on CPU, nccl on CUDA, unless `backend` says) and the mesh.
 
@@ -213,7 +218,8 @@ def build_parallel_dims(
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        timeout = datetime.timedelta(minutes=30)
+        # A collective that waits longer fails the rank (the launcher restarts it), not hangs.
+        timeout = datetime.timedelta(seconds=timeout_s)
         dist.init_process_group(
             backend, store=_store(env), rank=env.rank, world_size=env.world_size, timeout=timeout
         )
@@ -223,8 +229,24 @@ def build_parallel_dims(
             f"existing process group has {dist.get_world_size()} ranks, the launcher says "
             f"{env.world_size}"
         )
-    dims.mesh = init_device_mesh(device.type, (dims.data, dims.spatial), mesh_dim_names=MESH_AXES)
+    # The mesh's groups default to torch's 30 min, whatever the world's timeout: pass it on.
+    timeout = datetime.timedelta(seconds=timeout_s)
+    options = {axis: _group_options(backend, timeout) for axis in MESH_AXES}
+    dims.mesh = init_device_mesh(
+        device.type,
+        (dims.data, dims.spatial),
+        mesh_dim_names=MESH_AXES,
+        backend_override=options,
+    )
     return dims
+
+
+def _group_options(backend: str, timeout: datetime.timedelta) -> C10dBackend.Options:
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return options
+    return C10dBackend.Options(backend, timeout=timeout)
 
 
 def close_parallel_dims(dims: ParallelDims) -> None:

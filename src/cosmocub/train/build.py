@@ -96,7 +96,7 @@ def build_trainer(
     )
     resumed_from = checkpoints.restore_latest(dims.rank, dims.world_size)
     checkpoints.prune_other_folders(tc.keep_old_checkpoint_folders)
-    grad_sync = build_gradient_sync(optimizer, dims)
+    grad_sync = build_gradient_sync(optimizer, dims, ddp_timing=cfg.train.ddp_exchange_timing)
     trainer = Trainer(
         cfg=cfg,
         dims=dims,

@@ -9,10 +9,12 @@ planes sent to neighbours in forward, and their gradients sent back in backward)
 comm_bytes_per_step because they are activations. The feature gather before the head and the
 batch-norm statistics are not counted in either.
 Times are host wall-clock seconds per step:
-time_exchange_s and time_momentum_sync_s as the optimizer measured them (it waits for its
-collectives), time_halo_s as the halo exchange measured itself (`parallel/halo.py`),
-time_compute_s the rest of the step (forward, backward, and DDP's all-reduce, which overlaps
-the backward pass and cannot be told apart from it), so the four add up to the step.
+time_exchange_s what the optimizer measured (it waits for its collectives) plus what the gradient
+sync waited (`grad_sync.exchange_s`: DDP's bucket all-reduces under train.ddp_exchange_timing =
+blocking, the spatial average), time_momentum_sync_s as the optimizer measured it, time_halo_s as
+the halo exchange measured itself (`parallel/halo.py`), time_compute_s the rest of the step
+(forward, backward, and DDP's all-reduce when "overlapped", which overlaps the backward pass and
+cannot be told apart from it), so the four add up to the step.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class CommMeter:
         self.stats: CommStats | None = getattr(optimizer, "comm_stats", None)
         payload = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         self.sync_bytes = grad_sync.bytes_sent_per_step(payload)
+        self.grad_sync, self.sync_exchange_start = grad_sync, grad_sync.exchange_s
         self.steps, self.step_s = 0, 0.0
         if self.stats is not None:
             self.stats.reset()
@@ -44,12 +47,13 @@ class CommMeter:
     def metrics(self) -> dict[str, float]:
         n = max(1, self.steps)
         s = self.stats or CommStats()
-        measured = s.exchange_s + s.momentum_sync_s + self.halo.seconds
+        exchange_s = s.exchange_s + self.grad_sync.exchange_s - self.sync_exchange_start
+        measured = exchange_s + s.momentum_sync_s + self.halo.seconds
         return {
             "comm_bytes_per_step": self.sync_bytes + s.bytes_sent / n,
             "halo_bytes_per_step": self.halo.bytes_sent / n,
             "time_compute_s": max(0.0, self.step_s - measured) / n,
-            "time_exchange_s": s.exchange_s / n,
+            "time_exchange_s": exchange_s / n,
             "time_momentum_sync_s": s.momentum_sync_s / n,
             "time_halo_s": self.halo.seconds / n,
         }

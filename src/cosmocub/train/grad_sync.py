@@ -7,15 +7,23 @@ the head's gradients are already equal over the group), and spatial average then
 data average is one average over the whole mesh: DDP over all ranks. An optimizer that exchanges
 compressed updates itself (Lion Cub, `communicates_gradients = True`) gets only the spatial
 average, in full precision, and does the data axis itself.
+
+`exchange_s` adds up the host seconds each one waited for its exchange, so every optimizer's
+step splits into compute and exchange the same way. DDP's all-reduce overlaps backward; with
+timing "blocking" a communication hook waits for each bucket's all-reduce (same averaging math
+as DDP's default hook) and times that wait — no overlap, so the exchange is measured whole; with
+"overlapped" DDP runs as is and its exchange stays inside the compute time (exchange_s = 0).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
@@ -25,9 +33,11 @@ from cosmocub.parallel.mesh import ParallelDims
 
 class GradientSync(Protocol):
     """wrap(model) once before training; after_backward(model) after every backward pass;
-    bytes_sent_per_step(payload) for the byte accounting (what this rank sends per step)."""
+    bytes_sent_per_step(payload) for the byte accounting (what this rank sends per step);
+    exchange_s: seconds waited for the exchange so far."""
 
     name: str
+    exchange_s: float
 
     def wrap(self, model: nn.Module) -> nn.Module: ...
 
@@ -42,15 +52,29 @@ class DDPAllReduce:
 
     name = "ddp"
 
-    def __init__(self, dims: ParallelDims) -> None:
-        self.dims = dims
+    def __init__(self, dims: ParallelDims, *, timing: str = "blocking") -> None:
+        self.dims, self.timing = dims, timing
+        self.exchange_s = 0.0
 
     def wrap(self, model: nn.Module) -> nn.Module:
         device_ids = [self.dims.device.index] if self.dims.device.type == "cuda" else None
         # ParallelDims checked data × spatial = world, so the default group is the whole mesh.
         group = self.dims.group("data") if self.dims.spatial == 1 else dist.group.WORLD
         # DDP broadcasts rank 0's parameters and buffers here, so every rank starts identical.
-        return DistributedDataParallel(model, device_ids=device_ids, process_group=group)
+        ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=group)
+        if self.timing == "blocking":
+            ddp.register_comm_hook(group, self._blocking_allreduce)
+        return ddp
+
+    # No annotations: DDP compares them with its own classes, and these would be strings.
+    def _blocking_allreduce(self, group, bucket):
+        start = time.perf_counter()
+        future = allreduce_hook(group, bucket)  # DDP's default: divide by the group size, sum
+        future.wait()
+        if bucket.buffer().is_cuda:  # a CUDA future is done when queued, not when run
+            torch.cuda.synchronize(bucket.buffer().device)
+        self.exchange_s += time.perf_counter() - start
+        return future
 
     def after_backward(self, model: nn.Module) -> None:
         pass  # DDP's hooks already averaged every gradient during backward
@@ -63,6 +87,7 @@ class LocalGradients:
     """No exchange: one data rank, or an optimizer that communicates by itself."""
 
     name = "local"
+    exchange_s = 0.0
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
@@ -88,6 +113,7 @@ class SpatialAverage:
         self.dims = dims
         self.replicated: set[int] = set()  # ids of the head's parameters, set by wrap
         self.replicated_bytes = 0
+        self.exchange_s = 0.0
 
     def wrap(self, model: nn.Module) -> nn.Module:
         from cosmocub.parallel.spatial import replicated_parameters
@@ -106,7 +132,9 @@ class SpatialAverage:
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])
+        start = time.perf_counter()
         dist.all_reduce(flat, group=self.dims.group("spatial"))
+        self.exchange_s += time.perf_counter() - start
         flat /= self.dims.spatial
         offset = 0
         for g in grads:
@@ -117,9 +145,11 @@ class SpatialAverage:
         return ring_allreduce_bytes(payload_bytes - self.replicated_bytes, self.dims.spatial)
 
 
-def build_gradient_sync(optimizer: Optimizer, dims: ParallelDims) -> GradientSync:
+def build_gradient_sync(
+    optimizer: Optimizer, dims: ParallelDims, *, ddp_timing: str = "blocking"
+) -> GradientSync:
     if getattr(optimizer, "communicates_gradients", False):
         return SpatialAverage(dims) if dims.spatial > 1 else LocalGradients()
     if dims.data * dims.spatial == 1:
         return LocalGradients()
-    return DDPAllReduce(dims)
+    return DDPAllReduce(dims, timing=ddp_timing)

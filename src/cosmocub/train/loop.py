@@ -32,6 +32,7 @@ from cosmocub.train.checkpoint import CheckpointManager
 from cosmocub.train.comm_meter import CommMeter
 from cosmocub.train.data import ResumableSampler
 from cosmocub.train.grad_sync import GradientSync
+from cosmocub.train.wire_meter import WireMeter
 
 
 class NonFiniteLossError(ValueError):
@@ -115,6 +116,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
     t.wrapped.train()
     data_wait, steps_here = 0.0, 0
     meter = CommMeter(t.optimizer, t.model, t.grad_sync)
+    wire = WireMeter(device)
     # Global mean losses of steps not yet looked at, kept on the device: the host reads them only
     # when it logs or checkpoints, so a GPU is not made to wait at every step.
     pending: list[torch.Tensor] = []
@@ -185,6 +187,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
         "samples_per_s": samples / elapsed if steps_here else 0.0,
         "data_wait_share": data_wait / elapsed if steps_here else 0.0,
         **meter.metrics(),
+        **wire.metrics(steps_here, device),
     }
 
 

@@ -45,7 +45,11 @@ def train(
     """
     started = time.time()
     shards_dir, run_dir = Path(shards_dir), Path(run_dir)
-    dims = build_parallel_dims(backend=cfg.train.backend, spatial=cfg.parallel.spatial)
+    dims = build_parallel_dims(
+        backend=cfg.train.backend,
+        spatial=cfg.parallel.spatial,
+        timeout_s=cfg.train.collective_timeout_s,
+    )
     previous_deterministic = runtime.set_deterministic(cfg.train.deterministic)
     lock = None
     try:

@@ -1,0 +1,18 @@
+"""Emulated cluster nodes on one Linux machine (network namespaces, a bridge, shaped links) and
+the training launch over them; see docs/netemu.md."""
+
+from cosmocub.netemu.nodes import (
+    DEFAULT_PREFIX,
+    EmulatedNetwork,
+    EmulatedNode,
+    EmulationUnavailableError,
+    emulated_nodes,
+)
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "EmulatedNetwork",
+    "EmulatedNode",
+    "EmulationUnavailableError",
+    "emulated_nodes",
+]

@@ -1,0 +1,224 @@
+"""Emulated nodes on a switched network: Linux network namespaces, a bridge, shaped veth links.
+
+`emulated_nodes(nodes=N, bandwidth_mbit=R)` makes N "node" namespaces and one "switch" namespace
+holding a bridge; node k joins the bridge by a veth pair (`node{k}` in its namespace, `port{k}` on
+the switch) and gets 10.77.0.(k+1)/24. With R > 0 both ends of every link carry a `tbf` qdisc at
+R Mbit/s: what a node sends and what the switch sends it, as on a full-duplex cluster link.
+`netem` is not in this kernel, so the links have a rate only, no added latency or loss.
+
+Nothing is created in the machine's own namespace (each veth is made inside the switch namespace
+and its node end moved straight into the node's). Everything lives in namespaces named
+`<prefix><pid>-…`; deleting a namespace deletes its links and qdiscs. They are deleted on exit,
+on an exception, on SIGTERM/SIGINT (the handlers raise, the `finally` cleans up), and — after a
+SIGKILL — by the next `emulated_nodes` with the same prefix, which deletes every namespace whose
+owning pid is gone (killing what still runs inside it). Needs root or CAP_NET_ADMIN; without,
+`EmulationUnavailableError` says why before anything is made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "ccub-"
+SUBNET = "10.77.0"  # private; each emulation has its own switch, so runs never share it
+CAP_NET_ADMIN = 12
+
+
+class EmulationUnavailableError(RuntimeError):
+    """This process cannot create network namespaces (message: why, in one line)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmulatedNode:
+    index: int
+    netns: str
+    interface: str
+    address: str
+
+    def exec_prefix(self) -> list[str]:
+        """argv prefix that runs a command inside this node's namespace."""
+        return ["ip", "netns", "exec", self.netns]
+
+    def tx_bytes(self) -> int:
+        """Bytes this node's link has sent (read in its namespace: `ip netns exec` mounts the
+        namespace's own sysfs)."""
+        return int(self._run(["cat", f"/sys/class/net/{self.interface}/statistics/tx_bytes"]))
+
+    def set_link(self, up: bool) -> None:
+        """Take the node's link down (a cut cable) or bring it back up."""
+        _ip(["-n", self.netns, "link", "set", self.interface, "up" if up else "down"])
+
+    def _run(self, argv: Sequence[str]) -> str:
+        return subprocess.run(
+            [*self.exec_prefix(), *argv], check=True, capture_output=True, text=True
+        ).stdout
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmulatedNetwork:
+    nodes: tuple[EmulatedNode, ...]
+    switch_netns: str
+    bandwidth_mbit: float
+
+    def tx_bytes(self) -> list[int]:
+        return [node.tx_bytes() for node in self.nodes]
+
+
+def check_privileges() -> None:
+    """Raise EmulationUnavailableError unless this process may create network namespaces."""
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        raise EmulationUnavailableError(f"{', '.join(missing)} not found (package iproute2)")
+    if not _has_cap_net_admin():
+        raise EmulationUnavailableError(
+            f"network namespaces need root or CAP_NET_ADMIN (running as uid {os.geteuid()})"
+        )
+
+
+@contextlib.contextmanager
+def emulated_nodes(
+    *, nodes: int, bandwidth_mbit: float, prefix: str = DEFAULT_PREFIX
+) -> Iterator[EmulatedNetwork]:
+    """`nodes` namespaces on a bridge, links shaped to bandwidth_mbit (0 = unshaped)."""
+    if nodes < 1 or nodes > 250:
+        raise ValueError(f"emulated_nodes: nodes must be 1..250, got {nodes}")
+    if bandwidth_mbit < 0:
+        raise ValueError(f"emulated_nodes: bandwidth_mbit must be >= 0, got {bandwidth_mbit}")
+    if not re.fullmatch(r"[a-z][a-z0-9]{0,10}-", prefix):
+        raise ValueError(f"emulated_nodes: prefix {prefix!r} is not like 'ccub-' (a-z0-9, '-')")
+    check_privileges()
+    remove_stale(prefix)
+    tag = f"{prefix}{os.getpid()}-"
+    net = EmulatedNetwork(
+        nodes=tuple(
+            EmulatedNode(
+                index=k, netns=f"{tag}n{k}", interface=f"node{k}", address=f"{SUBNET}.{k + 1}"
+            )
+            for k in range(nodes)
+        ),
+        switch_netns=f"{tag}sw",
+        bandwidth_mbit=bandwidth_mbit,
+    )
+    with _signals_raise():
+        try:
+            _build(net)
+            yield net
+        finally:
+            _remove([net.switch_netns, *(n.netns for n in net.nodes)])
+
+
+def remove_stale(prefix: str) -> list[str]:
+    """Delete the namespaces `<prefix><pid>-…` whose pid no longer runs; returns their names."""
+    stale = []
+    for name in list_namespaces(prefix):
+        match = re.fullmatch(re.escape(prefix) + r"(\d+)-\w+", name)
+        if match and not _pid_alive(int(match.group(1))):
+            stale.append(name)
+    _remove(stale)
+    return stale
+
+
+def list_namespaces(prefix: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
+
+
+def _build(net: EmulatedNetwork) -> None:
+    sw = net.switch_netns
+    _ip(["netns", "add", sw])
+    _ip(["-n", sw, "link", "add", "br0", "type", "bridge"])
+    _ip(["-n", sw, "link", "set", "br0", "up"])
+    for node in net.nodes:
+        port = f"port{node.index}"
+        _ip(["netns", "add", node.netns])
+        _ip(["-n", node.netns, "link", "set", "lo", "up"])  # ranks of one node talk over lo
+        _ip(["-n", sw, "link", "add", port, "type", "veth", "peer", "name", node.interface])
+        _ip(["-n", sw, "link", "set", node.interface, "netns", node.netns])
+        _ip(["-n", sw, "link", "set", port, "master", "br0", "up"])
+        _ip(["-n", node.netns, "addr", "add", f"{node.address}/24", "dev", node.interface])
+        _ip(["-n", node.netns, "link", "set", node.interface, "up"])
+        if net.bandwidth_mbit > 0:
+            _shape(node.netns, node.interface, net.bandwidth_mbit)
+            _shape(sw, port, net.bandwidth_mbit)
+
+
+def _shape(netns: str, interface: str, mbit: float) -> None:
+    """tbf at `mbit`: a burst of 10 ms of traffic (at least 64 KiB, so a 64 KiB GSO packet passes
+    whole instead of being cut into MTU segments), and a queue of 1 s of traffic (at least 4 MiB)
+    so that TCP is slowed by the rate, not by drops and retransmits."""
+    bytes_per_s = mbit * 1e6 / 8
+    burst = max(64 * 1024, int(bytes_per_s / 100))
+    limit = max(4 * 1024 * 1024, int(bytes_per_s))
+    _ip(
+        ["netns", "exec", netns, "tc", "qdisc", "add", "dev", interface, "root", "tbf",
+         "rate", f"{mbit}mbit", "burst", str(burst), "limit", str(limit)]
+    )  # fmt: skip
+
+
+def _remove(names: Sequence[str]) -> None:
+    """Kill what runs in each namespace, then delete it; ignores ones already gone."""
+    for name in names:
+        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+        for pid in pids.stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM/SIGINT raise SystemExit/KeyboardInterrupt here, so `finally` removes the network
+    (the main thread only: Python delivers signals there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
+
+    previous = {}
+    for s in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(s) in (signal.SIG_DFL, signal.default_int_handler):
+            previous[s] = signal.signal(s, stop)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _ip(args: Sequence[str]) -> None:
+    argv = ["ip", *args]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise EmulationUnavailableError(f"{' '.join(argv)}: {proc.stderr.strip()}")
+
+
+def _has_cap_net_admin() -> bool:
+    # The effective capability, not the uid: root in an unprivileged container lacks it.
+    try:
+        with open("/proc/self/status") as f:
+            caps = next(line for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caps.split()[1], 16) >> CAP_NET_ADMIN & 1)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
