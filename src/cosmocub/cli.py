@@ -348,7 +348,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "(default: the config's parallel.split)",
     )
 
-    p = add("train", _cmd_train, "train the config's model (run under torchrun or srun for several ranks)")
+    p = add(
+        "train",
+        _cmd_train,
+        "train the config's model (run under torchrun or srun for several ranks)",
+    )
     p.add_argument("--shards", required=True)
     p.add_argument("--out", required=True, help="run folder (checkpoints, metrics, final model)")
     add_config(p)

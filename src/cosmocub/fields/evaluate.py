@@ -133,7 +133,8 @@ def evaluate_fields(
     sums: dict[str, np.ndarray] = {}
     hists = {name: np.zeros(len(PDF_BINS) - 1) for name in ("truth", "model", "baseline")}
     for i in range(len(x)):
-        n_in, n_true, n_pred = counts(x[i], inputs[0]), counts(y[i], target), counts(pred[i], target)
+        n_in, n_true = counts(x[i], inputs[0]), counts(y[i], target)
+        n_pred = counts(pred[i], target)
         omega_m = BASE_PHYS_PAR[0] * (1.0 + 0.1 * float(unit_par[i, 0]))
         growth = growth_ratio(omega_m, z_out, z_in)
         d_true, d_pred = overdensity(n_true), overdensity(n_pred)

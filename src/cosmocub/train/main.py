@@ -115,8 +115,9 @@ def _write_outputs(
 ) -> None:
     """Rank 0: metrics.jsonl, model.pt and train_summary.json (atomically), then to MLflow.
 
-    What is saved is the plain model (CosmoFlow or U-Net) on the CPU with the trained weights, whatever the split:
-    loadable and evaluable on one process (the spatial layers hold process groups).
+    What is saved is the plain model (CosmoFlow or U-Net) on the CPU with the trained weights,
+    whatever the split: loadable and evaluable on one process (the spatial layers hold process
+    groups).
     """
     module = getattr(model, "module", model)
     model = build_model(cfg.model)
