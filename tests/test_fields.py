@@ -63,3 +63,28 @@ def test_counts_round_trip_and_goal_flags() -> None:
     assert model["max_transfer_error_to_half_nyquist"] == pytest.approx(0.05)
     assert model["min_r_to_half_nyquist"] == pytest.approx(0.92 / np.sqrt(0.95))
     assert model["meets_goal"] and not base["meets_goal"]
+
+
+def test_unet_run_config(tmp_path) -> None:
+    from pathlib import Path
+
+    from cosmocub.config import from_values, load_config
+    from cosmocub.fields.run_config import unet_config_values
+
+    repo = Path(__file__).resolve().parents[1]
+    base = load_config(repo / "config" / "config.yaml")
+    cfg = from_values(unet_config_values(base))
+    assert (cfg.model.name, cfg.model.in_channels, cfg.train.run_name) == ("unet", 1, "unet")
+    assert cfg.model.input_size == base.model.input_size  # the same shards
+    assert base.model.name == "cosmoflow" and base.values["model"]["name"] == "cosmoflow"
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "optimizer: {name: lion_cub, lion_cub: {quantizer: l1, bits: 4}}\n"
+        "train: {nproc_per_node: 3}\n"
+        "task: {input_redshifts: [3.0, 1.5]}\n"
+        "unet: {parallel: {spatial: 2}, optimizer: {name: adamw, lr: 0.01}}\n"
+    )
+    cfg = from_values(unet_config_values(load_config(path)))
+    assert cfg.optimizer.name == "adamw" and cfg.optimizer.lion_cub is None
+    assert cfg.optimizer.lr == 0.01 and cfg.model.in_channels == 2
+    assert (cfg.parallel.spatial, cfg.train.nproc_per_node) == (2, 6)  # 3 data ranks × 2

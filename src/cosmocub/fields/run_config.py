@@ -16,12 +16,18 @@ UNET_SECTIONS = ("model", "parallel", "optimizer", "train")
 
 def unet_config_values(cfg: Config) -> dict[str, Any]:
     """Resolved values of the U-Net run: `cfg.values` with `unet.<section>` merged over each
-    section, model.name unet, model.in_channels the number of task.input_redshifts, and the
+    section (an optimizer with a name replaces the section), model.name unet, model.in_channels the number of task.input_redshifts, and the
     data axis times the spatial ranks in train.nproc_per_node (one node, as `train`)."""
     values = copy.deepcopy(cfg.values)
     overrides = values["unet"]
     for section in UNET_SECTIONS:
-        values[section] = _deep_merge(values[section], overrides.get(section, {}))
+        given = overrides.get(section, {})
+        if section == "optimizer" and "name" in given:
+            # Another optimizer's options (optimizer.lion_cub, …) must not come along: a named
+            # optimizer replaces the section, the schema fills the rest.
+            values[section] = copy.deepcopy(given)
+        else:
+            values[section] = _deep_merge(values[section], given)
     values["model"]["name"] = "unet"
     values["model"]["in_channels"] = len(values["task"]["input_redshifts"])
     spatial = values["parallel"].get("spatial", 1)
