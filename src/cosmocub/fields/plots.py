@@ -52,11 +52,13 @@ def plot_slices(
 def plot_power(
     metrics: dict[str, Any],
     sums: dict[str, np.ndarray],
+    shot: dict[str, float],
     *,
     num_samples: int,
     path: str | os.PathLike,
 ) -> None:
-    """P(k) of truth, model and baseline; the transfer P/P_true; r(k); k_N/2 marked."""
+    """P(k) of truth, model and baseline (shot noise subtracted, as the transfer and r(k)), the
+    raw truth and its shot-noise level; the transfer P/P_true; r(k), raw dotted; k_N/2 marked."""
     k = np.asarray(metrics["k"])
     half = 0.5 * metrics["k_nyquist"]
     fig = Figure(figsize=(15, 4.4), layout="constrained")
@@ -64,16 +66,20 @@ def plot_power(
     ax_p, ax_t, ax_r = (fig.add_subplot(1, 3, j) for j in (1, 2, 3))
     for key, label, style in (("tt", "truth", "k-"), ("pp", "U-Net", "C0-o"),
                               ("bb", "linear growth", "C3--")):  # fmt: skip
-        ax_p.loglog(k, sums[key] / num_samples, style, ms=3, label=label)
+        ax_p.loglog(k, (sums[key] - shot.get(key, 0.0)) / num_samples, style, ms=3, label=label)
+    ax_p.loglog(k, sums["tt"] / num_samples, "k:", label="truth, raw")
+    ax_p.axhline(shot["tt"] / num_samples, color="0.6", lw=1, label="truth shot noise")
     ax_p.set_ylabel(r"$P(k)$ [(Mpc/h)$^3$]")
     for name, label, style in (("model", "U-Net", "C0-o"), ("baseline", "linear growth", "C3--")):
         ax_t.semilogx(k, metrics[f"transfer_{name}"], style, ms=3, label=label)
         ax_r.semilogx(k, metrics[f"r_{name}"], style, ms=3, label=label)
+        ax_r.semilogx(k, metrics["raw"][f"r_{name}"], style[:2] + ":", lw=1, label=f"{label}, raw")
     ax_t.axhspan(0.9, 1.1, color="0.9")
     ax_t.set_ylabel(r"$P_{pred}/P_{true}$")
     ax_r.axhline(0.9, color="0.5", lw=1)
     ax_r.set_ylabel(r"$r(k) = P_{pt}/\sqrt{P_{pp}P_{tt}}$")
-    ax_r.set_ylim(min(0.0, float(np.nanmin(metrics["r_baseline"]))), 1.02)
+    lowest = np.nanmin([metrics["r_baseline"], metrics["raw"]["r_baseline"]])
+    ax_r.set_ylim(min(0.0, float(lowest)), 1.1)
     for ax in (ax_p, ax_t, ax_r):
         ax.axvline(half, color="0.5", ls=":", lw=1, label=r"$k_N/2$")
         ax.set_xlabel(r"$k$ [h/Mpc]")

@@ -16,8 +16,9 @@ UNET_SECTIONS = ("model", "parallel", "optimizer", "train")
 
 def unet_config_values(cfg: Config) -> dict[str, Any]:
     """Resolved values of the U-Net run: `cfg.values` with `unet.<section>` merged over each
-    section (an optimizer with a name replaces the section), model.name unet, model.in_channels the number of task.input_redshifts, and the
-    data axis times the spatial ranks in train.nproc_per_node (one node, as `train`)."""
+    section (an optimizer with a name replaces the section), model.name unet, model.in_channels
+    the number of task.input_redshifts, and the data axis times the spatial ranks in
+    train.nproc_per_node (one node, as `train`)."""
     values = copy.deepcopy(cfg.values)
     overrides = values["unet"]
     for section in UNET_SECTIONS:
