@@ -14,6 +14,10 @@ Memory is measured two ways, per rank, over one training step:
   the step) over a step after a warm-up one, with glibc told to return large buffers to the OS
   at once (a fixed MALLOC_MMAP_THRESHOLD_): what the step really needed, temporaries (halo
   copies, conv workspaces, gradients, communication buffers) included.
+At batch 1 PyTorch's CPU conv3d takes its im2col path (slow_conv3d, a workspace of
+C_in·k³·voxels) instead of oneDNN when N·C·D·H ≤ 20480 (a heuristic made for 2D inputs), which
+thin blocks of a split hit: their peak RSS then stops shrinking with S. Use --batch 2 or more
+(training batches are) to compare like with like.
 Halo share: `halo._pad_dim` / `_unpad_dim` timed (forward and backward exchange: slab copies,
 concatenation, transfer and the wait for the neighbours) against the whole step, median over
 --steps steps after the warm-up; "of it p2p" is the part inside the point-to-point transfer
