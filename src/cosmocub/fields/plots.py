@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 
 def plot_slices(
@@ -83,6 +84,7 @@ def plot_power(
     for ax in (ax_p, ax_t, ax_r):
         ax.axvline(half, color="0.5", ls=":", lw=1, label=r"$k_N/2$")
         ax.set_xlabel(r"$k$ [h/Mpc]")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on short k ranges
         ax.legend(fontsize=8)
     ax_p.set_title(f"power spectra ({num_samples} test samples)")
     ax_t.set_title("transfer")
