@@ -135,6 +135,8 @@ def _cmd_model_summary(args: argparse.Namespace) -> int:
     from cosmocub.models.summary import format_summary, summarize
 
     cfg = load_config(args.config)
+    if cfg.model.name != "cosmoflow":
+        raise ValueError(f"{cfg.source}: model-summary describes CosmoFlow, not {cfg.model.name}")
     split = args.split or cfg.parallel.split_dhw
     print(format_summary(summarize(cfg.model, split=split)))
     return 0
