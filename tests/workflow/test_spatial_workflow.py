@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -123,10 +124,12 @@ def test_unet_target(workdir: Path) -> None:
     assert (summary["world_size"], summary["spatial_parallel"], summary["steps"]) == (2, 2, 12)
     metrics = json.loads((unet / "eval/metrics.json").read_text())
     assert metrics["num_samples"] == 8 and metrics["target_redshift"] == 0.0
-    # 8³ crops: k bins from the fundamental to Nyquist, r(k) a correlation in [-1, 1].
-    assert len(metrics["k"]) == len(metrics["r_model"]) == 4
+    # 8³ crops: k bins from the fundamental to Nyquist. Without shot-noise subtraction r(k) is
+    # a correlation in [-1, 1] (Cauchy-Schwarz); with it, null where the corrected power is <= 0.
+    assert len(metrics["k"]) == len(metrics["r_model"]) == len(metrics["raw"]["r_model"]) == 4
     for name in ("r_model", "r_baseline"):
-        assert all(-1.0 - 1e-9 <= r <= 1.0 + 1e-9 for r in metrics[name]), metrics[name]
+        assert all(-1.0 - 1e-9 <= r <= 1.0 + 1e-9 for r in metrics["raw"][name]), name
+        assert math.isfinite(metrics[name][0]), metrics[name]
     for name in ("model", "baseline"):
         assert set(metrics["summary"][name]) == {
             "min_r_to_half_nyquist", "max_transfer_error_to_half_nyquist", "meets_goal",

@@ -32,7 +32,7 @@ from cosmocub.cosmology.power import overdensity
 from cosmocub.cosmology.spectra import cross_spectra, transfer_and_correlation
 from cosmocub.data.dataset import read_stats, stats_say_standardize
 from cosmocub.data.universe import BASE_PHYS_PAR
-from cosmocub.evaluate import read_metrics_jsonl
+from cosmocub.evaluate import _json_safe, read_metrics_jsonl  # strict JSON: NaN → null
 from cosmocub.fields.data import open_field_split
 from cosmocub.io import atomic_path
 
@@ -184,7 +184,7 @@ def evaluate_fields(
     first = (counts(x[0], inputs[0]), counts(y[0], target), counts(pred[0], target))
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
-        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        (tmp / "metrics.json").write_text(json.dumps(_json_safe(metrics), indent=2) + "\n")
         columns = ("k", "k_over_nyquist", "transfer_model", "r_model", "transfer_baseline",
                    "r_baseline")  # fmt: skip
         rows = ["\t".join(columns)] + [
