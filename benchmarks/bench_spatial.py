@@ -2,7 +2,9 @@
 step time, and a sample size that a per-rank memory cap stops at S = 1 but not at S = 4.
 
 Each configuration runs in fresh processes (torchrun, gloo on CPU), so one run's memory high
-water cannot leak into the next. The model is config/config.yaml's (batch norm on) at --size³.
+water cannot leak into the next. The model is config/config.yaml's (batch norm on) at --size³:
+CosmoFlow, or with --model unet the U-Net of its `unet` section (`snakemake unet`), whose loss is
+the mean over each rank's output block (outputs stay split).
 
 Memory is measured two ways, per rank, over one training step:
 - saved activations: the bytes of every distinct storage autograd keeps for backward
@@ -12,6 +14,10 @@ Memory is measured two ways, per rank, over one training step:
   the step) over a step after a warm-up one, with glibc told to return large buffers to the OS
   at once (a fixed MALLOC_MMAP_THRESHOLD_): what the step really needed, temporaries (halo
   copies, conv workspaces, gradients, communication buffers) included.
+At batch 1 PyTorch's CPU conv3d takes its im2col path (slow_conv3d, a workspace of
+C_in·k³·voxels) instead of oneDNN when N·C·D·H ≤ 20480 (a heuristic made for 2D inputs), which
+thin blocks of a split hit: their peak RSS then stops shrinking with S. Use --batch 2 or more
+(training batches are) to compare like with like.
 Halo share: `halo._pad_dim` / `_unpad_dim` timed (forward and backward exchange: slab copies,
 concatenation, transfer and the wait for the neighbours) against the whole step, median over
 --steps steps after the warm-up; "of it p2p" is the part inside the point-to-point transfer
@@ -24,6 +30,7 @@ training steps; an allocation over the cap fails as it would on a full device.
 
     python benchmarks/bench_spatial.py                       # all tables at 64³
     python benchmarks/bench_spatial.py --tables cap --cap-size 128 --cap-mib 600
+    python benchmarks/bench_spatial.py --model unet --size 64 --tables memory,cap --cap-size 128
 """
 
 from __future__ import annotations
@@ -61,11 +68,10 @@ def _vm_data_bytes() -> int:
 
 
 def _rank_main(args: argparse.Namespace) -> None:
-    from cosmocub.config import load_config
-    from cosmocub.models.cosmoflow import CosmoFlow
+    from cosmocub.models.factory import build_model, parallelize
     from cosmocub.parallel import halo
     from cosmocub.parallel.mesh import build_parallel_dims, close_parallel_dims
-    from cosmocub.parallel.spatial import parallelize_cosmoflow, spatial_block
+    from cosmocub.parallel.spatial import spatial_block
     from cosmocub.train.grad_sync import build_gradient_sync
 
     torch.set_num_threads(args.threads)
@@ -74,18 +80,21 @@ def _rank_main(args: argparse.Namespace) -> None:
     if args.mode == "overlap":
         _overlap_main(args, dims, split)
         return
-    cfg = dataclasses.replace(load_config(ROOT / "config/config.yaml").model, input_size=args.size)
+    cfg = dataclasses.replace(bench_model_config(args.model), input_size=args.size)
     torch.manual_seed(0)
-    model = parallelize_cosmoflow(CosmoFlow(cfg), dims, split=split)
+    model = parallelize(build_model(cfg), dims, split=split, periodic=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     sync = build_gradient_sync(optimizer, dims)
     wrapped = sync.wrap(model)
     block = spatial_block(dims, split, (args.size,) * 3)
-    x = torch.randn(args.batch, 4, args.size, args.size, args.size)[
+    x = torch.randn(args.batch, cfg.in_channels, args.size, args.size, args.size)[
         (slice(None), slice(None), *block)
     ]
-    x = x.contiguous()  # (B, 4, D/sd, H/sh, W/sw)
-    y = torch.rand(args.batch, 4) - 0.5
+    x = x.contiguous()  # (B, C, D/sd, H/sh, W/sw)
+    if cfg.name == "unet":  # the target field's block: (B, 1, D/sd, H/sh, W/sw)
+        y = torch.randn(args.batch, 1, *x.shape[2:])
+    else:
+        y = torch.rand(args.batch, 4) - 0.5
     param_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     # [halo exchange in all, of which point-to-point transfer and wait] seconds in this step
@@ -240,6 +249,18 @@ class RssPeak:
         self.peak = self._status_bytes("VmHWM")
 
 
+def bench_model_config(name: str):
+    """config/config.yaml's CosmoFlow, or the U-Net of its `unet` section."""
+    from cosmocub.config import from_values, load_config
+
+    cfg = load_config(ROOT / "config/config.yaml")
+    if name == "unet":
+        from cosmocub.fields.run_config import unet_config_values
+
+        cfg = from_values(unet_config_values(cfg))
+    return cfg.model
+
+
 def dist_barrier(dims: Any) -> None:
     import torch.distributed as dist
 
@@ -274,6 +295,8 @@ def run_config(
         str(args.threads),
         "--cap-mib",
         str(args.cap_mib),
+        "--model",
+        args.model,
     )
     # A fixed mmap threshold makes glibc return every large buffer to the OS when it is freed, so
     # the sampled RSS follows the live tensors instead of malloc's retained heap.
@@ -317,6 +340,7 @@ def main() -> None:
     parser.add_argument("--cap-size", type=int, default=128, help="sample side for the cap table")
     parser.add_argument("--cap-mib", type=int, default=600, help="per-rank budget above setup")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--model", choices=["cosmoflow", "unet"], default="cosmoflow")
     # Rank side (set by the driver).
     parser.add_argument(
         "--rank-mode", choices=["measure", "cap", "overlap"], help=argparse.SUPPRESS
@@ -375,7 +399,8 @@ def main() -> None:
                 print(f"  done {split}", file=sys.stderr, flush=True)
             print(
                 f"\nMemory and halo share per rank, {args.size}³ x batch {args.batch}, "
-                f"config/config.yaml model, {args.threads} thread(s)/rank (max over ranks)"
+                f"config/config.yaml {args.model}, {args.threads} thread(s)/rank "
+                f"(max over ranks)"
             )
             print(table(rows))
         if "overlap" in tables:
@@ -414,7 +439,7 @@ def main() -> None:
                 )
             print(
                 f"\nMemory cap (RLIMIT_DATA = data size after setup + budget), "
-                f"{args.cap_size}³ x batch {args.batch}"
+                f"{args.cap_size}³ x batch {args.batch}, {args.model}"
             )
             print(table(rows))
 

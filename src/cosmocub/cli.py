@@ -136,6 +136,8 @@ def _cmd_model_summary(args: argparse.Namespace) -> int:
     from cosmocub.models.summary import format_summary, summarize
 
     cfg = load_config(args.config)
+    if cfg.model.name != "cosmoflow":
+        raise ValueError(f"{cfg.source}: model-summary describes CosmoFlow, not {cfg.model.name}")
     split = args.split or cfg.parallel.split_dhw
     print(format_summary(summarize(cfg.model, split=split)))
     return 0
@@ -213,6 +215,30 @@ def _cmd_sample_size_config(args: argparse.Namespace) -> int:
     values = size_config_values(cfg, args.size)
     from_values(values, source=f"sample_size_study at {args.size}")  # checks it, as a job would
     write_config(values, args.out)
+    return 0
+
+
+def _cmd_unet_config(args: argparse.Namespace) -> int:
+    from cosmocub.config import write_config
+    from cosmocub.fields.run_config import unet_config_values
+
+    write_config(unet_config_values(load_config(args.config)), args.out)
+    return 0
+
+
+def _cmd_evaluate_fields(args: argparse.Namespace) -> int:
+    from cosmocub.fields.evaluate import evaluate_fields
+    from cosmocub.tracking import job_run
+
+    cfg = load_config(args.config)
+    with job_run(cfg, stage="evaluate_fields") as tracker:
+        evaluate_fields(
+            cfg,
+            shards_dir=Path(args.shards),
+            run_dir=Path(args.run_dir),
+            out_dir=Path(args.out),
+            tracker=tracker,
+        )
     return 0
 
 
@@ -325,7 +351,11 @@ def _build_parser() -> argparse.ArgumentParser:
         "(default: the config's parallel.split)",
     )
 
-    p = add("train", _cmd_train, "train CosmoFlow (run under torchrun or srun for several ranks)")
+    p = add(
+        "train",
+        _cmd_train,
+        "train the config's model (run under torchrun or srun for several ranks)",
+    )
     p.add_argument("--shards", required=True)
     p.add_argument("--out", required=True, help="run folder (checkpoints, metrics, final model)")
     add_config(p)
@@ -374,6 +404,24 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval", nargs="+", required=True, help="SIZE=EVAL_DIR for every size")
     p.add_argument("--tsv", required=True)
     p.add_argument("--plot", required=True)
+    add_config(p)
+
+    p = add(
+        "unet-config",
+        _cmd_unet_config,
+        "write the config of the `snakemake unet` run (the config with its unet section merged)",
+    )
+    p.add_argument("--out", required=True)
+    add_config(p)
+
+    p = add(
+        "evaluate-fields",
+        _cmd_evaluate_fields,
+        "test-set P(k) transfer, r(k), one-point PDF and slices of a U-Net run vs linear growth",
+    )
+    p.add_argument("--shards", required=True)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--out", required=True)
     add_config(p)
 
     p = add("resolve-config", _cmd_resolve_config, "write the config with every default filled in")

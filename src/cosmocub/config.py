@@ -210,6 +210,14 @@ class PreprocessConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class UNetShape:
+    """Levels and convs per level of the 3D U-Net (model.unet)."""
+
+    depth: int
+    convs_per_level: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     input_size: int
     in_channels: int
@@ -222,8 +230,17 @@ class ModelConfig:
     batch_norm: bool
     leaky_relu_slope: float
     output_scale: float
+    # Given defaults here only so that code building a CosmoFlow config by hand need not name them
+    # (the schema's defaults are the same).
+    name: str = "cosmoflow"
+    unet: UNetShape | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.unet, dict):  # built from a resolved dict
+            object.__setattr__(self, "unet", UNetShape(**self.unet))
+        if self.name == "unet":
+            self._check_unet()
+            return
         if self.input_size % (2**self.num_conv_blocks) != 0:
             raise ConfigError(
                 f"key 'model.input_size': {self.input_size} is not divisible by "
@@ -236,6 +253,34 @@ class ModelConfig:
                 f"key 'model.num_outputs': {self.num_outputs}, but the targets are the "
                 f"{NUM_TARGETS} unitPar values (Omega_m, sigma_8, N_spec, H_0)"
             )
+
+    def _check_unet(self) -> None:
+        if self.unet is None:
+            raise ConfigError("key 'model.unet': required when model.name is 'unet'")
+        levels = 2 ** (self.unet.depth - 1)
+        if self.input_size % levels:
+            raise ConfigError(
+                f"key 'model.input_size': {self.input_size} is not divisible by "
+                f"2**(model.unet.depth - 1) = {levels} (each level below the first halves it)"
+            )
+        if self.kernel_size % 2 != 1:
+            raise ConfigError(f"key 'model.kernel_size': {self.kernel_size} must be odd")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskConfig:
+    """Which redshift channels the U-Net reads and which it predicts."""
+
+    input_redshifts: tuple[float, ...]
+    target_redshift: float
+
+    def channel_indices(self) -> tuple[list[int], int]:
+        """(input channels, target channel) in the shards' channel order (data.universe)."""
+        from cosmocub.data.universe import REDSHIFTS
+
+        return [REDSHIFTS.index(z) for z in self.input_redshifts], REDSHIFTS.index(
+            self.target_redshift
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -449,6 +494,7 @@ class Config:
     preprocess: PreprocessConfig
     model: ModelConfig
     parallel: ParallelConfig
+    task: TaskConfig
     sample_size_study: SampleSizeStudyConfig
     optimizer: OptimizerConfig
     train: TrainConfig
@@ -464,6 +510,12 @@ class Config:
         return config_hash(self.values)
 
     def __post_init__(self) -> None:
+        inputs = len(self.task.input_redshifts)
+        if self.model.name == "unet" and self.model.in_channels != inputs:
+            raise ConfigError(
+                f"{self.source}: key 'model.in_channels': {self.model.in_channels}, but the U-Net "
+                f"reads {inputs} channels (task.input_redshifts {list(self.task.input_redshifts)})"
+            )
         if self.model.input_size != self.preprocess.sample_size:
             raise ConfigError(
                 f"{self.source}: key 'model.input_size': {self.model.input_size} differs from "
@@ -506,6 +558,7 @@ def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
             preprocess=PreprocessConfig(**pre),
             model=ModelConfig(**_tuple_fields(ModelConfig, values["model"])),
             parallel=ParallelConfig(**_tuple_fields(ParallelConfig, values["parallel"])),
+            task=TaskConfig(**_tuple_fields(TaskConfig, values["task"])),
             sample_size_study=SampleSizeStudyConfig(
                 **_tuple_fields(SampleSizeStudyConfig, values["sample_size_study"])
             ),

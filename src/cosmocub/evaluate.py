@@ -164,6 +164,11 @@ def evaluate(
         raise FileNotFoundError(f"{model_path}: trained model not found (run `cosmocub train`)")
     model = load_model_file(model_path)
     model_cfg = model.config
+    if model_cfg.name != "cosmoflow":
+        raise ValueError(
+            f"{model_path}: a {model_cfg.name} model predicts fields; evaluate it with "
+            "`cosmocub evaluate-fields`"
+        )
     if model_cfg.num_outputs != len(NAME_PAR):
         raise ValueError(
             f"{model_path}: model has {model_cfg.num_outputs} outputs, evaluation needs "

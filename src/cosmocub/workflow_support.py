@@ -86,6 +86,17 @@ def train_world_size(cfg: Config) -> int:
     return cfg.cluster.train.nodes * cfg.train.nproc_per_node
 
 
+def unet_ranks(cfg: Config) -> int:
+    """Ranks of the `snakemake unet` run, all on one node: its spatial ranks × nproc_per_node."""
+    from cosmocub.config import ConfigError
+    from cosmocub.fields.run_config import unet_config_values
+
+    try:
+        return unet_config_values(cfg)["train"]["nproc_per_node"]
+    except ConfigError:
+        return 1  # the unet_config job reports it, if the U-Net is asked for at all
+
+
 def train_threads(cfg: Config) -> int:
     """Cores the training job asks for on each node: its ranks there × cores per rank."""
     return cfg.train.nproc_per_node * cfg.cluster.train.cpus_per_rank

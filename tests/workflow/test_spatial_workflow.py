@@ -2,6 +2,7 @@
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,39 @@ def test_sample_size_study_target(workdir: Path) -> None:
     assert (study / "sample_size.png").stat().st_size > 10_000
     train = json.loads((study / "8/run/train_summary.json").read_text())
     assert (train["world_size"], train["spatial_parallel"]) == (2, 2)
+
+
+def test_unet_target(workdir: Path) -> None:
+    """`snakemake unet` on the test config: a tiny U-Net, each sample split over two ranks,
+    trained on the shards already there and evaluated against linear growth."""
+    proc = snakemake(
+        "--cores", "2", "--configfile", TEST_CONFIG, "--config", "tracking={enabled: false}",
+        "--", "unet", cwd=workdir,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    counts = job_counts(proc.stdout + proc.stderr)
+    assert counts == {"unet_config": 1, "unet_train": 1, "unet_evaluate": 1, "unet": 1}
+    unet = workdir / "results-test/unet"
+    summary = json.loads((unet / "run/train_summary.json").read_text())
+    assert (summary["world_size"], summary["spatial_parallel"], summary["steps"]) == (2, 2, 12)
+    metrics = json.loads((unet / "eval/metrics.json").read_text())
+    assert metrics["num_samples"] == 8 and metrics["target_redshift"] == 0.0
+    # 8³ crops: k bins from the fundamental to Nyquist. Without shot-noise subtraction r(k) is
+    # a correlation in [-1, 1] (Cauchy-Schwarz); with it, null where the corrected power is <= 0.
+    assert len(metrics["k"]) == len(metrics["r_model"]) == len(metrics["raw"]["r_model"]) == 4
+    for name in ("r_model", "r_baseline"):
+        assert all(-1.0 - 1e-9 <= r <= 1.0 + 1e-9 for r in metrics["raw"][name]), name
+        assert math.isfinite(metrics[name][0]), metrics[name]
+    for name in ("model", "baseline"):
+        assert set(metrics["summary"][name]) == {
+            "min_r_to_half_nyquist", "max_transfer_error_to_half_nyquist", "meets_goal",
+            "pdf_l1_distance",
+        }  # fmt: skip
+    rows = (unet / "eval/spectra.tsv").read_text().splitlines()
+    assert rows[0].split("\t")[:4] == ["k", "k_over_nyquist", "transfer_model", "r_model"]
+    assert len(rows) == 5
+    again = snakemake(
+        "--cores", "2", "--configfile", TEST_CONFIG, "--config", "tracking={enabled: false}",
+        "--", "unet", cwd=workdir,
+    )  # fmt: skip
+    assert "Nothing to be done" in again.stdout + again.stderr

@@ -109,8 +109,9 @@ def save_model_file(path: str | os.PathLike, model: nn.Module, model_cfg: ModelC
         torch.save(payload, tmp)
 
 
-def load_model_file(path: str | os.PathLike, *, map_location: str = "cpu") -> CosmoFlow:
-    """Rebuild a CosmoFlow from a file written by `save_model_file` (in eval mode)."""
+def load_model_file(path: str | os.PathLike, *, map_location: str = "cpu") -> nn.Module:
+    """Rebuild the model (a CosmoFlow, or the U-Net of model.name unet) from a file written by
+    `save_model_file` (in eval mode)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: model file not found")
@@ -122,6 +123,8 @@ def load_model_file(path: str | os.PathLike, *, map_location: str = "cpu") -> Co
         )
     values = dict(payload["model_config"])
     values["dense_sizes"] = tuple(values["dense_sizes"])
-    model = CosmoFlow(ModelConfig(**values))
+    from cosmocub.models.factory import build_model
+
+    model = build_model(ModelConfig(**values))
     model.load_state_dict(payload["state_dict"])
     return model.eval()

@@ -1,5 +1,6 @@
-"""Apply spatial parallelism to a plain CosmoFlow from outside: which block a rank owns, whether a
-split fits the model, and `parallelize_cosmoflow`, which swaps in the layers of `layers.py`.
+"""Apply spatial parallelism to a plain model from outside: which block a rank owns, whether a
+split fits the model, and `parallelize_cosmoflow` / `parallelize_unet`, which swap in the layers
+of `layers.py`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from torch import nn
 
 from cosmocub.config import ModelConfig
 from cosmocub.models.cosmoflow import CosmoFlow
+from cosmocub.models.unet import UNet3d
 from cosmocub.parallel.halo import SPATIAL_DIMS, HaloPlan, spatial_coords
 from cosmocub.parallel.layers import GatherFlatten, SharedDropout, SpatialConv3d, SyncBatchNorm3d
 from cosmocub.parallel.mesh import ParallelDims
@@ -135,3 +137,87 @@ def replicated_parameters(model: nn.Module) -> list[nn.Parameter]:
     if not isinstance(getattr(model, "flatten", None), GatherFlatten):
         return []
     return list(model.head.parameters())
+
+
+def check_unet_split(model_cfg: ModelConfig, input_size: int, split: Sequence[int]) -> None:
+    """Raise ValueError, naming the level and the numbers, if `split` cannot run the U-Net on
+    `input_size`³ samples: at some level an extent does not divide, a block is thinner than the
+    halo (its convs would need planes from beyond the next rank), or a block is odd before a
+    pooling. Such levels are refused rather than gathered: pick a smaller split or depth."""
+    split = _as_split(split)
+    assert model_cfg.unet is not None, "model.name unet comes with model.unet (config.py)"
+    halo, depth = model_cfg.kernel_size // 2, model_cfg.unet.depth
+    for level in range(depth):
+        extent = input_size // 2**level
+        where = f"U-Net level {level} ({extent}³ voxels)"
+        for d, s in enumerate(split):
+            dim = SPATIAL_DIMS[d]
+            if extent % s:
+                raise ValueError(
+                    f"{where}: {dim} extent {extent} does not divide into {s} blocks "
+                    f"(split {list(split)}, input {input_size}, depth {depth})"
+                )
+            local = extent // s
+            if s > 1 and local < halo:
+                raise ValueError(
+                    f"{where}: local {dim} extent {local} is thinner than the halo {halo} "
+                    f"(kernel {model_cfg.kernel_size}, split {list(split)}, input {input_size}, "
+                    f"depth {depth})"
+                )
+            if level < depth - 1 and local % 2:
+                raise ValueError(
+                    f"{where}: odd local {dim} extent {local} before pooling "
+                    f"(split {list(split)}, input {input_size}, depth {depth})"
+                )
+
+
+def parallelize_unet(
+    model: UNet3d, dims: ParallelDims, *, split: Sequence[int], periodic: bool = False
+) -> UNet3d:
+    """Swap the U-Net's layers in place for spatially parallel ones and return it.
+
+    Every k > 1 conv becomes a halo conv (`SpatialConv3d`); max-pooling and the kernel-2,
+    stride-2 transposed convs need no halo (a window never straddles two blocks while local
+    extents are even, which `check_unet_split` guarantees), the 1×1×1 output conv none either;
+    skips are concatenated locally. Batch norm statistics span the whole data × spatial mesh.
+    Afterwards forward takes this rank's block (B, C, D/sd, H/sh, W/sw) and returns the
+    prediction for the same block: outputs stay split. A loss that is the mean over the block,
+    with gradients averaged over the spatial group (`build_gradient_sync`), gives exactly the
+    gradient of the mean over the whole sample. Parameters, buffers and state_dict keys stay the
+    plain U-Net's.
+    """
+    split = _as_split(split)
+    if math.prod(split) != dims.spatial:
+        raise ValueError(
+            f"split {list(split)} has {math.prod(split)} ranks, the mesh's spatial axis "
+            f"{dims.spatial}"
+        )
+    cfg = model.config
+    check_unet_split(cfg, cfg.input_size, split)
+    if dims.world_size == 1 and not periodic:
+        return model
+    halo = cfg.kernel_size // 2
+    plan = HaloPlan(
+        group=dims.group("spatial"),
+        split=split,
+        coords=spatial_coords(dims.axis_rank("spatial"), split),
+        widths=tuple(halo if (s > 1 or periodic) else 0 for s in split),  # type: ignore[arg-type]
+        periodic=periodic,
+    )
+    stats_group = None
+    if cfg.batch_norm and dims.world_size > 1:
+        # Its own group, as in parallelize_cosmoflow: norm collectives in backward never
+        # interleave with DDP's all-reduce.
+        stats_group = dims.new_group(list(range(dims.world_size)))
+    swaps: list[tuple[nn.Module, str, nn.Module]] = []
+    for parent in model.modules():
+        for name, layer in parent.named_children():
+            if isinstance(layer, nn.Conv3d) and max(layer.kernel_size) > 1 and any(plan.widths):
+                swaps.append((parent, name, SpatialConv3d(layer, plan)))
+            elif isinstance(layer, nn.BatchNorm3d) and stats_group is not None:
+                swaps.append((parent, name, SyncBatchNorm3d(layer, stats_group)))
+            elif isinstance(layer, SpatialConv3d | SyncBatchNorm3d):
+                raise ValueError("parallelize_unet: the model is already parallelized")
+    for parent, name, layer in swaps:
+        setattr(parent, name, layer)
+    return model

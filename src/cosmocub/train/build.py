@@ -13,7 +13,7 @@ from torch import nn
 from cosmocub.config import Config, config_hash
 from cosmocub.data.augment import symmetries_for_split
 from cosmocub.data.dataset import open_split
-from cosmocub.models.cosmoflow import CosmoFlow
+from cosmocub.models.factory import build_model
 from cosmocub.optim.factory import build_optimizer, build_schedule
 from cosmocub.parallel.mesh import ParallelDims
 from cosmocub.train import runtime
@@ -37,8 +37,8 @@ def build_trainer(
     # seeded per step) and batches come in sampler order, so deterministic runs keep them.
     num_workers = tc.num_data_workers
     block = _spatial_block(cfg, dims)
-    train_set = open_split(shards_dir, "train", cfg.model, block=block)
-    val_set = open_split(shards_dir, "val", cfg.model, block=block)
+    train_set = _open(shards_dir, "train", cfg, block)
+    val_set = _open(shards_dir, "val", cfg, block)
     per_rank = len(train_set) // dims.data
     if per_rank < tc.local_batch_size:
         raise ValueError(
@@ -51,7 +51,7 @@ def build_trainer(
 
     runtime.seed_everything(cfg.seed)  # same initial weights on every rank
     layout = runtime.memory_format(dims.device, spatial=dims.spatial)
-    model = _parallelize(CosmoFlow(cfg.model).to(dims.device, memory_format=layout), cfg, dims)
+    model = _parallelize(build_model(cfg.model).to(dims.device, memory_format=layout), cfg, dims)
     optimizer = build_optimizer(model.named_parameters(), cfg.optimizer, global_batch, dims=dims)
     train_loader = build_train_loader(
         train_set,
@@ -85,7 +85,7 @@ def build_trainer(
         run_dir / "checkpoints" / run_hash,
         config_hash=run_hash,
         stateful={
-            "model": getattr(model, "module", model),  # the plain CosmoFlow's keys
+            "model": getattr(model, "module", model),  # the plain model's keys
             "optimizer": optimizer,
             "schedule": schedule,
             "train_state": state,
@@ -123,19 +123,30 @@ def _spatial_block(cfg: Config, dims: ParallelDims) -> tuple[slice, slice, slice
     split fits every layer of the model (an error at start rather than at the first step)."""
     if dims.spatial == 1:
         return None
-    from cosmocub.parallel.spatial import check_spatial_split, spatial_block
+    from cosmocub.models.factory import check_split
+    from cosmocub.parallel.spatial import spatial_block
 
     split, size = cfg.parallel.split_dhw, cfg.model.input_size
-    check_spatial_split(cfg.model, size, split)
+    check_split(cfg.model, size, split)
     return spatial_block(dims, split, (size, size, size))
 
 
-def _parallelize(model: CosmoFlow, cfg: Config, dims: ParallelDims) -> nn.Module:
+def _open(shards_dir: Path, split: str, cfg: Config, block):
+    """The split's samples: (x, unitPar) for CosmoFlow, (input field, target field) for the
+    U-Net (model.name unet)."""
+    if cfg.model.name == "unet":
+        from cosmocub.fields.data import open_field_split
+
+        return open_field_split(shards_dir, split, cfg, block=block)
+    return open_split(shards_dir, split, cfg.model, block=block)
+
+
+def _parallelize(model: nn.Module, cfg: Config, dims: ParallelDims) -> nn.Module:
     """The model's parallel form (same parameters and state_dict keys): spatial layers under a
     split, and batch norm over the global batch whenever there is more than one rank, so that
     every data × spatial decomposition of a run computes the same thing. On one rank, and
     without batch norm at spatial = 1, it is the model itself."""
-    from cosmocub.parallel.spatial import parallelize_cosmoflow
+    from cosmocub.models.factory import parallelize
 
     pc = cfg.parallel
-    return parallelize_cosmoflow(model, dims, split=pc.split_dhw, periodic=pc.periodic)
+    return parallelize(model, dims, split=pc.split_dhw, periodic=pc.periodic)

@@ -79,6 +79,8 @@ def resume_values(cfg: Config, *, data_identity: str = "") -> dict[str, Any]:
                     if k not in _OPERATIONAL_PREPROCESS_KEYS
                 },
                 "data": data_identity,
+                # Only a U-Net reads the task: CosmoFlow runs keep their identity without it.
+                **({"task": dataclasses.asdict(c.task)} if c.model.name == "unet" else {}),
             }
         )
     )

@@ -112,6 +112,11 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
     assert isinstance(sampler, ResumableSampler)
     sampler.set_position(state.epoch, state.batch_in_epoch)
     data_group = t.dims.group("data")
+    # A U-Net's loss is the mean over this rank's block (outputs stay split, see
+    # parallelize_unet): its sample mean also sums over the spatial group.
+    loss_group, loss_share = data_group, 1.0
+    if t.cfg.model.name == "unet" and t.dims.spatial > 1:
+        loss_group, loss_share = dist.group.WORLD, 1.0 / t.dims.spatial
     show_bar = t.dims.is_main and sys.stderr.isatty()
     t.wrapped.train()
     data_wait, steps_here = 0.0, 0
@@ -139,13 +144,14 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
         step_start = time.perf_counter()
         with t.autocast():
             pred_bp = t.wrapped(x_bcdhw)  # (B, P)
+        # (B, P) parameters, or for the U-Net (B, 1, d, h, w) fields of this rank's block.
         loss = nn.functional.mse_loss(pred_bp.float(), y_bp)
         # Sum of the loss over data ranks, started now and awaited after backward, so every rank
         # holds the same values and stops at the same step if one is not finite.
-        loss_all = loss.detach().clone()
+        loss_all = loss.detach() * loss_share
         work = None
-        if t.dims.data > 1:
-            work = dist.all_reduce(loss_all, group=data_group, async_op=True)
+        if t.dims.data > 1 or loss_share != 1.0:
+            work = dist.all_reduce(loss_all, group=loss_group, async_op=True)
         t.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         t.grad_sync.after_backward(t.model)
@@ -194,6 +200,10 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
 @torch.no_grad()
 def validate(t: Trainer) -> dict[str, float]:
     """MSE loss and MAE (overall and per parameter) over the whole val shard, reduced over ranks."""
+    if t.cfg.model.name == "unet":
+        from cosmocub.fields.validate import validate_fields
+
+        return validate_fields(t)
     device = t.dims.device
     names = NAME_PAR  # the config checks num_outputs against these
     # sums[0] = Σ|err| per param, sums[1] = Σerr² per param; float64 so large shards add exactly.

@@ -20,7 +20,8 @@ from torch import nn
 
 from cosmocub.config import Config
 from cosmocub.io import atomic_path
-from cosmocub.models.cosmoflow import CosmoFlow, save_model_file
+from cosmocub.models.cosmoflow import save_model_file
+from cosmocub.models.factory import build_model
 from cosmocub.parallel.mesh import build_parallel_dims, close_parallel_dims
 from cosmocub.tracking import job_run
 from cosmocub.train import runtime
@@ -125,11 +126,12 @@ def _write_outputs(
 ) -> None:
     """Rank 0: metrics.jsonl, model.pt and train_summary.json (atomically), then to MLflow.
 
-    What is saved is a plain CosmoFlow on the CPU with the trained weights, whatever the split:
-    loadable and evaluable on one process (the spatial layers hold process groups).
+    What is saved is the plain model (CosmoFlow or U-Net) on the CPU with the trained weights,
+    whatever the split: loadable and evaluable on one process (the spatial layers hold process
+    groups).
     """
     module = getattr(model, "module", model)
-    model = CosmoFlow(cfg.model)
+    model = build_model(cfg.model)
     model.load_state_dict({k: v.detach().cpu() for k, v in module.state_dict().items()})
     write_jsonl(run_dir / "metrics.jsonl", state.history)
     save_model_file(run_dir / "model.pt", model, cfg.model)
