@@ -23,12 +23,19 @@ onstart:
     ws.start_tracking(CFG)
 
 
+# The last line of the log: where the runs are in the MLflow UI (its runs view, see README).
 onsuccess:
+    link = ws.mlflow_runs_link(CFG)  # before a server the workflow started stops
     ws.finish_tracking(CFG, "FINISHED")
+    if link:
+        logger.info(link)
 
 
 onerror:
+    link = ws.mlflow_runs_link(CFG)
     ws.finish_tracking(CFG, "FAILED")
+    if link:
+        logger.info(link)
 
 
 rule all:
