@@ -130,7 +130,7 @@ def test_model_bytes_equal_what_the_optimizers_count(tmp_path: Path) -> None:
     assert proc.returncode == 0, err[-3000:]
     counted = json.loads(out.split("COUNTED ", 1)[1].splitlines()[0])
     net = AlphaBeta(alpha_s=1e-5, beta_s_per_byte=1e-9)
-    network = Network(inter_node=net, intra_node=net, ranks_per_node=2)
+    network = Network.uniform(net, net, ranks_per_node=2)
     for name, optimizer in VARIANTS.items():
         cfg = load_config(config, overrides={"optimizer": optimizer})
         predicted = predict_step(

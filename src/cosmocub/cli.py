@@ -408,6 +408,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", required=True, help="the study's folder (one subfolder per point)")
     add_config(p)
 
+    from cosmocub.perfmodel.cli import add_parser as add_perf_model
+
+    add_perf_model(sub, add_config)
+
     p = add("resolve-config", _cmd_resolve_config, "write the config with every default filled in")
     p.add_argument("--out", required=True)
     add_config(p)

@@ -5,6 +5,7 @@ an efficiency from the config. And the optimizer's own arithmetic per step, meas
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,6 +69,7 @@ def measure_layers(
     return out
 
 
+@functools.cache
 def layer_flops(model_cfg: ModelConfig) -> dict[str, float]:
     """Forward FLOPs per sample of each conv block and of the head (models.summary's count)."""
     flops: dict[str, float] = {}

@@ -16,7 +16,9 @@ Byte counts come from the optimizer's own functions (cosmocub.optim.collectives)
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cosmocub.config import ModelConfig, OptimizerConfig
@@ -24,7 +26,7 @@ from cosmocub.optim.collectives import ring_allreduce_bytes, vote_bytes_sent
 from cosmocub.optim.lion_cub import _buckets
 from cosmocub.optim.momentum_sync import is_sync_step
 from cosmocub.optim.quantize import quantizer_levels, wire_bits
-from cosmocub.perfmodel.costs import AlphaBeta, rounds_and_bytes
+from cosmocub.perfmodel.costs import KINDS, AlphaBeta, rounds_and_bytes
 
 DDP_OPTIMIZERS = ("sgd", "adamw", "lion")
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
@@ -38,11 +40,20 @@ PHASES = {
 
 @dataclass(frozen=True, kw_only=True)
 class Network:
-    """α–β between nodes (per rank, at the node's link) and between ranks of one node."""
+    """α–β per collective kind between nodes (per rank, at the node's link) and between ranks of
+    one node; a kind not given uses the all-reduce's."""
 
-    inter_node: AlphaBeta
-    intra_node: AlphaBeta
+    inter_node: Mapping[str, AlphaBeta]
+    intra_node: Mapping[str, AlphaBeta]
     ranks_per_node: int
+
+    @classmethod
+    def uniform(cls, inter: AlphaBeta, intra: AlphaBeta, ranks_per_node: int) -> Network:
+        return cls(
+            inter_node=dict.fromkeys(KINDS, inter),
+            intra_node=dict.fromkeys(KINDS, intra),
+            ranks_per_node=ranks_per_node,
+        )
 
     def costs(self, group_size: int, stride: int, kind: str) -> AlphaBeta:
         """The α–β that a group of `group_size` ranks, `stride` apart, sees: within a node if it
@@ -51,10 +62,14 @@ class Network:
         node for an all-to-all."""
         k = self.ranks_per_node
         if group_size * stride <= k:
-            return self.intra_node
+            return _pick(self.intra_node, kind)
+        inter = _pick(self.inter_node, kind)
         sharing = k if kind == "alltoall" else min(stride, k)
-        beta = self.inter_node.beta_s_per_byte * sharing
-        return AlphaBeta(alpha_s=self.inter_node.alpha_s, beta_s_per_byte=beta)
+        return AlphaBeta(alpha_s=inter.alpha_s, beta_s_per_byte=inter.beta_s_per_byte * sharing)
+
+
+def _pick(costs: Mapping[str, AlphaBeta], kind: str) -> AlphaBeta:
+    return costs.get(kind) or costs["allreduce"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +103,8 @@ class StepPrediction:
         )
 
 
-def parameter_sizes(model_cfg: ModelConfig) -> list[int]:
+@functools.cache
+def parameter_sizes(model_cfg: ModelConfig) -> tuple[int, ...]:
     """Elements of every trainable parameter, in registration order (meta device: no memory)."""
     import torch
 
@@ -96,7 +112,7 @@ def parameter_sizes(model_cfg: ModelConfig) -> list[int]:
 
     with torch.device("meta"):
         model = CosmoFlow(model_cfg)
-    return [p.numel() for p in model.parameters() if p.requires_grad]
+    return tuple(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def _sync_fraction(optimizer_cfg: OptimizerConfig, steps: int) -> float:
@@ -112,7 +128,12 @@ def _sync_fraction(optimizer_cfg: OptimizerConfig, steps: int) -> float:
 
 
 def exchange(
-    sizes: list[int], optimizer_cfg: OptimizerConfig, mesh: Mesh, network: Network, *, steps: int
+    sizes: tuple[int, ...],
+    optimizer_cfg: OptimizerConfig,
+    mesh: Mesh,
+    network: Network,
+    *,
+    steps: int,
 ) -> tuple[float, float, float, float]:
     """(exchange seconds, momentum-sync seconds, comm bytes per step, of which momentum sync)."""
     payload = 4 * sum(sizes)  # fp32 gradients
@@ -149,7 +170,7 @@ def exchange(
     if p > 1:
         levels = quantizer_levels(quantizer, bits, p, collective=collective)
         wire = wire_bits(quantizer, levels)
-        costs = network.costs(p, mesh.spatial, collective)
+        costs = network.costs(p, mesh.spatial, PHASES[collective][0])
         cap = int(bucket_mb * 2**18)
         # The optimizer's buckets, from its own function (sizes stand in for the tensors).
         for bucket in _buckets([_Sized(n) for n in sizes], cap):
@@ -171,7 +192,7 @@ def exchange(
     return seconds, sync_s, sent + sync_bytes, sync_bytes
 
 
-def _synced_elements(sizes: list[int], optimizer_cfg: OptimizerConfig) -> int:
+def _synced_elements(sizes: tuple[int, ...], optimizer_cfg: OptimizerConfig) -> int:
     lc = optimizer_cfg.lion_cub
     if lc is not None and lc.momentum_sync.patterns:
         raise ValueError(

@@ -27,7 +27,10 @@ from cosmocub.io import atomic_path
 log = logging.getLogger(__name__)
 
 # name -> module defining STUDY; a new study is one entry here and one config block.
-STUDY_MODULES = {"sample_size": "cosmocub.studies.sample_size"}
+STUDY_MODULES = {
+    "sample_size": "cosmocub.studies.sample_size",
+    "step_time": "cosmocub.studies.step_time",
+}
 # Sections a point may not override: every point trains on the base config's universes, writes
 # under the same results folder and logs to the same store, on the resources of the same profile.
 FIXED_SECTIONS = ("results", "universes", "simulate", "tracking", "cluster")
@@ -255,16 +258,16 @@ def gather(
     per_point: dict[str, tuple[PointOutputs, list[dict[str, Any]]]] = {}
     for p in study_points(cfg, study):
         outputs = PointOutputs(point=p, folder=Path(folder) / p.name)
-        point_rows = [{**p.labels, **r} for r in defn.rows(outputs, cfg)]
+        point_rows = [{"point": p.name, **p.labels, **r} for r in defn.rows(outputs, cfg)]
         per_point[p.name] = (outputs, point_rows)
         rows += point_rows
-    write_tsv(rows, defn.columns, out_tsv)
+    write_tsv(rows, ("point", *defn.columns), out_tsv)
     defn.plot(rows, out_png)
     text = format_study_section(
         title=f"Study `{study}`",
         description=defn.description,
         rows=rows,
-        columns=defn.columns,
+        columns=("point", *defn.columns),
         plot=out_png.name,
     )
     with atomic_path(out_summary) as tmp:
@@ -299,6 +302,42 @@ def _adopt_point_runs(
             for key, value in defn.point_metrics(rows).items():
                 if value is not None and math.isfinite(value):
                     client.log_metric(child, f"study.{key}", float(value))
+
+
+# Per-step means of the training loop's columns (cosmocub.train.comm_meter) and their names here.
+STEP_COLUMNS = {
+    "compute_s": "time_compute_s",
+    "exchange_s": "time_exchange_s",
+    "momentum_sync_s": "time_momentum_sync_s",
+    "comm_bytes_per_step": "comm_bytes_per_step",
+}
+
+
+def training_row(outputs: PointOutputs) -> dict[str, Any]:
+    """A point's training as one row: mesh, cores per rank, steps, and per-step means of the
+    step's parts over the epochs after the first (which holds start-up costs) when there are
+    several, weighted by their steps; step_s is their sum (data loading excluded)."""
+    summary, record = outputs.train_summary(), outputs.record()
+    epochs = outputs.metrics()
+    if not epochs:
+        raise ValueError(f"{outputs.run_dir / 'metrics.jsonl'}: no epochs recorded")
+    steps = [b["step"] - a for a, b in zip([0] + [e["step"] for e in epochs], epochs, strict=False)]
+    use = list(range(1, len(epochs))) if len(epochs) > 1 else [0]
+    total = sum(steps[i] for i in use)
+    row: dict[str, Any] = {
+        "world_size": summary["world_size"],
+        "data": summary["data_parallel"],
+        "spatial": summary["spatial_parallel"],
+        "nodes": record.get("nodes", 1),
+        "nproc_per_node": record.get("nproc_per_node"),
+        "cores_per_rank": record.get("cores_per_rank"),
+        "steps": summary["steps"],
+        "final_val_loss": epochs[-1].get("val_loss"),
+    }
+    for name, key in STEP_COLUMNS.items():
+        row[name] = sum(epochs[i].get(key, 0.0) * steps[i] for i in use) / total
+    row["step_s"] = row["compute_s"] + row["exchange_s"] + row["momentum_sync_s"]
+    return row
 
 
 def point_record(point: Point, *, cores_per_rank: int, extra: Mapping[str, Any]) -> dict:
