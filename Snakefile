@@ -15,6 +15,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/studies.smk"
+include: "workflow/rules/perf_model.smk"
 
 
 # The resolved config and the MLflow parent run exist before any job starts.

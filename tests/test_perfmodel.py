@@ -145,3 +145,46 @@ def test_model_bytes_equal_what_the_optimizers_count(tmp_path: Path) -> None:
         )
         assert counted[name] > 0, name
         assert predicted.comm_bytes_per_step == pytest.approx(counted[name], rel=1e-12), name
+
+
+def test_validation_compares_each_part_and_reports_errors(tmp_path: Path) -> None:
+    from cosmocub.perfmodel.model import StepPrediction
+    from cosmocub.perfmodel.validate import compare, error_summary, plot_results, write_results
+
+    def prediction(compute: float, exchange: float) -> StepPrediction:
+        return StepPrediction(
+            compute_s=compute,
+            halo_s=0.001,
+            exchange_s=exchange,
+            momentum_sync_s=0.0,
+            optimizer_s=0.001,
+            comm_bytes_per_step=100.0,
+            halo_bytes_per_step=0.0,
+        )
+
+    # A DDP point (its all-reduce hides in measured compute) and a Lion Cub point.
+    predicted = {
+        "a": (prediction(0.010, 0.004), "adamw"),
+        "b": (prediction(0.010, 0.008), "lion_cub"),
+    }
+    rows = [
+        {"point": "a", "data": "2", "step_s": "0.016", "compute_s": "0.016", "exchange_s": "0",
+         "momentum_sync_s": "0", "comm_bytes_per_step": "100"},
+        {"point": "b", "data": "2", "step_s": "0.025", "compute_s": "0.015", "exchange_s": "0.010",
+         "momentum_sync_s": "0", "comm_bytes_per_step": "100"},
+    ]  # fmt: skip
+    results = compare(rows, lambda row: predicted[row["point"]])
+    a, b = results
+    assert a["predicted_compute_s"] == pytest.approx(0.016)  # 10 + 1 + 1 + the hidden 4 ms
+    assert a["predicted_exchange_s"] == 0.0 and a["rel_error_step"] == pytest.approx(0.0)
+    assert b["predicted_step_s"] == pytest.approx(0.020)
+    assert b["rel_error_step"] == pytest.approx(-0.2)
+    assert b["rel_error_compute"] == pytest.approx(-0.2)  # 12 ms against 15
+    assert b["rel_error_exchange"] == pytest.approx(-0.2)
+    summary = error_summary(results)
+    assert summary == {"median": pytest.approx(0.1), "worst": pytest.approx(0.2), "points": 2}
+    write_results(results, tmp_path / "v.tsv")
+    plot_results(results, tmp_path / "v.png")
+    header = (tmp_path / "v.tsv").read_text().splitlines()[0].split("\t")
+    assert header[:4] == ["point", "optimizer", "measured_step_s", "predicted_step_s"]
+    assert (tmp_path / "v.png").stat().st_size > 10_000
