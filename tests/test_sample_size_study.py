@@ -111,7 +111,7 @@ def test_gather_writes_tsv_plot_and_report_section(tmp_path: Path) -> None:
     assert (
         section.startswith("## Study `sample_size`") and "![Study `sample_size`](s.png)" in section
     )
-    assert section.count("\n| 32 | 2 | universe |") == 5  # 4 parameters and their mean
+    assert section.count("\n| 32 | 32 | 2 | universe |") == 5  # 4 parameters and their mean
 
 
 def test_points_share_shards_and_may_not_touch_fixed_sections() -> None:
