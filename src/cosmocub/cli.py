@@ -237,10 +237,11 @@ def _cmd_study_point(args: argparse.Namespace) -> int:
 
 
 def _cmd_study_gather(args: argparse.Namespace) -> int:
-    from cosmocub.studies.engine import gather
+    from cosmocub.studies.engine import gather, study_points
     from cosmocub.tracking import job_run
 
     cfg = load_config(args.config)
+    study_points(cfg, args.study)  # a bad study name or block fails before MLflow is opened
     folder = Path(args.dir)
     with job_run(cfg, stage=f"{args.study}_study", params={"study": args.study}) as tracker:
         gather(
