@@ -108,6 +108,7 @@ if dims.rank == 0:
 """
 
 
+@pytest.mark.slow
 def test_model_bytes_equal_what_the_optimizers_count(tmp_path: Path) -> None:
     config = Path(__file__).resolve().parents[1] / "config/test.yaml"
     script = tmp_path / "count.py"
@@ -188,3 +189,43 @@ def test_validation_compares_each_part_and_reports_errors(tmp_path: Path) -> Non
     header = (tmp_path / "v.tsv").read_text().splitlines()[0].split("\t")
     assert header[:4] == ["point", "optimizer", "measured_step_s", "predicted_step_s"]
     assert (tmp_path / "v.png").stat().st_size > 10_000
+
+
+def test_extrapolation_rows_and_headline() -> None:
+    from cosmocub.perfmodel.extrapolate import balanced_split, extrapolate, headline
+    from cosmocub.perfmodel.model import parameter_sizes
+
+    assert [balanced_split(s) for s in (1, 2, 4, 8, 16)] == [
+        (1, 1, 1),
+        (2, 1, 1),
+        (2, 2, 1),
+        (2, 2, 2),
+        (4, 2, 2),
+    ]
+    config = Path(__file__).resolve().parents[1] / "config/test.yaml"
+    settings = {"sample_sizes": [8], "gpus": [8], "gpus_per_node": 4, "link_gbit": [25]}
+    cfg = load_config(config, overrides={"perf_model": {"extrapolate": settings}})
+    rows = extrapolate(cfg, cfg.perf_model.extrapolate)
+    # Two accelerators × splits 1..8 (8³ samples: 2³ per rank at 8 still pools) × two optimizers.
+    assert {(r["accelerator"], r["spatial"], r["optimizer"]) for r in rows} == {
+        (a, s, o) for a in ("v100", "h100") for s in (1, 2, 4, 8) for o in ("lion", "lion_cub")
+    }
+    lion = next(
+        r for r in rows if (r["accelerator"], r["spatial"], r["optimizer"]) == ("v100", 1, "lion")
+    )
+    # 8 data ranks on 2 nodes: one ring all-reduce of the fp32 gradients through a 25 Gbit/s link.
+    payload = 4 * sum(parameter_sizes(cfg.model))
+    expected = 2 * 7 * 10e-6 + 2 * 7 / 8 * payload * 8 / 25e9
+    assert lion["exchange_s"] == pytest.approx(expected)
+    assert lion["halo_s"] == 0.0 and lion["halo_share"] == 0.0
+    assert lion["comm_bytes_per_step"] == pytest.approx(2 * 7 / 8 * payload)
+    (top,) = [h for h in headline(rows, reference="lion", candidate="lion_cub", halo_limit=0.2)
+              if h["accelerator"] == "v100"]  # fmt: skip
+    assert top["min_spatial"] == 1
+    cub = next(
+        r
+        for r in rows
+        if (r["accelerator"], r["spatial"], r["optimizer"]) == ("v100", 1, "lion_cub")
+    )
+    assert top["speedup"] == pytest.approx(lion["step_s"] / cub["step_s"])
+    assert cub["comm_bytes_per_step"] < lion["comm_bytes_per_step"] / 8  # 1 bit (+1) against 32
