@@ -60,7 +60,15 @@ def study_point_plan(wildcards):
 
 def study_settings(wildcards):
     """A point's config depends on the sections it may override and its study's block."""
-    names = ("preprocess", "model", "parallel", "optimizer", "train", "evaluate", "seed")
+    names = (
+        "preprocess",
+        "model",
+        "parallel",
+        "optimizer",
+        "train",
+        "evaluate",
+        "seed",
+    )
     return section(*names, study_engine.definition(wildcards.study).config_key)
 
 
