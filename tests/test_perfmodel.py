@@ -229,3 +229,32 @@ def test_extrapolation_rows_and_headline() -> None:
     )
     assert top["speedup"] == pytest.approx(lion["step_s"] / cub["step_s"])
     assert cub["comm_bytes_per_step"] < lion["comm_bytes_per_step"] / 8  # 1 bit (+1) against 32
+
+
+def test_calibration_scales_the_work_on_the_cores_only() -> None:
+    from cosmocub.perfmodel.model import StepPrediction
+    from cosmocub.perfmodel.validate import calibrated
+
+    def stub(row):
+        p = StepPrediction(
+            compute_s=0.010,
+            halo_s=0.001,
+            exchange_s=0.008,
+            momentum_sync_s=0.0,
+            optimizer_s=0.001,
+            comm_bytes_per_step=0.0,
+            halo_bytes_per_step=0.0,
+        )
+        return p, row["optimizer"]
+
+    rows = [
+        {"point": "one", "optimizer": "adamw", "data": "1", "compute_s": "0.024"},
+        {"point": "cub", "optimizer": "lion_cub", "data": "4", "compute_s": "0.05"},
+    ]
+    p, _ = calibrated(stub, rows, "one")(rows[1])  # cores ran at half the speed: × 2
+    assert (p.compute_s, p.optimizer_s) == (pytest.approx(0.020), pytest.approx(0.002))
+    assert (p.halo_s, p.exchange_s) == (0.001, 0.008)  # the network is not the cores
+    with pytest.raises(ValueError, match="'cub': needs one rank with a DDP optimizer"):
+        calibrated(stub, rows, "cub")
+    with pytest.raises(ValueError, match=r"'x' not in the table \(\['one', 'cub'\]\)"):
+        calibrated(stub, rows, "x")

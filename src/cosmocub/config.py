@@ -392,6 +392,7 @@ class ExtrapolateConfig:
 class PerfModelConfig:
     bench: BenchConfig
     cores: int | None
+    calibrate_on: str | None
     extrapolate: ExtrapolateConfig
 
 
@@ -613,7 +614,12 @@ def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
 def _perf_model(section: dict[str, Any]) -> PerfModelConfig:
     bench = BenchConfig(**_tuple_fields(BenchConfig, section["bench"]))
     extrapolate = ExtrapolateConfig(**_tuple_fields(ExtrapolateConfig, section["extrapolate"]))
-    return PerfModelConfig(bench=bench, cores=section["cores"], extrapolate=extrapolate)
+    return PerfModelConfig(
+        bench=bench,
+        cores=section["cores"],
+        calibrate_on=section["calibrate_on"],
+        extrapolate=extrapolate,
+    )
 
 
 def load_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None = None) -> Config:

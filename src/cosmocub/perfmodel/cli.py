@@ -109,6 +109,7 @@ def read_fits(path: Path):
 
 def validate(args: argparse.Namespace) -> int:
     from cosmocub.perfmodel.validate import (
+        calibrated,
         compare,
         cpu_predictor,
         error_summary,
@@ -122,6 +123,9 @@ def validate(args: argparse.Namespace) -> int:
     rows = read_points(points)
     cores = cfg.perf_model.cores or len(os.sched_getaffinity(0))
     predict = cpu_predictor(points.parent, read_fits(Path(args.fit)), cores=cores)
+    if point := args.calibrate_on or cfg.perf_model.calibrate_on:
+        predict = calibrated(predict, rows, point)
+        rows = [r for r in rows if r["point"] != point]
     results = compare(rows, predict)
     write_results(results, Path(args.tsv))
     plot_results(results, Path(args.plot))
@@ -210,6 +214,11 @@ def add_parser(sub, add_config) -> None:
     v.add_argument("--fit", required=True, help="the α–β fit (perf-model fit)")
     v.add_argument("--tsv", required=True)
     v.add_argument("--plot", required=True)
+    v.add_argument(
+        "--calibrate-on",
+        help="a one-rank point whose measured compute sets this machine's speed (left out of "
+        "the errors); default: perf_model.calibrate_on",
+    )
     add_config(v)
     e = cmds.add_parser("extrapolate", help="step time on GPU clusters, with its assumptions")
     e.set_defaults(handler=extrapolate)

@@ -44,7 +44,8 @@ def measure_layers(
 ) -> dict[str, float]:
     """Seconds of forward + backward of each conv block (on one rank's block: a spatial layer
     convolves the same output voxels, its halo planes in place of zero padding) and of the head
-    (on the gathered features), in this process's torch threads."""
+    (on the gathered features), in this process's torch threads; unsplit, also "overhead": the
+    whole model's training forward + backward less the layers' sum (loss, autograd glue)."""
     model = CosmoFlow(model_cfg).train()
     x = torch.randn(batch, model_cfg.in_channels, *local_shape(model_cfg, split))
     out: dict[str, float] = {}
@@ -66,6 +67,17 @@ def measure_layers(
         model.head(whole).sum().backward()
 
     out["head"] = _median_time(run_head, repeats)
+    if split == (1, 1, 1):
+        # What the layers leave out of a training step: the loss, zero_grad, autograd's glue
+        # between the layers; measured as the whole model's forward + backward less their sum.
+        x0 = torch.randn(batch, model_cfg.in_channels, *local_shape(model_cfg, split))
+        y0 = torch.zeros(batch, model_cfg.num_outputs)
+
+        def run_model() -> None:
+            model.zero_grad(set_to_none=True)
+            nn.functional.mse_loss(model(x0), y0).backward()
+
+        out["overhead"] = max(0.0, _median_time(run_model, repeats) - sum(out.values()))
     return out
 
 

@@ -12,6 +12,7 @@ as exchange instead.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -66,10 +67,11 @@ Predictor = Callable[[Mapping[str, str]], tuple[StepPrediction, str]]
 
 
 def cpu_predictor(
-    study_dir: Path, fits: Mapping[str, Fit], *, cores: int, repeats: int = 3
+    study_dir: Path, fits: Mapping[str, Fit], *, cores: int, repeats: int = 5
 ) -> Predictor:
     """Predict a row on this CPU: layer times measured here at the point's local batch and split
-    (in its cores per rank), scaled by ranks × threads / cores where the ranks oversubscribe."""
+    (in its cores per rank), plus the unsplit model's step overhead (loss, autograd glue),
+    scaled by ranks × threads / cores where the ranks oversubscribe the machine."""
     import torch
 
     from cosmocub.perfmodel.compute import measure_layers, measure_optimizer_step
@@ -91,6 +93,9 @@ def cpu_predictor(
                     split=split,
                     repeats=repeats,
                 )
+                if "overhead" not in layers:  # split: the unsplit model's loss and glue
+                    whole = measure_layers(cfg.model, batch=batch, repeats=repeats)
+                    layers["overhead"] = whole["overhead"]
                 optimizer_s = measure_optimizer_step(cfg.model, cfg.optimizer, repeats=repeats)
             finally:
                 torch.set_num_threads(previous)
@@ -139,6 +144,29 @@ def compare(rows: Sequence[Mapping[str, str]], predict: Predictor) -> list[dict[
         }
         out.append(result)
     return out
+
+
+def calibrated(predict: Predictor, rows: Sequence[Mapping[str, str]], point: str) -> Predictor:
+    """The predictor with its on-CPU work (compute, halo, optimizer) scaled so that `point`'s
+    measured compute is met: one number for how fast this machine's cores ran during the
+    measurements (on a shared machine, other jobs slow them), fitted on one point and tested on
+    the others."""
+    row = next((r for r in rows if r["point"] == point), None)
+    if row is None:
+        raise ValueError(
+            f"calibration point {point!r} not in the table ({[r['point'] for r in rows]})"
+        )
+    p, optimizer = predict(row)
+    if optimizer not in DDP_OPTIMIZERS or int(row["data"]) * int(row.get("spatial") or 1) != 1:
+        raise ValueError(f"calibration point {point!r}: needs one rank with a DDP optimizer")
+    scale = float(row["compute_s"]) / (p.compute_s + p.halo_s + p.optimizer_s)
+
+    def scaled(r: Mapping[str, str]) -> tuple[StepPrediction, str]:
+        q, name = predict(r)
+        work = {"compute_s": q.compute_s * scale, "optimizer_s": q.optimizer_s * scale}
+        return dataclasses.replace(q, **work), name
+
+    return scaled
 
 
 def _rel(predicted: float, measured: float) -> float:
