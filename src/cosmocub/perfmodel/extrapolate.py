@@ -213,6 +213,15 @@ def assumptions_text(base: Config, settings: ExtrapolateConfig, source: str) -> 
         "GPUs of a node"
         for name, a in settings.accelerators.items()
     )
+    lion_cub = next(
+        (
+            o.get("lion_cub") or {}
+            for o in settings.optimizers.values()
+            if o.get("name") == "lion_cub"
+        ),
+        {},
+    )
+    bucket_mb = lion_cub.get("bucket_mb", 4)
     return f"""# Assumptions of the extrapolation
 
 Model: `{source}` (model section), local batch {base.train.local_batch_size} samples per data
@@ -233,6 +242,10 @@ an all-to-all's ranks of a node share its link. Halo swaps: two faces per split 
 and backward, at {settings.activation_bytes} bytes per value, plus the all-gather of the
 features before the head. Nothing overlaps (DDP's overlap with backward would hide up to the
 backward's length of its all-reduce: the Lion rows are an upper bound there).
+Message rounds: each of a ring's 2(P-1) or P-1 rounds (and an all-to-all's P-1) costs the full
+alpha, with no tree or pipelining; at thousands of ranks this latency dominates, which is
+pessimistic against NCCL's tree algorithms and penalises many small messages (Lion Cub's
+{bucket_mb} MiB buckets, two phases each) more than few large ones (DDP's 25 MiB buckets).
 Optimizer update: memory-bound, about 20 (Lion) to 28 (Lion Cub, AdamW) bytes per parameter at
 the HBM bandwidth. Memory: activations saved for backward (bf16) + 16 bytes per parameter.
 Speedups compare the two optimizers on the same mesh (the smallest spatial split that fits);
