@@ -139,3 +139,27 @@ def test_cli_study_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFix
     assert cli.main([*args, "--config", str(tmp_path / "absent.yaml")]) == 2
     assert "absent.yaml: config file not found" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_training_row_means_the_steps_after_the_first_epoch(tmp_path: Path) -> None:
+    from cosmocub.studies.engine import PointOutputs, training_row
+
+    run = tmp_path / "run"
+    run.mkdir()
+    epochs = [  # epoch 0 holds start-up costs and is left out; epochs 1 and 2 are weighted 4 : 2
+        {"step": 6, "val_loss": 2.0, "time_compute_s": 9.0, "time_exchange_s": 9.0},
+        {"step": 10, "val_loss": 1.5, "time_compute_s": 0.3, "time_exchange_s": 0.1},
+        {"step": 12, "val_loss": 1.0, "time_compute_s": 0.6, "time_exchange_s": 0.4},
+    ]
+    for e in epochs:
+        e |= {"time_momentum_sync_s": 0.0, "comm_bytes_per_step": 100.0}
+    (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in epochs))
+    summary = {"world_size": 4, "data_parallel": 2, "spatial_parallel": 2, "steps": 12}
+    (run / "train_summary.json").write_text(json.dumps(summary))
+    (tmp_path / "point.json").write_text(json.dumps({"nodes": 2, "cores_per_rank": 1}))
+    row = training_row(PointOutputs(point=Point(name="p", overrides={}), folder=tmp_path))
+    assert row["compute_s"] == pytest.approx((4 * 0.3 + 2 * 0.6) / 6)
+    assert row["exchange_s"] == pytest.approx((4 * 0.1 + 2 * 0.4) / 6)
+    assert row["step_s"] == pytest.approx(row["compute_s"] + row["exchange_s"])
+    assert (row["data"], row["spatial"], row["nodes"], row["cores_per_rank"]) == (2, 2, 2, 1)
+    assert (row["steps"], row["final_val_loss"], row["comm_bytes_per_step"]) == (12, 1.0, 100.0)
