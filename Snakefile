@@ -16,6 +16,7 @@ include: "workflow/rules/train.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/studies.smk"
 include: "workflow/rules/unet.smk"
+include: "workflow/rules/perf_model.smk"
 
 
 # The resolved config and the MLflow parent run exist before any job starts.
@@ -24,12 +25,19 @@ onstart:
     ws.start_tracking(CFG)
 
 
+# The last line of the log: where the runs are in the MLflow UI (its runs view, see README).
 onsuccess:
+    link = ws.mlflow_runs_link(CFG)  # before a server the workflow started stops
     ws.finish_tracking(CFG, "FINISHED")
+    if link:
+        logger.info(link)
 
 
 onerror:
+    link = ws.mlflow_runs_link(CFG)
     ws.finish_tracking(CFG, "FAILED")
+    if link:
+        logger.info(link)
 
 
 rule all:

@@ -181,6 +181,7 @@ def _cmd_summarize(args: argparse.Namespace) -> int:
         manifest_path=Path(args.manifest),
         metrics_paths=[Path(p) for p in args.metrics],
         out_path=Path(args.out),
+        study_sections=[Path(p) for p in args.studies or ()],
     )
     return 0
 
@@ -207,14 +208,12 @@ def _cmd_resolve_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_sample_size_config(args: argparse.Namespace) -> int:
-    from cosmocub.config import from_values, write_config
-    from cosmocub.studies.sample_size import size_config_values
+def _cmd_study_point_config(args: argparse.Namespace) -> int:
+    from cosmocub.config import write_config
+    from cosmocub.studies.engine import find_point, point_values
 
     cfg = load_config(args.config)
-    values = size_config_values(cfg, args.size)
-    from_values(values, source=f"sample_size_study at {args.size}")  # checks it, as a job would
-    write_config(values, args.out)
+    write_config(point_values(cfg, args.study, find_point(cfg, args.study, args.point)), args.out)
     return 0
 
 
@@ -242,23 +241,43 @@ def _cmd_evaluate_fields(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_sample_size_study(args: argparse.Namespace) -> int:
-    from cosmocub.studies.sample_size import run_study
+def _cmd_study_point(args: argparse.Namespace) -> int:
+    from cosmocub.studies.engine import find_point, point_record, write_point_record
+    from cosmocub.studies.runners import runner
+
+    cfg = load_config(args.config)  # the base config: the point's own is --point-config
+    point = find_point(cfg, args.study, args.point)
+    point_cfg = load_config(args.point_config)
+    out = Path(args.out)
+    rc, extra = runner(point.runner)(
+        point,
+        config_path=Path(args.point_config),
+        shards_dir=Path(args.shards),
+        out_dir=out / "run",
+        nproc_per_node=int(point.launch.get("nproc_per_node", point_cfg.train.nproc_per_node)),
+        cpus_per_rank=args.cpus_per_rank,
+        max_restarts=args.max_restarts,
+    )
+    if rc == 0:
+        write_point_record(point_record(point, cores_per_rank=args.cpus_per_rank, extra=extra), out)
+    return rc
+
+
+def _cmd_study_gather(args: argparse.Namespace) -> int:
+    from cosmocub.studies.engine import gather, study_points
     from cosmocub.tracking import job_run
 
     cfg = load_config(args.config)
-    eval_dirs = {}
-    for item in args.eval:
-        size, _, folder = item.partition("=")
-        if not size.isdigit() or not folder:
-            raise ValueError(f"--eval {item!r}: expected SIZE=EVAL_DIR")
-        eval_dirs[int(size)] = Path(folder)
-    with job_run(cfg, stage="sample_size_study") as tracker:
-        run_study(
+    study_points(cfg, args.study)  # a bad study name or block fails before MLflow is opened
+    folder = Path(args.dir)
+    with job_run(cfg, stage=f"{args.study}_study", params={"study": args.study}) as tracker:
+        gather(
             cfg,
-            eval_dirs=eval_dirs,
-            out_tsv=Path(args.tsv),
-            out_png=Path(args.plot),
+            args.study,
+            folder=folder,
+            out_tsv=folder / "points.tsv",
+            out_png=folder / f"{args.study}.png",
+            out_summary=folder / "summary.md",
             tracker=tracker,
         )
     return 0
@@ -373,6 +392,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p = add("summarize", _cmd_summarize, "one-page markdown summary of shards and evaluations")
     p.add_argument("--manifest", required=True)
     p.add_argument("--metrics", nargs="+", required=True, help="evaluation metrics.json files")
+    p.add_argument("--studies", nargs="*", help="studies' summary.md sections to append")
     p.add_argument("--out", required=True)
 
     p = add("tracking", _cmd_tracking_start, "open/close the MLflow parent run of a workflow")
@@ -388,22 +408,27 @@ def _build_parser() -> argparse.ArgumentParser:
     add_config(t)
 
     p = add(
-        "sample-size-config",
-        _cmd_sample_size_config,
-        "write the config of the sample-size study's run at one crop size",
+        "study-point-config",
+        _cmd_study_point_config,
+        "write the config of one point of a study (the base config and the point's overrides)",
     )
-    p.add_argument("--size", type=int, required=True, help="crop side (one of the study's sizes)")
+    p.add_argument("--study", required=True)
+    p.add_argument("--point", required=True)
     p.add_argument("--out", required=True)
     add_config(p)
 
     p = add(
-        "sample-size-study",
-        _cmd_sample_size_study,
-        "test error per parameter against sample size (TSV and plot) from the runs' evaluations",
+        "study-point",
+        _cmd_study_point,
+        "train one point of a study with its runner (locally: cosmocub launch -- train)",
     )
-    p.add_argument("--eval", nargs="+", required=True, help="SIZE=EVAL_DIR for every size")
-    p.add_argument("--tsv", required=True)
-    p.add_argument("--plot", required=True)
+    p.add_argument("--study", required=True)
+    p.add_argument("--point", required=True)
+    p.add_argument("--point-config", required=True, help="the point's config (study-point-config)")
+    p.add_argument("--shards", required=True)
+    p.add_argument("--out", required=True, help="the point's folder (run/ and point.json)")
+    p.add_argument("--cpus-per-rank", type=int, default=1)
+    p.add_argument("--max-restarts", type=int, default=0)
     add_config(p)
 
     p = add(
@@ -423,6 +448,19 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", required=True)
     p.add_argument("--out", required=True)
     add_config(p)
+
+    p = add(
+        "study-gather",
+        _cmd_study_gather,
+        "a study's table (points.tsv), plot and report section from its points; MLflow parent run",
+    )
+    p.add_argument("--study", required=True)
+    p.add_argument("--dir", required=True, help="the study's folder (one subfolder per point)")
+    add_config(p)
+
+    from cosmocub.perfmodel.cli import add_parser as add_perf_model
+
+    add_perf_model(sub, add_config)
 
     p = add("resolve-config", _cmd_resolve_config, "write the config with every default filled in")
     p.add_argument("--out", required=True)

@@ -367,6 +367,81 @@ class SampleSizeStudyConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StepTimePoint:
+    name: str
+    nproc_per_node: int
+    spatial: int
+    optimizer: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTimeStudyConfig:
+    epochs: int
+    points: tuple[StepTimePoint, ...]
+
+    def __post_init__(self) -> None:
+        points = tuple(StepTimePoint(**p) if isinstance(p, dict) else p for p in self.points)
+        object.__setattr__(self, "points", points)
+        names = [p.name for p in points]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"key 'step_time_study.points': names repeat: {names}")
+        for p in points:
+            if p.nproc_per_node % p.spatial:
+                raise ConfigError(
+                    f"key 'step_time_study.points': point {p.name!r} has spatial {p.spatial}, "
+                    f"which does not divide its nproc_per_node {p.nproc_per_node}"
+                )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    ranks: int
+    sizes_bytes: tuple[int, ...]
+    repeats: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class AcceleratorConfig:
+    peak_tflops: float
+    efficiency: float
+    memory_gb: float
+    memory_gbyte_s: float
+    intra_node_gbit: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtrapolateConfig:
+    config: str
+    sample_sizes: tuple[int, ...]
+    gpus: tuple[int, ...]
+    gpus_per_node: int
+    link_gbit: tuple[float, ...]
+    latency_us: float
+    intra_latency_us: float
+    activation_bytes: int
+    halo_share_limit: float
+    optimizers: dict[str, dict[str, Any]]
+    accelerators: dict[str, AcceleratorConfig]
+
+    def __post_init__(self) -> None:
+        accelerators = {
+            k: AcceleratorConfig(**v) if isinstance(v, dict) else v
+            for k, v in self.accelerators.items()
+        }
+        object.__setattr__(self, "accelerators", accelerators)
+        if not accelerators:
+            raise ConfigError("key 'perf_model.extrapolate.accelerators': none given")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PerfModelConfig:
+    bench: BenchConfig
+    cores: int | None
+    calibrate_on: str | None
+    extrapolate: ExtrapolateConfig
+
+
+@dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
     name: str
     lr: float
@@ -501,6 +576,8 @@ class Config:
     evaluate: EvaluateConfig
     tracking: TrackingConfig
     cluster: ClusterConfig
+    step_time_study: StepTimeStudyConfig
+    perf_model: PerfModelConfig
     # The resolved dict this was built from: for hashing, MLflow params and artifacts.
     values: dict[str, Any] = field(repr=False, compare=False)
     source: str = "<config>"
@@ -576,12 +653,28 @@ def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
                 preprocess=PreprocessResources(**values["cluster"]["preprocess"]),
                 small=SmallResources(**values["cluster"]["small"]),
             ),
+            step_time_study=StepTimeStudyConfig(
+                epochs=values["step_time_study"]["epochs"],
+                points=tuple(values["step_time_study"]["points"]),
+            ),
+            perf_model=_perf_model(values["perf_model"]),
             values=values,
             source=source,
         )
     except ConfigError as err:
         msg = str(err)
         raise ConfigError(msg if msg.startswith(source) else f"{source}: {msg}") from None
+
+
+def _perf_model(section: dict[str, Any]) -> PerfModelConfig:
+    bench = BenchConfig(**_tuple_fields(BenchConfig, section["bench"]))
+    extrapolate = ExtrapolateConfig(**_tuple_fields(ExtrapolateConfig, section["extrapolate"]))
+    return PerfModelConfig(
+        bench=bench,
+        cores=section["cores"],
+        calibrate_on=section["calibrate_on"],
+        extrapolate=extrapolate,
+    )
 
 
 def load_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None = None) -> Config:

@@ -6,6 +6,7 @@ Reads only what earlier stages wrote (manifest.json, eval/metrics.json, train_su
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,42 @@ def _fmt(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def write_summary(*, manifest_path: Path, metrics_paths: list[Path], out_path: Path) -> str:
+def format_study_section(
+    *,
+    title: str,
+    description: str,
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str],
+    plot: str | None = None,
+    max_rows: int = 60,
+) -> str:
+    """A study's report section: what it shows, its table (the first max_rows rows) and plot."""
+    lines = [f"## {title}", ""]
+    if description:
+        lines += [description, ""]
+    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows[:max_rows]:
+        lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
+    if len(rows) > max_rows:
+        lines.append(f"\n({len(rows) - max_rows} more rows in the TSV)")
+    if plot:
+        lines += ["", f"![{title}]({plot})"]
+    return "\n".join([*lines, ""])
+
+
+def _cell(value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return ""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def write_summary(
+    *,
+    manifest_path: Path,
+    metrics_paths: list[Path],
+    out_path: Path,
+    study_sections: Sequence[Path] = (),
+) -> str:
     manifest = _read_json(manifest_path)
     counts = manifest.get("counts", {})
     universes = manifest.get("universes", {})
@@ -82,6 +118,8 @@ def write_summary(*, manifest_path: Path, metrics_paths: list[Path], out_path: P
     ]
     for path in metrics_paths:
         lines += format_run(path)
+    for path in study_sections:  # written by each study's gather (cosmocub study-gather)
+        lines += [Path(path).read_text()]
     text = "\n".join(lines)
     with atomic_path(out_path) as tmp:
         tmp.write_text(text)

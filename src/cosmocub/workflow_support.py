@@ -76,6 +76,37 @@ def finish_tracking(cfg: Config, status: str) -> None:
             stop_server(int(pid))
 
 
+# MLflow 3 opens an experiment in its GenAI view in a fresh browser, whatever the experiment's
+# tags (the UI keeps the mode per browser); this query after the hash route opens the runs view.
+RUNS_VIEW_QUERY = "workflowType=machine_learning"
+
+
+def runs_view_url(base_url: str, experiment_id: str) -> str:
+    """The MLflow UI's runs table (not its GenAI view) of one experiment."""
+    return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?{RUNS_VIEW_QUERY}"
+
+
+def mlflow_runs_link(cfg: Config) -> str:
+    """One line for the end of a workflow: where to see its runs in the MLflow UI ("" when
+    tracking is off or the store cannot be read)."""
+    if not cfg.tracking.enabled:
+        return ""
+    from cosmocub.tracking import init_store, tracking_uri
+
+    try:
+        experiment_id = init_store(cfg)
+    except ValueError:
+        return ""
+    uri = tracking_uri(cfg)
+    if uri.startswith(("http://", "https://")):
+        return f"MLflow runs: {runs_view_url(uri, experiment_id)}"
+    # A file store: the UI is the user's `mlflow ui` (port 5000 by default).
+    return (
+        f"MLflow runs: {runs_view_url('http://127.0.0.1:5000', experiment_id)} "
+        f"(start the UI with: mlflow ui --backend-store-uri {uri})"
+    )
+
+
 def num_preprocess_groups(cfg: Config, num_universes: int) -> int:
     """Preprocess jobs: the universes in groups of cluster.preprocess.universes_per_job."""
     return -(-num_universes // cfg.cluster.preprocess.universes_per_job)

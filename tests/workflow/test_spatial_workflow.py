@@ -87,7 +87,7 @@ def test_sample_size_study_target(workdir: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     study = workdir / "results-test/studies/sample_size"
-    with open(study / "sample_size.tsv") as f:
+    with open(study / "points.tsv") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
     # 2 sizes × 2 levels × (4 parameters + their mean).
     assert len(rows) == 20

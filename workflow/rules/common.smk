@@ -1,10 +1,12 @@
 # Config validation (the schema fills defaults), derived paths, and every input function.
+import functools
 import os
 
 from snakemake.utils import validate
 
 from cosmocub import workflow_support as ws
 from cosmocub.config import coerce_cli_strings, from_values
+from cosmocub.studies import engine as study_engine
 
 coerce_cli_strings(config)  # nested --config values arrive as strings
 validate(config, "../schemas/config.schema.yaml")
@@ -45,7 +47,52 @@ def tracking_env(rule_name):
     return env
 
 
-def study_ranks(wildcards):
-    """Ranks of the sample-size study's run at one crop size ({size}), all on one node."""
-    spatial = dict(zip(CFG.sample_size_study.sizes, CFG.sample_size_study.spatial))
-    return spatial[int(wildcards.size)] * CFG.train.nproc_per_node
+# Studies (workflow/rules/studies.smk): what each point needs, planned by cosmocub.studies.engine
+# when a study's rule first asks (a bad study block fails its own targets, not `all`).
+@functools.cache
+def study_plan(study):
+    return {p.point.name: p for p in study_engine.plan(CFG, study)}
+
+
+def study_point_plan(wildcards):
+    return study_plan(wildcards.study)[wildcards.point]
+
+
+def study_settings(wildcards):
+    """A point's config depends on the sections it may override and its study's block."""
+    names = (
+        "preprocess",
+        "model",
+        "parallel",
+        "optimizer",
+        "train",
+        "evaluate",
+        "seed",
+    )
+    return section(*names, study_engine.definition(wildcards.study).config_key)
+
+
+def study_point_manifest(wildcards):
+    return f"{study_point_plan(wildcards).shards}/manifest.json"
+
+
+def study_point_ranks(wildcards):
+    """Ranks one point starts on this node (emulated nodes share it)."""
+    return study_point_plan(wildcards).ranks
+
+
+def study_shard_config(wildcards):
+    """The config of a point whose shards have this key (all such points agree on them)."""
+    sources = study_engine.study_shard_sources(CFG, list(study_engine.STUDY_MODULES))
+    study, point = sources[wildcards.key]
+    return f"{RESULTS}/studies/{study}/{point}/config.yaml"
+
+
+def study_gather_inputs(wildcards):
+    """Every point's outputs that its study's rows read."""
+    folder = f"{RESULTS}/studies/{wildcards.study}"
+    names = study_plan(wildcards.study)
+    files = [f"{folder}/{p}/point.json" for p in names]
+    if study_engine.definition(wildcards.study).evaluate:
+        files += [f"{folder}/{p}/eval/predictions.npz" for p in names]
+    return files

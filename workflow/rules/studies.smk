@@ -1,49 +1,69 @@
-# The sample-size study (`snakemake sample_size_study`): the recipe of the config trained on crops
-# of each size in sample_size_study.sizes, cut from the same universes, each its own run (on one
-# node, launched like `train`).
+# Studies (`snakemake <name>_study`, names in cosmocub.studies.engine.STUDY_MODULES): the same
+# rules for every study. Each point is one training run of the base config with the point's
+# overrides (cosmocub study-point: `cosmocub launch -- train` here, another runner where the
+# point names one); the gather writes points.tsv, <study>.png and a report section, and makes
+# the study's MLflow run the parent of the points' training runs.
 
-STUDY = f"{RESULTS}/studies/sample_size"
+STUDIES = f"{RESULTS}/studies"
 
 
-rule sample_size_config:
+wildcard_constraints:
+    study="|".join(study_engine.STUDY_MODULES),
+    point=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+    key=r"data-[0-9a-f]+",
+
+
+rule study_point_config:
     output:
-        f"{STUDY}/{{size}}/config.yaml",
+        f"{STUDIES}/{{study}}/{{point}}/config.yaml",
     log:
-        f"{STUDY}/logs/config_{{size}}.log",
-    wildcard_constraints:
-        size=r"\d+",
+        f"{STUDIES}/{{study}}/logs/config_{{point}}.log",
     conda:
         "../../envs/cosmocub.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=CFG.cluster.small.runtime,
     params:
-        settings=section(
-            "universes",
-            "preprocess",
-            "model",
-            "parallel",
-            "optimizer",
-            "train",
-            "evaluate",
-            "sample_size_study",
-            "seed",
-        ),
+        settings=study_settings,
     shell:
-        "cosmocub sample-size-config --size {wildcards.size} --out {output} > {log} 2>&1"
+        "cosmocub study-point-config --study {wildcards.study} --point {wildcards.point}"
+        " --out {output} > {log} 2>&1"
 
 
-rule sample_size_preprocess:
+# Shards of points whose data sections differ from the base run's (points that agree share
+# them; points that agree with the base use its shards): the plan/group/gather path of data.smk.
+rule study_preprocess_plan:
     input:
-        config=rules.sample_size_config.output,
+        config=study_shard_config,
         universes=universe_files,
     output:
-        train=f"{STUDY}/{{size}}/shards/train.h5",
-        val=f"{STUDY}/{{size}}/shards/val.h5",
-        test=f"{STUDY}/{{size}}/shards/test.h5",
-        stats=f"{STUDY}/{{size}}/shards/stats.json",
-        manifest=f"{STUDY}/{{size}}/shards/manifest.json",
+        temp(directory(f"{STUDIES}/.staging/{{key}}")),
     log:
-        f"{STUDY}/logs/preprocess_{{size}}.log",
+        f"{STUDIES}/logs/preprocess_plan_{{key}}.log",
+    conda:
+        "../../envs/cosmocub.yaml"
+    threads: 1
+    resources:
+        mem_mb=CFG.cluster.small.mem_mb,
+        runtime=CFG.cluster.small.runtime,
+    params:
+        universes=f"{RESULTS}/universes",
+    shell:
+        "cosmocub preprocess-plan --config {input.config} --universes-dir {params.universes}"
+        " --staging {output} > {log} 2>&1"
+
+
+rule study_preprocess_group:
+    input:
+        config=study_shard_config,
+        staging=f"{STUDIES}/.staging/{{key}}",
+    output:
+        temp(f"{STUDIES}/.groups/{{key}}/{{group}}.npz"),
+    log:
+        f"{STUDIES}/logs/preprocess_{{key}}_group_{{group}}.log",
     wildcard_constraints:
-        size=r"\d+",
+        group=r"\d+",
     conda:
         "../../envs/cosmocub.yaml"
     threads: CFG.cluster.preprocess.threads
@@ -51,97 +71,141 @@ rule sample_size_preprocess:
         mem_mb=CFG.cluster.preprocess.mem_mb,
         runtime=CFG.cluster.preprocess.runtime,
     params:
-        out=lambda w, output: os.path.dirname(output.manifest),
-        env=tracking_env("sample_size_preprocess"),
+        env=tracking_env("study_preprocess_group"),
     shell:
-        "{params.env} cosmocub preprocess {input.universes} --out {params.out}"
-        " --config {input.config} --threads {threads} > {log} 2>&1"
+        "{params.env} cosmocub preprocess-group --config {input.config} --staging {input.staging}"
+        " --group {wildcards.group} --out {output} --threads {threads} > {log} 2>&1"
 
 
-rule sample_size_train:
+rule study_preprocess:
     input:
-        config=rules.sample_size_config.output,
-        shards=rules.sample_size_preprocess.output,
-        manifest=rules.sample_size_preprocess.output.manifest,
+        config=study_shard_config,
+        staging=f"{STUDIES}/.staging/{{key}}",
+        groups=expand(
+            f"{STUDIES}/.groups/{{{{key}}}}/{{group}}.npz",
+            group=range(ws.num_preprocess_groups(CFG, len(UNIVERSE_IDS))),
+        ),
     output:
-        model=f"{STUDY}/{{size}}/run/model.pt",
-        metrics=f"{STUDY}/{{size}}/run/metrics.jsonl",
-        summary=f"{STUDY}/{{size}}/run/train_summary.json",
+        train=f"{STUDIES}/shards/{{key}}/train.h5",
+        val=f"{STUDIES}/shards/{{key}}/val.h5",
+        test=f"{STUDIES}/shards/{{key}}/test.h5",
+        stats=f"{STUDIES}/shards/{{key}}/stats.json",
+        manifest=f"{STUDIES}/shards/{{key}}/manifest.json",
     log:
-        f"{STUDY}/logs/train_{{size}}.log",
-    wildcard_constraints:
-        size=r"\d+",
+        f"{STUDIES}/logs/preprocess_{{key}}.log",
     conda:
         "../../envs/cosmocub.yaml"
-    # Like `train`, the ranks (spatial × nproc_per_node here) ask for cluster.train.cpus_per_rank.
-    threads: lambda w: study_ranks(w) * CFG.cluster.train.cpus_per_rank
+    threads: 1
     resources:
-        mem_mb=lambda w: study_ranks(w) * CFG.cluster.train.mem_mb_per_rank,
+        mem_mb=CFG.cluster.small.mem_mb,
+        runtime=CFG.cluster.small.runtime,
+    params:
+        out=lambda w, output: os.path.dirname(output.manifest),
+        groups=lambda w, input: os.path.dirname(input.groups[0]),
+        env=tracking_env("study_preprocess"),
+    shell:
+        "{params.env} cosmocub preprocess-gather --config {input.config}"
+        " --staging {input.staging} --groups-dir {params.groups} --out {params.out} > {log} 2>&1"
+
+
+rule study_point:
+    input:
+        config=f"{STUDIES}/{{study}}/{{point}}/config.yaml",
+        manifest=study_point_manifest,
+    output:
+        record=f"{STUDIES}/{{study}}/{{point}}/point.json",
+        model=f"{STUDIES}/{{study}}/{{point}}/run/model.pt",
+        metrics=f"{STUDIES}/{{study}}/{{point}}/run/metrics.jsonl",
+        summary=f"{STUDIES}/{{study}}/{{point}}/run/train_summary.json",
+    log:
+        f"{STUDIES}/{{study}}/logs/point_{{point}}.log",
+    conda:
+        "../../envs/cosmocub.yaml"
+    # Like `train`, every rank asks for cluster.train.cpus_per_rank (Snakemake caps at --cores).
+    threads: lambda w: study_point_ranks(w) * CFG.cluster.train.cpus_per_rank
+    resources:
+        mem_mb=lambda w: study_point_ranks(w) * CFG.cluster.train.mem_mb_per_rank,
         runtime=CFG.cluster.train.runtime,
+        mpi="",  # see rule train: `cosmocub launch` starts the ranks itself
     params:
         shards=lambda w, input: os.path.dirname(input.manifest),
-        out=lambda w, output: os.path.dirname(output.model),
-        nproc=study_ranks,
-        cpus=lambda w, threads: max(1, threads // study_ranks(w)),  # as granted
+        out=lambda w, output: os.path.dirname(output.record),
+        cpus=lambda w, threads: max(1, threads // study_point_ranks(w)),  # as granted
         max_restarts=CFG.train.max_restarts,
-        env=tracking_env("sample_size_train"),
+        env=tracking_env("study_point"),
     shell:
-        "{params.env} cosmocub launch --tasks-per-node {params.nproc}"
-        " --cpus-per-rank {params.cpus} --max-restarts {params.max_restarts}"
-        " -- train --config {input.config} --shards {params.shards} --out {params.out}"
-        " > {log} 2>&1"
+        "{params.env} cosmocub study-point --study {wildcards.study} --point {wildcards.point}"
+        " --point-config {input.config} --shards {params.shards} --out {params.out}"
+        " --cpus-per-rank {params.cpus} --max-restarts {params.max_restarts} > {log} 2>&1"
 
 
-rule sample_size_evaluate:
+rule study_evaluate:
     input:
-        config=rules.sample_size_config.output,
-        model=rules.sample_size_train.output.model,
-        manifest=rules.sample_size_preprocess.output.manifest,
+        config=f"{STUDIES}/{{study}}/{{point}}/config.yaml",
+        model=f"{STUDIES}/{{study}}/{{point}}/run/model.pt",
+        manifest=study_point_manifest,
     output:
-        metrics=f"{STUDY}/{{size}}/eval/metrics.json",
-        predictions=f"{STUDY}/{{size}}/eval/predictions.npz",
+        metrics=f"{STUDIES}/{{study}}/{{point}}/eval/metrics.json",
+        predictions=f"{STUDIES}/{{study}}/{{point}}/eval/predictions.npz",
     log:
-        f"{STUDY}/logs/evaluate_{{size}}.log",
-    wildcard_constraints:
-        size=r"\d+",
+        f"{STUDIES}/{{study}}/logs/evaluate_{{point}}.log",
     conda:
         "../../envs/cosmocub.yaml"
+    threads: CFG.cluster.small.threads
+    resources:
+        mem_mb=CFG.cluster.small.mem_mb,
+        runtime=CFG.cluster.small.runtime,
     params:
         shards=lambda w, input: os.path.dirname(input.manifest),
         run_dir=lambda w, input: os.path.dirname(input.model),
         out=lambda w, output: os.path.dirname(output.metrics),
-        env=tracking_env("sample_size_evaluate"),
+        env=tracking_env("study_evaluate"),
     shell:
         "{params.env} cosmocub evaluate --config {input.config} --shards {params.shards}"
         " --run-dir {params.run_dir} --out {params.out} > {log} 2>&1"
 
 
-rule sample_size_study:
+rule study_gather:
     input:
-        expand(
-            f"{STUDY}/{{size}}/eval/predictions.npz", size=CFG.sample_size_study.sizes
-        ),
+        study_gather_inputs,
     output:
         tsv=report(
-            f"{STUDY}/sample_size.tsv",
-            caption="../report/sample_size.rst",
-            category="Sample-size study",
+            f"{STUDIES}/{{study}}/points.tsv",
+            caption="../report/study.rst",
+            category="Studies",
+            subcategory="{study}",
         ),
         plot=report(
-            f"{STUDY}/sample_size.png",
-            caption="../report/sample_size.rst",
-            category="Sample-size study",
+            f"{STUDIES}/{{study}}/{{study}}.png",
+            caption="../report/study.rst",
+            category="Studies",
+            subcategory="{study}",
         ),
+        summary=f"{STUDIES}/{{study}}/summary.md",
     log:
-        f"{STUDY}/logs/sample_size_study.log",
+        f"{STUDIES}/{{study}}/logs/gather.log",
     conda:
         "../../envs/cosmocub.yaml"
+    threads: 1
+    resources:
+        mem_mb=CFG.cluster.small.mem_mb,
+        runtime=CFG.cluster.small.runtime,
     params:
-        evals=lambda w, input: " ".join(
-            f"{size}={os.path.dirname(path)}"
-            for size, path in zip(CFG.sample_size_study.sizes, input)
-        ),
-        env=tracking_env("sample_size_study"),
+        folder=lambda w, output: os.path.dirname(output.tsv),
+        env=tracking_env("study_gather"),
     shell:
-        "{params.env} cosmocub sample-size-study --eval {params.evals}"
-        " --tsv {output.tsv} --plot {output.plot} > {log} 2>&1"
+        "{params.env} cosmocub study-gather --study {wildcards.study} --dir {params.folder}"
+        " > {log} 2>&1"
+
+
+# One target per study: `snakemake --cores all sample_size_study`.
+for _study in study_engine.STUDY_MODULES:
+
+    rule:
+        name:
+            f"{_study}_study"
+        input:
+            f"{STUDIES}/{_study}/points.tsv",
+            f"{STUDIES}/{_study}/{_study}.png",
+            f"{STUDIES}/{_study}/summary.md",
+        localrule: True

@@ -45,6 +45,38 @@ def ring_allreduce_bytes(payload_bytes: float, group_size: int) -> float:
     return 2.0 * (group_size - 1) / group_size * payload_bytes
 
 
+def allgather_bytes(payload_bytes: float, group_size: int) -> float:
+    """Bytes one rank sends in a ring all-gather of its payload: to the P−1 others, (P−1)·b."""
+    return (group_size - 1) * payload_bytes
+
+
+def alltoall_bytes(send_bytes: float, group_size: int) -> float:
+    """Bytes one rank sends in an all-to-all of a buffer of P chunks: all but its own, (P−1)/P."""
+    return (group_size - 1) / group_size * send_bytes
+
+
+def vote_bytes_sent(collective: str, num_values: int, bits: int, group_size: int) -> float:
+    """Bytes one rank sends to vote on `num_values` values (one bucket) with `collective`, at
+    `bits` per value on the wire: what the Collective classes below count, from the sizes alone
+    (padding included), for the performance model."""
+    if group_size == 1:
+        return 0.0
+    if collective == "allgather":
+        return allgather_bytes(_padded(num_values, 8) * bits // 8, group_size)
+    if collective == "alltoall":
+        padded = _padded(num_values, 8 * group_size)
+        result_bytes = padded // group_size // 8  # one bit per voted value of this rank's chunk
+        sent = alltoall_bytes(padded * bits // 8, group_size)
+        return sent + allgather_bytes(result_bytes, group_size)
+    if collective == "allreduce":
+        return ring_allreduce_bytes(num_values, group_size)  # int8: one byte per value
+    raise ValueError(f"unknown collective {collective!r} ({', '.join(COLLECTIVES)})")
+
+
+def _padded(n: int, multiple: int) -> int:
+    return n + (-n % multiple)
+
+
 @dataclass(frozen=True)
 class WireSpec:
     quantizer: str  # "sign" or a scaled quantizer
@@ -128,7 +160,7 @@ class AllGatherVote(Collective):
         payload = _encode(_pad(q, 8), _pad(tie, 8), spec).reshape(-1)
         out = payload.new_empty(self.size * payload.numel())
         work = all_gather_flat(out, payload, group=self.group, async_op=True)
-        self.stats.bytes_sent += (self.size - 1) * payload.numel()
+        self.stats.bytes_sent += allgather_bytes(payload.numel(), self.size)
         return Pending(q, tie, work, (out,))
 
     def _finish(self, pending: Pending, spec: WireSpec) -> torch.Tensor:
@@ -149,7 +181,7 @@ class AllToAllVote(Collective):
         send = _encode(q_pad.view(self.size, -1), tie_pad.view(self.size, -1), spec).contiguous()
         recv = torch.empty_like(send)
         work = dist.all_to_all_single(recv, send, group=self.group, async_op=True)
-        self.stats.bytes_sent += (self.size - 1) / self.size * send.numel()
+        self.stats.bytes_sent += alltoall_bytes(send.numel(), self.size)
         return Pending(q, tie, work, (recv, tie_pad))
 
     def _finish(self, pending: Pending, spec: WireSpec) -> torch.Tensor:
@@ -161,7 +193,7 @@ class AllToAllVote(Collective):
         result = pack_bits(my_vote > 0)  # the vote is never 0: one bit per value
         gathered = result.new_empty(self.size * result.numel())
         all_gather_flat(gathered, result, group=self.group)
-        self.stats.bytes_sent += (self.size - 1) * result.numel()
+        self.stats.bytes_sent += allgather_bytes(result.numel(), self.size)
         return bits_to_signs(unpack_bits(gathered))[: pending.q.numel()]
 
 

@@ -7,9 +7,6 @@ this module derives one config per size and turns the runs' test predictions int
 
 from __future__ import annotations
 
-import copy
-import csv
-import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -21,8 +18,7 @@ import numpy as np
 from cosmocub.config import Config, ConfigError
 from cosmocub.data.universe import NAME_PAR
 from cosmocub.io import atomic_path
-
-log = logging.getLogger(__name__)
+from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition, point_values
 
 LEVELS = ("sample", "universe")
 COLUMNS = (
@@ -39,10 +35,10 @@ COLUMNS = (
 )
 
 
-def size_config_values(cfg: Config, size: int) -> dict[str, Any]:
-    """The resolved config of the run at crop side `size`: the base config with the sample and
-    model input set to `size`, split over the spatial ranks the study gives that size, and its own
-    run name. Everything else (model, optimizer, epochs, seed, universes) is the base recipe."""
+def size_point(cfg: Config, size: int) -> Point:
+    """The run at crop side `size`: the base config with the sample and model input set to
+    `size`, split over the spatial ranks the study gives that size. Everything else (model,
+    optimizer, epochs, seed, universes) is the base recipe."""
     study = cfg.sample_size_study
     if size not in study.sizes:
         raise ConfigError(f"key 'sample_size_study.sizes': {size} is not one of {study.sizes}")
@@ -52,13 +48,25 @@ def size_config_values(cfg: Config, size: int) -> dict[str, Any]:
             f"{cfg.universes.size}"
         )
     spatial = study.spatial[study.sizes.index(size)]
-    values = copy.deepcopy(cfg.values)
-    values["preprocess"]["sample_size"] = size
-    values["model"]["input_size"] = size
-    values["parallel"] = {**values["parallel"], "spatial": spatial, "split": None}
-    values["train"]["nproc_per_node"] = spatial * values["train"]["nproc_per_node"]
-    values["train"]["run_name"] = f"sample_size_{size}"
-    return values
+    return Point(
+        name=str(size),
+        labels={},  # the rows carry sample_size and spatial themselves
+        overrides={
+            "preprocess": {"sample_size": size},
+            "model": {"input_size": size},
+            "parallel": {"spatial": spatial, "split": None},
+            "train": {"nproc_per_node": spatial * cfg.train.nproc_per_node},
+        },
+    )
+
+
+def size_points(cfg: Config) -> list[Point]:
+    return [size_point(cfg, size) for size in cfg.sample_size_study.sizes]
+
+
+def size_config_values(cfg: Config, size: int) -> dict[str, Any]:
+    """The resolved config of the run at crop side `size` (run name `sample_size_<size>`)."""
+    return point_values(cfg, "sample_size", size_point(cfg, size))
 
 
 def universe_means(values_np: np.ndarray, universe_index: np.ndarray) -> np.ndarray:
@@ -120,14 +128,6 @@ def study_rows(
     return rows
 
 
-def write_tsv(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
-    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, delimiter="\t", lineterminator="\n")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()})
-
-
 def plot_study(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
     """One panel per level: test MAE per parameter against sample size, baselines dashed."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -175,41 +175,31 @@ def read_run(eval_dir: Path) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return predictions, np.asarray(metrics["train_mean_unit"], np.float64)
 
 
-def run_study(
-    cfg: Config, *, eval_dirs: Mapping[int, Path], out_tsv: Path, out_png: Path, tracker: Any
-) -> list[dict[str, Any]]:
-    """Read every size's eval folder; write the TSV and plot; log both and the numbers."""
-    study = cfg.sample_size_study
-    predictions, means = {}, {}
-    for size, folder in eval_dirs.items():
-        predictions[size], means[size] = read_run(folder)
-    spatial = dict(zip(study.sizes, study.spatial, strict=True))
-    rows = study_rows(predictions, spatial=spatial, train_mean_unit=means)
-    write_tsv(rows, out_tsv)
-    plot_study(rows, out_png)
-    tracker.log_metrics(
-        {
-            f"{r['level']}_mae_{r['parameter']}_{r['sample_size']}": r["mae"]
-            for r in rows
-            if r["level"] in LEVELS
-        }
-        | {
-            f"{r['level']}_mae_ratio_{r['sample_size']}": r["mae_ratio"]
-            for r in rows
-            if r["parameter"] == "mean"
-        }
-    )
-    tracker.log_artifact(out_tsv, artifact_path="sample_size_study")
-    tracker.log_artifact(out_png, artifact_path="sample_size_study")
-    for r in rows:
-        if r["parameter"] == "mean":
-            log.info(
-                "size %d³ per %s: test MAE %.4f vs predict-the-mean %.4f (ratio %.3f, %d)",
-                r["sample_size"],
-                r["level"],
-                r["mae"],
-                r["baseline_mae"],
-                r["mae_ratio"],
-                r["count"],
-            )
-    return rows
+def point_rows(outputs: PointOutputs, cfg: Config) -> list[dict[str, Any]]:
+    size = int(outputs.point.name)
+    predictions, train_mean = read_run(outputs.eval_dir)
+    spatial = dict(zip(cfg.sample_size_study.sizes, cfg.sample_size_study.spatial, strict=True))
+    return study_rows({size: predictions}, spatial=spatial, train_mean_unit={size: train_mean})
+
+
+def point_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Per point, the same names: test MAE per level and parameter, and the mean's ratio."""
+    metrics = {f"{r['level']}_mae_{r['parameter']}": r["mae"] for r in rows}
+    metrics |= {f"{r['level']}_mae_ratio": r["mae_ratio"] for r in rows if r["parameter"] == "mean"}
+    return metrics
+
+
+STUDY = StudyDefinition(
+    name="sample_size",
+    config_key="sample_size_study",
+    columns=COLUMNS,
+    points=size_points,
+    rows=point_rows,
+    plot=plot_study,
+    point_metrics=point_metrics,
+    evaluate=True,
+    description=(
+        "Test MAE (unitPar) per parameter against crop size, per sample and per universe "
+        "(predictions averaged over a universe's crops); baseline: predict the training mean."
+    ),
+)

@@ -1,0 +1,279 @@
+"""Predict one training step's time and its breakdown for a model, mesh, optimizer and network.
+
+Placement (as ParallelDims lays out ranks: spatial is the inner mesh axis): a sample's spatial
+ranks are consecutive, so they share a node when spatial ≤ ranks per node; the data group spans
+nodes. Parts of a step, added without overlap (DDP's all-reduce overlaps backward in reality, so
+the sum is an upper bound where it does):
+  compute         forward + backward of every layer on one rank's block (measured or peak × eff.)
+  halo            each conv's halo swap forward and its gradient's return backward, two faces per
+                  split dim, plus the all-gather of the features before the head (fwd and bwd)
+  exchange        gradients/updates: DDP's fp32 ring all-reduce (over the data group, or the
+                  whole mesh when spatial > 1), or Lion Cub's spatial average + voted exchange
+  momentum_sync   Lion Cub's fp32 average of momenta, amortised over the steps it skips
+  optimizer       the update arithmetic (measured on one rank)
+Byte counts come from the optimizer's own functions (cosmocub.optim.collectives).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from cosmocub.config import ModelConfig, OptimizerConfig
+from cosmocub.optim.collectives import ring_allreduce_bytes, vote_bytes_sent
+from cosmocub.optim.lion_cub import _buckets
+from cosmocub.optim.momentum_sync import is_sync_step
+from cosmocub.optim.quantize import quantizer_levels, wire_bits
+from cosmocub.perfmodel.costs import KINDS, AlphaBeta, rounds_and_bytes
+
+DDP_OPTIMIZERS = ("sgd", "adamw", "lion")
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
+# Lion Cub's collectives as phases of the α–β kinds (alltoall: the vote, then its 1-bit result).
+PHASES = {
+    "allgather": ("allgather",),
+    "alltoall": ("alltoall", "allgather"),
+    "allreduce": ("allreduce",),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Network:
+    """α–β per collective kind between nodes (per rank, at the node's link) and between ranks of
+    one node; a kind not given uses the all-reduce's."""
+
+    inter_node: Mapping[str, AlphaBeta]
+    intra_node: Mapping[str, AlphaBeta]
+    ranks_per_node: int
+
+    @classmethod
+    def uniform(cls, inter: AlphaBeta, intra: AlphaBeta, ranks_per_node: int) -> Network:
+        return cls(
+            inter_node=dict.fromkeys(KINDS, inter),
+            intra_node=dict.fromkeys(KINDS, intra),
+            ranks_per_node=ranks_per_node,
+        )
+
+    def costs(self, group_size: int, stride: int, kind: str) -> AlphaBeta:
+        """The α–β that a group of `group_size` ranks, `stride` apart, sees: within a node if it
+        fits in one, else the node's link, shared by the streams that cross it at once — one per
+        group for a ring (min(stride, ranks per node) groups meet on a node), every rank of the
+        node for an all-to-all."""
+        k = self.ranks_per_node
+        if group_size * stride <= k:
+            return _pick(self.intra_node, kind)
+        inter = _pick(self.inter_node, kind)
+        sharing = k if kind == "alltoall" else min(stride, k)
+        return AlphaBeta(alpha_s=inter.alpha_s, beta_s_per_byte=inter.beta_s_per_byte * sharing)
+
+
+def _pick(costs: Mapping[str, AlphaBeta], kind: str) -> AlphaBeta:
+    return costs.get(kind) or costs["allreduce"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mesh:
+    data: int
+    split: tuple[int, int, int]
+
+    @property
+    def spatial(self) -> int:
+        return math.prod(self.split)
+
+    @property
+    def world(self) -> int:
+        return self.data * self.spatial
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepPrediction:
+    compute_s: float
+    halo_s: float
+    exchange_s: float
+    momentum_sync_s: float
+    optimizer_s: float
+    comm_bytes_per_step: float  # as CommMeter counts: gradients/updates and momentum syncs
+    halo_bytes_per_step: float
+
+    @property
+    def step_s(self) -> float:
+        return (
+            self.compute_s + self.halo_s + self.exchange_s + self.momentum_sync_s + self.optimizer_s
+        )
+
+
+@functools.cache
+def parameter_sizes(model_cfg: ModelConfig) -> tuple[int, ...]:
+    """Elements of every trainable parameter, in registration order (meta device: no memory)."""
+    import torch
+
+    from cosmocub.models.cosmoflow import CosmoFlow
+
+    with torch.device("meta"):
+        model = CosmoFlow(model_cfg)
+    return tuple(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _sync_fraction(optimizer_cfg: OptimizerConfig, steps: int) -> float:
+    lc = optimizer_cfg.lion_cub
+    if optimizer_cfg.name != "lion_cub" or lc is None:
+        return 0.0
+    sync = lc.momentum_sync
+    hits = sum(
+        is_sync_step(s, schedule=sync.schedule, every=sync.every_steps, k=sync.k)
+        for s in range(1, steps + 1)
+    )
+    return hits / steps
+
+
+def exchange(
+    sizes: tuple[int, ...],
+    optimizer_cfg: OptimizerConfig,
+    mesh: Mesh,
+    network: Network,
+    *,
+    steps: int,
+) -> tuple[float, float, float, float]:
+    """(exchange seconds, momentum-sync seconds, comm bytes per step, of which momentum sync)."""
+    payload = 4 * sum(sizes)  # fp32 gradients
+    if optimizer_cfg.name in DDP_OPTIMIZERS:
+        group = mesh.data if mesh.spatial == 1 else mesh.world
+        if group == 1:
+            return 0.0, 0.0, 0.0, 0.0
+        costs = network.costs(group, 1, "allreduce")
+        buckets = max(1, math.ceil(payload / DDP_BUCKET_BYTES))
+        seconds = sum(
+            costs.time("allreduce", min(DDP_BUCKET_BYTES, payload - b * DDP_BUCKET_BYTES), group)
+            for b in range(buckets)
+        )
+        return seconds, 0.0, ring_allreduce_bytes(payload, group), 0.0
+    # distributed_lion / lion_cub: spatial average in fp32, then the vote over the data group.
+    seconds, sent = 0.0, 0.0
+    if mesh.spatial > 1:
+        seconds += network.costs(mesh.spatial, 1, "allreduce").time(
+            "allreduce", payload, mesh.spatial
+        )
+        sent += ring_allreduce_bytes(payload, mesh.spatial)
+    if optimizer_cfg.name == "distributed_lion":
+        quantizer, bits, collective, bucket_mb = "sign", 1, "allgather", 4.0
+    else:
+        lc = optimizer_cfg.lion_cub
+        assert lc is not None, "config.from_values fills lion_cub's defaults"
+        quantizer, bits, collective, bucket_mb = (
+            lc.quantizer,
+            lc.resolved_bits,
+            lc.collective,
+            lc.bucket_mb,
+        )
+    p = mesh.data
+    if p > 1:
+        levels = quantizer_levels(quantizer, bits, p, collective=collective)
+        wire = wire_bits(quantizer, levels)
+        costs = network.costs(p, mesh.spatial, PHASES[collective][0])
+        cap = int(bucket_mb * 2**18)
+        # The optimizer's buckets, from its own function (sizes stand in for the tensors).
+        for bucket in _buckets([_Sized(n) for n in sizes], cap):
+            n = sum(t.numel() for t in bucket)
+            nbytes = vote_bytes_sent(collective, n, wire, p)
+            sent += nbytes
+            kinds = {"allgather": ("allgather",), "alltoall": ("alltoall", "allgather")}
+            rounds = sum(
+                rounds_and_bytes(k, 1.0, p)[0] for k in kinds.get(collective, (collective,))
+            )
+            seconds += costs.alpha_s * rounds + costs.beta_s_per_byte * nbytes
+    fraction = _sync_fraction(optimizer_cfg, steps)
+    sync_s = sync_bytes = 0.0
+    if fraction > 0 and p > 1:
+        synced = 4 * _synced_elements(sizes, optimizer_cfg)
+        costs = network.costs(p, mesh.spatial, "allreduce")
+        sync_s = fraction * costs.time("allreduce", synced, p)
+        sync_bytes = fraction * ring_allreduce_bytes(synced, p)
+    return seconds, sync_s, sent + sync_bytes, sync_bytes
+
+
+def _synced_elements(sizes: tuple[int, ...], optimizer_cfg: OptimizerConfig) -> int:
+    lc = optimizer_cfg.lion_cub
+    if lc is not None and lc.momentum_sync.patterns:
+        raise ValueError(
+            "perf model: optimizer.lion_cub.momentum_sync.patterns selects parameters by name; "
+            "the model assumes all momenta are synced (patterns [])"
+        )
+    return sum(sizes)
+
+
+class _Sized:
+    """A stand-in for a parameter in lion_cub._buckets: its size, dtype and device."""
+
+    dtype, device = "float32", "cpu"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def numel(self) -> int:
+        return self.n
+
+
+def halo(
+    model_cfg: ModelConfig,
+    *,
+    batch: int,
+    mesh: Mesh,
+    network: Network,
+    bytes_per_value: int,
+) -> tuple[float, float]:
+    """(seconds, bytes sent) per step of the halo swaps (forward and backward) and the feature
+    all-gather before the head (forward, and its gradient's reduction backward)."""
+    if mesh.spatial == 1:
+        return 0.0, 0.0
+    width = model_cfg.kernel_size // 2
+    costs = network.costs(mesh.spatial, 1, "halo")
+    local = [model_cfg.input_size // s for s in mesh.split]
+    channels = model_cfg.in_channels
+    seconds = sent = 0.0
+    for block in range(model_cfg.num_conv_blocks):
+        for d, ranks in enumerate(mesh.split):
+            if ranks == 1:
+                continue
+            face = batch * channels * width * math.prod(n for i, n in enumerate(local) if i != d)
+            face_bytes = face * bytes_per_value
+            seconds += 2 * costs.time("halo", face_bytes, 2)  # forward, and backward
+            sent += 2 * rounds_and_bytes("halo", face_bytes, 2)[1]
+        channels = model_cfg.base_filters * 2**block
+        local = [n // 2 for n in local]
+    features = batch * channels * math.prod(local) * mesh.spatial * bytes_per_value
+    gather = network.costs(mesh.spatial, 1, "allgather")
+    seconds += 2 * gather.time("allgather", features, mesh.spatial)
+    sent += 2 * rounds_and_bytes("allgather", features, mesh.spatial)[1]
+    return seconds, sent
+
+
+def predict_step(
+    *,
+    model_cfg: ModelConfig,
+    optimizer_cfg: OptimizerConfig,
+    local_batch: int,
+    mesh: Mesh,
+    network: Network,
+    layer_seconds: dict[str, float],
+    optimizer_s: float,
+    bytes_per_value: int = 4,
+    steps: int = 1000,
+) -> StepPrediction:
+    """The step on one rank. layer_seconds: forward + backward per layer on this rank's block at
+    `local_batch` (compute.measure_layers or compute.accelerator_seconds); steps: the horizon over
+    which momentum syncs are amortised."""
+    sizes = parameter_sizes(model_cfg)
+    exchange_s, sync_s, comm_bytes, _ = exchange(sizes, optimizer_cfg, mesh, network, steps=steps)
+    halo_s, halo_bytes = halo(
+        model_cfg, batch=local_batch, mesh=mesh, network=network, bytes_per_value=bytes_per_value
+    )
+    return StepPrediction(
+        compute_s=sum(layer_seconds.values()),
+        halo_s=halo_s,
+        exchange_s=exchange_s,
+        momentum_sync_s=sync_s,
+        optimizer_s=optimizer_s,
+        comm_bytes_per_step=comm_bytes,
+        halo_bytes_per_step=halo_bytes,
+    )

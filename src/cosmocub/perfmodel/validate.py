@@ -1,0 +1,220 @@
+"""Measured against predicted: every row of a study's points.tsv (per-step means of the step's
+parts, as cosmocub.studies.engine.training_row gives them) beside the model's prediction for the
+same point (its config.yaml beside the table), with the relative errors and a plot.
+
+How the measured columns map onto the model's parts: measured compute_s is the step less the
+optimizer's timed exchange and momentum sync, so it holds compute, halo swaps, the optimizer's
+arithmetic and (for DDP, which overlaps backward and is not timed apart) the gradient all-reduce.
+Where a table times DDP's exchange apart (exchange_s > 0 for a DDP optimizer), it is compared
+as exchange instead.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cosmocub.config import load_config
+from cosmocub.io import atomic_path
+from cosmocub.perfmodel.costs import AlphaBeta, Fit
+from cosmocub.perfmodel.model import DDP_OPTIMIZERS, Mesh, Network, StepPrediction, predict_step
+
+MEASURED = ("step_s", "compute_s", "exchange_s", "momentum_sync_s")
+REQUIRED = ("point", "data", "step_s", "compute_s", "exchange_s", "momentum_sync_s")
+PARTS = ("step", "compute", "exchange", "momentum_sync")
+
+
+def read_points(path: Path) -> list[dict[str, str]]:
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f, delimiter="\t"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: measured points not found") from None
+    if not rows:
+        raise ValueError(f"{path}: no measured points")
+    if missing := [c for c in REQUIRED if c not in rows[0]]:
+        raise ValueError(f"{path}: columns {missing} missing (need {', '.join(REQUIRED)})")
+    return rows
+
+
+def network_for(row: Mapping[str, str], fits: Mapping[str, Fit]) -> Network:
+    """The loopback fit within a node; between nodes, the same α and the row's link rate
+    (bandwidth_mbit; 0 or absent = unshaped, the fit's own β)."""
+    intra = {kind: fit.costs for kind, fit in fits.items()}
+    mbit = float(row.get("bandwidth_mbit") or 0)
+    inter = {
+        kind: AlphaBeta(
+            alpha_s=ab.alpha_s,
+            beta_s_per_byte=max(ab.beta_s_per_byte, 8 / (mbit * 1e6))
+            if mbit
+            else ab.beta_s_per_byte,
+        )
+        for kind, ab in intra.items()
+    }
+    world = int(row.get("world_size") or row["data"])
+    nodes = int(row.get("nodes") or 1)
+    return Network(inter_node=inter, intra_node=intra, ranks_per_node=max(1, world // nodes))
+
+
+Predictor = Callable[[Mapping[str, str]], tuple[StepPrediction, str]]
+
+
+def cpu_predictor(
+    study_dir: Path, fits: Mapping[str, Fit], *, cores: int, repeats: int = 5
+) -> Predictor:
+    """Predict a row on this CPU: layer times measured here at the point's local batch and split
+    (in its cores per rank), plus the unsplit model's step overhead (loss, autograd glue),
+    scaled by ranks × threads / cores where the ranks oversubscribe the machine."""
+    import torch
+
+    from cosmocub.perfmodel.compute import measure_layers, measure_optimizer_step
+
+    cache: dict[Any, tuple[dict[str, float], float]] = {}
+
+    def predict(row: Mapping[str, str]) -> tuple[StepPrediction, str]:
+        cfg = load_config(study_dir / row["point"] / "config.yaml")
+        threads = int(row.get("cores_per_rank") or 1)
+        batch, split = cfg.train.local_batch_size, cfg.parallel.split_dhw
+        key = (cfg.model, cfg.optimizer, batch, split, threads)
+        if key not in cache:
+            previous = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                layers = measure_layers(
+                    cfg.model,
+                    batch=batch,
+                    split=split,
+                    repeats=repeats,
+                )
+                if "overhead" not in layers:  # split: the unsplit model's loss and glue
+                    whole = measure_layers(cfg.model, batch=batch, repeats=repeats)
+                    layers["overhead"] = whole["overhead"]
+                optimizer_s = measure_optimizer_step(cfg.model, cfg.optimizer, repeats=repeats)
+            finally:
+                torch.set_num_threads(previous)
+            cache[key] = layers, optimizer_s
+        layers, optimizer_s = cache[key]
+        world = int(row.get("world_size") or row["data"])
+        slowdown = max(1.0, world * threads / cores)
+        prediction = predict_step(
+            model_cfg=cfg.model,
+            optimizer_cfg=cfg.optimizer,
+            local_batch=cfg.train.local_batch_size,
+            mesh=Mesh(data=int(row["data"]), split=cfg.parallel.split_dhw),
+            network=network_for(row, fits),
+            layer_seconds={k: v * slowdown for k, v in layers.items()},
+            optimizer_s=optimizer_s * slowdown,
+            steps=max(1, int(float(row.get("steps") or 1000))),
+        )
+        return prediction, cfg.optimizer.name
+
+    return predict
+
+
+def compare(rows: Sequence[Mapping[str, str]], predict: Predictor) -> list[dict[str, Any]]:
+    """One row per point: measured and predicted step and parts, and their relative errors."""
+    out = []
+    for row in rows:
+        p, optimizer = predict(row)
+        measured = {part: float(row[f"{part}_s"]) for part in PARTS}
+        ddp_hidden = optimizer in DDP_OPTIMIZERS and measured["exchange"] == 0.0
+        predicted = {
+            "step": p.step_s,
+            "compute": p.compute_s + p.halo_s + p.optimizer_s + (p.exchange_s if ddp_hidden else 0),
+            "exchange": 0.0 if ddp_hidden else p.exchange_s,
+            "momentum_sync": p.momentum_sync_s,
+        }
+        result: dict[str, Any] = {"point": row["point"], "optimizer": optimizer}
+        for part in PARTS:
+            result[f"measured_{part}_s"] = measured[part]
+            result[f"predicted_{part}_s"] = predicted[part]
+            result[f"rel_error_{part}"] = _rel(predicted[part], measured[part])
+        result |= {
+            "predicted_halo_s": p.halo_s,
+            "predicted_optimizer_s": p.optimizer_s,
+            "predicted_comm_bytes_per_step": p.comm_bytes_per_step,
+            "measured_comm_bytes_per_step": float(row.get("comm_bytes_per_step") or "nan"),
+        }
+        out.append(result)
+    return out
+
+
+def calibrated(predict: Predictor, rows: Sequence[Mapping[str, str]], point: str) -> Predictor:
+    """The predictor with its on-CPU work (compute, halo, optimizer) scaled so that `point`'s
+    measured compute is met: one number for how fast this machine's cores ran during the
+    measurements (on a shared machine, other jobs slow them), fitted on one point and tested on
+    the others."""
+    row = next((r for r in rows if r["point"] == point), None)
+    if row is None:
+        raise ValueError(
+            f"calibration point {point!r} not in the table ({[r['point'] for r in rows]})"
+        )
+    p, optimizer = predict(row)
+    if optimizer not in DDP_OPTIMIZERS or int(row["data"]) * int(row.get("spatial") or 1) != 1:
+        raise ValueError(f"calibration point {point!r}: needs one rank with a DDP optimizer")
+    scale = float(row["compute_s"]) / (p.compute_s + p.halo_s + p.optimizer_s)
+
+    def scaled(r: Mapping[str, str]) -> tuple[StepPrediction, str]:
+        q, name = predict(r)
+        work = {"compute_s": q.compute_s * scale, "optimizer_s": q.optimizer_s * scale}
+        return dataclasses.replace(q, **work), name
+
+    return scaled
+
+
+def _rel(predicted: float, measured: float) -> float:
+    if measured == 0:
+        return 0.0 if predicted == 0 else math.nan
+    return (predicted - measured) / measured
+
+
+def error_summary(results: Sequence[Mapping[str, Any]], part: str = "step") -> dict[str, float]:
+    errors = np.abs([r[f"rel_error_{part}"] for r in results], dtype=float)
+    errors = errors[np.isfinite(errors)]
+    if not len(errors):
+        return {"median": math.nan, "worst": math.nan, "points": 0}
+    return {"median": float(np.median(errors)), "worst": float(errors.max()), "points": len(errors)}
+
+
+def write_results(results: Sequence[Mapping[str, Any]], path: Path) -> None:
+    columns = list(results[0])
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, delimiter="\t", lineterminator="\n")
+        writer.writeheader()
+        for r in results:
+            writer.writerow({k: f"{v:.6g}" if isinstance(v, float) else v for k, v in r.items()})
+
+
+def plot_results(results: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
+    """Predicted against measured step time (log-log), the ±20 % band shaded."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.5, 5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    measured = np.array([r["measured_step_s"] for r in results]) * 1e3
+    predicted = np.array([r["predicted_step_s"] for r in results]) * 1e3
+    lo, hi = min(measured.min(), predicted.min()) / 1.5, max(measured.max(), predicted.max()) * 1.5
+    line = np.array([lo, hi])
+    ax.plot(line, line, "k-", lw=1)
+    ax.fill_between(line, line / 1.2, line * 1.2, color="0.85", label="±20 %")
+    for r, x, y in zip(results, measured, predicted, strict=True):
+        ax.plot(x, y, "o", label=f"{r['point']} ({r['optimizer']})")
+    s = error_summary(results)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi))
+    ax.set_xlabel("measured step (ms)")
+    ax.set_ylabel("predicted step (ms)")
+    ax.set_title(
+        f"step time: median |error| {100 * s['median']:.0f} %, worst {100 * s['worst']:.0f} %"
+    )
+    ax.legend(fontsize=7)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")

@@ -1,0 +1,357 @@
+"""One engine for every study: a base config, a list of override points, one training run per
+point (through `cosmocub launch -- train`, or another runner), and a gather into a TSV, a plot,
+a report section and one MLflow parent run whose children are the points' training runs.
+
+A study is a `StudyDefinition` (its points and how a point's outputs become table rows) in its
+own module, registered in STUDY_MODULES; the Snakemake rules (workflow/rules/studies.smk) are the
+same for every study and take its name as a wildcard.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import importlib
+import json
+import logging
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cosmocub.config import Config, ConfigError, config_hash, from_values, resolve
+from cosmocub.io import atomic_path
+
+log = logging.getLogger(__name__)
+
+# name -> module defining STUDY; a new study is one entry here and one config block.
+STUDY_MODULES = {
+    "sample_size": "cosmocub.studies.sample_size",
+    "step_time": "cosmocub.studies.step_time",
+}
+# Sections a point may not override: every point trains on the base config's universes, writes
+# under the same results folder and logs to the same store, on the resources of the same profile.
+FIXED_SECTIONS = ("results", "universes", "simulate", "tracking", "cluster")
+# What decides a point's shards: points that agree on these share one set.
+SHARD_SECTIONS = ("seed", "universes", "preprocess")
+POINT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+POINT_FILE = "point.json"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Point:
+    """One training run of a study.
+
+    overrides: deep-merged into the base config's values (a dict may replace a whole section
+    value by giving it in full); labels: the columns that name the point in the table; launch:
+    plain data for the runner (nodes, nproc_per_node, bandwidth_mbit, …); runner: its name in
+    cosmocub.studies.runners.RUNNERS.
+    """
+
+    name: str
+    overrides: Mapping[str, Any]
+    labels: Mapping[str, Any] = field(default_factory=dict)
+    launch: Mapping[str, Any] = field(default_factory=dict)
+    runner: str = "local"
+
+    def __post_init__(self) -> None:
+        if not POINT_NAME.fullmatch(self.name):
+            raise ConfigError(f"study point name {self.name!r}: use letters, digits, _ . -")
+        fixed = sorted(set(self.overrides) & set(FIXED_SECTIONS))
+        if fixed:
+            raise ConfigError(
+                f"study point {self.name!r}: overrides {fixed}, which every point shares "
+                f"({', '.join(FIXED_SECTIONS)})"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PointOutputs:
+    """What a point left on disk: its folder, its run folder and (if evaluated) eval folder."""
+
+    point: Point
+    folder: Path
+
+    @property
+    def run_dir(self) -> Path:
+        return self.folder / "run"
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.folder / "eval"
+
+    def train_summary(self) -> dict[str, Any]:
+        return _read_json(self.run_dir / "train_summary.json")
+
+    def metrics(self) -> list[dict[str, Any]]:
+        path = self.run_dir / "metrics.jsonl"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: not found (the point's training did not finish)")
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def record(self) -> dict[str, Any]:
+        """point.json: the launch settings and what the runner reported (bytes on the wire, …)."""
+        return _read_json(self.folder / POINT_FILE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudyDefinition:
+    """points(cfg): the points; rows(outputs, cfg): a point's table rows (with its labels);
+    plot(rows, path): the PNG; point_metrics(rows): the numbers logged on the point's MLflow run
+    (the same names for every point, so MLflow's chart view compares them)."""
+
+    name: str
+    config_key: str
+    columns: tuple[str, ...]
+    points: Callable[[Config], list[Point]]
+    rows: Callable[[PointOutputs, Config], list[dict[str, Any]]]
+    plot: Callable[[Sequence[Mapping[str, Any]], Path], None]
+    point_metrics: Callable[[Sequence[Mapping[str, Any]]], dict[str, float]]
+    evaluate: bool = False
+    description: str = ""
+
+
+def definition(name: str) -> StudyDefinition:
+    if name not in STUDY_MODULES:
+        raise ValueError(f"study {name!r}: unknown ({', '.join(sorted(STUDY_MODULES))})")
+    return importlib.import_module(STUDY_MODULES[name]).STUDY
+
+
+def study_points(cfg: Config, name: str) -> list[Point]:
+    points = definition(name).points(cfg)
+    names = [p.name for p in points]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"study {name!r}: point names repeat: {names}")
+    return points
+
+
+def find_point(cfg: Config, study: str, point: str) -> Point:
+    for p in study_points(cfg, study):
+        if p.name == point:
+            return p
+    names = [p.name for p in study_points(cfg, study)]
+    raise ValueError(f"study {study!r}: no point {point!r} (points: {', '.join(names)})")
+
+
+def _deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def point_values(cfg: Config, study: str, point: Point) -> dict[str, Any]:
+    """The point's resolved config: the base values, its overrides, and run name
+    `<study>_<point>`; validated against the schema and the typed checks."""
+    values = _deep_merge(copy.deepcopy(cfg.values), point.overrides)
+    values = _deep_merge(values, {"train": {"run_name": f"{study}_{point.name}"}})
+    source = f"study {study} point {point.name}"
+    values = resolve(values, source=source)
+    from_values(values, source=source)  # the typed checks, with the point named
+    return values
+
+
+def shard_key(values: Mapping[str, Any]) -> str:
+    """Points with the same data sections share one set of shards, named by their hash."""
+    return "data-" + config_hash({k: values[k] for k in SHARD_SECTIONS})[:10]
+
+
+def shards_dir(cfg: Config, values: Mapping[str, Any]) -> str:
+    """The base run's shards when the point's data sections are the base's, else the study
+    shards of its key (made by the study_preprocess rules)."""
+    if shard_key(values) == shard_key(cfg.values):
+        return str(cfg.results / "shards")
+    return str(cfg.results / "studies" / "shards" / shard_key(values))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedPoint:
+    """What the workflow needs of a point at parse time."""
+
+    study: str
+    point: Point
+    shards: str
+    shard_key: str
+    ranks: int  # ranks on the node this job asks cores for
+
+
+def plan(cfg: Config, study: str) -> list[PlannedPoint]:
+    out = []
+    for p in study_points(cfg, study):
+        values = point_values(cfg, study, p)
+        nproc = int(p.launch.get("nproc_per_node", values["train"]["nproc_per_node"]))
+        nodes = int(p.launch.get("nodes", 1))
+        out.append(
+            PlannedPoint(
+                study=study,
+                point=p,
+                shards=shards_dir(cfg, values),
+                shard_key=shard_key(values),
+                ranks=nproc * nodes,  # emulated nodes share this machine's cores
+            )
+        )
+    return out
+
+
+def study_shard_sources(cfg: Config, studies: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """shard key -> (study, point) whose config makes those shards, for the keys that are not
+    the base run's."""
+    sources: dict[str, tuple[str, str]] = {}
+    base = str(cfg.results / "shards")
+    for study in studies:
+        for planned in plan(cfg, study):
+            if planned.shards != base:
+                sources.setdefault(planned.shard_key, (study, planned.point.name))
+    return sources
+
+
+# ---------------------------------------------------------------------------------------------
+# Gather
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: not found") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+
+
+def write_tsv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], path: Path) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(
+            f, fieldnames=list(columns), delimiter="\t", lineterminator="\n", extrasaction="ignore"
+        )
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _cell(row.get(k)) for k in columns})
+
+
+def _cell(value: Any) -> Any:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return f"{value:.6g}" if isinstance(value, float) else value
+
+
+def gather(
+    cfg: Config,
+    study: str,
+    *,
+    folder: Path,
+    out_tsv: Path,
+    out_png: Path,
+    out_summary: Path,
+    tracker: Any,
+) -> list[dict[str, Any]]:
+    """Rows of every point -> TSV, plot, report section; the study's MLflow run (`tracker`)
+    gets them as artifacts and becomes the parent of the points' training runs."""
+    from cosmocub.summary import format_study_section
+
+    defn = definition(study)
+    rows: list[dict[str, Any]] = []
+    per_point: dict[str, tuple[PointOutputs, list[dict[str, Any]]]] = {}
+    for p in study_points(cfg, study):
+        outputs = PointOutputs(point=p, folder=Path(folder) / p.name)
+        point_rows = [{"point": p.name, **p.labels, **r} for r in defn.rows(outputs, cfg)]
+        per_point[p.name] = (outputs, point_rows)
+        rows += point_rows
+    write_tsv(rows, ("point", *defn.columns), out_tsv)
+    defn.plot(rows, out_png)
+    text = format_study_section(
+        title=f"Study `{study}`",
+        description=defn.description,
+        rows=rows,
+        columns=("point", *defn.columns),
+        plot=out_png.name,
+    )
+    with atomic_path(out_summary) as tmp:
+        tmp.write_text(text)
+    for path in (out_tsv, out_png, out_summary):
+        tracker.log_artifact(path, artifact_path=f"{study}_study")
+    _adopt_point_runs(tracker, study, per_point, defn)
+    return rows
+
+
+def _adopt_point_runs(
+    tracker: Any,
+    study: str,
+    per_point: Mapping[str, tuple[PointOutputs, list[dict[str, Any]]]],
+    defn: StudyDefinition,
+) -> None:
+    """Make each point's training run a child of the study's run and log the point's numbers on
+    it, under the same names for every point."""
+    run_id = getattr(tracker, "run_id", None)
+    if run_id is None:
+        return  # tracking disabled
+    client = tracker.client
+    for name, (outputs, rows) in per_point.items():
+        child = outputs.train_summary().get("mlflow_run_id")
+        if not child:
+            log.warning("study %s point %s: its training run was not tracked", study, name)
+            continue
+        with tracker._guard(f"adopt point {name}"):
+            client.set_tag(child, "mlflow.parentRunId", run_id)
+            client.set_tag(child, "cosmocub.study", study)
+            client.set_tag(child, "cosmocub.point", name)
+            for key, value in defn.point_metrics(rows).items():
+                if value is not None and math.isfinite(value):
+                    client.log_metric(child, f"study.{key}", float(value))
+
+
+# Per-step means of the training loop's columns (cosmocub.train.comm_meter) and their names here.
+STEP_COLUMNS = {
+    "compute_s": "time_compute_s",
+    "exchange_s": "time_exchange_s",
+    "momentum_sync_s": "time_momentum_sync_s",
+    "comm_bytes_per_step": "comm_bytes_per_step",
+}
+
+
+def training_row(outputs: PointOutputs) -> dict[str, Any]:
+    """A point's training as one row: mesh, cores per rank, steps, and per-step means of the
+    step's parts over the epochs after the first (which holds start-up costs) when there are
+    several, weighted by their steps; step_s is their sum (data loading excluded)."""
+    summary, record = outputs.train_summary(), outputs.record()
+    epochs = outputs.metrics()
+    if not epochs:
+        raise ValueError(f"{outputs.run_dir / 'metrics.jsonl'}: no epochs recorded")
+    steps = [b["step"] - a for a, b in zip([0] + [e["step"] for e in epochs], epochs, strict=False)]
+    use = list(range(1, len(epochs))) if len(epochs) > 1 else [0]
+    total = sum(steps[i] for i in use)
+    row: dict[str, Any] = {
+        "world_size": summary["world_size"],
+        "data": summary["data_parallel"],
+        "spatial": summary["spatial_parallel"],
+        "nodes": record.get("nodes", 1),
+        "nproc_per_node": record.get("nproc_per_node"),
+        "cores_per_rank": record.get("cores_per_rank"),
+        "steps": summary["steps"],
+        "final_val_loss": epochs[-1].get("val_loss"),
+    }
+    for name, key in STEP_COLUMNS.items():
+        row[name] = sum(epochs[i].get(key, 0.0) * steps[i] for i in use) / total
+    row["step_s"] = row["compute_s"] + row["exchange_s"] + row["momentum_sync_s"]
+    return row
+
+
+def point_record(point: Point, *, cores_per_rank: int, extra: Mapping[str, Any]) -> dict:
+    """point.json: the point's launch settings, the cores each rank had, the runner's report."""
+    return {
+        "point": point.name,
+        "labels": dict(point.labels),
+        "launch": dict(point.launch),
+        "runner": point.runner,
+        "cores_per_rank": cores_per_rank,
+        **dict(extra),
+    }
+
+
+def write_point_record(record: Mapping[str, Any], folder: Path) -> None:
+    with atomic_path(Path(folder) / POINT_FILE) as tmp:
+        tmp.write_text(json.dumps(record, indent=2) + "\n")

@@ -1,0 +1,117 @@
+# The performance model (`snakemake perf_model`): an α–β fit of the collectives timed here, the
+# step_time study's measured steps against the model's prediction, and the extrapolation of
+# perf_model.extrapolate.config to GPU clusters with its assumptions.
+
+PERF = f"{RESULTS}/perf_model"
+# A relative config path is the repository's (beside this workflow), not the working folder's.
+PERF_MODEL_CONFIG = os.path.join(workflow.basedir, CFG.perf_model.extrapolate.config)
+
+
+rule perf_model_bench:
+    output:
+        f"{PERF}/bench.tsv",
+    log:
+        f"{PERF}/logs/bench.log",
+    conda:
+        "../../envs/cosmocub.yaml"
+    threads: CFG.perf_model.bench.ranks
+    resources:
+        mem_mb=CFG.cluster.small.mem_mb,
+        runtime=CFG.cluster.small.runtime,
+        mpi="",  # `cosmocub launch` starts the ranks itself
+    params:
+        settings=section("perf_model"),
+        ranks=CFG.perf_model.bench.ranks,
+    shell:
+        "cosmocub launch --tasks-per-node {params.ranks} -- perf-model bench --out {output}"
+        " > {log} 2>&1"
+
+
+rule perf_model_fit:
+    input:
+        rules.perf_model_bench.output,
+    output:
+        f"{PERF}/fit.tsv",
+    log:
+        f"{PERF}/logs/fit.log",
+    conda:
+        "../../envs/cosmocub.yaml"
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=CFG.cluster.small.runtime,
+    shell:
+        "cosmocub perf-model fit --samples {input} --out {output} > {log} 2>&1"
+
+
+rule perf_model_validate:
+    input:
+        points=f"{RESULTS}/studies/step_time/points.tsv",
+        fit=rules.perf_model_fit.output,
+    output:
+        tsv=report(
+            f"{PERF}/validation.tsv",
+            caption="../report/perf_model.rst",
+            category="Performance model",
+        ),
+        plot=report(
+            f"{PERF}/validation.png",
+            caption="../report/perf_model.rst",
+            category="Performance model",
+        ),
+        errors=f"{PERF}/validation.json",
+    log:
+        f"{PERF}/logs/validate.log",
+    conda:
+        "../../envs/cosmocub.yaml"
+    threads: CFG.cluster.small.threads
+    resources:
+        mem_mb=CFG.cluster.small.mem_mb,
+        runtime=CFG.cluster.small.runtime,
+    params:
+        settings=section("perf_model"),
+    shell:
+        "cosmocub perf-model validate --points {input.points} --fit {input.fit}"
+        " --tsv {output.tsv} --plot {output.plot} > {log} 2>&1"
+
+
+rule perf_model_extrapolate:
+    input:
+        PERF_MODEL_CONFIG,
+    output:
+        tsv=f"{PERF}/extrapolation.tsv",
+        headline=report(
+            f"{PERF}/headline.tsv",
+            caption="../report/perf_model.rst",
+            category="Performance model",
+        ),
+        plot=report(
+            f"{PERF}/extrapolation.png",
+            caption="../report/perf_model.rst",
+            category="Performance model",
+        ),
+        assumptions=report(
+            f"{PERF}/assumptions.md",
+            caption="../report/perf_model.rst",
+            category="Performance model",
+        ),
+    log:
+        f"{PERF}/logs/extrapolate.log",
+    conda:
+        "../../envs/cosmocub.yaml"
+    threads: 1
+    resources:
+        mem_mb=CFG.cluster.small.mem_mb,
+        runtime=CFG.cluster.small.runtime,
+    params:
+        settings=section("perf_model"),
+        out=lambda w, output: os.path.dirname(output.tsv),
+    shell:
+        "cosmocub perf-model extrapolate --model-config {input} --out {params.out} > {log} 2>&1"
+
+
+rule perf_model:
+    input:
+        rules.perf_model_validate.output,
+        rules.perf_model_extrapolate.output,
+    localrule: True
