@@ -40,6 +40,7 @@ rule sample_size_preprocess:
         test=f"{STUDY}/{{size}}/shards/test.h5",
         stats=f"{STUDY}/{{size}}/shards/stats.json",
         manifest=f"{STUDY}/{{size}}/shards/manifest.json",
+        features=f"{STUDY}/{{size}}/shards/features.h5",
     log:
         f"{STUDY}/logs/preprocess_{{size}}.log",
     wildcard_constraints:
