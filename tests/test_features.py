@@ -99,6 +99,8 @@ def test_write_features_per_split(tmp_path):
     # Each row is the features of its own sample, in shard order.
     with h5py.File(tmp_path / "test.h5", "r") as f:
         expected = sample_features(f["x"][2], log1p=True)[1]
-    np.testing.assert_allclose(read_features(tmp_path / FEATURES_FILE, "test")["one_point"][2], expected)
+    np.testing.assert_allclose(
+        read_features(tmp_path / FEATURES_FILE, "test")["one_point"][2], expected
+    )
     with pytest.raises(FileNotFoundError, match="cosmocub features --shards"):
         read_features(tmp_path / "missing.h5", "train")
