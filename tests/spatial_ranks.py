@@ -97,6 +97,8 @@ def model_cfg(
         batch_norm=batch_norm,
         leaky_relu_slope=0.3,
         output_scale=1.0,
+        head="point",
+        nll_beta=0.5,
     )
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from cosmocub.config import ModelConfig, load_config
+from cosmocub.data.features import FEATURES_FILE, write_features
 from cosmocub.evaluate import (
     evaluate,
     parameter_metrics,
@@ -144,6 +145,8 @@ def _tiny_model_cfg() -> ModelConfig:
         batch_norm=False,
         leaky_relu_slope=0.3,
         output_scale=1.2,
+        head="point",
+        nll_beta=0.5,
     )
 
 
@@ -155,6 +158,7 @@ def _write_shard(path: Path, rng: np.random.Generator, n: int) -> tuple[np.ndarr
         f.create_dataset("y", data=y)
         f.create_dataset("universe_index", data=np.arange(n, dtype=np.int32) // 2)
         f.create_dataset("crop_origin", data=np.zeros((n, 3), dtype=np.int32))
+        f.attrs["log1p"] = True
     return x, y
 
 
@@ -166,6 +170,8 @@ def tiny_run(tmp_path):
     run_dir.mkdir()
     _, y_train = _write_shard(shards / "train.h5", rng, 6)
     x_test, y_test = _write_shard(shards / "test.h5", rng, 5)
+    _write_shard(shards / "val.h5", rng, 4)
+    write_features(shards, shards / FEATURES_FILE, num_workers=1)
     mean, std = [2.0, 1.5], [1.4, 0.9]
     (shards / "stats.json").write_text(json.dumps({"mean": mean, "std": std, "split": "train"}))
     torch.manual_seed(0)

@@ -177,6 +177,8 @@ def tiny_cfg(**changes: Any) -> ModelConfig:
         "batch_norm": True,
         "leaky_relu_slope": 0.3,
         "output_scale": 1.0,
+        "head": "point",
+        "nll_beta": 0.5,
     }
     return ModelConfig(**(values | changes))
 

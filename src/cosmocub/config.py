@@ -222,8 +222,16 @@ class ModelConfig:
     batch_norm: bool
     leaky_relu_slope: float
     output_scale: float
+    head: str  # "point": one value per parameter; "gaussian": a mean and a log-variance
+    nll_beta: float  # β of the gaussian head's β-NLL loss (0: plain Gaussian NLL)
+
+    @property
+    def gaussian(self) -> bool:
+        return self.head == "gaussian"
 
     def __post_init__(self) -> None:
+        if self.head not in ("point", "gaussian"):
+            raise ConfigError(f"key 'model.head': {self.head!r} is not 'point' or 'gaussian'")
         if self.input_size % (2**self.num_conv_blocks) != 0:
             raise ConfigError(
                 f"key 'model.input_size': {self.input_size} is not divisible by "
