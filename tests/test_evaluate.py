@@ -3,6 +3,7 @@ shard folder and model file written here."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -203,6 +204,27 @@ def tiny_run(tmp_path):
     return cfg, shards, run_dir, tmp_path / "run" / "eval", expected, y_test, y_train
 
 
+def test_evaluate_gaussian_head_writes_calibration(tiny_run):
+    cfg, shards, run_dir, out_dir, *_ = tiny_run
+    model_cfg = dataclasses.replace(_tiny_model_cfg(), head="gaussian")
+    torch.manual_seed(1)
+    cosmoflow.save_model_file(run_dir / "model.pt", cosmoflow.CosmoFlow(model_cfg), model_cfg)
+    tracker = RecordingTracker()
+    metrics = evaluate(cfg, shards_dir=shards, run_dir=run_dir, out_dir=out_dir, tracker=tracker)
+    assert (out_dir / "calibration.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert ("calibration.png", "eval") in tracker.artifacts
+    calibration = metrics["calibration"]
+    with np.load(out_dir / "predictions.npz") as npz:
+        mean_u, var_u = npz["universe_cnn_unit"], npz["universe_var_unit"]
+        true_u = npz["universe_true_unit"]
+    for j, name in enumerate(NAMES):
+        inside = np.abs(mean_u[:, j] - true_u[:, j]) <= 0.9945 * np.sqrt(var_u[:, j])
+        got = calibration["per_universe"]["after"]["coverage"][name]["0.68"]
+        assert got == pytest.approx(inside.mean())
+        assert tracker.metrics[f"coverage68_univ_after_{name}"] == pytest.approx(got)
+    assert len(calibration["per_crop"]["before"]["curve"][0]) == len(calibration["curve_levels"])
+
+
 def test_evaluate_end_to_end(tiny_run):
     cfg, shards, run_dir, out_dir, expected, y_test, y_train = tiny_run
     tracker = RecordingTracker()
@@ -229,6 +251,27 @@ def test_evaluate_end_to_end(tiny_run):
         assert got["mae_ratio"] == pytest.approx(ref["mae"] / base["mae"], rel=1e-5)
         assert tracker.metrics[f"test_mae_{name}"] == pytest.approx(ref["mae"], rel=1e-5)
     assert metrics["mean"]["mae"] == pytest.approx(saved["mean"]["mae"])
+    # Per universe (crops 0-1, 2-3, 4): the mean of a universe's crops against the baselines.
+    groups = [[0, 1], [2, 3], [4]]
+    pred_u = np.stack([expected[g].mean(0) for g in groups])
+    true_u = np.stack([y_test[g].mean(0) for g in groups])
+    with np.load(out_dir / "predictions.npz") as npz:
+        pk_u = npz["universe_pk_unit"]
+        np.testing.assert_allclose(npz["universe_cnn_unit"], pred_u, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(npz["universes"], [0, 1, 2])
+    per_universe = saved["comparison"]["per_universe"]
+    for j, name in enumerate(NAMES):
+        cnn = np.abs(pred_u[:, j] - true_u[:, j]).mean()
+        pk = np.abs(pk_u[:, j] - true_u[:, j]).mean()
+        row = per_universe[name]
+        assert row["cnn"] == pytest.approx(cnn, rel=1e-5)
+        assert row["mean"] == pytest.approx(np.abs(y_train[:, j].mean() - true_u[:, j]).mean())
+        assert row["cnn_over_pk"] == pytest.approx(cnn / pk, rel=1e-5)
+        assert tracker.metrics[f"univ_cnn_over_pk_{name}"] == pytest.approx(cnn / pk, rel=1e-5)
+        assert saved["comparison"]["per_crop"][name]["cnn"] == pytest.approx(
+            saved["per_parameter"][name]["mae"]
+        )
+    assert "calibration" not in saved  # the point head has no intervals
     assert {a for a, _ in tracker.artifacts} == {p.name for p in out_dir.iterdir()}
     assert all(where == "eval" for _, where in tracker.artifacts)
     # PNGs are real images of a sensible size, not empty files.
