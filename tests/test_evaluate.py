@@ -24,6 +24,7 @@ from cosmocub.evaluate import (
     tracker_metrics,
 )
 from cosmocub.models import cosmoflow
+from cosmocub.summary import format_run
 
 NAMES = ("Omega_m", "sigma_8", "N_spec", "H_0")
 
@@ -223,6 +224,11 @@ def test_evaluate_gaussian_head_writes_calibration(tiny_run):
         assert got == pytest.approx(inside.mean())
         assert tracker.metrics[f"coverage68_univ_after_{name}"] == pytest.approx(got)
     assert len(calibration["per_crop"]["before"]["curve"][0]) == len(calibration["curve_levels"])
+    # The report's front page leads with CNN ÷ P(k) per universe, then the coverage table.
+    page = "\n".join(format_run(out_dir / "metrics.json"))
+    ratio = metrics["comparison"]["per_universe"]["sigma_8"]["cnn_over_pk"]
+    assert "| sigma_8 | " in page and f"**{ratio:.3f}**" in page
+    assert page.index("per universe") < page.index("per crop") < page.index("Coverage")
 
 
 def test_evaluate_end_to_end(tiny_run):
