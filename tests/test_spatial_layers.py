@@ -81,6 +81,7 @@ MODEL_CASES = [
     "model split=[1, 2, 2] input=16 filters=4 blocks=2 bn=True",
     "model split=[2, 2, 2] input=16 filters=4 blocks=2 bn=True",
     "model split=[2, 1, 1] communicates_gradients",
+    "model split=[2, 1, 1] head=gaussian",
 ]
 
 
