@@ -80,7 +80,9 @@ def write_public_universes(folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("config", ["config.yaml", "test.yaml", "cosmoflow-mlperf.yaml"])
+@pytest.mark.parametrize(
+    "config", ["config.yaml", "test.yaml", "cosmoflow-mlperf.yaml", "science.yaml"]
+)
 def test_given_config_is_that_file_plus_schema_defaults(tmp_path, config):
     """From the repository root, where config/config.yaml exists: a --configfile must not be
     deep-merged over it (config/test.yaml used to get its batch norm and augmentation)."""
