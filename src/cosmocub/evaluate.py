@@ -234,6 +234,11 @@ def evaluate(
     for name in (*OUTPUT_FILES, CALIBRATION_PLOT):
         if (out_dir / name).exists():  # the calibration plot: gaussian head only
             tracker.log_artifact(out_dir / name, artifact_path="eval")
+    per_universe = metrics["comparison"]["per_universe"]
+    log.info(
+        "per universe, CNN MAE / P(k) fit MAE: %s",
+        ", ".join(f"{name} {row['cnn_over_pk']:.3f}" for name, row in per_universe.items()),
+    )
     mean = metrics["mean"]
     log.info(
         "test MAE %.4f (unit space) vs predict-the-mean %.4f: ratio %.3f on %d samples",
