@@ -23,6 +23,7 @@ from cosmocub.evaluate import (
     to_physical,
     tracker_metrics,
 )
+from cosmocub.headline import comparison_table
 from cosmocub.models import cosmoflow
 from cosmocub.summary import format_run
 
@@ -320,3 +321,18 @@ def test_predict_averages_over_the_reflections_of_the_cube():
     corners = x[:, 0][:, [0, -1]][:, :, [0, -1]][:, :, :, [0, -1]]  # (3, 2, 2, 2)
     np.testing.assert_allclose(pred_1[:, 0], x[:, 0, 0, 0, 0].numpy(), rtol=1e-6)
     np.testing.assert_allclose(pred_8[:, 0], corners.mean(dim=(1, 2, 3)).numpy(), rtol=1e-5)
+
+
+def test_comparison_table_ratios_and_bootstrap_range():
+    true = np.zeros((4, 1))
+    preds = {
+        "cnn": np.array([[0.1], [0.1], [0.3], [0.3]]),
+        "mean": np.full((4, 1), 0.8),
+        "one_point": np.full((4, 1), 0.4),
+        "pk": np.full((4, 1), 0.4),
+    }
+    row = comparison_table(preds, true, ["p"], bootstrap=500)["p"]
+    assert row["cnn"] == pytest.approx(0.2) and row["cnn_over_mean"] == pytest.approx(0.25)
+    assert row["cnn_over_pk"] == pytest.approx(0.5)
+    # Resampling four universes: the ratio's ±1σ range spans values between 0.25 and 0.75.
+    assert 0.25 <= row["cnn_over_pk_lo"] < 0.5 < row["cnn_over_pk_hi"] <= 0.75

@@ -30,6 +30,7 @@ from cosmocub.train.runtime import memory_format
 
 # The CNN and the baselines it is compared with, in table order.
 ESTIMATORS = ("cnn", "mean", "one_point", "pk")
+BOOTSTRAP = 2000
 
 
 def predict_gaussian(
@@ -68,14 +69,31 @@ def predict_gaussian(
 
 
 def comparison_table(
-    preds: Mapping[str, np.ndarray], true: np.ndarray, names: Sequence[str]
+    preds: Mapping[str, np.ndarray],
+    true: np.ndarray,
+    names: Sequence[str],
+    *,
+    bootstrap: int = 0,
+    seed: int = 0,
 ) -> dict[str, dict[str, float]]:
-    """Per parameter: unitPar MAE of every estimator, and the CNN's MAE over each baseline's."""
+    """Per parameter: unitPar MAE of every estimator, and the CNN's MAE over each baseline's.
+
+    With `bootstrap` > 0, also `cnn_over_pk_lo` and `_hi`: the 16th and 84th percentiles of the
+    ratio over `bootstrap` resamplings of the rows (the test universes), i.e. its ±1σ range.
+    """
     table: dict[str, dict[str, float]] = {}
+    rng = np.random.default_rng(seed)
+    resamples = rng.integers(0, len(true), size=(bootstrap, len(true)))
     for j, name in enumerate(names):
-        row = {est: float(np.mean(np.abs(preds[est][:, j] - true[:, j]))) for est in ESTIMATORS}
+        errors = {est: np.abs(preds[est][:, j] - true[:, j]) for est in ESTIMATORS}
+        row = {est: float(err.mean()) for est, err in errors.items()}
         for est in ESTIMATORS[1:]:
             row[f"cnn_over_{est}"] = row["cnn"] / row[est] if row[est] > 0 else math.nan
+        if bootstrap:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratios = errors["cnn"][resamples].mean(1) / errors["pk"][resamples].mean(1)
+            lo, hi = np.nanpercentile(ratios, [16, 84])
+            row["cnn_over_pk_lo"], row["cnn_over_pk_hi"] = float(lo), float(hi)
         table[name] = row
     return table
 
@@ -118,7 +136,8 @@ def field_level_metrics(
     )
     metrics: dict[str, Any] = {
         "comparison": {
-            "per_universe": comparison_table(univ_preds, true_u, names),
+            # Few test universes: the ratio's bootstrap range says how far to trust it.
+            "per_universe": comparison_table(univ_preds, true_u, names, bootstrap=BOOTSTRAP),
             "per_crop": comparison_table(crop_preds, true, names),
             "num_universes": len(true_u),
             "num_crops": len(true),

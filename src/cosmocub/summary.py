@@ -64,7 +64,8 @@ def format_comparison(metrics: dict[str, Any]) -> list[str]:
         f"universe ({comparison['num_universes']} universes; each universe's estimate combines "
         "its crops) and per crop. Baselines fitted on the training split: predict-the-mean, "
         "ridge on one-point statistics of log1p counts, ridge on log P(k) of each channel. "
-        "CNN ÷ P(k) < 1: the CNN extracts more than the power spectrum.",
+        "CNN ÷ P(k) < 1: the CNN extracts more than the power spectrum; in brackets its 16–84 % "
+        "range over bootstrap resamplings of the test universes.",
         "",
     ]
     for scope, title in (("per_universe", "per universe"), ("per_crop", "per crop")):
@@ -76,6 +77,8 @@ def format_comparison(metrics: dict[str, Any]) -> list[str]:
         for name, row in comparison[scope].items():
             cells = [_num(row.get(k), f) for k, f in _COMPARISON]
             cells[4] = f"**{cells[4]}**"
+            if row.get("cnn_over_pk_lo") is not None:  # per universe: the bootstrap ±1σ range
+                cells[4] += f" ({row['cnn_over_pk_lo']:.2f}–{row['cnn_over_pk_hi']:.2f})"
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
     calibration = metrics.get("calibration")
