@@ -238,7 +238,13 @@ def test_evaluate_end_to_end(tiny_run):
     metrics = evaluate(cfg, shards_dir=shards, run_dir=run_dir, out_dir=out_dir, tracker=tracker)
 
     assert sorted(p.name for p in out_dir.iterdir()) == sorted(
-        ["metrics.json", "predictions.npz", "pred_vs_true.png", "loss_curves.png"]
+        [
+            "metrics.json",
+            "predictions.npz",
+            "pred_vs_true.png",
+            "loss_curves.png",
+            "calibration.png",
+        ]
     )
     with np.load(out_dir / "predictions.npz") as npz:
         np.testing.assert_allclose(npz["pred_unit"], expected, rtol=1e-5, atol=1e-6)

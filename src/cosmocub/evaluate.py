@@ -30,9 +30,13 @@ from cosmocub.train.runtime import memory_format
 log = logging.getLogger(__name__)
 
 # Files of the eval folder (docs/formats.md), in the order they are logged.
-OUTPUT_FILES = ("metrics.json", "predictions.npz", "pred_vs_true.png", "loss_curves.png")
-# Written for the gaussian head only: expected against observed coverage of its intervals.
-CALIBRATION_PLOT = "calibration.png"
+OUTPUT_FILES = (
+    "metrics.json",
+    "predictions.npz",
+    "pred_vs_true.png",
+    "loss_curves.png",
+    "calibration.png",
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,8 +222,7 @@ def evaluate(
             **extra,
             **field_arrays,
         )
-        if "calibration" in metrics:
-            plot_calibration(metrics["calibration"], names=NAME_PAR, path=tmp / CALIBRATION_PLOT)
+        plot_calibration(metrics.get("calibration"), names=NAME_PAR, path=tmp / "calibration.png")
         plot_pred_vs_true(
             to_physical(pred_unit),
             to_physical(true_unit),
@@ -231,9 +234,8 @@ def evaluate(
         plot_loss_curves(records, path=tmp / "loss_curves.png", source=run_dir / "metrics.jsonl")
 
     tracker.log_metrics({**tracker_metrics(metrics), **field_tracker_metrics(metrics)})
-    for name in (*OUTPUT_FILES, CALIBRATION_PLOT):
-        if (out_dir / name).exists():  # the calibration plot: gaussian head only
-            tracker.log_artifact(out_dir / name, artifact_path="eval")
+    for name in OUTPUT_FILES:
+        tracker.log_artifact(out_dir / name, artifact_path="eval")
     per_universe = metrics["comparison"]["per_universe"]
     log.info(
         "per universe, CNN MAE / P(k) fit MAE: %s",

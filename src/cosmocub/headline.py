@@ -204,13 +204,20 @@ def _calibration(
 
 
 def plot_calibration(
-    calibration: Mapping[str, Any], *, names: Sequence[str], path: str | os.PathLike
+    calibration: Mapping[str, Any] | None, *, names: Sequence[str], path: str | os.PathLike
 ) -> None:
     """Observed against expected coverage, per crop and per universe, before and after the
-    calibration on validation; the diagonal is perfect calibration."""
-    levels = np.asarray(calibration["curve_levels"])
+    calibration on validation; the diagonal is perfect calibration. Without `calibration` (the
+    point head) the figure says there are no intervals, so the report always has the file."""
     fig = Figure(figsize=(9, 4.4), layout="constrained")
     FigureCanvasAgg(fig)
+    if calibration is None:
+        ax = fig.add_subplot(1, 1, 1)
+        ax.axis("off")
+        ax.text(0.5, 0.5, "model.head: point — no intervals to calibrate", ha="center")
+        fig.savefig(path, dpi=110)
+        return
+    levels = np.asarray(calibration["curve_levels"])
     for i, scope in enumerate(("per_crop", "per_universe")):
         ax = fig.add_subplot(1, 2, i + 1)
         ax.plot([0, 1], [0, 1], "k--", lw=1)
