@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from cosmocub.config import ModelConfig
 from cosmocub.models.cosmoflow import CosmoFlow
+from cosmocub.models.heads import regression_loss
 from cosmocub.models.summary import activation_bytes
 from cosmocub.parallel.halo import HaloPlan, halo_exchange, spatial_coords
 from cosmocub.parallel.mesh import ParallelDims, build_parallel_dims
@@ -87,7 +88,13 @@ def halo_case(dims: ParallelDims, split, shape, *, periodic: bool, seed: int) ->
 
 
 def model_cfg(
-    input_size: int, *, filters: int, blocks: int, batch_norm: bool, dropout: float = 0.0
+    input_size: int,
+    *,
+    filters: int,
+    blocks: int,
+    batch_norm: bool,
+    dropout: float = 0.0,
+    head: str = "point",
 ) -> ModelConfig:
     return ModelConfig(
         input_size=input_size,
@@ -101,6 +108,8 @@ def model_cfg(
         batch_norm=batch_norm,
         leaky_relu_slope=0.3,
         output_scale=1.0,
+        head=head,
+        nll_beta=0.5,
     )
 
 
@@ -159,7 +168,7 @@ def model_case(
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         pred = wrapped(x)
-    loss = F.mse_loss(pred, y_global[mine])
+    loss = regression_loss(pred, y_global[mine], cfg)  # MSE for the point head
     loss.backward()
     sync.after_backward(model)
     if comm_optimizer:  # what the optimizer would do over the data axis, in full precision
@@ -183,12 +192,12 @@ def model_case(
         return None
     assert reference is not None
     out_ref = reference(x_global)
-    loss_ref = F.mse_loss(out_ref, y_global)
+    loss_ref = regression_loss(out_ref, y_global, cfg)
     loss_ref.backward()
     # The float64 model: how far fp32 rounding alone takes the plain model from the exact answer.
     exact = copy.deepcopy(reference).double()
     exact.zero_grad()
-    F.mse_loss(exact(x_global.double()), y_global.double()).backward()
+    regression_loss(exact(x_global.double()), y_global.double(), cfg).backward()
     # Per tensor: (parallel vs plain fp32, plain fp32 vs float64); the second says how much of a
     # difference fp32 rounding alone makes.
     grad_errs = {
@@ -372,6 +381,11 @@ def synthetic_cases(results: Results, world: int) -> None:
         case = model_case(meshes[s], cfg, split, batch=batch, seed=100 + i)
         if case is not None:
             results[name] = case
+    # The gaussian head (means and log-variances, β-NLL) is replicated like the point head.
+    cfg = model_cfg(16, filters=4, blocks=2, batch_norm=True, head="gaussian")
+    case = model_case(meshes[2], cfg, (2, 1, 1), batch=2, seed=98)
+    if case is not None:
+        results["model split=[2, 1, 1] head=gaussian"] = case
     # Only the spatial average from the gradient sync; the data axis done by the "optimizer".
     cfg = model_cfg(16, filters=4, blocks=2, batch_norm=True)
     case = model_case(meshes[2], cfg, (2, 1, 1), batch=2, seed=99, comm_optimizer=True)

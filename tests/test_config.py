@@ -28,7 +28,9 @@ def test_lion_betas_default_differs_from_adamw():
     assert cfg.optimizer.resolved_betas == (0.9, 0.99)
 
 
-@pytest.mark.parametrize("name", ["config.yaml", "test.yaml", "cosmoflow-mlperf.yaml"])
+@pytest.mark.parametrize(
+    "name", ["config.yaml", "test.yaml", "cosmoflow-mlperf.yaml", "science.yaml"]
+)
 def test_shipped_configs_load(name):
     cfg = load_config(REPO / "config" / name)
     assert cfg.model.input_size == cfg.preprocess.sample_size
@@ -42,6 +44,7 @@ def test_mlperf_config_is_the_reference_model():
     assert cfg.optimizer.decay_factors == (0.25, 0.125)
     assert cfg.optimizer.name == "sgd" and not m.batch_norm
     assert not cfg.train.augment and cfg.evaluate.symmetries == 1
+    assert m.head == "point" and load_config(None).model.head == "point"
     assert not cfg.preprocess.standardize and cfg.preprocess.log1p
 
 

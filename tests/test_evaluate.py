@@ -3,6 +3,7 @@ shard folder and model file written here."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from cosmocub.config import ModelConfig, load_config
+from cosmocub.data.features import FEATURES_FILE, write_features
 from cosmocub.evaluate import (
     evaluate,
     parameter_metrics,
@@ -21,7 +23,9 @@ from cosmocub.evaluate import (
     to_physical,
     tracker_metrics,
 )
+from cosmocub.headline import comparison_table
 from cosmocub.models import cosmoflow
+from cosmocub.summary import format_run
 
 NAMES = ("Omega_m", "sigma_8", "N_spec", "H_0")
 
@@ -144,6 +148,8 @@ def _tiny_model_cfg() -> ModelConfig:
         batch_norm=False,
         leaky_relu_slope=0.3,
         output_scale=1.2,
+        head="point",
+        nll_beta=0.5,
     )
 
 
@@ -155,6 +161,7 @@ def _write_shard(path: Path, rng: np.random.Generator, n: int) -> tuple[np.ndarr
         f.create_dataset("y", data=y)
         f.create_dataset("universe_index", data=np.arange(n, dtype=np.int32) // 2)
         f.create_dataset("crop_origin", data=np.zeros((n, 3), dtype=np.int32))
+        f.attrs["log1p"] = True
     return x, y
 
 
@@ -166,6 +173,8 @@ def tiny_run(tmp_path):
     run_dir.mkdir()
     _, y_train = _write_shard(shards / "train.h5", rng, 6)
     x_test, y_test = _write_shard(shards / "test.h5", rng, 5)
+    _write_shard(shards / "val.h5", rng, 4)
+    write_features(shards, shards / FEATURES_FILE, num_workers=1)
     mean, std = [2.0, 1.5], [1.4, 0.9]
     (shards / "stats.json").write_text(json.dumps({"mean": mean, "std": std, "split": "train"}))
     torch.manual_seed(0)
@@ -197,13 +206,45 @@ def tiny_run(tmp_path):
     return cfg, shards, run_dir, tmp_path / "run" / "eval", expected, y_test, y_train
 
 
+def test_evaluate_gaussian_head_writes_calibration(tiny_run):
+    cfg, shards, run_dir, out_dir, *_ = tiny_run
+    model_cfg = dataclasses.replace(_tiny_model_cfg(), head="gaussian")
+    torch.manual_seed(1)
+    cosmoflow.save_model_file(run_dir / "model.pt", cosmoflow.CosmoFlow(model_cfg), model_cfg)
+    tracker = RecordingTracker()
+    metrics = evaluate(cfg, shards_dir=shards, run_dir=run_dir, out_dir=out_dir, tracker=tracker)
+    assert (out_dir / "calibration.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert ("calibration.png", "eval") in tracker.artifacts
+    calibration = metrics["calibration"]
+    with np.load(out_dir / "predictions.npz") as npz:
+        mean_u, var_u = npz["universe_cnn_unit"], npz["universe_var_unit"]
+        true_u = npz["universe_true_unit"]
+    for j, name in enumerate(NAMES):
+        inside = np.abs(mean_u[:, j] - true_u[:, j]) <= 0.9945 * np.sqrt(var_u[:, j])
+        got = calibration["per_universe"]["after"]["coverage"][name]["0.68"]
+        assert got == pytest.approx(inside.mean())
+        assert tracker.metrics[f"coverage68_univ_after_{name}"] == pytest.approx(got)
+    assert len(calibration["per_crop"]["before"]["curve"][0]) == len(calibration["curve_levels"])
+    # The report's front page leads with CNN ÷ P(k) per universe, then the coverage table.
+    page = "\n".join(format_run(out_dir / "metrics.json"))
+    ratio = metrics["comparison"]["per_universe"]["sigma_8"]["cnn_over_pk"]
+    assert "| sigma_8 | " in page and f"**{ratio:.3f}**" in page
+    assert page.index("per universe") < page.index("per crop") < page.index("Coverage")
+
+
 def test_evaluate_end_to_end(tiny_run):
     cfg, shards, run_dir, out_dir, expected, y_test, y_train = tiny_run
     tracker = RecordingTracker()
     metrics = evaluate(cfg, shards_dir=shards, run_dir=run_dir, out_dir=out_dir, tracker=tracker)
 
     assert sorted(p.name for p in out_dir.iterdir()) == sorted(
-        ["metrics.json", "predictions.npz", "pred_vs_true.png", "loss_curves.png"]
+        [
+            "metrics.json",
+            "predictions.npz",
+            "pred_vs_true.png",
+            "loss_curves.png",
+            "calibration.png",
+        ]
     )
     with np.load(out_dir / "predictions.npz") as npz:
         np.testing.assert_allclose(npz["pred_unit"], expected, rtol=1e-5, atol=1e-6)
@@ -223,6 +264,27 @@ def test_evaluate_end_to_end(tiny_run):
         assert got["mae_ratio"] == pytest.approx(ref["mae"] / base["mae"], rel=1e-5)
         assert tracker.metrics[f"test_mae_{name}"] == pytest.approx(ref["mae"], rel=1e-5)
     assert metrics["mean"]["mae"] == pytest.approx(saved["mean"]["mae"])
+    # Per universe (crops 0-1, 2-3, 4): the mean of a universe's crops against the baselines.
+    groups = [[0, 1], [2, 3], [4]]
+    pred_u = np.stack([expected[g].mean(0) for g in groups])
+    true_u = np.stack([y_test[g].mean(0) for g in groups])
+    with np.load(out_dir / "predictions.npz") as npz:
+        pk_u = npz["universe_pk_unit"]
+        np.testing.assert_allclose(npz["universe_cnn_unit"], pred_u, rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(npz["universes"], [0, 1, 2])
+    per_universe = saved["comparison"]["per_universe"]
+    for j, name in enumerate(NAMES):
+        cnn = np.abs(pred_u[:, j] - true_u[:, j]).mean()
+        pk = np.abs(pk_u[:, j] - true_u[:, j]).mean()
+        row = per_universe[name]
+        assert row["cnn"] == pytest.approx(cnn, rel=1e-5)
+        assert row["mean"] == pytest.approx(np.abs(y_train[:, j].mean() - true_u[:, j]).mean())
+        assert row["cnn_over_pk"] == pytest.approx(cnn / pk, rel=1e-5)
+        assert tracker.metrics[f"univ_cnn_over_pk_{name}"] == pytest.approx(cnn / pk, rel=1e-5)
+        assert saved["comparison"]["per_crop"][name]["cnn"] == pytest.approx(
+            saved["per_parameter"][name]["mae"]
+        )
+    assert "calibration" not in saved  # the point head has no intervals
     assert {a for a, _ in tracker.artifacts} == {p.name for p in out_dir.iterdir()}
     assert all(where == "eval" for _, where in tracker.artifacts)
     # PNGs are real images of a sensible size, not empty files.
@@ -265,3 +327,18 @@ def test_predict_averages_over_the_reflections_of_the_cube():
     corners = x[:, 0][:, [0, -1]][:, :, [0, -1]][:, :, :, [0, -1]]  # (3, 2, 2, 2)
     np.testing.assert_allclose(pred_1[:, 0], x[:, 0, 0, 0, 0].numpy(), rtol=1e-6)
     np.testing.assert_allclose(pred_8[:, 0], corners.mean(dim=(1, 2, 3)).numpy(), rtol=1e-5)
+
+
+def test_comparison_table_ratios_and_bootstrap_range():
+    true = np.zeros((4, 1))
+    preds = {
+        "cnn": np.array([[0.1], [0.1], [0.3], [0.3]]),
+        "mean": np.full((4, 1), 0.8),
+        "one_point": np.full((4, 1), 0.4),
+        "pk": np.full((4, 1), 0.4),
+    }
+    row = comparison_table(preds, true, ["p"], bootstrap=500)["p"]
+    assert row["cnn"] == pytest.approx(0.2) and row["cnn_over_mean"] == pytest.approx(0.25)
+    assert row["cnn_over_pk"] == pytest.approx(0.5)
+    # Resampling four universes: the ratio's ±1σ range spans values between 0.25 and 0.75.
+    assert 0.25 <= row["cnn_over_pk_lo"] < 0.5 < row["cnn_over_pk_hi"] <= 0.75

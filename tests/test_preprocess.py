@@ -151,6 +151,7 @@ def test_preprocess_writes_exact_shards(universes: list[Path], tmp_path: Path) -
         assert by_path[str(p)]["size"] == p.stat().st_size
         np.testing.assert_allclose(by_path[str(p)]["unitPar"], read_universe(p)[1].unit_par)
     assert sorted(x.name for x in out.iterdir()) == [
+        "features.h5",
         "manifest.json",
         "stats.json",
         "test.h5",

@@ -38,6 +38,10 @@ def assert_same_shards(a: Path, b: Path) -> None:
                 np.testing.assert_array_equal(fa[name][...], fb[name][...], err_msg=name)
             assert dict(fa.attrs) == dict(fb.attrs)
     assert json.loads((a / "stats.json").read_text()) == json.loads((b / "stats.json").read_text())
+    with h5py.File(a / "features.h5") as fa, h5py.File(b / "features.h5") as fb:
+        for split in SPLITS:
+            for name in ("pk", "one_point"):
+                np.testing.assert_array_equal(fa[split][name][...], fb[split][name][...])
     ma, mb = (json.loads((d / "manifest.json").read_text()) for d in (a, b))
     ma.pop("created"), mb.pop("created")
     assert ma == mb

@@ -58,6 +58,7 @@ MODEL_CASES = [
     "model split=[1, 2, 2] input=16 filters=4 blocks=2 bn=True",
     "model split=[2, 2, 2] input=16 filters=4 blocks=2 bn=True",
     "model split=[2, 1, 1] communicates_gradients",
+    "model split=[2, 1, 1] head=gaussian",
 ]
 
 
@@ -166,6 +167,8 @@ def tiny_cfg(**changes: Any) -> ModelConfig:
         "batch_norm": True,
         "leaky_relu_slope": 0.3,
         "output_scale": 1.0,
+        "head": "point",
+        "nll_beta": 0.5,
     }
     return ModelConfig(**(values | changes))
 

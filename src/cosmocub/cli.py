@@ -167,6 +167,14 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_features(args: argparse.Namespace) -> int:
+    from cosmocub.data.features import FEATURES_FILE, write_features
+
+    shards = Path(args.shards)
+    write_features(shards, shards / FEATURES_FILE, num_workers=args.threads)
+    return 0
+
+
 def _cmd_link_universe(args: argparse.Namespace) -> int:
     from cosmocub.workflow_support import link_universe
 
@@ -384,6 +392,14 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", required=True)
     p.add_argument("--out", required=True)
     add_config(p)
+
+    p = add(
+        "features",
+        _cmd_features,
+        "(re)compute a shard folder's features.h5 (preprocessing writes it; for older folders)",
+    )
+    p.add_argument("--shards", required=True)
+    p.add_argument("--threads", type=int, default=None, help="Dask threads (default: all cores)")
 
     p = add("link-universe", _cmd_link_universe, "validate a public universe file and link it")
     p.add_argument("source")

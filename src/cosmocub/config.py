@@ -230,12 +230,20 @@ class ModelConfig:
     batch_norm: bool
     leaky_relu_slope: float
     output_scale: float
-    # Given defaults here only so that code building a CosmoFlow config by hand need not name them
-    # (the schema's defaults are the same).
+    # Given defaults here only so that code building a config by hand need not name them (the
+    # schema's defaults are the same).
+    head: str = "point"  # "point": one value per parameter; "gaussian": a mean and a log-variance
+    nll_beta: float = 0.5  # β of the gaussian head's β-NLL loss (0: plain Gaussian NLL)
     name: str = "cosmoflow"
     unet: UNetShape | None = None
 
+    @property
+    def gaussian(self) -> bool:
+        return self.head == "gaussian"
+
     def __post_init__(self) -> None:
+        if self.head not in ("point", "gaussian"):
+            raise ConfigError(f"key 'model.head': {self.head!r} is not 'point' or 'gaussian'")
         if isinstance(self.unet, dict):  # built from a resolved dict
             object.__setattr__(self, "unet", UNetShape(**self.unet))
         if self.name == "unet":

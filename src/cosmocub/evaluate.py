@@ -22,13 +22,21 @@ from tqdm import tqdm
 from cosmocub.config import Config
 from cosmocub.data.augment import cube_symmetry
 from cosmocub.data.universe import BASE_PHYS_PAR, NAME_PAR, phys_from_unit
+from cosmocub.headline import field_level_metrics, plot_calibration, predict_gaussian
+from cosmocub.headline import tracker_metrics as field_tracker_metrics
 from cosmocub.io import atomic_path
 from cosmocub.train.runtime import memory_format
 
 log = logging.getLogger(__name__)
 
 # Files of the eval folder (docs/formats.md), in the order they are logged.
-OUTPUT_FILES = ("metrics.json", "predictions.npz", "pred_vs_true.png", "loss_curves.png")
+OUTPUT_FILES = (
+    "metrics.json",
+    "predictions.npz",
+    "pred_vs_true.png",
+    "loss_curves.png",
+    "calibration.png",
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,10 +187,20 @@ def evaluate(
         raise ValueError(f"{test.path}: test shard holds 0 samples, nothing to evaluate")
     train_mean_unit = _train_target_mean(shards_dir / "train.h5")
 
-    pred_unit, true_unit = predict(
-        model, test, batch_size=cfg.evaluate.batch_size, symmetries=cfg.evaluate.symmetries
+    opts = {"batch_size": cfg.evaluate.batch_size, "symmetries": cfg.evaluate.symmetries}
+    test_pred = _predictions(model, test, opts)
+    pred_unit, true_unit = test_pred["mean"], test_pred["true"]
+    # Validation fits the gaussian head's calibration (never the test split).
+    val_pred = (
+        _predictions(model, open_split(shards_dir, "val", model_cfg), opts)
+        if model_cfg.gaussian
+        else None
     )
     metrics = parameter_metrics(pred_unit, true_unit, train_mean_unit)
+    field_level, field_arrays = field_level_metrics(
+        shards_dir=shards_dir, names=NAME_PAR, test=test_pred, val=val_pred
+    )
+    metrics.update(field_level)
     metrics.update(
         num_samples=len(test),
         params=list(NAME_PAR),
@@ -207,7 +225,9 @@ def evaluate(
             true_phys=to_physical(true_unit),
             param_names=np.array(NAME_PAR),
             **extra,
+            **field_arrays,
         )
+        plot_calibration(metrics.get("calibration"), names=NAME_PAR, path=tmp / "calibration.png")
         plot_pred_vs_true(
             to_physical(pred_unit),
             to_physical(true_unit),
@@ -218,9 +238,14 @@ def evaluate(
         )
         plot_loss_curves(records, path=tmp / "loss_curves.png", source=run_dir / "metrics.jsonl")
 
-    tracker.log_metrics(tracker_metrics(metrics))
+    tracker.log_metrics({**tracker_metrics(metrics), **field_tracker_metrics(metrics)})
     for name in OUTPUT_FILES:
         tracker.log_artifact(out_dir / name, artifact_path="eval")
+    per_universe = metrics["comparison"]["per_universe"]
+    log.info(
+        "per universe, CNN MAE / P(k) fit MAE: %s",
+        ", ".join(f"{name} {row['cnn_over_pk']:.3f}" for name, row in per_universe.items()),
+    )
     mean = metrics["mean"]
     log.info(
         "test MAE %.4f (unit space) vs predict-the-mean %.4f: ratio %.3f on %d samples",
@@ -230,6 +255,22 @@ def evaluate(
         len(test),
     )
     return metrics
+
+
+def _predictions(model: Any, dataset: Any, opts: dict[str, int]) -> dict[str, np.ndarray] | None:
+    """{"mean", "true", "universe_index"} (+ "var" for the gaussian head) over a split; None for
+    an empty split."""
+    if len(dataset) == 0:
+        return None
+    if model.config.gaussian:
+        mean, var, true = predict_gaussian(model, dataset, **opts)
+        out = {"mean": mean, "var": var, "true": true}
+    else:
+        mean, true = predict(model, dataset, **opts)
+        out = {"mean": mean, "true": true}
+    with h5py.File(dataset.path, "r") as f:
+        out["universe_index"] = f["universe_index"][:]
+    return out
 
 
 def predict(

@@ -80,7 +80,9 @@ def write_public_universes(folder: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("config", ["config.yaml", "test.yaml", "cosmoflow-mlperf.yaml"])
+@pytest.mark.parametrize(
+    "config", ["config.yaml", "test.yaml", "cosmoflow-mlperf.yaml", "science.yaml"]
+)
 def test_given_config_is_that_file_plus_schema_defaults(tmp_path, config):
     """From the repository root, where config/config.yaml exists: a --configfile must not be
     deep-merged over it (config/test.yaml used to get its batch norm and augmentation)."""
@@ -180,6 +182,8 @@ def test_tiny_pipeline_end_to_end_with_tracking(tmp_path):
     assert metrics["num_samples"] == 8
     summary = (results / "report/summary.md").read_text()
     assert "| test | 1 | 8 |" in summary and "| sigma_8 |" in summary
+    assert "**CNN ÷ P(k)**" in summary
+    assert set(metrics["comparison"]["per_universe"]["sigma_8"]) >= {"cnn", "pk", "cnn_over_pk"}
 
     client = MlflowClient(tracking_uri=f"sqlite:///{results / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("cosmocub-test")

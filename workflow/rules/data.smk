@@ -104,6 +104,7 @@ rule preprocess:
         test=f"{RESULTS}/shards/test.h5",
         stats=f"{RESULTS}/shards/stats.json",
         manifest=f"{RESULTS}/shards/manifest.json",
+        features=f"{RESULTS}/shards/features.h5",
     log:
         f"{RESULTS}/logs/preprocess.log",
     conda:

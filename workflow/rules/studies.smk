@@ -91,6 +91,7 @@ rule study_preprocess:
         test=f"{STUDIES}/shards/{{key}}/test.h5",
         stats=f"{STUDIES}/shards/{{key}}/stats.json",
         manifest=f"{STUDIES}/shards/{{key}}/manifest.json",
+        features=f"{STUDIES}/shards/{{key}}/features.h5",
     log:
         f"{STUDIES}/logs/preprocess_{{key}}.log",
     conda:

@@ -69,6 +69,11 @@ rule evaluate:
             caption="../report/loss_curves.rst",
             category="Training",
         ),
+        calibration=report(
+            f"{RESULTS}/runs/{{run}}/eval/calibration.png",
+            caption="../report/calibration.rst",
+            category="Evaluation",
+        ),
     log:
         f"{RESULTS}/logs/evaluate/{{run}}.log",
     conda:

@@ -74,20 +74,61 @@ def measure_power_spectrum(
     mean |k| of the modes in each bin [h/Mpc], the mean power [(Mpc/h)³] and the number of
     Fourier modes (counting k and −k separately) in each bin; empty bins are dropped.
     """
-    field = np.asarray(field)
-    if field.ndim != 3 or len(set(field.shape)) != 1:
-        raise ValueError(f"measure_power_spectrum: field shape {field.shape} is not a cube")
-    if box_size <= 0:
-        raise ValueError(f"measure_power_spectrum: box_size {box_size} must be > 0")
-    n = field.shape[0]
+    n = _cube_side(field, box_size)
+    k_fund = 2.0 * np.pi / box_size
+    bins = num_bins if num_bins is not None else n // 2
+    edges = np.linspace(0.5 * k_fund, k_fund * (n // 2) + 0.5 * k_fund, bins + 1)
+    k, power, n_modes = binned_power_spectrum(field, box_size, edges)
+    filled = n_modes > 0
+    return k[filled], power[filled], n_modes[filled]
+
+
+def log_k_edges(n: int, box_size: float, num_bins: int) -> np.ndarray:
+    """`num_bins` + 1 log-spaced |k| edges from the fundamental 2π/box to the Nyquist π·n/box.
+
+    The first edge sits just below the fundamental and the last just above Nyquist, so both
+    end modes fall inside; on a small cube some bins can hold no mode (their P is NaN).
+    """
+    k_fund = 2.0 * np.pi / box_size
+    edges = k_fund * np.geomspace(1.0, n / 2, num_bins + 1)
+    edges[0] *= 1.0 - 1e-6
+    edges[-1] *= 1.0 + 1e-6
+    return edges
+
+
+def binned_power_spectrum(
+    field: np.ndarray,
+    box_size: float,
+    edges: np.ndarray,
+    *,
+    shot_noise: float = 0.0,
+    window: str | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """P(k) of a cubic field (DESIGN.md, "Field statistics") averaged in the |k| bins `edges`.
+
+    P = V·|DFT(field)|²/n⁶ per mode, divided by the squared mass-assignment window (`window`
+    "ngp" or "cic": W(k) = Π sinc(k_i·Δ/2)^p, p = 1 or 2; None: no correction), minus
+    `shot_noise` (V / number of particles for a count field's overdensity; 0 for a continuous
+    field). Returns (k, P, n_modes) per bin, every bin kept: NaN k and P where a bin has no mode.
+    """
+    n = _cube_side(field, box_size)
     volume = float(box_size) ** 3
-    field_k = np.fft.rfftn(field.astype(np.float64, copy=False))
+    field_k = np.fft.rfftn(np.asarray(field, dtype=np.float64))
     # Continuum convention: δ̃(k) = (V/N³)·DFT, P = |δ̃|²/V.
     power = (field_k.real**2 + field_k.imag**2) * (volume / float(n) ** 6)
 
     k_fund = 2.0 * np.pi / box_size
     k1d = np.fft.fftfreq(n, d=1.0 / n) * k_fund
     kz = np.fft.rfftfreq(n, d=1.0 / n) * k_fund
+    if window is not None:
+        exponent = {"ngp": 1, "cic": 2}.get(window)
+        if exponent is None:
+            raise ValueError(f"binned_power_spectrum: window {window!r} is not 'ngp' or 'cic'")
+        half_cell = 0.5 * box_size / n
+        w1, wz = np.sinc(k1d * half_cell / np.pi), np.sinc(kz * half_cell / np.pi)
+        w3 = (w1[:, None, None] * w1[None, :, None] * wz[None, None, :]) ** exponent
+        power = power / w3**2
+    power = power - shot_noise
     k_mag = np.sqrt(k1d[:, None, None] ** 2 + k1d[None, :, None] ** 2 + kz[None, None, :] ** 2)
     # The rfft stores half the modes: every kz plane except 0 (and Nyquist, for even n) stands
     # for itself and its mirror image.
@@ -97,18 +138,21 @@ def measure_power_spectrum(
         weight[-1] = 1.0
     weight = np.broadcast_to(weight[None, None, :], k_mag.shape)
 
-    k_nyquist = k_fund * (n // 2)
-    bins = num_bins if num_bins is not None else n // 2
-    edges = np.linspace(0.5 * k_fund, k_nyquist + 0.5 * k_fund, bins + 1)
+    num_bins = len(edges) - 1
     which = np.digitize(k_mag.ravel(), edges) - 1
-    inside = (which >= 0) & (which < bins)
+    inside = (which >= 0) & (which < num_bins)
     which, w = which[inside], weight.ravel()[inside]
-    n_modes = np.bincount(which, weights=w, minlength=bins)
-    k_sum = np.bincount(which, weights=w * k_mag.ravel()[inside], minlength=bins)
-    p_sum = np.bincount(which, weights=w * power.ravel()[inside], minlength=bins)
-    filled = n_modes > 0
-    return (
-        k_sum[filled] / n_modes[filled],
-        p_sum[filled] / n_modes[filled],
-        n_modes[filled].astype(np.int64),
-    )
+    n_modes = np.bincount(which, weights=w, minlength=num_bins)
+    k_sum = np.bincount(which, weights=w * k_mag.ravel()[inside], minlength=num_bins)
+    p_sum = np.bincount(which, weights=w * power.ravel()[inside], minlength=num_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return k_sum / n_modes, p_sum / n_modes, n_modes.astype(np.int64)
+
+
+def _cube_side(field: np.ndarray, box_size: float) -> int:
+    shape = np.shape(field)
+    if len(shape) != 3 or len(set(shape)) != 1:
+        raise ValueError(f"power spectrum: field shape {shape} is not a cube")
+    if box_size <= 0:
+        raise ValueError(f"power spectrum: box_size {box_size} must be > 0")
+    return int(shape[0])

@@ -17,6 +17,7 @@ from torch import nn
 
 from cosmocub.config import ModelConfig
 from cosmocub.io import atomic_path
+from cosmocub.models.heads import outputs_per_parameter
 
 MODEL_FILE_FORMAT = "cosmocub.model/1"
 
@@ -40,7 +41,8 @@ def conv_block(
 class CosmoFlow(nn.Module):
     """CosmoFlow: `num_conv_blocks` conv blocks, then a dense head, then tanh · output_scale.
 
-    forward(x_bcdhw: (B, C, S, S, S)) → (B, num_outputs).
+    forward(x_bcdhw: (B, C, S, S, S)) → (B, num_outputs); with `head: gaussian`
+    (B, 2·num_outputs): the means, then the log-variances (models/heads.py reads them).
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -70,7 +72,8 @@ class CosmoFlow(nn.Module):
             head[f"act{i}"] = nn.LeakyReLU(cfg.leaky_relu_slope)
             head[f"dropout{i}"] = nn.Dropout(cfg.dropout)
             width = size
-        head["output"] = nn.Linear(width, cfg.num_outputs)
+        # The gaussian head's second half of outputs is the log-variance of each parameter.
+        head["output"] = nn.Linear(width, cfg.num_outputs * outputs_per_parameter(cfg))
         self.head = nn.Sequential(head)
         self.output_scale = cfg.output_scale
         self.reset_parameters()
@@ -86,7 +89,11 @@ class CosmoFlow(nn.Module):
     def forward(self, x_bcdhw: torch.Tensor) -> torch.Tensor:
         h = self.conv_blocks(x_bcdhw)  # (B, F, s, s, s), s = S / 2**num_conv_blocks
         h = self.flatten(h)  # (B, F·s³)
-        return torch.tanh(self.head(h)) * self.output_scale  # (B, num_outputs)
+        out = self.head(h)  # (B, num_outputs · outputs_per_parameter)
+        if not self.config.gaussian:
+            return torch.tanh(out) * self.output_scale  # (B, num_outputs)
+        mean, log_var = out.chunk(2, dim=1)
+        return torch.cat([torch.tanh(mean) * self.output_scale, log_var], dim=1)  # (B, 2·P)
 
 
 def model_config_dict(cfg: ModelConfig) -> dict[str, Any]:
@@ -123,6 +130,9 @@ def load_model_file(path: str | os.PathLike, *, map_location: str = "cpu") -> nn
         )
     values = dict(payload["model_config"])
     values["dense_sizes"] = tuple(values["dense_sizes"])
+    # Files written before the gaussian head existed hold point-head models.
+    values.setdefault("head", "point")
+    values.setdefault("nll_beta", 0.0)
     from cosmocub.models.factory import build_model
 
     model = build_model(ModelConfig(**values))

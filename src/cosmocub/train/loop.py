@@ -26,6 +26,7 @@ from tqdm import tqdm
 from cosmocub.config import Config
 from cosmocub.data.universe import NAME_PAR
 from cosmocub.io import atomic_path
+from cosmocub.models.heads import regression_loss, split_output, variance
 from cosmocub.optim.schedule import EpochSchedule
 from cosmocub.parallel.mesh import ParallelDims
 from cosmocub.train.checkpoint import CheckpointManager
@@ -144,8 +145,9 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
         step_start = time.perf_counter()
         with t.autocast():
             pred_bp = t.wrapped(x_bcdhw)  # (B, P)
-        # (B, P) parameters, or for the U-Net (B, 1, d, h, w) fields of this rank's block.
-        loss = nn.functional.mse_loss(pred_bp.float(), y_bp)
+        # (B, P) parameters (B, 2P with the gaussian head), or for the U-Net (B, 1, d, h, w) fields
+        # of this rank's block.
+        loss = regression_loss(pred_bp.float(), y_bp, t.cfg.model)
         # Sum of the loss over data ranks, started now and awaited after backward, so every rank
         # holds the same values and stops at the same step if one is not finite.
         loss_all = loss.detach() * loss_share
@@ -206,17 +208,22 @@ def validate(t: Trainer) -> dict[str, float]:
         return validate_fields(t)
     device = t.dims.device
     names = NAME_PAR  # the config checks num_outputs against these
-    # sums[0] = Σ|err| per param, sums[1] = Σerr² per param; float64 so large shards add exactly.
-    sums = torch.zeros(2, len(names), dtype=torch.float64, device=device)
+    # sums[0] = Σ|err| per param, sums[1] = Σerr² per param, sums[2] = Σ Gaussian NLL per param
+    # (gaussian head); float64 so large shards add exactly.
+    sums = torch.zeros(3, len(names), dtype=torch.float64, device=device)
     count = torch.zeros(1, dtype=torch.float64, device=device)
     t.model.eval()
     for x_bcdhw, y_bp in t.val_loader:
         x_bcdhw, y_bp = x_bcdhw.to(device), y_bp.to(device)
         with t.autocast():
-            pred_bp = t.model(x_bcdhw)
+            out_bk = t.model(x_bcdhw)
+        pred_bp, log_var_bp = split_output(out_bk, t.cfg.model)  # the mean, for either head
         err_bp = pred_bp.double() - y_bp.double()
         sums[0] += err_bp.abs().sum(0)
         sums[1] += err_bp.square().sum(0)
+        if log_var_bp is not None:
+            var_bp = variance(log_var_bp.double())
+            sums[2] += 0.5 * (var_bp.log() + err_bp.square() / var_bp).sum(0)
         count += err_bp.shape[0]
     t.model.train()
     if t.dims.data > 1:
@@ -228,6 +235,9 @@ def validate(t: Trainer) -> dict[str, float]:
     mae_p, mse_p = (sums[0] / n).tolist(), (sums[1] / n).tolist()
     metrics = {"val_loss": sum(mse_p) / len(names), "val_mae": sum(mae_p) / len(names)}
     metrics.update({f"val_mae_{name}": value for name, value in zip(names, mae_p, strict=True)})
+    if t.cfg.model.gaussian:
+        # What the gaussian head is trained on (plain NLL, without ½ log 2π): lower is better.
+        metrics["val_nll"] = (sums[2] / n).mean().item()
     return metrics
 
 

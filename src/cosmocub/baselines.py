@@ -1,0 +1,67 @@
+"""The baselines a CNN is judged against: predict-the-mean, and cross-validated ridge fits on the
+shards' field statistics (one-point statistics; the power spectrum), fitted on the training
+split only.
+
+scikit-learn does the regression: standardised features, then RidgeCV, which picks the penalty
+per parameter by efficient leave-one-out on the training samples.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+from sklearn.linear_model import RidgeCV
+from sklearn.pipeline import Pipeline, make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from cosmocub.data.features import FEATURES_FILE, read_features
+
+# Feature set of each fitted baseline (datasets of features.h5).
+BASELINE_FEATURES = {"one_point": "one_point", "pk": "pk"}
+RIDGE_ALPHAS = np.logspace(-3, 4, 15)
+
+
+def usable_columns(features: np.ndarray) -> np.ndarray:
+    """Columns finite in every row: bins with no mode (NaN) or empty ones (log 0) drop out."""
+    return np.all(np.isfinite(features), axis=0)
+
+
+def fit_ridge(features: np.ndarray, targets: np.ndarray) -> Pipeline:
+    """StandardScaler → RidgeCV (one penalty per target) fitted on (N, F) → (N, P)."""
+    if features.shape[0] != targets.shape[0] or features.shape[0] < 3:
+        raise ValueError(
+            f"fit_ridge: {features.shape[0]} feature rows and {targets.shape[0]} targets; need "
+            "as many, and at least 3"
+        )
+    model = make_pipeline(StandardScaler(), RidgeCV(alphas=RIDGE_ALPHAS, alpha_per_target=True))
+    return model.fit(features, targets)
+
+
+def _targets(shard: Path) -> np.ndarray:
+    with h5py.File(shard, "r") as f:
+        return f["y"][:].astype(np.float64)
+
+
+def baseline_predictions(shards_dir: Path, split: str) -> dict[str, np.ndarray]:
+    """Each baseline's (N, P) unitPar predictions for `split`, every fit made on train only.
+
+    "mean" predicts the training targets' mean; "one_point" and "pk" are ridge fits on the
+    features of features.h5. Only the training split's targets are read.
+    """
+    shards_dir = Path(shards_dir)
+    features_path = shards_dir / FEATURES_FILE
+    y_train = _targets(shards_dir / "train.h5")
+    train = read_features(features_path, "train")
+    target = read_features(features_path, split)
+    n = target["pk"].shape[0]
+    out = {"mean": np.broadcast_to(y_train.mean(axis=0), (n, y_train.shape[1])).copy()}
+    for name, dataset in BASELINE_FEATURES.items():
+        keep = usable_columns(train[dataset])
+        model = fit_ridge(train[dataset][:, keep], y_train)
+        x = target[dataset][:, keep]
+        # A sample with a non-finite feature (an empty crop's log P) gets the column's train mean.
+        x = np.where(np.isfinite(x), x, model[0].mean_)
+        out[name] = model.predict(x) if n else np.zeros((0, y_train.shape[1]))
+    return out

@@ -1,0 +1,256 @@
+"""What a cosmologist asks of a trained run: per universe and per crop, is the CNN better than
+predict-the-mean and than ridge fits on field statistics (one-point; P(k)), and, for the gaussian
+head, do its intervals cover the truth?
+
+`field_level_metrics` assembles metrics.json's "comparison" and "calibration" sections from
+predictions; `predict_gaussian` gives a gaussian-head model's means and variances.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from cosmocub import uncertainty as unc
+from cosmocub.baselines import baseline_predictions
+from cosmocub.data.augment import cube_symmetry
+from cosmocub.models.heads import split_output, variance
+from cosmocub.train.runtime import memory_format
+
+# The CNN and the baselines it is compared with, in table order.
+ESTIMATORS = ("cnn", "mean", "one_point", "pk")
+BOOTSTRAP = 2000
+
+
+def predict_gaussian(
+    model: torch.nn.Module, dataset: Any, *, batch_size: int, symmetries: int = 1
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean, variance, true) unitPar arrays (N, P) of a gaussian-head model over `dataset`.
+
+    Over the cube's `symmetries`, the mean is the average of the means and the variance the
+    average variance plus the variance of the means (the law of total variance).
+    """
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = model.to(device, memory_format=memory_format(device)).eval()
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=0)
+    every = 1 if sys.stderr.isatty() else 60
+    means, variances, trues = [], [], []
+    with torch.inference_mode():
+        for x_bcdhw, y in tqdm(loader, desc="evaluate", unit="batch", mininterval=every):
+            x_bcdhw = x_bcdhw.to(device)
+            mean_sbp, var_sbp = [], []
+            for k in range(symmetries):
+                mean_bp, log_var_bp = split_output(
+                    model(cube_symmetry(x_bcdhw, k)).float(), model.config
+                )
+                mean_sbp.append(mean_bp.double())
+                var_sbp.append(variance(log_var_bp.double()))
+            stacked = torch.stack(mean_sbp)
+            total_var = torch.stack(var_sbp).mean(0) + stacked.var(0, unbiased=False)
+            means.append(stacked.mean(0).cpu().numpy())
+            variances.append(total_var.cpu().numpy())
+            trues.append(y.numpy())
+    return (
+        np.concatenate(means),
+        np.concatenate(variances),
+        np.concatenate(trues).astype(np.float64),
+    )
+
+
+def comparison_table(
+    preds: Mapping[str, np.ndarray],
+    true: np.ndarray,
+    names: Sequence[str],
+    *,
+    bootstrap: int = 0,
+    seed: int = 0,
+) -> dict[str, dict[str, float]]:
+    """Per parameter: unitPar MAE of every estimator, and the CNN's MAE over each baseline's.
+
+    With `bootstrap` > 0, also `cnn_over_pk_lo` and `_hi`: the 16th and 84th percentiles of the
+    ratio over `bootstrap` resamplings of the rows (the test universes), i.e. its ±1σ range.
+    """
+    table: dict[str, dict[str, float]] = {}
+    rng = np.random.default_rng(seed)
+    resamples = rng.integers(0, len(true), size=(bootstrap, len(true)))
+    for j, name in enumerate(names):
+        errors = {est: np.abs(preds[est][:, j] - true[:, j]) for est in ESTIMATORS}
+        row = {est: float(err.mean()) for est, err in errors.items()}
+        for est in ESTIMATORS[1:]:
+            row[f"cnn_over_{est}"] = row["cnn"] / row[est] if row[est] > 0 else math.nan
+        if bootstrap:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratios = errors["cnn"][resamples].mean(1) / errors["pk"][resamples].mean(1)
+            lo, hi = np.nanpercentile(ratios, [16, 84])
+            row["cnn_over_pk_lo"], row["cnn_over_pk_hi"] = float(lo), float(hi)
+        table[name] = row
+    return table
+
+
+def field_level_metrics(
+    *,
+    shards_dir: Path,
+    names: Sequence[str],
+    test: Mapping[str, np.ndarray],
+    val: Mapping[str, np.ndarray] | None,
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """(metrics, arrays): the CNN against the baselines per crop and per universe, and for the
+    gaussian head the coverage of its intervals before and after calibration on validation.
+
+    `test` and `val` hold "mean" (N, P), "true" (N, P), "universe_index" (N,) and, for the
+    gaussian head, "var" (N, P); `val` is needed for the gaussian head only. A universe's
+    estimate is its crops' mean (point head) or their inverse-variance weighted mean (gaussian).
+    """
+    baselines = baseline_predictions(shards_dir, "test")
+    true, where = test["true"], test["universe_index"]
+    crop_preds = {"cnn": test["mean"], **baselines}
+    true_u = unc.mean_per_universe(true, where)
+    univ_preds = {est: unc.mean_per_universe(p, where) for est, p in crop_preds.items()}
+    arrays = {f"crop_{est}_unit": p for est, p in crop_preds.items() if est != "cnn"}
+    gaussian = "var" in test
+    calibration = None
+    if gaussian:
+        if val is None:
+            raise ValueError(
+                f"{shards_dir}/val.h5: no validation samples; the gaussian head's calibration "
+                "is fitted on them"
+            )
+        univ_preds["cnn"], var_u = unc.combine_crops(test["mean"], test["var"], where)
+        calibration, var_u_cal = _calibration(test, val, univ_preds["cnn"], var_u, true_u, names)
+        arrays.update(universe_var_unit=var_u_cal, crop_var_unit=test["var"])
+    arrays.update(
+        {f"universe_{est}_unit": p for est, p in univ_preds.items()},
+        universe_true_unit=true_u,
+        universes=np.unique(where),  # the universe_index of each universe_* row
+    )
+    metrics: dict[str, Any] = {
+        "comparison": {
+            # Few test universes: the ratio's bootstrap range says how far to trust it.
+            "per_universe": comparison_table(univ_preds, true_u, names, bootstrap=BOOTSTRAP),
+            "per_crop": comparison_table(crop_preds, true, names),
+            "num_universes": len(true_u),
+            "num_crops": len(true),
+        }
+    }
+    if calibration is not None:
+        metrics["calibration"] = calibration
+    return metrics, arrays
+
+
+def _calibration(
+    test: Mapping[str, np.ndarray],
+    val: Mapping[str, np.ndarray],
+    mean_u: np.ndarray,
+    var_u: np.ndarray,
+    true_u: np.ndarray,
+    names: Sequence[str],
+) -> tuple[dict[str, Any], np.ndarray]:
+    # Scales fitted on validation only: a temperature² for single crops, an inflation factor for
+    # the combination of a universe's correlated crops.
+    temperature_sq = unc.variance_scale(val["mean"], val["var"], val["true"])
+    val_mean_u, val_var_u = unc.combine_crops(val["mean"], val["var"], val["universe_index"])
+    inflation = unc.variance_scale(
+        val_mean_u, val_var_u, unc.mean_per_universe(val["true"], val["universe_index"])
+    )
+    var_u_cal = var_u * inflation
+    crop_var_cal = test["var"] * temperature_sq
+    cases = {
+        "per_crop": {
+            "before": (test["mean"], test["var"], test["true"]),
+            "after": (test["mean"], crop_var_cal, test["true"]),
+        },
+        "per_universe": {
+            "before": (mean_u, var_u, true_u),
+            "after": (mean_u, var_u_cal, true_u),
+        },
+    }
+    out: dict[str, Any] = {
+        "levels": list(unc.COVERAGE_LEVELS),
+        "tolerance": unc.COVERAGE_TOLERANCE,
+        "curve_levels": unc.CURVE_LEVELS.tolist(),
+        "temperature": np.sqrt(temperature_sq).tolist(),
+        "inflation": inflation.tolist(),
+    }
+    for scope, by_stage in cases.items():
+        block: dict[str, Any] = {}
+        for stage, (m, v, t) in by_stage.items():
+            observed = unc.coverage(m, v, t)
+            block[stage] = {
+                "coverage": {
+                    name: {
+                        f"{lvl:g}": float(observed[i, j])
+                        for i, lvl in enumerate(unc.COVERAGE_LEVELS)
+                    }
+                    for j, name in enumerate(names)
+                },
+                "curve": unc.coverage(m, v, t, unc.CURVE_LEVELS).T.tolist(),  # (P, L)
+                "width68": dict(zip(names, unc.interval_width(v, 0.68).tolist(), strict=True)),
+                "nll": dict(zip(names, unc.gaussian_nll(m, v, t).tolist(), strict=True)),
+                "miscalibrated": unc.miscalibrated(observed),
+            }
+        out[scope] = block
+    return out, var_u_cal
+
+
+def plot_calibration(
+    calibration: Mapping[str, Any] | None, *, names: Sequence[str], path: str | os.PathLike
+) -> None:
+    """Observed against expected coverage, per crop and per universe, before and after the
+    calibration on validation; the diagonal is perfect calibration. Without `calibration` (the
+    point head) the figure says there are no intervals, so the report always has the file."""
+    fig = Figure(figsize=(9, 4.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    if calibration is None:
+        ax = fig.add_subplot(1, 1, 1)
+        ax.axis("off")
+        ax.text(0.5, 0.5, "model.head: point — no intervals to calibrate", ha="center")
+        fig.savefig(path, dpi=110)
+        return
+    levels = np.asarray(calibration["curve_levels"])
+    for i, scope in enumerate(("per_crop", "per_universe")):
+        ax = fig.add_subplot(1, 2, i + 1)
+        ax.plot([0, 1], [0, 1], "k--", lw=1)
+        for j, name in enumerate(names):
+            color = f"C{j}"
+            for stage, style in (("before", ":"), ("after", "-")):
+                curve = np.asarray(calibration[scope][stage]["curve"][j])
+                label = f"{name} ({stage})"
+                ax.plot(levels, curve, style, color=color, marker="o", ms=3, label=label)
+        ax.set_title(scope.replace("_", " ") + " (test)")
+        ax.set_xlabel("expected coverage")
+        ax.set_ylabel("observed coverage")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.savefig(path, dpi=110)
+
+
+def tracker_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Flat MLflow names: univ_mae_pk_<param>, univ_cnn_over_pk_<param>, coverage68_univ_after_…"""
+    flat: dict[str, float] = {}
+    short = {"per_universe": "univ", "per_crop": "crop"}
+    for scope, prefix in short.items():
+        for name, row in metrics["comparison"][scope].items():
+            for key, value in row.items():
+                label = key if key.startswith("cnn_over") else f"mae_{key}"
+                flat[f"{prefix}_{label}_{name}"] = value
+    calibration = metrics.get("calibration")
+    if calibration:
+        for scope, prefix in short.items():
+            for stage in ("before", "after"):
+                for name, cov in calibration[scope][stage]["coverage"].items():
+                    for level, value in cov.items():
+                        pct = round(100 * float(level))
+                        flat[f"coverage{pct}_{prefix}_{stage}_{name}"] = value
+    return {k: float(v) for k, v in flat.items() if math.isfinite(v)}
