@@ -34,7 +34,9 @@ rule train:
         # wrapping it in `srun -n1`: `cosmocub launch` starts the ranks itself.
         mpi="",
     params:
-        settings=section("model", "parallel", "optimizer", "train", "preprocess", "seed"),
+        settings=section(
+            "model", "parallel", "optimizer", "train", "preprocess", "seed"
+        ),
         shards=lambda w, input: os.path.dirname(input.manifest),
         out=lambda w, output: os.path.dirname(output.model),
         nproc=CFG.train.nproc_per_node,

@@ -15,7 +15,14 @@ rule unet_config:
         "../../envs/cosmocub.yaml"
     params:
         settings=section(
-            "preprocess", "model", "parallel", "optimizer", "train", "evaluate", "task", "unet",
+            "preprocess",
+            "model",
+            "parallel",
+            "optimizer",
+            "train",
+            "evaluate",
+            "task",
+            "unet",
             "seed",
         ),
     shell:
@@ -64,8 +71,12 @@ rule unet_evaluate:
         slices=report(
             f"{UNET}/eval/slices.png", caption="../report/unet.rst", category="U-Net"
         ),
-        power=report(f"{UNET}/eval/power.png", caption="../report/unet.rst", category="U-Net"),
-        pdf=report(f"{UNET}/eval/pdf.png", caption="../report/unet.rst", category="U-Net"),
+        power=report(
+            f"{UNET}/eval/power.png", caption="../report/unet.rst", category="U-Net"
+        ),
+        pdf=report(
+            f"{UNET}/eval/pdf.png", caption="../report/unet.rst", category="U-Net"
+        ),
         loss=f"{UNET}/eval/loss.png",
     log:
         f"{UNET}/logs/evaluate.log",
