@@ -96,3 +96,10 @@ def study_gather_inputs(wildcards):
     if study_engine.definition(wildcards.study).evaluate:
         files += [f"{folder}/{p}/eval/predictions.npz" for p in names]
     return files
+
+
+def perf_model_tables(wildcards):
+    """The step-time study's table (it holds the calibration point), and the network and
+    scaling studies' where they have been run: `snakemake perf_model` does not run them."""
+    tables = [f"{RESULTS}/studies/{s}/points.tsv" for s in ("step_time", "network", "scaling")]
+    return tables[:1] + [t for t in tables[1:] if os.path.exists(t)]

@@ -80,7 +80,9 @@ def cpu_predictor(
 
     def predict(row: Mapping[str, str]) -> tuple[StepPrediction, str]:
         cfg = load_config(study_dir / row["point"] / "config.yaml")
-        threads = int(row.get("cores_per_rank") or 1)
+        # Ranks sharing cores (cores_per_rank < 1) run one thread each; the slowdown below
+        # accounts for the sharing.
+        threads = max(1, round(float(row.get("cores_per_rank") or 1)))
         batch, split = cfg.train.local_batch_size, cfg.parallel.split_dhw
         key = (cfg.model, cfg.optimizer, batch, split, threads)
         if key not in cache:

@@ -192,7 +192,8 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
         twin.plot(*zip(*[(x, 100 * s) for x, s in share], strict=True), "k--", lw=1)
         twin.set_ylabel("reference's exchange share of its step (%, dashed)")
         twin.set_ylim(0, 100)
-    ax.legend(fontsize=8)
+    if variants:
+        ax.legend(fontsize=8)
     ax.set_title("time to the reference's final validation loss")
 
     width = 0.4

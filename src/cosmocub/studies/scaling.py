@@ -98,9 +98,8 @@ def rows(outputs: PointOutputs, cfg: Config) -> list[dict[str, Any]]:
         )
     row["data_wait_s"] = _after_first(epochs, "_data_wait_s")
     row["peak_rss_mb"] = max((e.get("peak_rss_mb") or 0.0) for e in epochs) or None
-    row["step_s"] += row["data_wait_s"]
     cores = (row["cores_per_rank"] or 1.0) * row["world_size"]
-    row["samples_per_core_s"] = global_batch / (row["step_s"] * cores)
+    row["samples_per_core_s"] = global_batch / ((row["step_s"] + row["data_wait_s"]) * cores)
     return [row]
 
 
@@ -176,7 +175,8 @@ STUDY = StudyDefinition(
         "spatial meshes on emulated nodes at one link rate. Per-step means after the first "
         "epoch: compute_s holds forward, backward and the optimizer (not timed apart); halo_s "
         "the halo swaps; exchange_s the gradient all-reduce (blocking DDP hook); data_wait_s "
-        "waiting for batches; step_s their sum. peak_rss_mb is rank 0's peak resident memory. "
+        "waiting for batches (not in step_s, the sum of the others). peak_rss_mb is rank 0's "
+        "peak resident memory. "
         "Where cores_per_rank < 1 the ranks share (oversubscribe) the machine's cores, so step "
         "time grows with ranks by construction: efficiency is samples per core-second relative "
         "to the same mode's 1x1 point."
