@@ -263,7 +263,8 @@ def gather(
     per_point: dict[str, tuple[PointOutputs, list[dict[str, Any]]]] = {}
     for p in study_points(cfg, study):
         outputs = PointOutputs(point=p, folder=Path(folder) / p.name)
-        if skipped := outputs.record().get("skipped"):
+        recorded = (outputs.folder / POINT_FILE).is_file()
+        if recorded and (skipped := outputs.record().get("skipped")):
             # Not run here (e.g. emulated nodes without CAP_NET_ADMIN): its labels, blank
             # measurements, and why in the `skipped` column.
             rows.append({"point": p.name, **p.labels, "skipped": skipped})
