@@ -81,6 +81,16 @@ def study_point_ranks(wildcards):
     return study_point_plan(wildcards).ranks
 
 
+def study_point_threads(wildcards):
+    """Like `train`, every rank asks for cluster.train.cpus_per_rank; an emulated point's nodes
+    are pinned over all the cores this machine gives the workflow, so it claims them all and no
+    other job runs beside it (that would slow its ranks and falsify its times)."""
+    planned = study_point_plan(wildcards)
+    threads = planned.ranks * CFG.cluster.train.cpus_per_rank
+    cores = workflow.cores if isinstance(workflow.cores, int) else 0
+    return max(threads, cores) if planned.point.runner == "emulated" else threads
+
+
 def study_shard_config(wildcards):
     """The config of a point whose shards have this key (all such points agree on them)."""
     sources = study_engine.study_shard_sources(CFG, list(study_engine.STUDY_MODULES))

@@ -120,8 +120,8 @@ rule study_point:
         f"{STUDIES}/{{study}}/logs/point_{{point}}.log",
     conda:
         "../../envs/cosmocub.yaml"
-    # Like `train`, every rank asks for cluster.train.cpus_per_rank (Snakemake caps at --cores).
-    threads: lambda w: study_point_ranks(w) * CFG.cluster.train.cpus_per_rank
+    # Snakemake caps at --cores; see study_point_threads.
+    threads: study_point_threads
     resources:
         mem_mb=lambda w: study_point_ranks(w) * CFG.cluster.train.mem_mb_per_rank,
         runtime=CFG.cluster.train.runtime,
