@@ -37,6 +37,7 @@ COLUMNS = (
     "compute_s",
     "halo_s",
     "exchange_s",
+    "momentum_sync_s",
     "data_wait_s",
     "comm_bytes_per_step",
     "halo_bytes_per_step",
