@@ -131,7 +131,8 @@ def test_points_share_shards_and_may_not_touch_fixed_sections() -> None:
 
 def test_cli_study_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert cli.main(["study-gather", "--study", "nope", "--dir", str(tmp_path)]) == 2
-    assert "study 'nope': unknown (sample_size, step_time)" in capsys.readouterr().err
+    known = "network, sample_size, scaling, step_time"
+    assert f"study 'nope': unknown ({known})" in capsys.readouterr().err
     args = ["study-point-config", "--study", "sample_size", "--point", "7", "--out", "o.yaml"]
     assert cli.main(args) == 2
     assert "study 'sample_size': no point '7' (points: 16, 32, 64)" in capsys.readouterr().err

@@ -110,8 +110,14 @@ def test_outputs_follow_the_run_format(shards: Path, tmp_path: Path) -> None:
         "time_momentum_sync_s",
         "halo_bytes_per_step",
         "time_halo_s",
+        "elapsed_s",
+        "peak_rss_mb",
     } | {f"val_mae_{p}" for p in ("Omega_m", "sigma_8", "N_spec", "H_0")}
     assert set(records[0]) == expected_keys
+    # Wall time since training start, growing with every epoch; this rank's peak memory.
+    elapsed = [r["elapsed_s"] for r in records]
+    assert 0 < elapsed[0] < elapsed[1] < elapsed[2]
+    assert all(r["peak_rss_mb"] > 50 for r in records)
     r = records[-1]
     per_param = [r[f"val_mae_{p}"] for p in ("Omega_m", "sigma_8", "N_spec", "H_0")]
     assert r["val_mae"] == pytest.approx(sum(per_param) / 4)
@@ -179,7 +185,8 @@ def test_deterministic_resume_is_bit_identical(shards: Path, tmp_path: Path) -> 
 
     def losses(run: str) -> list[dict[str, float]]:
         lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
-        timing = ("samples_per_s", "data_wait_share", "time_")  # wall-clock, not reproducible
+        # wall-clock and memory: not reproducible
+        timing = ("samples_per_s", "data_wait_share", "time_", "elapsed_s", "peak_rss_mb")
         return [{k: v for k, v in json.loads(x).items() if not k.startswith(timing)} for x in lines]
 
     assert losses("whole") == losses("broken")

@@ -251,23 +251,30 @@ def _cmd_evaluate_fields(args: argparse.Namespace) -> int:
 
 def _cmd_study_point(args: argparse.Namespace) -> int:
     from cosmocub.studies.engine import find_point, point_record, write_point_record
-    from cosmocub.studies.runners import runner
+    from cosmocub.studies.runners import PointSkipped, runner
 
     cfg = load_config(args.config)  # the base config: the point's own is --point-config
     point = find_point(cfg, args.study, args.point)
     point_cfg = load_config(args.point_config)
     out = Path(args.out)
-    rc, extra = runner(point.runner)(
-        point,
-        config_path=Path(args.point_config),
-        shards_dir=Path(args.shards),
-        out_dir=out / "run",
-        nproc_per_node=int(point.launch.get("nproc_per_node", point_cfg.train.nproc_per_node)),
-        cpus_per_rank=args.cpus_per_rank,
-        max_restarts=args.max_restarts,
-    )
+    nproc = int(point.launch.get("nproc_per_node", point_cfg.train.nproc_per_node))
+    try:
+        rc, extra = runner(point.runner)(
+            point,
+            config_path=Path(args.point_config),
+            shards_dir=Path(args.shards),
+            out_dir=out / "run",
+            nproc_per_node=nproc,
+            cpus_per_rank=args.cpus_per_rank,
+            max_restarts=args.max_restarts,
+        )
+    except PointSkipped as why:
+        # One line; the study goes on and its table shows the point with blank measurements.
+        print(f"emulated points skipped: {args.study} point {point.name}: {why}", file=sys.stderr)
+        rc, extra = 0, {"skipped": str(why), "nproc_per_node": nproc}
     if rc == 0:
-        write_point_record(point_record(point, cores_per_rank=args.cpus_per_rank, extra=extra), out)
+        record = point_record(point, cores_per_rank=args.cpus_per_rank, extra=extra)
+        write_point_record(record, out)
     return rc
 
 

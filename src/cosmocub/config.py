@@ -402,6 +402,60 @@ class StepTimeStudyConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class NetworkStudyConfig:
+    nodes: int
+    nproc_per_node: int
+    bandwidths_mbit: tuple[float, ...]
+    epochs: int
+    max_steps_per_epoch: int
+    local_batch_size: int
+    model: dict[str, Any]
+    lr: float | None
+    reference: str
+    variants: dict[str, dict[str, Any]]
+
+    def __post_init__(self) -> None:
+        if self.reference not in self.variants:
+            raise ConfigError(
+                f"key 'network_study.reference': {self.reference!r} is not one of the variants "
+                f"{sorted(self.variants)}"
+            )
+        if len(set(self.bandwidths_mbit)) != len(self.bandwidths_mbit):
+            raise ConfigError(
+                f"key 'network_study.bandwidths_mbit': {list(self.bandwidths_mbit)} repeats a rate"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScalingStudyConfig:
+    bandwidth_mbit: float
+    nproc_per_node: int
+    meshes: tuple[tuple[int, int], ...]
+    modes: tuple[str, ...]
+    global_batch_size: int
+    local_batch_size: int
+    epochs: int
+    max_steps_per_epoch: int
+
+    def __post_init__(self) -> None:
+        meshes = tuple(tuple(m) for m in self.meshes)
+        object.__setattr__(self, "meshes", meshes)
+        if len(set(meshes)) != len(meshes):
+            raise ConfigError(f"key 'scaling_study.meshes': {[list(m) for m in meshes]} repeats")
+        for data, spatial in meshes:
+            if (data * spatial) % self.nproc_per_node:
+                raise ConfigError(
+                    f"key 'scaling_study.meshes': mesh {data}x{spatial} has {data * spatial} "
+                    f"ranks, not a multiple of nproc_per_node {self.nproc_per_node}"
+                )
+            if "strong" in self.modes and self.global_batch_size % data:
+                raise ConfigError(
+                    f"key 'scaling_study.global_batch_size': {self.global_batch_size} does not "
+                    f"divide over mesh {data}x{spatial}'s {data} data ranks"
+                )
+
+
+@dataclass(frozen=True, kw_only=True)
 class BenchConfig:
     ranks: int
     sizes_bytes: tuple[int, ...]
@@ -502,6 +556,7 @@ class TrainConfig:
     threads_per_rank: int | None
     collective_timeout_s: float
     ddp_exchange_timing: str
+    max_steps_per_epoch: int | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -585,6 +640,8 @@ class Config:
     tracking: TrackingConfig
     cluster: ClusterConfig
     step_time_study: StepTimeStudyConfig
+    network_study: NetworkStudyConfig
+    scaling_study: ScalingStudyConfig
     perf_model: PerfModelConfig
     # The resolved dict this was built from: for hashing, MLflow params and artifacts.
     values: dict[str, Any] = field(repr=False, compare=False)
@@ -664,6 +721,12 @@ def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
             step_time_study=StepTimeStudyConfig(
                 epochs=values["step_time_study"]["epochs"],
                 points=tuple(values["step_time_study"]["points"]),
+            ),
+            network_study=NetworkStudyConfig(
+                **_tuple_fields(NetworkStudyConfig, values["network_study"])
+            ),
+            scaling_study=ScalingStudyConfig(
+                **_tuple_fields(ScalingStudyConfig, values["scaling_study"])
             ),
             perf_model=_perf_model(values["perf_model"]),
             values=values,

@@ -143,3 +143,57 @@ def test_unet_target(workdir: Path) -> None:
         "--", "unet", cwd=workdir,
     )  # fmt: skip
     assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_network_study_target(workdir: Path) -> None:
+    """The tiny network study (Lion and Lion Cub 1-bit on 2 emulated nodes at 10 Mbit/s, on the
+    shards the fixture made): one row each, Lion's wire bytes within the netemu tests' framing
+    tolerance of its counted bytes, and the reference reaching its own target."""
+    from test_netemu import NO_NETNS, _ratio_within_framing
+
+    proc = snakemake(
+        "network_study",
+        "--cores",
+        "2",
+        "--configfile",
+        TEST_CONFIG,
+        "--config",
+        "tracking={enabled: false}",
+        cwd=workdir,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(workdir / "results-test/studies/network/points.tsv") as f:
+        rows = {r["variant"]: r for r in csv.DictReader(f, delimiter="\t")}
+    assert set(rows) == {"lion", "lion_cub_1bit"}
+    for r in rows.values():
+        assert (r["bandwidth_mbit"], r["nodes"], r["nproc_per_node"]) == ("10", "2", "1")
+    if NO_NETNS:  # the points are recorded as skipped, with blank measurements
+        assert all(r["skipped"] and not r["step_s"] for r in rows.values())
+        return
+    lion, cub = rows["lion"], rows["lion_cub_1bit"]
+    assert not lion["skipped"] and not cub["skipped"]
+    # Lion's DDP all-reduce: 2 nodes, a ring of 2 sends the whole fp32 gradient per step.
+    assert float(lion["comm_bytes_per_step"]) == 4 * 49060
+    _ratio_within_framing(
+        {k: float(lion[k]) for k in ("comm_bytes_per_step", "wire_bytes_per_step")}
+    )
+    assert float(lion["wire_over_counted"]) == pytest.approx(
+        float(lion["wire_bytes_per_step"]) / float(lion["comm_bytes_per_step"]), rel=1e-4
+    )
+    # Lion Cub 1-bit sends 1 bit per parameter (plus its scale words), far below Lion's 32.
+    assert float(cub["comm_bytes_per_step"]) < float(lion["comm_bytes_per_step"]) / 20
+    # The step's parts add up; at 10 Mbit/s most of Lion's step is its exchange.
+    for r in (lion, cub):
+        parts = sum(float(r[k]) for k in ("compute_s", "exchange_s", "momentum_sync_s"))
+        assert float(r["step_s"]) == pytest.approx(parts, rel=1e-4)
+    assert float(lion["reference_exchange_share"]) > 0.5
+    # The target is Lion's final validation loss: Lion reaches it (at its last epoch at the
+    # latest) and its speedup over itself is 1.
+    assert float(lion["target_val_loss"]) == float(lion["final_val_loss"])
+    assert float(lion["time_to_target_s"]) > 0
+    assert float(lion["speedup_vs_reference"]) == 1.0
+    metrics = workdir / "results-test/studies/network/lion_10mbit/run/metrics.jsonl"
+    elapsed = [json.loads(x)["elapsed_s"] for x in metrics.read_text().splitlines()]
+    assert len(elapsed) == 3 and elapsed == sorted(elapsed)
+    assert float(lion["time_to_target_s"]) in [pytest.approx(e, rel=1e-5) for e in elapsed]
+    assert (workdir / "results-test/studies/network/network.png").stat().st_size > 10_000

@@ -81,6 +81,16 @@ def study_point_ranks(wildcards):
     return study_point_plan(wildcards).ranks
 
 
+def study_point_threads(wildcards):
+    """Like `train`, every rank asks for cluster.train.cpus_per_rank; an emulated point's nodes
+    are pinned over all the cores this machine gives the workflow, so it claims them all and no
+    other job runs beside it (that would slow its ranks and falsify its times)."""
+    planned = study_point_plan(wildcards)
+    threads = planned.ranks * CFG.cluster.train.cpus_per_rank
+    cores = workflow.cores if isinstance(workflow.cores, int) else 0
+    return max(threads, cores) if planned.point.runner == "emulated" else threads
+
+
 def study_shard_config(wildcards):
     """The config of a point whose shards have this key (all such points agree on them)."""
     sources = study_engine.study_shard_sources(CFG, list(study_engine.STUDY_MODULES))
@@ -96,3 +106,10 @@ def study_gather_inputs(wildcards):
     if study_engine.definition(wildcards.study).evaluate:
         files += [f"{folder}/{p}/eval/predictions.npz" for p in names]
     return files
+
+
+def perf_model_tables(wildcards):
+    """The step-time study's table (it holds the calibration point), and the network and
+    scaling studies' where they have been run: `snakemake perf_model` does not run them."""
+    tables = [f"{RESULTS}/studies/{s}/points.tsv" for s in ("step_time", "network", "scaling")]
+    return tables[:1] + [t for t in tables[1:] if os.path.exists(t)]

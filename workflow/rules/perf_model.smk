@@ -46,7 +46,7 @@ rule perf_model_fit:
 
 rule perf_model_validate:
     input:
-        points=f"{RESULTS}/studies/step_time/points.tsv",
+        points=perf_model_tables,
         fit=rules.perf_model_fit.output,
     output:
         tsv=report(

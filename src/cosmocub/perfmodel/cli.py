@@ -115,18 +115,28 @@ def validate(args: argparse.Namespace) -> int:
         error_summary,
         plot_results,
         read_points,
+        scaled_predictor,
+        usable,
         write_results,
     )
 
     cfg = load_config(args.config)
-    points = Path(args.points)
-    rows = read_points(points)
     cores = cfg.perf_model.cores or len(os.sched_getaffinity(0))
-    predict = cpu_predictor(points.parent, read_fits(Path(args.fit)), cores=cores)
-    if point := args.calibrate_on or cfg.perf_model.calibrate_on:
-        predict = calibrated(predict, rows, point)
-        rows = [r for r in rows if r["point"] != point]
-    results = compare(rows, predict)
+    fits = read_fits(Path(args.fit))
+    point = args.calibrate_on or cfg.perf_model.calibrate_on
+    # The first table is the one holding the calibration point; its scale applies to the others.
+    scale = None
+    results = []
+    for path in map(Path, args.points):
+        rows = usable(read_points(path))
+        predict = cpu_predictor(path.parent, fits, cores=cores)
+        if point and scale is None:
+            predict = calibrated(predict, rows, point)
+            scale = predict.scale
+            rows = [r for r in rows if r["point"] != point]
+        elif scale is not None:
+            predict = scaled_predictor(predict, scale)
+        results += [{"study": path.parent.name, **r} for r in compare(rows, predict)]
     write_results(results, Path(args.tsv))
     plot_results(results, Path(args.plot))
     for part in ("step", "compute", "exchange"):
@@ -210,7 +220,12 @@ def add_parser(sub, add_config) -> None:
     f.add_argument("--out", required=True)
     v = cmds.add_parser("validate", help="measured (a study's points.tsv) against predicted")
     v.set_defaults(handler=validate)
-    v.add_argument("--points", required=True, help="points.tsv; each point's config.yaml beside it")
+    v.add_argument(
+        "--points",
+        required=True,
+        nargs="+",
+        help="points.tsv files, the first holding the calibration point; configs beside them",
+    )
     v.add_argument("--fit", required=True, help="the α–β fit (perf-model fit)")
     v.add_argument("--tsv", required=True)
     v.add_argument("--plot", required=True)

@@ -80,7 +80,9 @@ def cpu_predictor(
 
     def predict(row: Mapping[str, str]) -> tuple[StepPrediction, str]:
         cfg = load_config(study_dir / row["point"] / "config.yaml")
-        threads = int(row.get("cores_per_rank") or 1)
+        # Ranks sharing cores (cores_per_rank < 1) run one thread each; the slowdown below
+        # accounts for the sharing.
+        threads = max(1, round(float(row.get("cores_per_rank") or 1)))
         batch, split = cfg.train.local_batch_size, cfg.parallel.split_dhw
         key = (cfg.model, cfg.optimizer, batch, split, threads)
         if key not in cache:
@@ -124,6 +126,9 @@ def compare(rows: Sequence[Mapping[str, str]], predict: Predictor) -> list[dict[
     for row in rows:
         p, optimizer = predict(row)
         measured = {part: float(row[f"{part}_s"]) for part in PARTS}
+        # Tables with a halo_s column time the halo swaps apart from compute_s: the model's
+        # compute holds them.
+        measured["compute"] += float(row.get("halo_s") or 0)
         ddp_hidden = optimizer in DDP_OPTIMIZERS and measured["exchange"] == 0.0
         predicted = {
             "step": p.step_s,
@@ -160,13 +165,24 @@ def calibrated(predict: Predictor, rows: Sequence[Mapping[str, str]], point: str
     if optimizer not in DDP_OPTIMIZERS or int(row["data"]) * int(row.get("spatial") or 1) != 1:
         raise ValueError(f"calibration point {point!r}: needs one rank with a DDP optimizer")
     scale = float(row["compute_s"]) / (p.compute_s + p.halo_s + p.optimizer_s)
+    return scaled_predictor(predict, scale)
+
+
+def scaled_predictor(predict: Predictor, scale: float) -> Predictor:
+    """`predict` with its on-CPU work scaled by `scale` (another table's calibration)."""
 
     def scaled(r: Mapping[str, str]) -> tuple[StepPrediction, str]:
         q, name = predict(r)
         work = {"compute_s": q.compute_s * scale, "optimizer_s": q.optimizer_s * scale}
         return dataclasses.replace(q, **work), name
 
+    scaled.scale = scale  # type: ignore[attr-defined]
     return scaled
+
+
+def usable(rows: Sequence[Mapping[str, str]]) -> list[Mapping[str, str]]:
+    """The rows with measurements (a study's skipped points have a blank step_s)."""
+    return [r for r in rows if r.get("step_s") not in (None, "")]
 
 
 def _rel(predicted: float, measured: float) -> float:

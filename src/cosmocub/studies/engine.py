@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 STUDY_MODULES = {
     "sample_size": "cosmocub.studies.sample_size",
     "step_time": "cosmocub.studies.step_time",
+    "network": "cosmocub.studies.network",
+    "scaling": "cosmocub.studies.scaling",
 }
 # Sections a point may not override: every point trains on the base config's universes, writes
 # under the same results folder and logs to the same store, on the resources of the same profile.
@@ -111,6 +113,9 @@ class StudyDefinition:
     point_metrics: Callable[[Sequence[Mapping[str, Any]]], dict[str, float]]
     evaluate: bool = False
     description: str = ""
+    # finish(rows): columns that compare points (e.g. speedup over a reference point), after
+    # every point's rows are read; skipped points' rows have no measurements.
+    finish: Callable[[list[dict[str, Any]], Config], list[dict[str, Any]]] | None = None
 
 
 def definition(name: str) -> StudyDefinition:
@@ -258,9 +263,16 @@ def gather(
     per_point: dict[str, tuple[PointOutputs, list[dict[str, Any]]]] = {}
     for p in study_points(cfg, study):
         outputs = PointOutputs(point=p, folder=Path(folder) / p.name)
+        recorded = (outputs.folder / POINT_FILE).is_file()
+        if recorded and (skipped := outputs.record().get("skipped")):
+            # Not run here (e.g. emulated nodes without CAP_NET_ADMIN): its labels, blank
+            # measurements, and why in the `skipped` column.
+            rows.append({"point": p.name, **p.labels, "skipped": skipped})
+            continue
         point_rows = [{"point": p.name, **p.labels, **r} for r in defn.rows(outputs, cfg)]
         per_point[p.name] = (outputs, point_rows)
         rows += point_rows
+    rows = defn.finish(rows, cfg) if defn.finish else rows
     write_tsv(rows, ("point", *defn.columns), out_tsv)
     defn.plot(rows, out_png)
     text = format_study_section(
@@ -309,7 +321,9 @@ STEP_COLUMNS = {
     "compute_s": "time_compute_s",
     "exchange_s": "time_exchange_s",
     "momentum_sync_s": "time_momentum_sync_s",
+    "halo_s": "time_halo_s",  # compute_s excludes it (cosmocub.train.comm_meter)
     "comm_bytes_per_step": "comm_bytes_per_step",
+    "halo_bytes_per_step": "halo_bytes_per_step",
 }
 
 
@@ -336,7 +350,7 @@ def training_row(outputs: PointOutputs) -> dict[str, Any]:
     }
     for name, key in STEP_COLUMNS.items():
         row[name] = sum(epochs[i].get(key, 0.0) * steps[i] for i in use) / total
-    row["step_s"] = row["compute_s"] + row["exchange_s"] + row["momentum_sync_s"]
+    row["step_s"] = row["compute_s"] + row["exchange_s"] + row["momentum_sync_s"] + row["halo_s"]
     return row
 
 

@@ -60,6 +60,7 @@ def build_trainer(
         seed=cfg.seed,
         num_workers=num_workers,
         symmetries=symmetries_for_split(cfg.parallel.split_dhw) if tc.augment else None,
+        max_batches=tc.max_steps_per_epoch,
     )
     schedule = build_schedule(
         optimizer,

@@ -28,19 +28,24 @@ class ResumableSampler(Sampler[int]):
         seed: int,
         batch_size: int,
         symmetries: Sequence[int] | None = None,
+        max_batches: int | None = None,
     ) -> None:
         # drop_last: every rank sees the same number of samples, so DDP steps stay in lockstep.
         self.inner = DistributedSampler(
             dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True
         )
         self.batch_size = batch_size
+        # A cap on batches per epoch (train.max_steps_per_epoch): short epochs, frequent
+        # validation; each epoch's batches are a fresh shuffle's first ones.
+        self.max_batches = max_batches
         self.epoch, self.skip_batches = 0, 0
         # Augmentation: yield (index, symmetry) drawn from these symmetry indices (None: plain).
         self.symmetries, self.seed, self.rank = symmetries, seed, rank
 
     @property
     def batches_per_epoch(self) -> int:
-        return len(self.inner) // self.batch_size
+        full = len(self.inner) // self.batch_size
+        return full if self.max_batches is None else min(full, self.max_batches)
 
     def set_position(self, epoch: int, skip_batches: int = 0) -> None:
         self.epoch, self.skip_batches = epoch, skip_batches
@@ -73,6 +78,7 @@ def build_train_loader(
     seed: int,
     num_workers: int,
     symmetries: Sequence[int] | None = None,
+    max_batches: int | None = None,
 ) -> DataLoader:
     sampler = ResumableSampler(
         dataset,
@@ -81,6 +87,7 @@ def build_train_loader(
         seed=seed,
         batch_size=batch_size,
         symmetries=symmetries,
+        max_batches=max_batches,
     )
     return DataLoader(
         dataset,

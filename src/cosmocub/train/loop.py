@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import resource
 import sys
 import time
 from collections.abc import Callable
@@ -243,6 +244,10 @@ def validate(t: Trainer) -> dict[str, float]:
 
 def fit(t: Trainer, state: TrainState, *, metrics_path: Path) -> None:
     """Run the remaining epochs: train, validate, and record one metrics line per epoch."""
+    # Wall time since training started (validation and checkpoints included), carried on from
+    # the history across a resume: the network study's time to a target validation loss.
+    before = state.history[-1].get("elapsed_s", 0.0) if state.history else 0.0
+    started = time.perf_counter() - before
     while state.epoch < t.cfg.train.epochs:
         speed = train_one_epoch(t, state)
         record = {
@@ -252,6 +257,8 @@ def fit(t: Trainer, state: TrainState, *, metrics_path: Path) -> None:
             **validate(t),
             "lr": t.schedule.lr,
             **speed,
+            "elapsed_s": time.perf_counter() - started,
+            "peak_rss_mb": _peak_rss_mb(),
         }
         state.history.append(record)
         state.epoch, state.batch_in_epoch = state.epoch + 1, 0
@@ -268,6 +275,11 @@ def fit(t: Trainer, state: TrainState, *, metrics_path: Path) -> None:
                 file=sys.stderr,
                 flush=True,
             )
+
+
+def _peak_rss_mb() -> float:
+    """This rank's peak resident memory so far (ru_maxrss: KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:

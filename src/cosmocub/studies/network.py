@@ -1,0 +1,238 @@
+"""The network study: every optimizer variant at every link rate on emulated nodes
+(cosmocub.netemu), one training each, and how much sooner each reaches the reference's final
+validation loss than the reference (Lion) does at the same rate.
+
+Points are `<variant>_<rate>mbit` (rate 0 = unshaped, still on the emulated network). The target
+is the validation loss the reference variant reaches at the end of its unshaped run (or of its
+run at the first rate when 0 is not among the rates); `time_to_target_s` is the wall time since
+training start (metrics.jsonl `elapsed_s`, validation included) of the first epoch whose
+validation loss is at or below it, blank if none is. Beside each speedup stands the reference's
+exchange share of its step at that rate (exchange_s / step_s), which places a point among real
+clusters: a CPU rank computes far slower than a GPU, so a link rate here is not a cluster's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cosmocub.config import Config
+from cosmocub.io import atomic_path
+from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition, training_row
+
+COLUMNS = (
+    "variant",
+    "bandwidth_mbit",
+    "nodes",
+    "nproc_per_node",
+    "cores_per_rank",
+    "world_size",
+    "data",
+    "steps",
+    "step_s",
+    "compute_s",
+    "exchange_s",
+    "momentum_sync_s",
+    "comm_bytes_per_step",
+    "wire_bytes_per_step",
+    "wire_over_counted",
+    "final_val_loss",
+    "target_val_loss",
+    "time_to_target_s",
+    "speedup_vs_reference",
+    "reference_exchange_share",
+    "skipped",
+)
+
+
+def point_name(variant: str, mbit: float) -> str:
+    return f"{variant}_{mbit:g}mbit"
+
+
+def points(cfg: Config) -> list[Point]:
+    study = cfg.network_study
+    out = []
+    for variant, settings in study.variants.items():
+        # A whole optimizer section: the base's options for another optimizer do not apply; the
+        # base's schedule is kept.
+        optimizer = {**cfg.values["optimizer"], "lion_cub": None, **settings}
+        if study.lr is not None:
+            optimizer["lr"] = study.lr
+        overrides = {
+            "model": study.model,
+            "optimizer": optimizer,
+            "parallel": {"spatial": 1, "split": None},
+            "train": {
+                "nproc_per_node": study.nproc_per_node,
+                "epochs": study.epochs,
+                "max_steps_per_epoch": study.max_steps_per_epoch,
+                "local_batch_size": study.local_batch_size,
+            },
+        }
+        for mbit in study.bandwidths_mbit:
+            out.append(
+                Point(
+                    name=point_name(variant, mbit),
+                    overrides=overrides,
+                    labels={"variant": variant, "bandwidth_mbit": mbit},
+                    launch={
+                        "nodes": study.nodes,
+                        "nproc_per_node": study.nproc_per_node,
+                        "bandwidth_mbit": mbit,
+                    },
+                    runner="emulated",
+                )
+            )
+    return out
+
+
+def _after_first(epochs: list[dict[str, Any]], key: str) -> float | None:
+    """Step-weighted mean of a per-epoch column over the epochs after the first."""
+    steps = [b["step"] - a for a, b in zip([0] + [e["step"] for e in epochs], epochs, strict=False)]
+    use = [i for i in range(1, len(epochs)) if key in epochs[i]] or [
+        i for i in range(len(epochs)) if key in epochs[i]
+    ]
+    total = sum(steps[i] for i in use)
+    return sum(epochs[i][key] * steps[i] for i in use) / total if total else None
+
+
+def rows(outputs: PointOutputs, cfg: Config) -> list[dict[str, Any]]:
+    row = training_row(outputs)
+    epochs = outputs.metrics()
+    row["wire_bytes_per_step"] = _after_first(epochs, "wire_bytes_per_step")
+    if row["wire_bytes_per_step"] is not None and row["comm_bytes_per_step"]:
+        row["wire_over_counted"] = row["wire_bytes_per_step"] / row["comm_bytes_per_step"]
+    # Not a column: finish() reads the validation curve for the time to target.
+    row["_curve"] = [(e["elapsed_s"], e["val_loss"]) for e in epochs if "elapsed_s" in e]
+    return [row]
+
+
+def time_to(curve: Sequence[tuple[float, float]], target: float) -> float | None:
+    """Wall time of the first validation at or below target (None: never)."""
+    return next((t for t, loss in curve if loss <= target), None)
+
+
+def finish(all_rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
+    study = cfg.network_study
+    measured = [r for r in all_rows if not r.get("skipped")]
+    rates = list(study.bandwidths_mbit)
+    ref_rate = 0 if 0 in rates else rates[0]
+    by_key = {(r["variant"], r["bandwidth_mbit"]): r for r in measured}
+    reference = by_key.get((study.reference, ref_rate))
+    target = reference["final_val_loss"] if reference else None
+    for r in measured:
+        curve = r.pop("_curve")
+        r["target_val_loss"] = target
+        r["time_to_target_s"] = time_to(curve, target) if target is not None else None
+    for r in measured:
+        ref = by_key.get((study.reference, r["bandwidth_mbit"]))
+        if ref is None:
+            continue
+        if ref["step_s"]:
+            r["reference_exchange_share"] = (ref["exchange_s"] + ref["momentum_sync_s"]) / ref[
+                "step_s"
+            ]
+        if ref.get("time_to_target_s") and r.get("time_to_target_s"):
+            r["speedup_vs_reference"] = ref["time_to_target_s"] / r["time_to_target_s"]
+    return all_rows
+
+
+def point_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    (row,) = rows
+    keys = ("step_s", "compute_s", "exchange_s", "momentum_sync_s", "comm_bytes_per_step")
+    out = {k: row[k] for k in keys}
+    for k in ("wire_bytes_per_step", "time_to_target_s", "speedup_vs_reference"):
+        if row.get(k) is not None:
+            out[k] = row[k]
+    return out
+
+
+def plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
+    """Left: speedup over the reference in time to target against link rate (unshaped drawn at
+    the right edge), the reference's exchange share on a second axis. Right: counted and wire
+    bytes per step per variant."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    measured = [r for r in rows if not r.get("skipped") and r.get("step_s") is not None]
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax, bx = fig.subplots(1, 2)
+    shaped = sorted({r["bandwidth_mbit"] for r in measured if r["bandwidth_mbit"]})
+    unshaped_x = (max(shaped) * 10) if shaped else 1.0
+
+    def x_of(mbit: float) -> float:
+        return mbit if mbit else unshaped_x
+
+    variants = list(dict.fromkeys(r["variant"] for r in measured))
+    for variant in variants:
+        pts = sorted(
+            (x_of(r["bandwidth_mbit"]), r.get("speedup_vs_reference"))
+            for r in measured
+            if r["variant"] == variant
+        )
+        xs = [x for x, s in pts if s is not None]
+        ys = [s for x, s in pts if s is not None]
+        ax.plot(xs, ys, "o-", label=variant)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log")
+    ticks = [*shaped, unshaped_x]
+    ax.set_xticks(ticks, [f"{t:g}" for t in shaped] + ["unshaped"])
+    ax.set_xlabel("link rate per node (Mbit/s)")
+    ax.set_ylabel("speedup over the reference (time to target)")
+    share = sorted(
+        (x_of(r["bandwidth_mbit"]), r["reference_exchange_share"])
+        for r in measured
+        if r.get("reference_exchange_share") is not None
+    )
+    if share:
+        twin = ax.twinx()
+        twin.plot(*zip(*[(x, 100 * s) for x, s in share], strict=True), "k--", lw=1)
+        twin.set_ylabel("reference's exchange share of its step (%, dashed)")
+        twin.set_ylim(0, 100)
+    if variants:
+        ax.legend(fontsize=8)
+    ax.set_title("time to the reference's final validation loss")
+
+    width = 0.4
+    xs = range(len(variants))
+    counted = [_mean(measured, v, "comm_bytes_per_step") for v in variants]
+    wire = [_mean(measured, v, "wire_bytes_per_step") for v in variants]
+    bx.bar([x - width / 2 for x in xs], counted, width, label="counted (optimizer)")
+    bx.bar([x + width / 2 for x in xs], wire, width, label="wire (tx bytes per node)")
+    bx.set_xticks(list(xs), variants, rotation=20, fontsize=8)
+    bx.set_yscale("log")
+    bx.set_ylabel("bytes per step (mean over rates)")
+    bx.legend(fontsize=8)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+
+
+def _mean(rows: Sequence[Mapping[str, Any]], variant: str, key: str) -> float:
+    values = [r[key] for r in rows if r["variant"] == variant and r.get(key) is not None]
+    return sum(values) / len(values) if values else math.nan
+
+
+STUDY = StudyDefinition(
+    name="network",
+    config_key="network_study",
+    columns=COLUMNS,
+    points=points,
+    rows=rows,
+    plot=plot,
+    point_metrics=point_metrics,
+    finish=finish,
+    description=(
+        "Each optimizer variant at each link rate on emulated nodes (0 = unshaped). Per-step "
+        "means after the first epoch; exchange_s is the optimizer's exchange (DDP's bucket "
+        "all-reduces timed by a blocking hook, the distributed Lions' voted exchange); "
+        "wire_bytes_per_step is the mean over nodes of interface tx bytes per step. "
+        "time_to_target_s: wall time since training start (validation included) of the first "
+        "validation at or below target_val_loss, the reference's final loss unshaped; "
+        "speedup_vs_reference = the reference's time to target at the same rate / the point's; "
+        "reference_exchange_share = the reference's exchange share of its step at that rate. "
+        "A point skipped here (no CAP_NET_ADMIN) has blank measurements and says why."
+    ),
+)

@@ -1,0 +1,185 @@
+"""The scaling study: strong (fixed global batch) and weak (fixed batch per data rank) scaling
+over data x spatial meshes, each mesh on emulated nodes (cosmocub.netemu) at one link rate.
+
+Points are `<mode>_<data>x<spatial>`. The breakdown per step (means after the first epoch):
+compute (forward, backward and the optimizer's arithmetic: the optimizer is not timed apart),
+halo (the spatial layers' halo swaps), exchange (the gradient all-reduce, timed by a blocking DDP
+hook), data wait (waiting for the next batch), plus cores per rank and rank 0's peak resident
+memory. On a machine with fewer cores than ranks the ranks share cores (cores_per_rank < 1):
+the step time then grows with the ranks by construction, so efficiency is per core-second —
+samples per second per core the ranks had, relative to the same mode's 1x1 point.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cosmocub.config import Config
+from cosmocub.io import atomic_path
+from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition, training_row
+from cosmocub.studies.network import _after_first
+
+COLUMNS = (
+    "mode",
+    "data",
+    "spatial",
+    "world_size",
+    "nodes",
+    "nproc_per_node",
+    "bandwidth_mbit",
+    "cores_per_rank",
+    "local_batch_size",
+    "global_batch_size",
+    "steps",
+    "step_s",
+    "compute_s",
+    "halo_s",
+    "exchange_s",
+    "momentum_sync_s",
+    "data_wait_s",
+    "comm_bytes_per_step",
+    "halo_bytes_per_step",
+    "peak_rss_mb",
+    "samples_per_core_s",
+    "efficiency",
+    "final_val_loss",
+    "skipped",
+)
+PARTS = ("compute_s", "halo_s", "exchange_s", "data_wait_s")
+
+
+def points(cfg: Config) -> list[Point]:
+    study = cfg.scaling_study
+    out = []
+    for mode in study.modes:
+        for data, spatial in study.meshes:
+            local = study.global_batch_size // data if mode == "strong" else study.local_batch_size
+            ranks = data * spatial
+            overrides = {
+                "parallel": {"spatial": spatial, "split": None},
+                "train": {
+                    "nproc_per_node": study.nproc_per_node,
+                    "epochs": study.epochs,
+                    "max_steps_per_epoch": study.max_steps_per_epoch,
+                    "local_batch_size": local,
+                },
+            }
+            out.append(
+                Point(
+                    name=f"{mode}_{data}x{spatial}",
+                    overrides=overrides,
+                    labels={
+                        "mode": mode,
+                        "local_batch_size": local,
+                        "global_batch_size": local * data,
+                        "bandwidth_mbit": study.bandwidth_mbit,
+                    },
+                    launch={
+                        "nodes": ranks // study.nproc_per_node,
+                        "nproc_per_node": study.nproc_per_node,
+                        "bandwidth_mbit": study.bandwidth_mbit,
+                    },
+                    runner="emulated",
+                )
+            )
+    return out
+
+
+def rows(outputs: PointOutputs, cfg: Config) -> list[dict[str, Any]]:
+    row = training_row(outputs)
+    epochs = outputs.metrics()
+    # data_wait_share is of the epoch's wall time, samples_per_s its global samples per second:
+    # seconds per step waiting = share x (global batch / samples per second).
+    global_batch = outputs.point.labels["global_batch_size"]
+    for e in epochs:
+        e["_data_wait_s"] = (
+            e["data_wait_share"] * global_batch / e["samples_per_s"] if e["samples_per_s"] else 0.0
+        )
+    row["data_wait_s"] = _after_first(epochs, "_data_wait_s")
+    row["peak_rss_mb"] = max((e.get("peak_rss_mb") or 0.0) for e in epochs) or None
+    cores = (row["cores_per_rank"] or 1.0) * row["world_size"]
+    row["samples_per_core_s"] = global_batch / ((row["step_s"] + row["data_wait_s"]) * cores)
+    return [row]
+
+
+def finish(all_rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
+    base = {
+        r["mode"]: r["samples_per_core_s"]
+        for r in all_rows
+        if not r.get("skipped") and r["data"] == 1 and r["spatial"] == 1
+    }
+    for r in all_rows:
+        if not r.get("skipped") and r["mode"] in base:
+            r["efficiency"] = r["samples_per_core_s"] / base[r["mode"]]
+    return all_rows
+
+
+def point_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    (row,) = rows
+    keys = ("step_s", *PARTS, "samples_per_core_s", "peak_rss_mb")
+    return {k: row[k] for k in keys if row.get(k) is not None}
+
+
+def plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
+    """Step time and efficiency against ranks per mode; the step's breakdown as stacked bars."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    measured = [r for r in rows if not r.get("skipped") and r.get("step_s") is not None]
+    fig = Figure(figsize=(14, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax, ex, bx = fig.subplots(1, 3)
+    for mode in dict.fromkeys(r["mode"] for r in measured):
+        for spatial in sorted({r["spatial"] for r in measured if r["mode"] == mode}):
+            pts = sorted(
+                (r["world_size"], r["step_s"], r.get("efficiency"))
+                for r in measured
+                if r["mode"] == mode and r["spatial"] == spatial
+            )
+            label = f"{mode}, spatial {spatial}"
+            ax.plot([p[0] for p in pts], [1e3 * p[1] for p in pts], "o-", label=label)
+            ex.plot([p[0] for p in pts], [p[2] for p in pts], "o-", label=label)
+    ax.set_xlabel("ranks")
+    ax.set_ylabel("ms per step")
+    ax.legend(fontsize=8)
+    ex.axhline(1.0, color="grey", lw=0.8)
+    ex.set_xlabel("ranks")
+    ex.set_ylabel("efficiency per core-second (vs 1x1)")
+    ex.legend(fontsize=8)
+    names = [r["point"] for r in measured]
+    bottom = [0.0] * len(measured)
+    for part in PARTS:
+        values = [1e3 * (r[part] or 0.0) for r in measured]
+        bx.bar(names, values, bottom=bottom, label=part.removesuffix("_s").replace("_", " "))
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    bx.tick_params(axis="x", labelrotation=30, labelsize=8)
+    bx.set_ylabel("ms per step")
+    bx.legend(fontsize=8)
+    bx.set_title("breakdown (optimizer inside compute)", fontsize=9)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+
+
+STUDY = StudyDefinition(
+    name="scaling",
+    config_key="scaling_study",
+    columns=COLUMNS,
+    points=points,
+    rows=rows,
+    plot=plot,
+    point_metrics=point_metrics,
+    finish=finish,
+    description=(
+        "Strong (fixed global batch) and weak (fixed batch per data rank) scaling over data x "
+        "spatial meshes on emulated nodes at one link rate. Per-step means after the first "
+        "epoch: compute_s holds forward, backward and the optimizer (not timed apart); halo_s "
+        "the halo swaps; exchange_s the gradient all-reduce (blocking DDP hook); data_wait_s "
+        "waiting for batches (not in step_s, the sum of the others). peak_rss_mb is rank 0's "
+        "peak resident memory. "
+        "Where cores_per_rank < 1 the ranks share (oversubscribe) the machine's cores, so step "
+        "time grows with ranks by construction: efficiency is samples per core-second relative "
+        "to the same mode's 1x1 point."
+    ),
+)

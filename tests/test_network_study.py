@@ -1,0 +1,113 @@
+"""The network and scaling studies' own arithmetic (time to target, speedup beside the reference's
+exchange share, efficiency per core-second) and a study whose emulated points were skipped."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from cosmocub.config import load_config
+from cosmocub.studies import network, scaling
+from cosmocub.studies.engine import gather, point_record, study_points, write_point_record
+from cosmocub.studies.runners import PointSkipped, run_emulated
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_time_to_target_is_the_first_validation_at_or_below_it() -> None:
+    curve = [(1.0, 0.9), (2.0, 0.5), (3.0, 0.6), (4.0, 0.4)]
+    assert network.time_to(curve, 0.5) == 2.0
+    assert network.time_to(curve, 0.45) == 4.0
+    assert network.time_to(curve, 0.3) is None
+
+
+def _row(variant, mbit, step, exchange, curve, final):
+    return {
+        "variant": variant,
+        "bandwidth_mbit": mbit,
+        "step_s": step,
+        "exchange_s": exchange,
+        "momentum_sync_s": 0.0,
+        "final_val_loss": final,
+        "_curve": curve,
+    }
+
+
+def test_speedup_and_exchange_share_against_the_reference_at_each_rate() -> None:
+    cfg = load_config(REPO / "config" / "config.yaml")  # reference lion, rates include 0
+    rows = [
+        _row("lion", 0, 0.1, 0.02, [(5.0, 0.8), (10.0, 0.5)], 0.5),
+        _row("lion", 10, 0.5, 0.45, [(20.0, 0.9), (40.0, 0.55), (60.0, 0.5)], 0.5),
+        _row("cub", 0, 0.12, 0.01, [(6.0, 0.7), (12.0, 0.49)], 0.49),
+        _row("cub", 10, 0.15, 0.05, [(8.0, 0.6), (15.0, 0.52)], 0.52),
+        {"variant": "adamw", "bandwidth_mbit": 10, "skipped": "no CAP_NET_ADMIN"},
+    ]
+    out = {(r["variant"], r["bandwidth_mbit"]): r for r in network.finish(rows, cfg)}
+    assert all(r.get("target_val_loss") == 0.5 for r in rows if not r.get("skipped"))
+    assert out["lion", 10]["time_to_target_s"] == 60.0
+    assert out["cub", 0]["time_to_target_s"] == 12.0
+    assert out["cub", 10]["time_to_target_s"] is None  # never reached 0.5
+    assert out["cub", 0]["speedup_vs_reference"] == pytest.approx(10.0 / 12.0)
+    assert "speedup_vs_reference" not in out["cub", 10]
+    assert out["cub", 10]["reference_exchange_share"] == pytest.approx(0.9)
+    assert out["lion", 0]["reference_exchange_share"] == pytest.approx(0.2)
+    assert "time_to_target_s" not in out["adamw", 10]
+
+
+def test_scaling_efficiency_is_per_core_second_against_the_same_modes_1x1() -> None:
+    rows = [
+        {"mode": "strong", "data": 1, "spatial": 1, "samples_per_core_s": 4.0},
+        {"mode": "strong", "data": 2, "spatial": 1, "samples_per_core_s": 3.0},
+        {"mode": "weak", "data": 1, "spatial": 1, "samples_per_core_s": 2.0},
+        {"mode": "weak", "data": 1, "spatial": 2, "samples_per_core_s": 1.0},
+        {"mode": "weak", "data": 2, "spatial": 2, "skipped": "why"},
+    ]
+    out = scaling.finish(rows, None)
+    assert [r.get("efficiency") for r in out] == [1.0, 0.75, 1.0, 0.5, None]
+
+
+def test_without_cap_net_admin_the_emulated_runner_skips(monkeypatch, tmp_path) -> None:
+    from cosmocub.netemu import EmulationUnavailableError
+    from cosmocub.netemu import runner as netemu_runner
+
+    def refuse(**kwargs):
+        raise EmulationUnavailableError("network namespaces need CAP_NET_ADMIN")
+
+    monkeypatch.setattr(netemu_runner, "run_training_on_nodes", refuse)
+    cfg = load_config(REPO / "config" / "test.yaml")
+    point = study_points(cfg, "network")[0]
+    with pytest.raises(PointSkipped, match="CAP_NET_ADMIN"):
+        run_emulated(
+            point, config_path=tmp_path / "c.yaml", shards_dir=tmp_path, out_dir=tmp_path / "r",
+            nproc_per_node=1, cpus_per_rank=1, max_restarts=0,
+        )  # fmt: skip
+
+
+class _NoTracking:
+    run_id = None
+
+    def log_artifact(self, path, artifact_path=None) -> None:
+        assert Path(path).is_file()
+
+
+def test_a_study_of_skipped_points_gathers_their_labels_and_why(tmp_path) -> None:
+    cfg = load_config(REPO / "config" / "test.yaml")
+    for p in study_points(cfg, "network"):
+        extra = {"skipped": "emulated nodes unavailable: no CAP_NET_ADMIN", "nproc_per_node": 1}
+        write_point_record(point_record(p, cores_per_rank=1, extra=extra), tmp_path / p.name)
+    rows = gather(
+        cfg, "network", folder=tmp_path, out_tsv=tmp_path / "points.tsv",
+        out_png=tmp_path / "network.png", out_summary=tmp_path / "summary.md",
+        tracker=_NoTracking(),
+    )  # fmt: skip
+    assert len(rows) == 2
+    with open(tmp_path / "points.tsv") as f:
+        table = list(csv.DictReader(f, delimiter="\t"))
+    assert [(r["variant"], r["bandwidth_mbit"]) for r in table] == [
+        ("lion", "10"),
+        ("lion_cub_1bit", "10"),
+    ]
+    assert all(r["skipped"].startswith("emulated nodes unavailable") for r in table)
+    assert all(r["step_s"] == "" and r["time_to_target_s"] == "" for r in table)
