@@ -369,6 +369,10 @@ for name in COLLECTIVES:
     coll = build_collective(name, group, stats)
     coll.finish(coll.start(torch.ones(n, dtype=torch.int8), tie_pattern(n, step=0), spec), spec)
     sent[name] = stats.bytes_sent
+    # Each collective times its own phases: the encode, its collectives' waits, the vote.
+    second = {"alltoall": {"allgather"}, "allgather": set(), "allreduce": set()}[name]
+    assert set(stats.phase_s) == {"encode", name, "vote"} | second, stats.phase_s
+    assert all(v >= 0 for v in stats.phase_s.values())
 assert sent == {"alltoall": 2 * (P - 1) / P * n / 8, "allgather": (P - 1) * n / 8,
                 "allreduce": 2 * (P - 1) / P * n}, sent
 
@@ -395,7 +399,11 @@ everyone = [torch.empty_like(flat) for _ in range(P)]
 dist.all_gather(everyone, flat, group=group)
 assert all(torch.equal(everyone[0], x) for x in everyone)
 for collective, overlap in itertools.product(COLLECTIVES, (False, True)):
-    model, _ = run(collective, overlap)
+    model, opt = run(collective, overlap)
+    phases, exchange = opt.comm_stats.phase_s, opt.comm_stats.exchange_s
+    assert "quantize" in phases and collective in phases, (collective, phases)
+    if not overlap:  # the phases are disjoint parts of the timed exchange
+        assert 0 < sum(phases.values()) <= exchange, (collective, phases, exchange)
     for a, b in zip(ref_model.parameters(), model.parameters()):
         assert torch.equal(a, b), (collective, overlap)
 # Momentum synced at step 3 for layer 0 only, then one local step: layer 0's momenta are

@@ -409,6 +409,7 @@ class NetworkStudyConfig:
     epochs: int
     max_steps_per_epoch: int
     local_batch_size: int
+    target_smoothing: int
     model: dict[str, Any]
     lr: float | None
     reference: str

@@ -113,3 +113,10 @@ def perf_model_tables(wildcards):
     scaling studies' where they have been run: `snakemake perf_model` does not run them."""
     tables = [f"{RESULTS}/studies/{s}/points.tsv" for s in ("step_time", "network", "scaling")]
     return tables[:1] + [t for t in tables[1:] if os.path.exists(t)]
+
+
+def gathered_study_sections(wildcards):
+    # The studies' report sections (summary.md) that exist already: params, never input, so the
+    # summary makes no study run; a newly gathered one re-makes the summary (params changed).
+    paths = [f"{RESULTS}/studies/{s}/summary.md" for s in study_engine.STUDY_MODULES]
+    return [p for p in paths if os.path.exists(p)]

@@ -22,6 +22,8 @@ rule summary_report:
     resources:
         mem_mb=1000,
         runtime=CFG.cluster.small.runtime,
+    params:
+        studies=gathered_study_sections,
     shell:
         "cosmocub summarize --manifest {input.manifest} --metrics {input.metrics}"
-        " --out {output} > {log} 2>&1"
+        " --studies {params.studies:q} --out {output} > {log} 2>&1"

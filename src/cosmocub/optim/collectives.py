@@ -8,11 +8,19 @@ the voted update, each counting the bytes this rank sends (ring algorithms, as N
 
 (b = bits per value on the wire, n = values.) `start` launches the first phase asynchronously and
 `finish` completes it, so a bucket's exchange can run during the backward pass.
+
+Each collective also adds its phases' host seconds to `CommStats.phase_s` (a few perf_counter
+reads per bucket and step): `encode` (pack q for the wire), the wait for its collectives by name
+(`alltoall`, `allgather`, `allreduce`: launch to completion as the host sees it, so a phase
+launched early and overlapped with backward shows only its remaining wait), and `vote` (unpack,
+sum, vote, and pack/unpack of the all-to-all's 1-bit result). Without overlap they add up to the
+exchange less the optimizer's own quantization (see LionCub, `quantize`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,9 +43,17 @@ class CommStats:
     bytes_sent: float = 0.0
     exchange_s: float = 0.0
     momentum_sync_s: float = 0.0
+    phase_s: dict[str, float] = field(default_factory=dict)  # exchange phase -> host seconds
 
     def reset(self) -> None:
         self.bytes_sent = self.exchange_s = self.momentum_sync_s = 0.0
+        self.phase_s.clear()
+
+    def lap(self, phase: str, since: float) -> float:
+        """Add the seconds since `since` (a perf_counter reading) to `phase`; returns now."""
+        now = time.perf_counter()
+        self.phase_s[phase] = self.phase_s.get(phase, 0.0) + now - since
+        return now
 
 
 def ring_allreduce_bytes(payload_bytes: float, group_size: int) -> float:
@@ -157,44 +173,60 @@ class AllGatherVote(Collective):
     name = "allgather"
 
     def _start(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> Pending:
+        t = time.perf_counter()
         payload = _encode(_pad(q, 8), _pad(tie, 8), spec).reshape(-1)
         out = payload.new_empty(self.size * payload.numel())
+        t = self.stats.lap("encode", t)
         work = all_gather_flat(out, payload, group=self.group, async_op=True)
+        self.stats.lap("allgather", t)
         self.stats.bytes_sent += allgather_bytes(payload.numel(), self.size)
         return Pending(q, tie, work, (out,))
 
     def _finish(self, pending: Pending, spec: WireSpec) -> torch.Tensor:
+        t = time.perf_counter()
         pending.work.wait()
+        t = self.stats.lap("allgather", t)
         (out,) = pending.buffers
         n = pending.q.numel()
         planes = () if spec.quantizer == "sign" else (spec.bits,)
         total = _decode_sum(out.view(self.size, *planes, -1), spec)[:n]
-        return vote(total, pending.tie)
+        update = vote(total, pending.tie)
+        self.stats.lap("vote", t)
+        return update
 
 
 class AllToAllVote(Collective):
     name = "alltoall"
 
     def _start(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> Pending:
+        t = time.perf_counter()
         q_pad, tie_pad = _pad(q, 8 * self.size), _pad(tie, 8 * self.size)
         # (P, chunk): row r is the chunk rank r votes on.
         send = _encode(q_pad.view(self.size, -1), tie_pad.view(self.size, -1), spec).contiguous()
         recv = torch.empty_like(send)
+        t = self.stats.lap("encode", t)
         work = dist.all_to_all_single(recv, send, group=self.group, async_op=True)
+        self.stats.lap("alltoall", t)
         self.stats.bytes_sent += alltoall_bytes(send.numel(), self.size)
         return Pending(q, tie, work, (recv, tie_pad))
 
     def _finish(self, pending: Pending, spec: WireSpec) -> torch.Tensor:
+        t = time.perf_counter()
         pending.work.wait()
+        t = self.stats.lap("alltoall", t)
         recv, tie_pad = pending.buffers
         chunk = tie_pad.numel() // self.size
         my_tie = tie_pad[self.rank * chunk : (self.rank + 1) * chunk]
         my_vote = vote(_decode_sum(recv, spec), my_tie)  # (chunk,) ±1
         result = pack_bits(my_vote > 0)  # the vote is never 0: one bit per value
         gathered = result.new_empty(self.size * result.numel())
+        t = self.stats.lap("vote", t)
         all_gather_flat(gathered, result, group=self.group)
+        t = self.stats.lap("allgather", t)
         self.stats.bytes_sent += allgather_bytes(result.numel(), self.size)
-        return bits_to_signs(unpack_bits(gathered))[: pending.q.numel()]
+        update = bits_to_signs(unpack_bits(gathered))[: pending.q.numel()]
+        self.stats.lap("vote", t)
+        return update
 
 
 class AllReduceVote(Collective):
@@ -202,15 +234,22 @@ class AllReduceVote(Collective):
 
     def _start(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> Pending:
         # int8 sums cannot overflow: quantizer_levels keeps P·s ≤ 127.
+        t = time.perf_counter()
         values = wire_values(q, tie, spec).to(torch.int8).contiguous()
+        t = self.stats.lap("encode", t)
         work = dist.all_reduce(values, group=self.group, async_op=True)
+        self.stats.lap("allreduce", t)
         self.stats.bytes_sent += ring_allreduce_bytes(values.numel(), self.size)
         return Pending(q, tie, work, (values,))
 
     def _finish(self, pending: Pending, spec: WireSpec) -> torch.Tensor:
+        t = time.perf_counter()
         pending.work.wait()
+        t = self.stats.lap("allreduce", t)
         (total,) = pending.buffers
-        return vote(total, pending.tie)
+        update = vote(total, pending.tie)
+        self.stats.lap("vote", t)
+        return update
 
 
 def build_collective(name: str, group: dist.ProcessGroup | None, stats: CommStats) -> Collective:

@@ -132,6 +132,7 @@ class LionCub(Optimizer):
 
     def _start(self, bucket: _Bucket, step: int) -> None:
         beta1 = self.param_groups[0]["betas"][0]
+        started = time.perf_counter()
         c, offset = bucket.scratch, 0  # c = β1·m + (1−β1)·g, per tensor as lion_update does
         for p, m in zip(bucket.params, bucket.views, strict=True):
             c_p = c[offset : offset + p.numel()].view_as(p)
@@ -150,6 +151,7 @@ class LionCub(Optimizer):
                 out=bucket.q,
                 work=bucket.work,
             )
+        self.comm_stats.lap("quantize", started)  # c and its quantization, before the wire
         bucket.pending = self.collective.start(bucket.q, bucket.ties[step % 2], self.spec)
 
     @torch.no_grad()

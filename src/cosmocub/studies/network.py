@@ -2,13 +2,16 @@
 (cosmocub.netemu), one training each, and how much sooner each reaches the reference's final
 validation loss than the reference (Lion) does at the same rate.
 
-Points are `<variant>_<rate>mbit` (rate 0 = unshaped, still on the emulated network). The target
-is the validation loss the reference variant reaches at the end of its unshaped run (or of its
-run at the first rate when 0 is not among the rates); `time_to_target_s` is the wall time since
-training start (metrics.jsonl `elapsed_s`, validation included) of the first epoch whose
-validation loss is at or below it, blank if none is. Beside each speedup stands the reference's
-exchange share of its step at that rate (exchange_s / step_s), which places a point among real
-clusters: a CPU rank computes far slower than a GPU, so a link rate here is not a cluster's.
+Points are `<variant>_<rate>mbit` (rate 0 = unshaped, still on the emulated network). Validation
+losses are noisy (a small validation set), so the target is set and met on a smoothed curve: the
+trailing mean over `target_smoothing` = k evaluations (k = min(that, the reference's evaluations)),
+defined from a run's k-th evaluation on. The target is the reference variant's last smoothed loss
+on its unshaped run (or on its run at the first rate when 0 is not among the rates);
+`time_to_target_s` is the wall time since training start (metrics.jsonl `elapsed_s`, validation
+included) of the first evaluation whose smoothed loss is at or below it, blank if none is. Beside
+each speedup stands the reference's exchange share of its step at that rate (exchange_s /
+step_s), which places a point among real clusters: a CPU rank computes far slower than a GPU, so
+a link rate here is not a cluster's.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ COLUMNS = (
     "wire_bytes_per_step",
     "wire_over_counted",
     "final_val_loss",
+    "final_val_loss_smoothed",
     "target_val_loss",
     "time_to_target_s",
     "speedup_vs_reference",
@@ -109,6 +113,12 @@ def rows(outputs: PointOutputs, cfg: Config) -> list[dict[str, Any]]:
     return [row]
 
 
+def smoothed(curve: Sequence[tuple[float, float]], k: int) -> list[tuple[float, float]]:
+    """(time, trailing mean of the last k losses) from the curve's k-th evaluation on."""
+    losses = [loss for _, loss in curve]
+    return [(curve[i][0], sum(losses[i + 1 - k : i + 1]) / k) for i in range(k - 1, len(curve))]
+
+
 def time_to(curve: Sequence[tuple[float, float]], target: float) -> float | None:
     """Wall time of the first validation at or below target (None: never)."""
     return next((t for t, loss in curve if loss <= target), None)
@@ -121,11 +131,16 @@ def finish(all_rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
     ref_rate = 0 if 0 in rates else rates[0]
     by_key = {(r["variant"], r["bandwidth_mbit"]): r for r in measured}
     reference = by_key.get((study.reference, ref_rate))
-    target = reference["final_val_loss"] if reference else None
+    k = study.target_smoothing
+    if reference is not None and reference["_curve"]:
+        k = min(k, len(reference["_curve"]))
+    curves = {id(r): smoothed(r.pop("_curve"), k) for r in measured}
     for r in measured:
-        curve = r.pop("_curve")
+        r["final_val_loss_smoothed"] = curves[id(r)][-1][1] if curves[id(r)] else None
+    target = reference["final_val_loss_smoothed"] if reference else None
+    for r in measured:
         r["target_val_loss"] = target
-        r["time_to_target_s"] = time_to(curve, target) if target is not None else None
+        r["time_to_target_s"] = time_to(curves[id(r)], target) if target is not None else None
     for r in measured:
         ref = by_key.get((study.reference, r["bandwidth_mbit"]))
         if ref is None:
@@ -229,8 +244,11 @@ STUDY = StudyDefinition(
         "means after the first epoch; exchange_s is the optimizer's exchange (DDP's bucket "
         "all-reduces timed by a blocking hook, the distributed Lions' voted exchange); "
         "wire_bytes_per_step is the mean over nodes of interface tx bytes per step. "
+        "Validation losses are smoothed: a trailing mean over network_study.target_smoothing "
+        "evaluations (final_val_loss_smoothed: the last). "
         "time_to_target_s: wall time since training start (validation included) of the first "
-        "validation at or below target_val_loss, the reference's final loss unshaped; "
+        "smoothed validation at or below target_val_loss, the reference's last smoothed loss "
+        "unshaped; "
         "speedup_vs_reference = the reference's time to target at the same rate / the point's; "
         "reference_exchange_share = the reference's exchange share of its step at that rate. "
         "A point skipped here (no CAP_NET_ADMIN) has blank measurements and says why."

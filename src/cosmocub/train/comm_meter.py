@@ -15,6 +15,10 @@ blocking, the spatial average), time_momentum_sync_s as the optimizer measured i
 the halo exchange measured itself (`parallel/halo.py`), time_compute_s the rest of the step
 (forward, backward, and DDP's all-reduce when "overlapped", which overlaps the backward pass and
 cannot be told apart from it), so the four add up to the step.
+time_phase_<name>_s (Lion Cub / Distributed Lion only): the exchange's parts as the optimizer
+timed them per step (`quantize`, `encode`, the collectives' waits, `vote`; see
+`optim/collectives.py`); without overlap they add up to time_exchange_s but for the loop around
+them.
 """
 
 from __future__ import annotations
@@ -56,4 +60,5 @@ class CommMeter:
             "time_exchange_s": exchange_s / n,
             "time_momentum_sync_s": s.momentum_sync_s / n,
             "time_halo_s": self.halo.seconds / n,
+            **{f"time_phase_{k}_s": v / n for k, v in sorted(s.phase_s.items())},
         }
