@@ -5,58 +5,123 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from cosmocub import cli
 from cosmocub.config import ConfigError, from_values, load_config
+from cosmocub.data.universe import NAME_PAR
 from cosmocub.studies.engine import Point, gather, plan, point_values
-from cosmocub.studies.sample_size import STUDY, size_config_values, study_rows
+from cosmocub.studies.sample_size import STUDY, level_rows, select_lr, size_config_values
+
+NAMES = NAME_PAR  # ("Omega_m", "sigma_8", "N_spec", "H_0")
 
 
-def test_size_configs_change_only_the_sample_and_its_split() -> None:
+def test_size_configs_change_the_sample_split_budget_and_lr() -> None:
     cfg = load_config(None)  # sizes [16, 32, 64], spatial [1, 1, 2] on 64³ universes
-    values = size_config_values(cfg, 64)
+    values = size_config_values(cfg, 64, 0.001)
     derived = from_values(values)
     assert derived.preprocess.sample_size == derived.model.input_size == 64
     assert derived.parallel.split_dhw == (2, 1, 1) and derived.train.nproc_per_node == 2
-    assert derived.train.run_name == "sample_size_64"
-    assert derived.optimizer == cfg.optimizer and derived.universes == cfg.universes
-    assert derived.train.epochs == cfg.train.epochs and derived.seed == cfg.seed
-    assert from_values(size_config_values(cfg, 16)).parallel.spatial == 1
+    assert derived.train.run_name == "sample_size_64_lr0.001"
+    assert derived.optimizer.lr == 0.001 and derived.optimizer.name == cfg.optimizer.name
+    assert derived.optimizer.decay_epochs == cfg.optimizer.decay_epochs
+    assert derived.universes == cfg.universes and derived.seed == cfg.seed
+    study = cfg.sample_size_study
+    assert (derived.train.epochs, derived.train.max_steps_per_epoch) == (
+        study.epochs,
+        study.max_steps_per_epoch,
+    )
+    assert from_values(size_config_values(cfg, 16, 0.003)).parallel.spatial == 1
+    assert [p.name for p in STUDY.points(cfg)][:3] == ["16_lr0.0003", "16_lr0.001", "16_lr0.003"]
     with pytest.raises(ConfigError, match=r"'sample_size_study.sizes': 8 is not one of"):
-        size_config_values(cfg, 8)
+        size_config_values(cfg, 8, 0.001)
     odd = load_config(None, overrides={"sample_size_study": {"sizes": [16, 24], "spatial": [1, 1]}})
     with pytest.raises(ConfigError, match=r"24 does not divide universes.size 64"):
-        size_config_values(odd, 24)
+        size_config_values(odd, 24, 0.001)
     with pytest.raises(ConfigError, match=r"'sample_size_study.spatial': 1 values for 2 sizes"):
         load_config(None, overrides={"sample_size_study": {"sizes": [16, 32], "spatial": [1]}})
+    with pytest.raises(ConfigError, match=r"'sample_size_study.lrs': \[0.001, 0.001\] repeats"):
+        load_config(None, overrides={"sample_size_study": {"lrs": [0.001, 0.001]}})
 
 
-def test_rows_per_sample_and_per_universe() -> None:
-    # Two test universes, two samples each; targets (P = 4) constant within a universe.
-    true = np.array([[0.5, 0, 0, 0], [0.5, 0, 0, 0], [-0.5, 0, 0, 0], [-0.5, 0, 0, 0]])
-    # Per sample the errors are ±0.2 around the truth; they cancel in each universe's mean.
-    pred = true + np.array([[0.2, 0, 0, 0.1], [-0.2, 0, 0, 0.1], [0.2, 0, 0, 0], [-0.2, 0, 0, 0]])
-    rows = study_rows(
-        {8: {"pred_unit": pred, "true_unit": true, "universe_index": np.array([3, 3, 7, 7])}},
-        spatial={8: 2},
-        train_mean_unit={8: np.array([0.1, 0, 0, 0])},
-    )
+def fake_metrics(cnn: float, *, pk: float = 0.2, gaussian: bool = False) -> dict:
+    """eval/metrics.json's comparison (and calibration) blocks: per parameter j, the CNN's MAE
+    is cnn·(j+1), predict-the-mean's 0.5, the P(k) fit's pk; per crop everything doubled."""
+
+    def table(scale: float) -> dict:
+        out = {}
+        for j, name in enumerate(NAMES):
+            row = {"cnn": scale * cnn * (j + 1), "mean": scale * 0.5, "pk": scale * pk}
+            row |= {"one_point": scale * 0.4}
+            row |= {f"cnn_over_{e}": row["cnn"] / row[e] for e in ("mean", "one_point", "pk")}
+            out[name] = row
+        return out
+
+    metrics = {
+        "comparison": {
+            "per_universe": table(1.0),
+            "per_crop": table(2.0),
+            "num_universes": 7,
+            "num_crops": 56,
+        }
+    }
+    metrics["comparison"]["per_universe"]["Omega_m"] |= {
+        "cnn_over_pk_lo": 0.1,
+        "cnn_over_pk_hi": 0.9,
+    }
+    if gaussian:
+        width = {scope: {n: 0.1 * (j + 1) for j, n in enumerate(NAMES)} for scope in ("u", "c")}
+        metrics["calibration"] = {
+            "per_universe": {"after": {"width68": width["u"]}},
+            "per_crop": {"after": {"width68": {n: 2 * w for n, w in width["c"].items()}}},
+        }
+    return metrics
+
+
+def test_level_rows_read_the_comparison_per_universe_and_per_crop() -> None:
+    rows = level_rows(fake_metrics(0.05, gaussian=True))
     table = {(r["level"], r["parameter"]): r for r in rows}
-    assert len(rows) == 2 * 5
-    sample, universe = table["sample", "Omega_m"], table["universe", "Omega_m"]
-    assert (sample["count"], universe["count"]) == (4, 2)
-    assert sample["mae"] == pytest.approx(0.2) and universe["mae"] == pytest.approx(0.0)
-    # The baseline answers 0.1 everywhere: |0.5 - 0.1| and |-0.5 - 0.1|.
-    assert sample["baseline_mae"] == pytest.approx(0.5) == universe["baseline_mae"]
-    assert sample["mae_ratio"] == pytest.approx(0.4)
-    assert table["sample", "H_0"]["mae"] == pytest.approx(0.05)
-    assert table["universe", "H_0"]["mae"] == pytest.approx(0.05)
-    assert table["sample", "mean"]["mae"] == pytest.approx((0.2 + 0 + 0 + 0.05) / 4)
-    assert table["sample", "mean"]["spatial"] == 2
+    assert len(rows) == 2 * 5 and rows[0]["level"] == "universe"
+    u = table["universe", "sigma_8"]
+    assert (u["count"], table["sample", "sigma_8"]["count"]) == (7, 56)
+    assert u["cnn_mae"] == pytest.approx(0.1) and u["pk_mae"] == pytest.approx(0.2)
+    assert u["cnn_over_mean"] == pytest.approx(0.2) and u["cnn_over_pk"] == pytest.approx(0.5)
+    assert table["sample", "sigma_8"]["cnn_mae"] == pytest.approx(0.2)
+    assert table["universe", "Omega_m"]["cnn_over_pk_lo"] == 0.1
+    assert math.isnan(u["cnn_over_pk_lo"])
+    # Widths: 0.1·(j+1) per universe, doubled per crop; the mean row averages them.
+    assert u["width68"] == pytest.approx(0.2) and table["sample", "H_0"][
+        "width68"
+    ] == pytest.approx(0.8)
+    mean = table["universe", "mean"]
+    assert mean["cnn_mae"] == pytest.approx(0.05 * 2.5) and mean["width68"] == pytest.approx(0.25)
+    assert mean["cnn_over_pk"] == pytest.approx(0.05 * 2.5 / 0.2)
+    assert mean["cnn_over_mean"] == pytest.approx(0.05 * 2.5 / 0.5)
+    # The point head has no calibration block: no widths.
+    assert all(math.isnan(r["width68"]) for r in level_rows(fake_metrics(0.05)))
+
+
+def test_select_lr_keeps_the_lowest_val_loss_per_size_and_checks_budgets() -> None:
+    cfg = load_config(None, overrides={"sample_size_study": {"lrs": [0.001, 0.002, 0.004]}})
+    losses = {(16, 0.001): 0.9, (16, 0.002): 0.7, (16, 0.004): float("nan"),
+              (32, 0.001): 0.5, (32, 0.002): 0.6, (32, 0.004): 0.55}  # fmt: skip
+    rows = [
+        {"point": f"{s}_lr{lr:g}", "sample_size": s, "lr": lr, "steps": 48, "final_val_loss": v,
+         "level": level}
+        for (s, lr), v in losses.items()
+        for level in ("universe", "sample")
+    ]  # fmt: skip
+    out = select_lr([dict(r) for r in rows], cfg)
+    chosen = {(r["sample_size"], r["lr"]) for r in out if r["selected"] == 1}
+    assert chosen == {(16, 0.002), (32, 0.001)}
+    assert sum(r["selected"] for r in out) == 4  # two levels of each chosen point
+    assert {r["lr_grid"] for r in out} == {"0.001 0.002 0.004"}
+    rows[0] = rows[0] | {"steps": 40}
+    with pytest.raises(ValueError, match=r"unequal budgets.*'16_lr0.001': 40.*'16_lr0.002': 48"):
+        select_lr(rows, cfg)
 
 
 class RecordingTracker:
@@ -67,24 +132,29 @@ class RecordingTracker:
         self.artifacts.append(f"{artifact_path}/{Path(path).name}")
 
 
-def write_point(folder: Path, pred: np.ndarray, true: np.ndarray, universe: np.ndarray) -> None:
+def write_point(folder: Path, metrics: dict, *, steps: int, val_loss: float) -> None:
     """What study_point and study_evaluate leave in a point's folder."""
     (folder / "eval").mkdir(parents=True)
     (folder / "run").mkdir()
-    np.savez(
-        folder / "eval/predictions.npz", pred_unit=pred, true_unit=true, universe_index=universe
-    )
-    (folder / "eval/metrics.json").write_text(json.dumps({"train_mean_unit": [0.0] * 4}))
-    (folder / "run/train_summary.json").write_text(json.dumps({"mlflow_run_id": None}))
+    (folder / "eval/metrics.json").write_text(json.dumps(metrics))
+    summary = {"mlflow_run_id": None, "steps": steps}
+    (folder / "run/train_summary.json").write_text(json.dumps(summary))
+    epochs = [{"step": steps // 2, "val_loss": 9.0}, {"step": steps, "val_loss": val_loss}]
+    (folder / "run/metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in epochs))
 
 
 def test_gather_writes_tsv_plot_and_report_section(tmp_path: Path) -> None:
-    cfg = load_config(None, overrides={"sample_size_study": {"sizes": [16, 32], "spatial": [1, 2]}})
-    rng = np.random.default_rng(0)
-    true = np.repeat(rng.uniform(-1, 1, size=(3, 4)), 4, axis=0)  # 3 universes × 4 samples
-    universe = np.repeat(np.arange(3), 4)
-    write_point(tmp_path / "16", true + 0.3 * rng.normal(size=true.shape), true, universe)
-    write_point(tmp_path / "32", true + 0.1 * rng.normal(size=true.shape), true, universe)
+    overrides = {"sizes": [16, 32], "spatial": [1, 2], "lrs": [0.001, 0.003]}
+    cfg = load_config(None, overrides={"sample_size_study": overrides})
+    # At 16 the larger lr validates better, at 32 the smaller; less error at 32.
+    points = {
+        "16_lr0.001": (fake_metrics(0.3, gaussian=True), 1.2),
+        "16_lr0.003": (fake_metrics(0.2, gaussian=True), 1.0),
+        "32_lr0.001": (fake_metrics(0.1, pk=0.15, gaussian=True), 0.4),
+        "32_lr0.003": (fake_metrics(0.4, pk=0.15, gaussian=True), 0.8),
+    }
+    for name, (metrics, loss) in points.items():
+        write_point(tmp_path / name, metrics, steps=24, val_loss=loss)
     tracker = RecordingTracker()
     out = {k: tmp_path / f"s.{k}" for k in ("tsv", "png", "md")}
     rows = gather(
@@ -98,29 +168,37 @@ def test_gather_writes_tsv_plot_and_report_section(tmp_path: Path) -> None:
     )
     with open(out["tsv"]) as f:
         on_disk = list(csv.DictReader(f, delimiter="\t"))
-    assert len(on_disk) == len(rows) == 2 * 2 * 5
-    assert [r["spatial"] for r in on_disk if r["parameter"] == "mean"] == ["1", "1", "2", "2"]
-    # Less noise at 32: lower error, at both levels; the same metric names for both points.
-    metrics = {p: STUDY.point_metrics([r for r in rows if r["sample_size"] == p]) for p in (16, 32)}
-    assert metrics[16].keys() == metrics[32].keys()
-    for level in ("sample", "universe"):
-        assert metrics[32][f"{level}_mae_mean"] < metrics[16][f"{level}_mae_mean"]
+    assert len(on_disk) == len(rows) == 4 * 2 * 5
+    picked = {(r["point"], r["level"], r["parameter"]): r for r in on_disk if r["selected"] == "1"}
+    assert {p for p, _, _ in picked} == {"16_lr0.003", "32_lr0.001"}
+    u16, u32 = picked["16_lr0.003", "universe", "mean"], picked["32_lr0.001", "universe", "mean"]
+    assert (u16["spatial"], u32["spatial"], u32["steps"], u32["lr"]) == ("1", "2", "24", "0.001")
+    assert u16["lr_grid"] == "0.001 0.003" and float(u32["final_val_loss"]) == 0.4
+    assert float(u16["cnn_over_pk"]) == pytest.approx(0.2 * 2.5 / 0.2)
+    assert float(u32["cnn_over_pk"]) == pytest.approx(0.1 * 2.5 / 0.15, rel=1e-5)
+    assert float(u32["pk_mae"]) == pytest.approx(0.15)
+    assert float(u32["width68"]) == pytest.approx(0.25)
+    metrics = {p: STUDY.point_metrics([r for r in rows if r["point"] == p]) for p in points}
+    assert metrics["16_lr0.001"].keys() == metrics["32_lr0.001"].keys()
+    assert metrics["32_lr0.001"]["univ_cnn_over_mean_N_spec"] == pytest.approx(0.3 / 0.5)
     assert tracker.artifacts == [f"sample_size_study/s.{k}" for k in ("tsv", "png", "md")]
     assert out["png"].stat().st_size > 10_000
     section = out["md"].read_text()
     assert (
         section.startswith("## Study `sample_size`") and "![Study `sample_size`](s.png)" in section
     )
-    assert section.count("\n| 32 | 32 | 2 | universe |") == 5  # 4 parameters and their mean
+    assert section.count("\n| 32_lr0.001 | 32 | 0.001 | 0.001 0.003 | 1 | 2 | 24 |") == 10
 
 
 def test_points_share_shards_and_may_not_touch_fixed_sections() -> None:
     cfg = load_config(None)  # sizes [16, 32, 64]; the base run's crops are 32³
     planned = {p.point.name: p for p in plan(cfg, "sample_size")}
-    assert planned["32"].shards == str(cfg.results / "shards")  # the base run's own
-    assert planned["16"].shards.endswith(planned["16"].shard_key)
-    assert planned["16"].shard_key != planned["64"].shard_key
-    assert (planned["16"].ranks, planned["64"].ranks) == (1, 2)
+    assert planned["32_lr0.001"].shards == str(cfg.results / "shards")  # the base run's own
+    assert planned["16_lr0.001"].shards.endswith(planned["16_lr0.001"].shard_key)
+    # The lr grid shares the size's shards.
+    assert planned["16_lr0.001"].shards == planned["16_lr0.003"].shards
+    assert planned["16_lr0.001"].shard_key != planned["64_lr0.001"].shard_key
+    assert (planned["16_lr0.001"].ranks, planned["64_lr0.003"].ranks) == (1, 2)
     with pytest.raises(ConfigError, match=r"overrides \['universes'\], which every point shares"):
         Point(name="x", overrides={"universes": {"count": 2}})
     with pytest.raises(
@@ -135,7 +213,9 @@ def test_cli_study_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFix
     assert f"study 'nope': unknown ({known})" in capsys.readouterr().err
     args = ["study-point-config", "--study", "sample_size", "--point", "7", "--out", "o.yaml"]
     assert cli.main(args) == 2
-    assert "study 'sample_size': no point '7' (points: 16, 32, 64)" in capsys.readouterr().err
+    assert "study 'sample_size': no point '7' (points: 16_lr0.0003, 16_lr0.001," in (
+        capsys.readouterr().err
+    )
     args = ["study-gather", "--study", "sample_size", "--dir", str(tmp_path)]
     assert cli.main([*args, "--config", str(tmp_path / "absent.yaml")]) == 2
     assert "absent.yaml: config file not found" in capsys.readouterr().err

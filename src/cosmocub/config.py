@@ -363,6 +363,9 @@ class ParallelConfig:
 class SampleSizeStudyConfig:
     sizes: tuple[int, ...]
     spatial: tuple[int, ...]
+    lrs: tuple[float, ...]
+    epochs: int
+    max_steps_per_epoch: int
 
     def __post_init__(self) -> None:
         if len(self.spatial) != len(self.sizes):
@@ -372,6 +375,8 @@ class SampleSizeStudyConfig:
             )
         if len(set(self.sizes)) != len(self.sizes):
             raise ConfigError(f"key 'sample_size_study.sizes': {list(self.sizes)} repeats a size")
+        if len(set(self.lrs)) != len(self.lrs):
+            raise ConfigError(f"key 'sample_size_study.lrs': {list(self.lrs)} repeats a value")
 
 
 @dataclass(frozen=True, kw_only=True)

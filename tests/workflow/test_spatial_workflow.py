@@ -81,7 +81,6 @@ def test_sample_size_study_target(workdir: Path) -> None:
         "--configfile",
         TEST_CONFIG,
         "--config",
-        "train={epochs: 1}",
         "tracking={enabled: false}",
         cwd=workdir,
     )
@@ -89,11 +88,19 @@ def test_sample_size_study_target(workdir: Path) -> None:
     study = workdir / "results-test/studies/sample_size"
     with open(study / "points.tsv") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
-    # 2 sizes × 2 levels × (4 parameters + their mean).
-    assert len(rows) == 20
-    assert {r["sample_size"] for r in rows} == {"4", "8"}
+    # 2 sizes × 2 learning rates × 2 levels × (4 parameters + their mean).
+    assert len(rows) == 40
+    assert {(r["sample_size"], r["lr"]) for r in rows} == {
+        (s, lr) for s in ("4", "8") for lr in ("0.001", "0.003")
+    }
+    # Equal budgets: 1 epoch of 3 steps at every size; one lr selected per size, on val loss.
+    assert {r["steps"] for r in rows} == {"3"}
+    for size in ("4", "8"):
+        losses = {r["lr"]: float(r["final_val_loss"]) for r in rows if r["sample_size"] == size}
+        chosen = {r["lr"] for r in rows if r["sample_size"] == size and r["selected"] == "1"}
+        assert chosen == {min(losses, key=losses.get)}
     counts = {(r["sample_size"], r["level"]): int(r["count"]) for r in rows}
-    # One test universe of 16³: 64 crops of 4³ or 8 of 8³, averaged into one per universe.
+    # One test universe of 16³: 64 crops of 4³ or 8 of 8³, combined into one per universe.
     assert counts == {
         ("4", "sample"): 64,
         ("4", "universe"): 1,
@@ -102,10 +109,11 @@ def test_sample_size_study_target(workdir: Path) -> None:
     }
     for r in rows:
         # The TSV holds 6 significant digits.
-        ratio = float(r["mae"]) / float(r["baseline_mae"])
-        assert float(r["mae_ratio"]) == pytest.approx(ratio, rel=2e-5)
+        for base in ("mean", "pk"):
+            ratio = float(r["cnn_mae"]) / float(r[f"{base}_mae"])
+            assert float(r[f"cnn_over_{base}"]) == pytest.approx(ratio, rel=2e-5)
     assert (study / "sample_size.png").stat().st_size > 10_000
-    train = json.loads((study / "8/run/train_summary.json").read_text())
+    train = json.loads((study / "8_lr0.003/run/train_summary.json").read_text())
     assert (train["world_size"], train["spatial_parallel"]) == (2, 2)
 
 

@@ -1,16 +1,20 @@
 """The sample-size study: the same recipe trained on crops of increasing size cut from the same
-universes, and its test error per parameter against sample size, per sample and per universe.
+universes, at equal budgets (the same optimizer steps at every size, each size's learning rate
+chosen on validation from a grid), and its per-universe error against sample size beside the
+predict-the-mean and P(k) fits of the same crops.
 
 The seed (*The Case for Strong Scaling in Deep Learning*) found larger samples far more accurate;
-this module derives one config per size and turns the runs' test predictions into a table.
+this module derives one point per (size, learning rate), reads each point's evaluation
+(eval/metrics.json: `comparison`, and `calibration` for the gaussian head) and, in the gather,
+keeps per size the learning rate with the lowest final validation loss.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,25 +24,40 @@ from cosmocub.data.universe import NAME_PAR
 from cosmocub.io import atomic_path
 from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition, point_values
 
-LEVELS = ("sample", "universe")
+LEVELS = ("universe", "sample")
+# metrics.json's comparison / calibration scope of each level.
+SCOPES = {"universe": "per_universe", "sample": "per_crop"}
 COLUMNS = (
     "sample_size",
+    "lr",
+    "lr_grid",
+    "selected",
     "spatial",
+    "steps",
+    "final_val_loss",
     "level",
     "parameter",
     "count",
-    "mae",
-    "baseline_mae",
-    "mae_ratio",
-    "rmse",
-    "baseline_rmse",
+    "cnn_mae",
+    "mean_mae",
+    "pk_mae",
+    "cnn_over_mean",
+    "cnn_over_pk",
+    "cnn_over_pk_lo",
+    "cnn_over_pk_hi",
+    "width68",
 )
 
 
-def size_point(cfg: Config, size: int) -> Point:
-    """The run at crop side `size`: the base config with the sample and model input set to
-    `size`, split over the spatial ranks the study gives that size. Everything else (model,
-    optimizer, epochs, seed, universes) is the base recipe."""
+def point_name(size: int, lr: float) -> str:
+    return f"{size}_lr{lr:g}"
+
+
+def size_point(cfg: Config, size: int, lr: float) -> Point:
+    """The run at crop side `size` and learning rate `lr`: the base config with the sample and
+    model input set to `size`, split over the spatial ranks the study gives that size, and the
+    study's epochs and steps per epoch (the same budget at every size). Everything else (model,
+    optimizer schedule, seed, universes) is the base recipe."""
     study = cfg.sample_size_study
     if size not in study.sizes:
         raise ConfigError(f"key 'sample_size_study.sizes': {size} is not one of {study.sizes}")
@@ -49,144 +68,188 @@ def size_point(cfg: Config, size: int) -> Point:
         )
     spatial = study.spatial[study.sizes.index(size)]
     return Point(
-        name=str(size),
-        labels={},  # the rows carry sample_size and spatial themselves
+        name=point_name(size, lr),
+        labels={"sample_size": size, "lr": lr},
         overrides={
             "preprocess": {"sample_size": size},
             "model": {"input_size": size},
+            "optimizer": {"lr": lr},
             "parallel": {"spatial": spatial, "split": None},
-            "train": {"nproc_per_node": spatial * cfg.train.nproc_per_node},
+            "train": {
+                "nproc_per_node": spatial * cfg.train.nproc_per_node,
+                "epochs": study.epochs,
+                "max_steps_per_epoch": study.max_steps_per_epoch,
+            },
         },
     )
 
 
 def size_points(cfg: Config) -> list[Point]:
-    return [size_point(cfg, size) for size in cfg.sample_size_study.sizes]
+    study = cfg.sample_size_study
+    return [size_point(cfg, size, lr) for size in study.sizes for lr in study.lrs]
 
 
-def size_config_values(cfg: Config, size: int) -> dict[str, Any]:
-    """The resolved config of the run at crop side `size` (run name `sample_size_<size>`)."""
-    return point_values(cfg, "sample_size", size_point(cfg, size))
+def size_config_values(cfg: Config, size: int, lr: float) -> dict[str, Any]:
+    """The resolved config of the run at (`size`, `lr`) (run name `sample_size_<size>_lr<lr>`)."""
+    return point_values(cfg, "sample_size", size_point(cfg, size, lr))
 
 
-def universe_means(values_np: np.ndarray, universe_index: np.ndarray) -> np.ndarray:
-    """(U, P): the mean of `values_np` (N, P) over each universe's samples, universes sorted."""
-    ids = np.unique(universe_index)
-    return np.stack([values_np[universe_index == u].mean(axis=0) for u in ids])
-
-
-def _errors(pred: np.ndarray, true: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    err = pred - true  # (N, P)
-    return np.abs(err).mean(axis=0), np.sqrt((err**2).mean(axis=0))
-
-
-def study_rows(
-    predictions: Mapping[int, Mapping[str, np.ndarray]],
-    *,
-    spatial: Mapping[int, int],
-    train_mean_unit: Mapping[int, np.ndarray],
-    names: Sequence[str] = NAME_PAR,
-) -> list[dict[str, Any]]:
-    """Table rows, per (size, level, parameter and "mean"), in unitPar space.
-
-    predictions[size] holds pred_unit, true_unit (N, P) and universe_index (N,) as in
-    eval/predictions.npz; the baseline predicts the training targets' mean for every sample.
-    Per universe, the prediction is the mean over that universe's test samples (its true value is
-    the same for all of them), so that sizes are compared on the same universes.
-    """
+def level_rows(metrics: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Rows per (level, parameter and "mean") from one point's eval/metrics.json: the unitPar
+    MAE of the CNN, predict-the-mean and the P(k) ridge fit, the CNN's ratios to both (with the
+    bootstrap range of CNN ÷ P(k) per universe), and, for the gaussian head, the mean width of
+    its calibrated 68% intervals. The "mean" row averages the MAEs over parameters and gives the
+    ratios of those averages."""
+    comparison = metrics["comparison"]
+    calibration = metrics.get("calibration")
+    names = list(comparison["per_universe"])  # the parameters, in metrics.json's order
     rows = []
-    for size in sorted(predictions):
-        p = predictions[size]
-        pred = np.asarray(p["pred_unit"], np.float64)
-        true = np.asarray(p["true_unit"], np.float64)
-        universe = np.asarray(p["universe_index"])
-        baseline = np.broadcast_to(np.asarray(train_mean_unit[size], np.float64), true.shape)
-        by_level = {
-            "sample": (pred, true, baseline),
-            "universe": tuple(universe_means(a, universe) for a in (pred, true, baseline)),
-        }
-        for level, (lp, lt, lb) in by_level.items():
-            mae, rmse = _errors(lp, lt)
-            base_mae, base_rmse = _errors(lb, lt)
-            for j, name in enumerate([*names, "mean"]):
-                pick = slice(None) if name == "mean" else j
-                row = {
-                    "sample_size": size,
-                    "spatial": spatial[size],
+    for level in LEVELS:
+        scope = SCOPES[level]
+        table = comparison[scope]
+        count = comparison["num_universes" if level == "universe" else "num_crops"]
+        widths = calibration[scope]["after"]["width68"] if calibration else {}
+        level_out = []
+        for name in names:
+            t = table[name]
+            level_out.append(
+                {
                     "level": level,
                     "parameter": name,
-                    "count": len(lt),
-                    "mae": float(np.mean(mae[pick])),
-                    "baseline_mae": float(np.mean(base_mae[pick])),
-                    "rmse": float(np.mean(rmse[pick])),
-                    "baseline_rmse": float(np.mean(base_rmse[pick])),
+                    "count": count,
+                    "cnn_mae": t["cnn"],
+                    "mean_mae": t["mean"],
+                    "pk_mae": t["pk"],
+                    "cnn_over_mean": t["cnn_over_mean"],
+                    "cnn_over_pk": t["cnn_over_pk"],
+                    "cnn_over_pk_lo": t.get("cnn_over_pk_lo", math.nan),
+                    "cnn_over_pk_hi": t.get("cnn_over_pk_hi", math.nan),
+                    "width68": widths.get(name, math.nan),
                 }
-                # Undefined (NaN) where the baseline is exact, as in evaluate's mae_ratio.
-                base = row["baseline_mae"]
-                row["mae_ratio"] = row["mae"] / base if base > 0 else math.nan
-                rows.append(row)
+            )
+        mean = {
+            k: float(np.mean([r[k] for r in level_out]))
+            for k in ("cnn_mae", "mean_mae", "pk_mae", "width68")
+        }
+        level_out.append(
+            {
+                "level": level,
+                "parameter": "mean",
+                "count": count,
+                **mean,
+                "cnn_over_mean": _ratio(mean["cnn_mae"], mean["mean_mae"]),
+                "cnn_over_pk": _ratio(mean["cnn_mae"], mean["pk_mae"]),
+                "cnn_over_pk_lo": math.nan,
+                "cnn_over_pk_hi": math.nan,
+            }
+        )
+        rows += level_out
     return rows
 
 
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.nan  # undefined where the baseline is exact
+
+
+def select_lr(rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
+    """Per size, mark the learning rate with the lowest final validation loss (`selected` = 1,
+    the others 0; the first of the grid on a tie) and record the grid; refuse unequal budgets
+    (points that took different numbers of optimizer steps)."""
+    grid = " ".join(f"{lr:g}" for lr in cfg.sample_size_study.lrs)
+    steps: dict[str, int] = {}
+    for r in rows:
+        if r.get("steps") is not None:
+            steps.setdefault(r["point"], r["steps"])
+    if len({r["steps"] for r in rows if r.get("steps") is not None}) > 1:
+        raise ValueError(
+            "sample-size study: unequal budgets, optimizer steps per point "
+            f"{steps} (a size has fewer than sample_size_study.max_steps_per_epoch = "
+            f"{cfg.sample_size_study.max_steps_per_epoch} batches per epoch)"
+        )
+    best: dict[int, tuple[float, float]] = {}
+    for r in rows:
+        loss = r.get("final_val_loss")
+        if loss is None or not math.isfinite(loss):
+            continue
+        size = r["sample_size"]
+        if size not in best or loss < best[size][0]:
+            best[size] = (loss, r["lr"])
+    for r in rows:
+        chosen = best.get(r["sample_size"])
+        r["selected"] = int(chosen is not None and r["lr"] == chosen[1])
+        r["lr_grid"] = grid
+    return rows
+
+
+def selected_rows(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [r for r in rows if r.get("selected") == 1]
+
+
 def plot_study(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
-    """One panel per level: test MAE per parameter against sample size, baselines dashed."""
+    """Per universe, at each size's selected learning rate: the MAE of the CNN (solid), the P(k)
+    fit (dashed) and predict-the-mean (dotted) per parameter; CNN ÷ P(k); and, with the gaussian
+    head, the calibrated 68% interval widths."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     from cosmocub.plots import LABELS
 
-    fig = Figure(figsize=(10, 4.2), layout="constrained")
+    chosen = [r for r in selected_rows(rows) if r["level"] == "universe"]
+    widths = any(math.isfinite(r.get("width68", math.nan)) for r in chosen)
+    panels = 3 if widths else 2
+    fig = Figure(figsize=(4.6 * panels, 4.2), layout="constrained")
     FigureCanvasAgg(fig)
+    axes = [fig.add_subplot(1, panels, k + 1) for k in range(panels)]
     sizes = sorted({r["sample_size"] for r in rows})
-    for k, level in enumerate(LEVELS):
-        ax = fig.add_subplot(1, 2, k + 1)
-        for j, name in enumerate([*NAME_PAR, "mean"]):
-            pick = [r for r in rows if r["level"] == level and r["parameter"] == name]
-            pick.sort(key=lambda r: r["sample_size"])
-            xs = [r["sample_size"] for r in pick]
-            color = f"C{j}"
-            label = LABELS.get(name, name).split(" [")[0]
-            ax.plot(xs, [r["mae"] for r in pick], "o-", color=color, label=label)
-            ax.plot(xs, [r["baseline_mae"] for r in pick], ":", color=color, lw=1)
+    for j, name in enumerate([*NAME_PAR, "mean"]):
+        pick = sorted((r for r in chosen if r["parameter"] == name), key=lambda r: r["sample_size"])
+        xs = [r["sample_size"] for r in pick]
+        color, label = f"C{j}", LABELS.get(name, name).split(" [")[0]
+        axes[0].plot(xs, [r["cnn_mae"] for r in pick], "o-", color=color, label=label)
+        axes[0].plot(xs, [r["pk_mae"] for r in pick], "--", color=color, lw=1)
+        axes[0].plot(xs, [r["mean_mae"] for r in pick], ":", color=color, lw=1)
+        axes[1].plot(xs, [r["cnn_over_pk"] for r in pick], "o-", color=color, label=label)
+        if widths:
+            axes[2].plot(xs, [r["width68"] for r in pick], "o-", color=color, label=label)
+    titles = ["test MAE per universe (unitPar)", "CNN ÷ P(k) fit, per universe"]
+    titles += ["gaussian head: mean 68% width (unitPar)"] if widths else []
+    for ax, title in zip(axes, titles, strict=True):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [f"{s}³" for s in sizes])
         ax.set_xlabel("sample size (voxels)")
-        ax.set_ylabel("test MAE (unitPar)")
-        ax.set_title(f"per {level}" + (" (predictions averaged)" if level == "universe" else ""))
+        ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
-    fig.axes[0].legend(title="dotted: predict the mean", fontsize=8)
+    axes[1].axhline(1.0, color="k", lw=0.8)
+    axes[0].legend(title="dashed: P(k) fit, dotted: mean", fontsize=8, title_fontsize=8)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=110, format="png")
 
 
-def read_run(eval_dir: Path) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """(predictions, train mean unitPar) of one run's eval folder."""
-    import json
-
-    path = Path(eval_dir) / "predictions.npz"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: predictions not found (run `cosmocub evaluate`)")
-    with np.load(path) as npz:
-        missing = {"pred_unit", "true_unit", "universe_index"} - set(npz.files)
-        if missing:
-            raise ValueError(f"{path}: arrays {sorted(missing)} missing")
-        predictions = {k: npz[k] for k in ("pred_unit", "true_unit", "universe_index")}
-    metrics = json.loads((Path(eval_dir) / "metrics.json").read_text())
-    return predictions, np.asarray(metrics["train_mean_unit"], np.float64)
-
-
 def point_rows(outputs: PointOutputs, cfg: Config) -> list[dict[str, Any]]:
-    size = int(outputs.point.name)
-    predictions, train_mean = read_run(outputs.eval_dir)
-    spatial = dict(zip(cfg.sample_size_study.sizes, cfg.sample_size_study.spatial, strict=True))
-    return study_rows({size: predictions}, spatial=spatial, train_mean_unit={size: train_mean})
+    size = int(outputs.point.labels["sample_size"])
+    path = outputs.eval_dir / "metrics.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not found (run `cosmocub evaluate`)")
+    metrics = json.loads(path.read_text())
+    if "comparison" not in metrics:
+        raise ValueError(f"{path}: no 'comparison' block (evaluated by an older cosmocub)")
+    epochs = outputs.metrics()
+    point = {
+        "spatial": cfg.sample_size_study.spatial[cfg.sample_size_study.sizes.index(size)],
+        "steps": outputs.train_summary()["steps"],
+        "final_val_loss": epochs[-1].get("val_loss") if epochs else None,
+    }
+    return [{**point, **r} for r in level_rows(metrics)]
 
 
 def point_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Per point, the same names: test MAE per level and parameter, and the mean's ratio."""
-    metrics = {f"{r['level']}_mae_{r['parameter']}": r["mae"] for r in rows}
-    metrics |= {f"{r['level']}_mae_ratio": r["mae_ratio"] for r in rows if r["parameter"] == "mean"}
-    return metrics
+    """Per point, the same names: per-universe CNN ÷ mean and CNN ÷ P(k) per parameter."""
+    out = {}
+    for r in rows:
+        if r["level"] == "universe":
+            out[f"univ_cnn_over_mean_{r['parameter']}"] = r["cnn_over_mean"]
+            out[f"univ_cnn_over_pk_{r['parameter']}"] = r["cnn_over_pk"]
+    return out
 
 
 STUDY = StudyDefinition(
@@ -198,8 +261,12 @@ STUDY = StudyDefinition(
     plot=plot_study,
     point_metrics=point_metrics,
     evaluate=True,
+    finish=select_lr,
     description=(
-        "Test MAE (unitPar) per parameter against crop size, per sample and per universe "
-        "(predictions averaged over a universe's crops); baseline: predict the training mean."
+        "Test MAE (unitPar) per parameter against crop size at equal optimizer steps, per "
+        "universe (its crops' predictions combined) and per crop: the CNN, predict-the-mean and "
+        "the P(k) ridge fit, the CNN's ratios to both, and the gaussian head's calibrated 68% "
+        "widths; each size trained at every lr of the grid, `selected` = 1 on the lr with the "
+        "lowest final validation loss."
     ),
 )
