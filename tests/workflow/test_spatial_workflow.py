@@ -88,17 +88,13 @@ def test_sample_size_study_target(workdir: Path) -> None:
     study = workdir / "results-test/studies/sample_size"
     with open(study / "points.tsv") as f:
         rows = list(csv.DictReader(f, delimiter="\t"))
-    # 2 sizes × 2 learning rates × 2 levels × (4 parameters + their mean).
-    assert len(rows) == 40
-    assert {(r["sample_size"], r["lr"]) for r in rows} == {
-        (s, lr) for s in ("4", "8") for lr in ("0.001", "0.003")
-    }
-    # Equal budgets: 1 epoch of 3 steps at every size; one lr selected per size, on val loss.
+    # 2 sizes × 1 learning rate × 2 levels × (4 parameters + their mean).
+    assert len(rows) == 20
+    assert {(r["sample_size"], r["lr"]) for r in rows} == {("4", "0.003"), ("8", "0.003")}
+    # Equal budgets: 1 epoch of 3 steps at every size; the grid's one lr selected per size.
     assert {r["steps"] for r in rows} == {"3"}
-    for size in ("4", "8"):
-        losses = {r["lr"]: float(r["final_val_loss"]) for r in rows if r["sample_size"] == size}
-        chosen = {r["lr"] for r in rows if r["sample_size"] == size and r["selected"] == "1"}
-        assert chosen == {min(losses, key=losses.get)}
+    assert {r["selected"] for r in rows} == {"1"}
+    assert {r["lr_grid"] for r in rows} == {"0.003"}
     counts = {(r["sample_size"], r["level"]): int(r["count"]) for r in rows}
     # One test universe of 16³: 64 crops of 4³ or 8 of 8³, combined into one per universe.
     assert counts == {
