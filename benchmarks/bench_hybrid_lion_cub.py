@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from cosmocub import multirank
 
 LION_CUB_L1 = {"quantizer": "l1", "bits": 4, "collective": "allreduce"}
 ROWS: dict[str, dict[str, Any]] = {
@@ -116,24 +116,16 @@ def _spawn(args: argparse.Namespace, work: Path, mesh: str, shards: Path) -> dic
     manifest = work / f"{mesh}.json"
     manifest.write_text(json.dumps({"shards": str(shards), "runs": runs}))
     out = work / f"{mesh}-summaries.json"
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc-per-node={ranks}", __file__, "--rank-manifest", str(manifest),
-        "--rank-out", str(out), *(["--contiguous"] if mesh == "C" else []),
-    ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        start_new_session=True,
+    argv = multirank.torchrun_argv(
+        ranks, __file__, "--rank-manifest", str(manifest), "--rank-out", str(out),
+        *(["--contiguous"] if mesh == "C" else []),
     )  # fmt: skip
     try:
-        log, _ = proc.communicate(timeout=args.timeout)
+        proc = multirank.run_ranks(argv, timeout=args.timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
         sys.exit(f"mesh {mesh}: no result within {args.timeout} s")
     if proc.returncode != 0:
-        sys.exit(f"mesh {mesh} failed:\n{log[-3000:]}")
+        sys.exit(f"mesh {mesh} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     summaries = json.loads(out.read_text())
     return {
         label: (Path(run["run_dir"]), summaries[label])

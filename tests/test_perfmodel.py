@@ -4,15 +4,12 @@ gloo ranks, and the measured-vs-predicted validation."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from cosmocub import multirank
 from cosmocub.config import load_config
 from cosmocub.perfmodel.costs import AlphaBeta, Sample, fit_alpha_beta, fit_per_kind
 from cosmocub.perfmodel.model import Mesh, Network, predict_step
@@ -113,21 +110,11 @@ def test_model_bytes_equal_what_the_optimizers_count(tmp_path: Path) -> None:
     config = Path(__file__).resolve().parents[1] / "config/test.yaml"
     script = tmp_path / "count.py"
     script.write_text(COUNT_BYTES)
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    proc = subprocess.Popen(
-        [*launcher, str(script), str(config), json.dumps(VARIANTS), str(STEPS)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        start_new_session=True,  # so that a timeout kills every rank
+    proc = multirank.run_ranks(  # a timeout kills every rank
+        multirank.torchrun_argv(2, str(script), str(config), json.dumps(VARIANTS), str(STEPS)),
+        timeout=120,
     )
-    try:
-        out, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
+    out, err = proc.stdout, proc.stderr
     assert proc.returncode == 0, err[-3000:]
     counted = json.loads(out.split("COUNTED ", 1)[1].splitlines()[0])
     net = AlphaBeta(alpha_s=1e-5, beta_s_per_byte=1e-9)

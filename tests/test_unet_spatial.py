@@ -7,8 +7,6 @@ test reads its case from that run's JSON. Errors are relative, normwise per tens
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from cosmocub import multirank
 from cosmocub.config import ConfigError, ModelConfig, UNetShape, load_config
 from cosmocub.models.unet import UNet3d
 from cosmocub.parallel.spatial import check_unet_split
@@ -30,20 +29,13 @@ from unet_ranks import CASES, case_name, unet_cfg  # noqa: E402
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     out = tmp_path_factory.mktemp("unet") / "results.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8",
-           str(RANKS_SCRIPT), str(out)]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        start_new_session=True,
-    )  # fmt: skip
     try:
-        log, _ = proc.communicate(timeout=300)
+        proc = multirank.run_ranks(
+            multirank.torchrun_argv(8, str(RANKS_SCRIPT), str(out)), timeout=300
+        )
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
         pytest.fail("unet ranks did not finish within 300 s")
-    assert proc.returncode == 0, log[-4000:]
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return json.loads(out.read_text())
 
 
