@@ -27,7 +27,12 @@ def test_size_configs_change_the_sample_split_budget_and_lr() -> None:
     assert derived.parallel.split_dhw == (2, 1, 1) and derived.train.nproc_per_node == 2
     assert derived.train.run_name == "sample_size_64_lr0.001"
     assert derived.optimizer.lr == 0.001 and derived.optimizer.name == cfg.optimizer.name
-    assert derived.optimizer.decay_epochs == cfg.optimizer.decay_epochs
+    # The base schedule (warm-up 1, decays at 24 and 32 of 36 epochs) stretched to the study's
+    # 150 epochs: warm-up 4, decays at 100 and 133, the same fractions of the run.
+    assert cfg.train.epochs == 36 and cfg.sample_size_study.epochs == 150
+    assert derived.optimizer.warmup_epochs == 4
+    assert derived.optimizer.decay_epochs == (100, 133)
+    assert derived.optimizer.decay_factors == cfg.optimizer.decay_factors
     assert derived.universes == cfg.universes and derived.seed == cfg.seed
     study = cfg.sample_size_study
     assert (derived.train.epochs, derived.train.max_steps_per_epoch) == (
@@ -35,7 +40,7 @@ def test_size_configs_change_the_sample_split_budget_and_lr() -> None:
         study.max_steps_per_epoch,
     )
     assert from_values(size_config_values(cfg, 16, 0.003)).parallel.spatial == 1
-    assert [p.name for p in STUDY.points(cfg)][:3] == ["16_lr0.0003", "16_lr0.001", "16_lr0.003"]
+    assert [p.name for p in STUDY.points(cfg)][:3] == ["16_lr0.0001", "16_lr0.0003", "16_lr0.001"]
     with pytest.raises(ConfigError, match=r"'sample_size_study.sizes': 8 is not one of"):
         size_config_values(cfg, 8, 0.001)
     odd = load_config(None, overrides={"sample_size_study": {"sizes": [16, 24], "spatial": [1, 1]}})
@@ -196,9 +201,9 @@ def test_points_share_shards_and_may_not_touch_fixed_sections() -> None:
     assert planned["32_lr0.001"].shards == str(cfg.results / "shards")  # the base run's own
     assert planned["16_lr0.001"].shards.endswith(planned["16_lr0.001"].shard_key)
     # The lr grid shares the size's shards.
-    assert planned["16_lr0.001"].shards == planned["16_lr0.003"].shards
+    assert planned["16_lr0.001"].shards == planned["16_lr0.0003"].shards
     assert planned["16_lr0.001"].shard_key != planned["64_lr0.001"].shard_key
-    assert (planned["16_lr0.001"].ranks, planned["64_lr0.003"].ranks) == (1, 2)
+    assert (planned["16_lr0.001"].ranks, planned["64_lr0.0003"].ranks) == (1, 2)
     with pytest.raises(ConfigError, match=r"overrides \['universes'\], which every point shares"):
         Point(name="x", overrides={"universes": {"count": 2}})
     with pytest.raises(
@@ -213,7 +218,7 @@ def test_cli_study_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFix
     assert f"study 'nope': unknown ({known})" in capsys.readouterr().err
     args = ["study-point-config", "--study", "sample_size", "--point", "7", "--out", "o.yaml"]
     assert cli.main(args) == 2
-    assert "study 'sample_size': no point '7' (points: 16_lr0.0003, 16_lr0.001," in (
+    assert "study 'sample_size': no point '7' (points: 16_lr0.0001, 16_lr0.0003," in (
         capsys.readouterr().err
     )
     args = ["study-gather", "--study", "sample_size", "--dir", str(tmp_path)]

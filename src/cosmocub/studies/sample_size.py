@@ -73,7 +73,7 @@ def size_point(cfg: Config, size: int, lr: float) -> Point:
         overrides={
             "preprocess": {"sample_size": size},
             "model": {"input_size": size},
-            "optimizer": {"lr": lr},
+            "optimizer": {"lr": lr, **stretched_schedule(cfg)},
             "parallel": {"spatial": spatial, "split": None},
             "train": {
                 "nproc_per_node": spatial * cfg.train.nproc_per_node,
@@ -82,6 +82,19 @@ def size_point(cfg: Config, size: int, lr: float) -> Point:
             },
         },
     )
+
+
+def stretched_schedule(cfg: Config) -> dict[str, Any]:
+    """The base recipe's warm-up and decay epochs scaled by study.epochs / train.epochs, so that
+    a study point warms up and steps its learning rate down at the same fractions of its run as
+    the base recipe does. Left as they were, the default's decays at epochs 24 and 32 (of 36)
+    would cut the lr by 16× after 32 of the study's many short epochs, or never reach a short
+    study."""
+    opt, ratio = cfg.optimizer, cfg.sample_size_study.epochs / cfg.train.epochs
+    return {
+        "warmup_epochs": round(opt.warmup_epochs * ratio),
+        "decay_epochs": [max(1, round(e * ratio)) for e in opt.decay_epochs],
+    }
 
 
 def size_points(cfg: Config) -> list[Point]:
