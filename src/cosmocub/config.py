@@ -6,11 +6,13 @@ stage run by hand sees exactly the values a workflow job sees.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -770,17 +772,19 @@ def load_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
     if overrides:
-        raw = _deep_merge(raw, overrides)
+        raw = deep_merge(raw, overrides)
     return from_values(resolve(raw, source=source), source=source)
 
 
-def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `update` merged in, section by section (nested mappings merge, anything else
+    replaces); neither argument is changed."""
     merged = dict(base)
     for key, value in update.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
         else:
-            merged[key] = value
+            merged[key] = copy.deepcopy(value)
     return merged
 
 

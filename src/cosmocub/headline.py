@@ -104,6 +104,7 @@ def field_level_metrics(
     names: Sequence[str],
     test: Mapping[str, np.ndarray],
     val: Mapping[str, np.ndarray] | None,
+    split: str = "test",
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """(metrics, arrays): the CNN against the baselines per crop and per universe, and for the
     gaussian head the coverage of its intervals before and after calibration on validation.
@@ -111,8 +112,9 @@ def field_level_metrics(
     `test` and `val` hold "mean" (N, P), "true" (N, P), "universe_index" (N,) and, for the
     gaussian head, "var" (N, P); `val` is needed for the gaussian head only. A universe's
     estimate is its crops' mean (point head) or their inverse-variance weighted mean (gaussian).
+    `split` names the shard `test` comes from (the baselines predict the same samples).
     """
-    baselines = baseline_predictions(shards_dir, "test")
+    baselines = baseline_predictions(shards_dir, split)
     true, where = test["true"], test["universe_index"]
     crop_preds = {"cnn": test["mean"], **baselines}
     true_u = unc.mean_per_universe(true, where)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from cosmocub.config import Config, _deep_merge, from_values, resolve
+from cosmocub.config import Config, deep_merge, from_values, resolve
 
 UNET_SECTIONS = ("model", "parallel", "optimizer", "train")
 
@@ -28,7 +28,7 @@ def unet_config_values(cfg: Config) -> dict[str, Any]:
             # optimizer replaces the section, the schema fills the rest.
             values[section] = copy.deepcopy(given)
         else:
-            values[section] = _deep_merge(values[section], given)
+            values[section] = deep_merge(values[section], given)
     values["model"]["name"] = "unet"
     values["model"]["in_channels"] = len(values["task"]["input_redshifts"])
     spatial = values["parallel"].get("spatial", 1)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cosmocub.config import Config, ConfigError, config_hash, from_values, resolve
+from cosmocub.config import Config, ConfigError, config_hash, deep_merge, from_values, resolve
 from cosmocub.io import atomic_path
 
 log = logging.getLogger(__name__)
@@ -140,21 +140,11 @@ def find_point(cfg: Config, study: str, point: str) -> Point:
     raise ValueError(f"study {study!r}: no point {point!r} (points: {', '.join(names)})")
 
 
-def _deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
-
-
 def point_values(cfg: Config, study: str, point: Point) -> dict[str, Any]:
     """The point's resolved config: the base values, its overrides, and run name
     `<study>_<point>`; validated against the schema and the typed checks."""
-    values = _deep_merge(copy.deepcopy(cfg.values), point.overrides)
-    values = _deep_merge(values, {"train": {"run_name": f"{study}_{point.name}"}})
+    values = deep_merge(copy.deepcopy(cfg.values), point.overrides)
+    values = deep_merge(values, {"train": {"run_name": f"{study}_{point.name}"}})
     source = f"study {study} point {point.name}"
     values = resolve(values, source=source)
     from_values(values, source=source)  # the typed checks, with the point named

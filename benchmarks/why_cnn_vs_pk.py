@@ -1,0 +1,186 @@
+"""Why the CNN does not beat the P(k) fit: the recipe's parts measured one at a time on the
+validation split (never test), beside flexible fits on the field statistics. Two tables:
+
+(a) what the statistics hold, no training: validation MAE per crop and per universe of
+    predict-the-mean, evaluation's ridge fits (one-point; P(k)), a ridge on both, and a kernel
+    ridge (RBF) on both whose penalty and width are chosen by cross-validation grouped by universe
+    (crops of one universe never straddle a fold). If the flexible fit does no better than the
+    ridge, the ridge has taken what those statistics hold.
+(b) the CNN: the config's recipe and variants of it (capacity: `base_filters`; augmentation off;
+    twice the steps with the schedule stretched), each trained on the config's shards, predicted
+    on validation with the config's test-time symmetries; MAE per crop and per universe (a
+    universe's crops averaged, for every estimator alike) and ÷ the P(k) fit's.
+
+Variants train one after another in --out/<variant>/ and are reused if their model.pt exists.
+
+    python benchmarks/why_cnn_vs_pk.py --config config/science.yaml \
+        --shards results-science/shards --out results-science/why \
+        --variants base filters8 filters32 no_augment
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import yaml
+from sklearn.kernel_ridge import KernelRidge
+from sklearn.model_selection import GridSearchCV, GroupKFold
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from cosmocub import uncertainty as unc
+from cosmocub.baselines import baseline_predictions, fit_ridge, usable_columns
+from cosmocub.config import deep_merge, load_config, resolve, write_config
+from cosmocub.data.dataset import open_split
+from cosmocub.data.features import FEATURES_FILE, read_features
+from cosmocub.data.universe import NAME_PAR
+from cosmocub.evaluate import predict
+from cosmocub.headline import predict_gaussian
+from cosmocub.models.cosmoflow import load_model_file
+
+
+def stretched(raw: dict[str, Any], factor: int) -> dict[str, Any]:
+    """`factor` × the epochs, warm-up and decay epochs of the recipe: more steps, same shape."""
+    cfg = load_config(None, overrides=raw)
+    opt = cfg.optimizer
+    return {
+        "train": {"epochs": cfg.train.epochs * factor},
+        "optimizer": {
+            "warmup_epochs": opt.warmup_epochs * factor,
+            "decay_epochs": [e * factor for e in opt.decay_epochs],
+        },
+    }
+
+
+def variants(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
+        "base": {},
+        "filters8": {"model": {"base_filters": 8}},
+        "filters32": {"model": {"base_filters": 32}},
+        "no_augment": {"train": {"augment": False}},
+        "steps_x2": stretched(raw, 2),
+    }
+
+
+def targets_and_universes(shards: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+    with h5py.File(shards / f"{split}.h5", "r") as f:
+        return f["y"][:].astype(np.float64), f["universe_index"][:]
+
+
+def statistics_fits(shards: Path) -> dict[str, np.ndarray]:
+    """Validation predictions of ridge and kernel-ridge fits on P(k) + one-point statistics,
+    fitted on train (the evaluation's own baselines come from `baseline_predictions`)."""
+    y_train, groups = targets_and_universes(shards, "train")
+    train = read_features(shards / FEATURES_FILE, "train")
+    val = read_features(shards / FEATURES_FILE, "val")
+    x_train = np.concatenate([train["pk"], train["one_point"]], axis=1)
+    x_val = np.concatenate([val["pk"], val["one_point"]], axis=1)
+    keep = usable_columns(x_train)
+    x_train, x_val = x_train[:, keep], x_val[:, keep]
+    ridge = fit_ridge(x_train, y_train)
+    x_val = np.where(np.isfinite(x_val), x_val, ridge[0].mean_)
+    kernel = GridSearchCV(
+        make_pipeline(StandardScaler(), KernelRidge(kernel="rbf")),
+        {
+            "kernelridge__alpha": np.logspace(-3, 1, 5),
+            "kernelridge__gamma": np.logspace(-3, -0.5, 6) / x_train.shape[1] * 10,
+        },
+        cv=GroupKFold(n_splits=5),
+        scoring="neg_mean_absolute_error",
+    )
+    kernel.fit(x_train, y_train, groups=groups)
+    print(f"kernel ridge: chosen {kernel.best_params_}", flush=True)
+    return {"ridge_pk_1pt": ridge.predict(x_val), "kernel_pk_1pt": kernel.predict(x_val)}
+
+
+def mae_table(preds: dict[str, np.ndarray], true: np.ndarray, where: np.ndarray) -> dict:
+    """Per estimator: MAE per parameter per crop and per universe (crops averaged)."""
+    true_u = unc.mean_per_universe(true, where)
+    out = {}
+    for name, pred in preds.items():
+        pred_u = unc.mean_per_universe(pred, where)
+        out[name] = {
+            "crop": np.abs(pred - true).mean(0).tolist(),
+            "universe": np.abs(pred_u - true_u).mean(0).tolist(),
+        }
+    return out
+
+
+def train_variant(base_raw: dict, name: str, overrides: dict, shards: Path, out: Path) -> Path:
+    run_dir = out / name / "run"
+    if (run_dir / "model.pt").is_file():
+        print(f"{name}: reusing {run_dir}", flush=True)
+        return run_dir
+    raw = deep_merge(copy.deepcopy(base_raw), overrides)
+    raw = deep_merge(raw, {"train": {"run_name": f"why_{name}"}})
+    config_path = out / name / "config.yaml"
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    write_config(resolve(raw, source=f"variant {name}"), config_path)
+    start = time.perf_counter()
+    cmd = ["cosmocub", "train", "--shards", str(shards), "--out", str(run_dir)]
+    with open(out / name / "train.log", "w") as log:
+        subprocess.run(
+            [*cmd, "--config", str(config_path)], check=True, stdout=log, stderr=subprocess.STDOUT
+        )
+    print(f"{name}: trained in {time.perf_counter() - start:.0f} s", flush=True)
+    return run_dir
+
+
+def cnn_validation(run_dir: Path, shards: Path, symmetries: int) -> np.ndarray:
+    model = load_model_file(run_dir / "model.pt")
+    val = open_split(shards, "val", model.config)
+    run = predict_gaussian if model.config.gaussian else predict
+    return run(model, val, batch_size=16, symmetries=symmetries)[0]  # the (crop) means
+
+
+def print_table(rows: dict[str, dict], reference: dict) -> None:
+    short = ("Ω_m", "σ_8", "n_s", "H_0")
+    for level in ("crop", "universe"):
+        print(f"\nvalidation MAE (unitPar) per {level}; ÷ P(k) ridge in brackets")
+        print("| estimator | " + " | ".join(short) + " | mean |")
+        print("|---|" + "---|" * (len(short) + 1))
+        ref = np.array(reference[level])
+        for name, row in rows.items():
+            mae = np.array(row[level])
+            cells = [f"{m:.3f} ({m / r:.2f})" for m, r in zip(mae, ref, strict=True)]
+            print(f"| {name} | " + " | ".join(cells) + f" | {mae.mean():.3f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", type=Path, required=True)
+    parser.add_argument("--shards", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--variants", nargs="*", default=["base"])
+    args = parser.parse_args(argv)
+    base_raw = yaml.safe_load(args.config.read_text()) or {}
+    cfg = load_config(args.config)
+    known = variants(base_raw)
+    unknown = [v for v in args.variants if v not in known]
+    if unknown:
+        print(f"--variants: unknown {unknown} (known: {', '.join(known)})", file=sys.stderr)
+        return 2
+    true, where = targets_and_universes(args.shards, "val")
+    preds = dict(baseline_predictions(args.shards, "val"))
+    preds |= statistics_fits(args.shards)
+    for name in args.variants:
+        run_dir = train_variant(base_raw, name, known[name], args.shards, args.out)
+        preds[f"cnn_{name}"] = cnn_validation(run_dir, args.shards, cfg.evaluate.symmetries)
+    rows = mae_table(preds, true, where)
+    print(f"{len(true)} validation crops of {len(np.unique(where))} universes; {NAME_PAR}")
+    print_table(rows, rows["pk"])
+    (args.out / "why.json").write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
