@@ -40,14 +40,24 @@ def test_size_configs_change_the_sample_split_budget_and_lr() -> None:
         study.max_steps_per_epoch,
     )
     assert from_values(size_config_values(cfg, 16, 0.003)).parallel.spatial == 1
-    assert [p.name for p in STUDY.points(cfg)][:3] == ["16_lr0.0001", "16_lr0.0003", "16_lr0.001"]
+    names = [p.name for p in STUDY.points(cfg)]
+    assert names[:3] == ["16_lr0.0001", "16_lr0.0003", "16_lr0.001"]
+    # 64³ tries the grid × 0.125: the first dense layer's fan-in is 8× that at 32³.
+    assert names[-3:] == ["64_lr1.25e-05", "64_lr3.75e-05", "64_lr0.000125"]
     with pytest.raises(ConfigError, match=r"'sample_size_study.sizes': 8 is not one of"):
         size_config_values(cfg, 8, 0.001)
-    odd = load_config(None, overrides={"sample_size_study": {"sizes": [16, 24], "spatial": [1, 1]}})
+    odd = load_config(
+        None,
+        overrides={
+            "sample_size_study": {"sizes": [16, 24], "spatial": [1, 1], "lr_scales": [1, 1]}
+        },
+    )
     with pytest.raises(ConfigError, match=r"24 does not divide universes.size 64"):
         size_config_values(odd, 24, 0.001)
     with pytest.raises(ConfigError, match=r"'sample_size_study.spatial': 1 values for 2 sizes"):
         load_config(None, overrides={"sample_size_study": {"sizes": [16, 32], "spatial": [1]}})
+    with pytest.raises(ConfigError, match=r"'sample_size_study.lr_scales': 3 values for 2 sizes"):
+        load_config(None, overrides={"sample_size_study": {"sizes": [16, 32], "spatial": [1, 1]}})
     with pytest.raises(ConfigError, match=r"'sample_size_study.lrs': \[0.001, 0.001\] repeats"):
         load_config(None, overrides={"sample_size_study": {"lrs": [0.001, 0.001]}})
 
@@ -149,7 +159,7 @@ def write_point(folder: Path, metrics: dict, *, steps: int, val_loss: float) -> 
 
 
 def test_gather_writes_tsv_plot_and_report_section(tmp_path: Path) -> None:
-    overrides = {"sizes": [16, 32], "spatial": [1, 2], "lrs": [0.001, 0.003]}
+    overrides = {"sizes": [16, 32], "spatial": [1, 2], "lrs": [0.001, 0.003], "lr_scales": [1, 1]}
     cfg = load_config(None, overrides={"sample_size_study": overrides})
     # At 16 the larger lr validates better, at 32 the smaller; less error at 32.
     points = {
@@ -202,8 +212,8 @@ def test_points_share_shards_and_may_not_touch_fixed_sections() -> None:
     assert planned["16_lr0.001"].shards.endswith(planned["16_lr0.001"].shard_key)
     # The lr grid shares the size's shards.
     assert planned["16_lr0.001"].shards == planned["16_lr0.0003"].shards
-    assert planned["16_lr0.001"].shard_key != planned["64_lr0.001"].shard_key
-    assert (planned["16_lr0.001"].ranks, planned["64_lr0.0003"].ranks) == (1, 2)
+    assert planned["16_lr0.001"].shard_key != planned["64_lr0.000125"].shard_key
+    assert (planned["16_lr0.001"].ranks, planned["64_lr3.75e-05"].ranks) == (1, 2)
     with pytest.raises(ConfigError, match=r"overrides \['universes'\], which every point shares"):
         Point(name="x", overrides={"universes": {"count": 2}})
     with pytest.raises(

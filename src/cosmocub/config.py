@@ -366,19 +366,27 @@ class SampleSizeStudyConfig:
     sizes: tuple[int, ...]
     spatial: tuple[int, ...]
     lrs: tuple[float, ...]
+    lr_scales: tuple[float, ...]
     epochs: int
     max_steps_per_epoch: int
 
     def __post_init__(self) -> None:
-        if len(self.spatial) != len(self.sizes):
-            raise ConfigError(
-                f"key 'sample_size_study.spatial': {len(self.spatial)} values for "
-                f"{len(self.sizes)} sizes {list(self.sizes)}"
-            )
+        for key in ("spatial", "lr_scales"):
+            if len(getattr(self, key)) != len(self.sizes):
+                raise ConfigError(
+                    f"key 'sample_size_study.{key}': {len(getattr(self, key))} values for "
+                    f"{len(self.sizes)} sizes {list(self.sizes)}"
+                )
         if len(set(self.sizes)) != len(self.sizes):
             raise ConfigError(f"key 'sample_size_study.sizes': {list(self.sizes)} repeats a size")
         if len(set(self.lrs)) != len(self.lrs):
             raise ConfigError(f"key 'sample_size_study.lrs': {list(self.lrs)} repeats a value")
+
+    def lr_grid(self, size: int) -> tuple[float, ...]:
+        """The learning rates the study tries at crop side `size`: lrs × that size's lr_scale
+        (to 3 significant digits, so that point names stay short)."""
+        scale = self.lr_scales[self.sizes.index(size)]
+        return tuple(float(f"{lr * scale:.3g}") for lr in self.lrs)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -99,7 +99,7 @@ def stretched_schedule(cfg: Config) -> dict[str, Any]:
 
 def size_points(cfg: Config) -> list[Point]:
     study = cfg.sample_size_study
-    return [size_point(cfg, size, lr) for size in study.sizes for lr in study.lrs]
+    return [size_point(cfg, size, lr) for size in study.sizes for lr in study.lr_grid(size)]
 
 
 def size_config_values(cfg: Config, size: int, lr: float) -> dict[str, Any]:
@@ -166,9 +166,9 @@ def _ratio(a: float, b: float) -> float:
 
 def select_lr(rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
     """Per size, mark the learning rate with the lowest final validation loss (`selected` = 1,
-    the others 0; the first of the grid on a tie) and record the grid; refuse unequal budgets
-    (points that took different numbers of optimizer steps)."""
-    grid = " ".join(f"{lr:g}" for lr in cfg.sample_size_study.lrs)
+    the others 0; the first of the grid on a tie) and record the size's grid; refuse unequal
+    budgets (points that took different numbers of optimizer steps)."""
+    study = cfg.sample_size_study
     steps: dict[str, int] = {}
     for r in rows:
         if r.get("steps") is not None:
@@ -190,7 +190,7 @@ def select_lr(rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
     for r in rows:
         chosen = best.get(r["sample_size"])
         r["selected"] = int(chosen is not None and r["lr"] == chosen[1])
-        r["lr_grid"] = grid
+        r["lr_grid"] = " ".join(f"{lr:g}" for lr in study.lr_grid(r["sample_size"]))
     return rows
 
 
