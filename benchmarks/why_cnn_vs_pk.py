@@ -6,6 +6,9 @@ validation split (never test), beside flexible fits on the field statistics. Two
     ridge (RBF) on both whose penalty and width are chosen by cross-validation grouped by universe
     (crops of one universe never straddle a fold). If the flexible fit does no better than the
     ridge, the ridge has taken what those statistics hold.
+(a') which parameter combinations the statistics measure at all: per universe, validation MAE ÷
+    predict-the-mean of ridge fits (P(k); P(k) + one-point) to Ω_m, H_0, their sum (in unitPar
+    ≈ 10·ln(Ω_m h) + const: Ω_m h sets the spectrum's shape) and difference, σ_8 and n_s;
 (b) the CNN: the config's recipe and variants of it (capacity: `base_filters`; augmentation off;
     twice the steps with the schedule stretched), each trained on the config's shards, predicted
     on validation with the config's test-time symmetries; MAE per crop and per universe (a
@@ -104,6 +107,47 @@ def statistics_fits(shards: Path) -> dict[str, np.ndarray]:
     return {"ridge_pk_1pt": ridge.predict(x_val), "kernel_pk_1pt": kernel.predict(x_val)}
 
 
+# unitPar weights (Ω_m, σ_8, n_s, H_0) of the combinations of table (a').
+COMBINATIONS = {
+    "Ω_m": (1, 0, 0, 0),
+    "H_0": (0, 0, 0, 1),
+    "Ω_m + H_0 (Ω_m h)": (1, 0, 0, 1),
+    "Ω_m − H_0": (1, 0, 0, -1),
+    "σ_8": (0, 1, 0, 0),
+    "n_s": (0, 0, 1, 0),
+}
+
+
+def combination_table(shards: Path) -> None:
+    """Table (a'): per universe, validation MAE ÷ predict-the-mean of a ridge per combination."""
+    y_train, _ = targets_and_universes(shards, "train")
+    y_val, where = targets_and_universes(shards, "val")
+    train = read_features(shards / FEATURES_FILE, "train")
+    val = read_features(shards / FEATURES_FILE, "val")
+    sets = {
+        "P(k)": (train["pk"], val["pk"]),
+        "P(k) + one-point": (
+            np.concatenate([train["pk"], train["one_point"]], axis=1),
+            np.concatenate([val["pk"], val["one_point"]], axis=1),
+        ),
+    }
+    print("\nper universe, validation MAE ÷ predict-the-mean of a ridge fit to each combination")
+    print("| combination | " + " | ".join(sets) + " |")
+    print("|---|" + "---|" * len(sets))
+    for name, weights in COMBINATIONS.items():
+        w = np.array(weights, dtype=np.float64)
+        t_train, t_val = y_train @ w, unc.mean_per_universe((y_val @ w)[:, None], where)[:, 0]
+        cells = []
+        for x_train, x_val in sets.values():
+            keep = usable_columns(x_train)
+            model = fit_ridge(x_train[:, keep], t_train[:, None])
+            x = np.where(np.isfinite(x_val[:, keep]), x_val[:, keep], model[0].mean_)
+            pred = unc.mean_per_universe(model.predict(x).reshape(-1, 1), where)[:, 0]
+            mean_mae = np.abs(t_train.mean() - t_val).mean()
+            cells.append(f"{np.abs(pred - t_val).mean() / mean_mae:.2f}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def mae_table(preds: dict[str, np.ndarray], true: np.ndarray, where: np.ndarray) -> dict:
     """Per estimator: MAE per parameter per crop and per universe (crops averaged)."""
     true_u = unc.mean_per_universe(true, where)
@@ -180,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = mae_table(preds, true, where)
     print(f"{len(true)} validation crops of {len(np.unique(where))} universes; {NAME_PAR}")
     print_table(rows, rows["pk"])
+    combination_table(args.shards)
     (args.out / "why.json").write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 
