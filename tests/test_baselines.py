@@ -78,3 +78,25 @@ def test_usable_columns_and_fit_errors():
     np.testing.assert_array_equal(usable_columns(features), [True, False, False])
     with pytest.raises(ValueError, match="2 feature rows and 3 targets"):
         fit_ridge(np.zeros((2, 1)), np.zeros((3, 4)))
+
+
+def test_field_level_metrics_compare_on_the_split_they_are_given(shards):
+    """With split="val" the baselines predict the validation crops (the CNN's predictions are
+    those crops' too): each estimator's MAE is its own on that split, per crop and per universe."""
+    from cosmocub.headline import field_level_metrics
+
+    with h5py.File(shards / "val.h5", "r") as f:
+        y, where = f["y"][:].astype(np.float64), f["universe_index"][:]
+    val = {"mean": y + 0.25, "true": y, "universe_index": where}  # a CNN off by 0.25 everywhere
+    names = ("Omega_m", "sigma_8", "N_spec", "H_0")
+    metrics, _ = field_level_metrics(
+        shards_dir=shards, names=names, test=val, val=None, split="val"
+    )
+    expected = baseline_predictions(shards, "val")
+    crop = metrics["comparison"]["per_crop"]
+    assert metrics["comparison"]["num_crops"] == len(y) == 4
+    for j, name in enumerate(names):
+        assert crop[name]["cnn"] == pytest.approx(0.25)
+        assert crop[name]["one_point"] == pytest.approx(
+            np.abs(expected["one_point"][:, j] - y[:, j]).mean()
+        )
