@@ -41,27 +41,20 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from cosmocub import uncertainty as unc
-from cosmocub.baselines import baseline_predictions, fit_ridge, usable_columns
+from cosmocub.baselines import baseline_predictions, ridge_predictions, usable_columns
 from cosmocub.config import deep_merge, load_config, resolve, write_config
 from cosmocub.data.dataset import open_split
 from cosmocub.data.features import FEATURES_FILE, read_features
 from cosmocub.data.universe import NAME_PAR
-from cosmocub.evaluate import predict
-from cosmocub.headline import predict_gaussian
+from cosmocub.evaluate import split_predictions
 from cosmocub.models.cosmoflow import load_model_file
+from cosmocub.optim.schedule import stretched
 
 
-def stretched(raw: dict[str, Any], factor: int) -> dict[str, Any]:
-    """`factor` × the epochs, warm-up and decay epochs of the recipe: more steps, same shape."""
+def twice_the_steps(raw: dict[str, Any]) -> dict[str, Any]:
+    """Twice the epochs, warm-up and decay epochs of the recipe: more steps, same shape."""
     cfg = load_config(None, overrides=raw)
-    opt = cfg.optimizer
-    return {
-        "train": {"epochs": cfg.train.epochs * factor},
-        "optimizer": {
-            "warmup_epochs": opt.warmup_epochs * factor,
-            "decay_epochs": [e * factor for e in opt.decay_epochs],
-        },
-    }
+    return {"train": {"epochs": cfg.train.epochs * 2}, "optimizer": stretched(cfg.optimizer, 2)}
 
 
 def variants(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -70,27 +63,26 @@ def variants(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "filters8": {"model": {"base_filters": 8}},
         "filters32": {"model": {"base_filters": 32}},
         "no_augment": {"train": {"augment": False}},
-        "steps_x2": stretched(raw, 2),
+        "steps_x2": twice_the_steps(raw),
     }
 
 
-def targets_and_universes(shards: Path, split: str) -> tuple[np.ndarray, np.ndarray]:
+def load_split(shards: Path, split: str) -> dict[str, np.ndarray]:
+    """A split's targets "y", "universe_index" and statistics: "pk", and "both" (P(k) and the
+    one-point statistics side by side)."""
     with h5py.File(shards / f"{split}.h5", "r") as f:
-        return f["y"][:].astype(np.float64), f["universe_index"][:]
+        out = {"y": f["y"][:].astype(np.float64), "universe_index": f["universe_index"][:]}
+    features = read_features(shards / FEATURES_FILE, split)
+    out["pk"] = features["pk"]
+    out["both"] = np.concatenate([features["pk"], features["one_point"]], axis=1)
+    return out
 
 
-def statistics_fits(shards: Path) -> dict[str, np.ndarray]:
+def statistics_fits(train: dict[str, np.ndarray], val: dict[str, np.ndarray]) -> dict:
     """Validation predictions of ridge and kernel-ridge fits on P(k) + one-point statistics,
     fitted on train (the evaluation's own baselines come from `baseline_predictions`)."""
-    y_train, groups = targets_and_universes(shards, "train")
-    train = read_features(shards / FEATURES_FILE, "train")
-    val = read_features(shards / FEATURES_FILE, "val")
-    x_train = np.concatenate([train["pk"], train["one_point"]], axis=1)
-    x_val = np.concatenate([val["pk"], val["one_point"]], axis=1)
-    keep = usable_columns(x_train)
-    x_train, x_val = x_train[:, keep], x_val[:, keep]
-    ridge = fit_ridge(x_train, y_train)
-    x_val = np.where(np.isfinite(x_val), x_val, ridge[0].mean_)
+    keep = usable_columns(train["both"])
+    x_train, x_val = train["both"][:, keep], val["both"][:, keep]
     kernel = GridSearchCV(
         make_pipeline(StandardScaler(), KernelRidge(kernel="rbf")),
         {
@@ -101,10 +93,14 @@ def statistics_fits(shards: Path) -> dict[str, np.ndarray]:
         cv=GroupKFold(n_splits=5),
         scoring="neg_mean_absolute_error",
     )
-    kernel.fit(x_train, y_train, groups=groups)
+    kernel.fit(x_train, train["y"], groups=train["universe_index"])
     chosen = {k.split("__")[1]: f"{v:.3g}" for k, v in kernel.best_params_.items()}
     print(f"kernel ridge on {x_train.shape[1]} statistics: chosen {chosen}", flush=True)
-    return {"ridge_pk_1pt": ridge.predict(x_val), "kernel_pk_1pt": kernel.predict(x_val)}
+    x_val = np.where(np.isfinite(x_val), x_val, x_train.mean(axis=0))
+    return {
+        "ridge_pk_1pt": ridge_predictions(train["both"], train["y"], val["both"]),
+        "kernel_pk_1pt": kernel.predict(x_val),
+    }
 
 
 # unitPar weights (Ω_m, σ_8, n_s, H_0) of the combinations of table (a').
@@ -118,33 +114,23 @@ COMBINATIONS = {
 }
 
 
-def combination_table(shards: Path) -> None:
+def combination_table(train: dict[str, np.ndarray], val: dict[str, np.ndarray]) -> None:
     """Table (a'): per universe, validation MAE ÷ predict-the-mean of a ridge per combination."""
-    y_train, _ = targets_and_universes(shards, "train")
-    y_val, where = targets_and_universes(shards, "val")
-    train = read_features(shards / FEATURES_FILE, "train")
-    val = read_features(shards / FEATURES_FILE, "val")
-    sets = {
-        "P(k)": (train["pk"], val["pk"]),
-        "P(k) + one-point": (
-            np.concatenate([train["pk"], train["one_point"]], axis=1),
-            np.concatenate([val["pk"], val["one_point"]], axis=1),
-        ),
-    }
+    where = val["universe_index"]
+    sets = {"P(k)": "pk", "P(k) + one-point": "both"}
     print("\nper universe, validation MAE ÷ predict-the-mean of a ridge fit to each combination")
     print("| combination | " + " | ".join(sets) + " |")
     print("|---|" + "---|" * len(sets))
     for name, weights in COMBINATIONS.items():
         w = np.array(weights, dtype=np.float64)
-        t_train, t_val = y_train @ w, unc.mean_per_universe((y_val @ w)[:, None], where)[:, 0]
+        t_train = (train["y"] @ w)[:, None]
+        t_val = unc.mean_per_universe((val["y"] @ w)[:, None], where)[:, 0]
+        mean_mae = np.abs(t_train.mean() - t_val).mean()
         cells = []
-        for x_train, x_val in sets.values():
-            keep = usable_columns(x_train)
-            model = fit_ridge(x_train[:, keep], t_train[:, None])
-            x = np.where(np.isfinite(x_val[:, keep]), x_val[:, keep], model[0].mean_)
-            pred = unc.mean_per_universe(model.predict(x).reshape(-1, 1), where)[:, 0]
-            mean_mae = np.abs(t_train.mean() - t_val).mean()
-            cells.append(f"{np.abs(pred - t_val).mean() / mean_mae:.2f}")
+        for key in sets.values():
+            pred = ridge_predictions(train[key], t_train, val[key])
+            mae = np.abs(unc.mean_per_universe(pred, where)[:, 0] - t_val).mean()
+            cells.append(f"{mae / mean_mae:.2f}")
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 
@@ -184,8 +170,7 @@ def train_variant(base_raw: dict, name: str, overrides: dict, shards: Path, out:
 def cnn_validation(run_dir: Path, shards: Path, symmetries: int) -> np.ndarray:
     model = load_model_file(run_dir / "model.pt")
     val = open_split(shards, "val", model.config)
-    run = predict_gaussian if model.config.gaussian else predict
-    return run(model, val, batch_size=16, symmetries=symmetries)[0]  # the (crop) means
+    return split_predictions(model, val, batch_size=16, symmetries=symmetries)["mean"]
 
 
 def print_table(rows: dict[str, dict], reference: dict) -> None:
@@ -215,16 +200,17 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"--variants: unknown {unknown} (known: {', '.join(known)})", file=sys.stderr)
         return 2
-    true, where = targets_and_universes(args.shards, "val")
+    train, val = load_split(args.shards, "train"), load_split(args.shards, "val")
+    true, where = val["y"], val["universe_index"]
     preds = dict(baseline_predictions(args.shards, "val"))
-    preds |= statistics_fits(args.shards)
+    preds |= statistics_fits(train, val)
     for name in args.variants:
         run_dir = train_variant(base_raw, name, known[name], args.shards, args.out)
         preds[f"cnn_{name}"] = cnn_validation(run_dir, args.shards, cfg.evaluate.symmetries)
     rows = mae_table(preds, true, where)
     print(f"{len(true)} validation crops of {len(np.unique(where))} universes; {NAME_PAR}")
     print_table(rows, rows["pk"])
-    combination_table(args.shards)
+    combination_table(train, val)
     (args.out / "why.json").write_text(json.dumps(rows, indent=1) + "\n")
     return 0
 

@@ -58,10 +58,19 @@ def baseline_predictions(shards_dir: Path, split: str) -> dict[str, np.ndarray]:
     n = target["pk"].shape[0]
     out = {"mean": np.broadcast_to(y_train.mean(axis=0), (n, y_train.shape[1])).copy()}
     for name, dataset in BASELINE_FEATURES.items():
-        keep = usable_columns(train[dataset])
-        model = fit_ridge(train[dataset][:, keep], y_train)
-        x = target[dataset][:, keep]
-        # A sample with a non-finite feature (an empty crop's log P) gets the column's train mean.
-        x = np.where(np.isfinite(x), x, model[0].mean_)
-        out[name] = model.predict(x) if n else np.zeros((0, y_train.shape[1]))
+        out[name] = ridge_predictions(train[dataset], y_train, target[dataset])
     return out
+
+
+def ridge_predictions(
+    train_features: np.ndarray, train_targets: np.ndarray, features: np.ndarray
+) -> np.ndarray:
+    """(N, P) predictions for `features` of a `fit_ridge` on the training rows, over the columns
+    finite in every training row."""
+    keep = usable_columns(train_features)
+    model = fit_ridge(train_features[:, keep], train_targets)
+    if len(features) == 0:
+        return np.zeros((0, train_targets.shape[1]))
+    # A sample with a non-finite feature (an empty crop's log P) gets the column's train mean.
+    x = np.where(np.isfinite(features[:, keep]), features[:, keep], model[0].mean_)
+    return model.predict(x).reshape(len(x), train_targets.shape[1])  # (N,) for one target

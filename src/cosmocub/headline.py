@@ -3,69 +3,27 @@ predict-the-mean and than ridge fits on field statistics (one-point; P(k)), and,
 head, do its intervals cover the truth?
 
 `field_level_metrics` assembles metrics.json's "comparison" and "calibration" sections from
-predictions; `predict_gaussian` gives a gaussian-head model's means and variances.
+predictions (`cosmocub.evaluate.split_predictions` makes them).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from cosmocub import uncertainty as unc
 from cosmocub.baselines import baseline_predictions
-from cosmocub.data.augment import cube_symmetry
-from cosmocub.models.heads import split_output, variance
-from cosmocub.train.runtime import memory_format
 
 # The CNN and the baselines it is compared with, in table order.
 ESTIMATORS = ("cnn", "mean", "one_point", "pk")
 BOOTSTRAP = 2000
-
-
-def predict_gaussian(
-    model: torch.nn.Module, dataset: Any, *, batch_size: int, symmetries: int = 1
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(mean, variance, true) unitPar arrays (N, P) of a gaussian-head model over `dataset`.
-
-    Over the cube's `symmetries`, the mean is the average of the means and the variance the
-    average variance plus the variance of the means (the law of total variance).
-    """
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = model.to(device, memory_format=memory_format(device)).eval()
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=0)
-    every = 1 if sys.stderr.isatty() else 60
-    means, variances, trues = [], [], []
-    with torch.inference_mode():
-        for x_bcdhw, y in tqdm(loader, desc="evaluate", unit="batch", mininterval=every):
-            x_bcdhw = x_bcdhw.to(device)
-            mean_sbp, var_sbp = [], []
-            for k in range(symmetries):
-                mean_bp, log_var_bp = split_output(
-                    model(cube_symmetry(x_bcdhw, k)).float(), model.config
-                )
-                mean_sbp.append(mean_bp.double())
-                var_sbp.append(variance(log_var_bp.double()))
-            stacked = torch.stack(mean_sbp)
-            total_var = torch.stack(var_sbp).mean(0) + stacked.var(0, unbiased=False)
-            means.append(stacked.mean(0).cpu().numpy())
-            variances.append(total_var.cpu().numpy())
-            trues.append(y.numpy())
-    return (
-        np.concatenate(means),
-        np.concatenate(variances),
-        np.concatenate(trues).astype(np.float64),
-    )
 
 
 def comparison_table(

@@ -23,11 +23,11 @@ def outputs_per_parameter(cfg: ModelConfig) -> int:
 def split_output(
     out_bk: torch.Tensor, cfg: ModelConfig
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(mean (B, P), log-variance (B, P) or None for the point head) of a model output."""
+    """(mean (…, P), log-variance (…, P) or None for the point head) of a model output (…, K)."""
     p = cfg.num_outputs
     if not cfg.gaussian:
         return out_bk, None
-    return out_bk[:, :p], out_bk[:, p:]
+    return out_bk[..., :p], out_bk[..., p:]
 
 
 def gaussian_nll(

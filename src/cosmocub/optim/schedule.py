@@ -38,6 +38,15 @@ def lr_at(epoch: float, cfg: OptimizerConfig, global_batch: int) -> float:
     return peak * factor
 
 
+def stretched(cfg: OptimizerConfig, factor: float) -> dict[str, Any]:
+    """Warm-up and decay epochs × `factor` (rounded; a decay no earlier than epoch 1): the same
+    schedule shape over a run `factor` times as many epochs long."""
+    return {
+        "warmup_epochs": round(cfg.warmup_epochs * factor),
+        "decay_epochs": [max(1, round(e * factor)) for e in cfg.decay_epochs],
+    }
+
+
 class EpochSchedule:
     """Sets every param group's lr to `lr_at(step / steps_per_epoch)` after each optimizer step."""
 

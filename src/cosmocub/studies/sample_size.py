@@ -22,6 +22,7 @@ import numpy as np
 from cosmocub.config import Config, ConfigError
 from cosmocub.data.universe import NAME_PAR
 from cosmocub.io import atomic_path
+from cosmocub.optim.schedule import stretched
 from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition, point_values
 
 LEVELS = ("universe", "sample")
@@ -56,8 +57,9 @@ def point_name(size: int, lr: float) -> str:
 def size_point(cfg: Config, size: int, lr: float) -> Point:
     """The run at crop side `size` and learning rate `lr`: the base config with the sample and
     model input set to `size`, split over the spatial ranks the study gives that size, and the
-    study's epochs and steps per epoch (the same budget at every size). Everything else (model,
-    optimizer schedule, seed, universes) is the base recipe."""
+    study's epochs and steps per epoch (the same budget at every size), with the recipe's
+    warm-up and decay epochs scaled to them. Everything else (model, seed, universes) is the base
+    recipe."""
     study = cfg.sample_size_study
     if size not in study.sizes:
         raise ConfigError(f"key 'sample_size_study.sizes': {size} is not one of {study.sizes}")
@@ -73,7 +75,10 @@ def size_point(cfg: Config, size: int, lr: float) -> Point:
         overrides={
             "preprocess": {"sample_size": size},
             "model": {"input_size": size},
-            "optimizer": {"lr": lr, **stretched_schedule(cfg)},
+            # The recipe's schedule at the same fractions of the study's run: the default's
+            # decays at epochs 24 and 32 (of 36) would otherwise cut the lr 16× after 32 of the
+            # study's many short epochs.
+            "optimizer": {"lr": lr, **stretched(cfg.optimizer, study.epochs / cfg.train.epochs)},
             "parallel": {"spatial": spatial, "split": None},
             "train": {
                 "nproc_per_node": spatial * cfg.train.nproc_per_node,
@@ -82,19 +87,6 @@ def size_point(cfg: Config, size: int, lr: float) -> Point:
             },
         },
     )
-
-
-def stretched_schedule(cfg: Config) -> dict[str, Any]:
-    """The base recipe's warm-up and decay epochs scaled by study.epochs / train.epochs, so that
-    a study point warms up and steps its learning rate down at the same fractions of its run as
-    the base recipe does. Left as they were, the default's decays at epochs 24 and 32 (of 36)
-    would cut the lr by 16× after 32 of the study's many short epochs, or never reach a short
-    study."""
-    opt, ratio = cfg.optimizer, cfg.sample_size_study.epochs / cfg.train.epochs
-    return {
-        "warmup_epochs": round(opt.warmup_epochs * ratio),
-        "decay_epochs": [max(1, round(e * ratio)) for e in opt.decay_epochs],
-    }
 
 
 def size_points(cfg: Config) -> list[Point]:
