@@ -38,11 +38,19 @@ def gaussian_nll(
     β = 0 is the Gaussian NLL (without its constant ½ log 2π); β = 1 gives the mean the MSE's
     gradient. The weight is detached, so it rescales gradients but is not itself minimised.
     """
-    log_var = log_var_bp.clamp(LOG_VAR_MIN, LOG_VAR_MAX)
-    nll = 0.5 * (log_var + (y_bp - mean_bp).square() * torch.exp(-log_var))
+    nll = gaussian_nll_terms(mean_bp, log_var_bp, y_bp)
     if beta > 0:
-        nll = nll * torch.exp(beta * log_var).detach()
+        nll = nll * torch.exp(beta * log_var_bp.clamp(LOG_VAR_MIN, LOG_VAR_MAX)).detach()
     return nll.mean()
+
+
+def gaussian_nll_terms(
+    mean_bp: torch.Tensor, log_var_bp: torch.Tensor, y_bp: torch.Tensor
+) -> torch.Tensor:
+    """Per element ½(log σ² + (y − μ)²/σ²), with log σ² within the bounds the loss trains it in
+    (the Gaussian NLL without its constant ½ log 2π)."""
+    log_var = log_var_bp.clamp(LOG_VAR_MIN, LOG_VAR_MAX)
+    return 0.5 * (log_var + (y_bp - mean_bp).square() * torch.exp(-log_var))
 
 
 def regression_loss(out_bk: torch.Tensor, y_bp: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from cosmocub.config import Config
 from cosmocub.data.universe import NAME_PAR
 from cosmocub.io import atomic_path
-from cosmocub.models.heads import regression_loss, split_output, variance
+from cosmocub.models.heads import gaussian_nll_terms, regression_loss, split_output
 from cosmocub.optim.schedule import EpochSchedule
 from cosmocub.parallel.mesh import ParallelDims
 from cosmocub.train.checkpoint import CheckpointManager
@@ -223,8 +223,9 @@ def validate(t: Trainer) -> dict[str, float]:
         sums[0] += err_bp.abs().sum(0)
         sums[1] += err_bp.square().sum(0)
         if log_var_bp is not None:
-            var_bp = variance(log_var_bp.double())
-            sums[2] += 0.5 * (var_bp.log() + err_bp.square() / var_bp).sum(0)
+            sums[2] += gaussian_nll_terms(pred_bp.double(), log_var_bp.double(), y_bp.double()).sum(
+                0
+            )
         count += err_bp.shape[0]
     t.model.train()
     if t.dims.data > 1:
