@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from cosmocub import multirank
+from cosmocub.launch import multirank
 
 LION_CUB_L1 = {"quantizer": "l1", "bits": 4, "collective": "allreduce"}
 ROWS: dict[str, dict[str, Any]] = {

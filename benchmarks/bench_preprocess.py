@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from cosmocub.config import PreprocessConfig, SplitRatios
+from cosmocub.cosmology.parameters import phys_from_unit
 from cosmocub.data.preprocess import preprocess
-from cosmocub.data.universe import phys_from_unit, write_universe
+from cosmocub.data.universe import write_universe
 
 
 def make_universes(folder: Path, *, size: int, count: int) -> list[Path]:

@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 
 from cosmocub.config import load_config
-from cosmocub.cosmology.simulate import simulate_universe
+from cosmocub.data.simulate import simulate_universe
 
 
 def main() -> None:

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cosmocub import multirank
+from cosmocub.launch import multirank
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,9 +69,9 @@ def _vm_data_bytes() -> int:
 
 def _rank_main(args: argparse.Namespace) -> None:
     from cosmocub.models.factory import build_model, parallelize
+    from cosmocub.models.parallelize import spatial_block
     from cosmocub.parallel import halo
     from cosmocub.parallel.mesh import build_parallel_dims, close_parallel_dims
-    from cosmocub.parallel.spatial import spatial_block
     from cosmocub.train.grad_sync import build_gradient_sync
 
     torch.set_num_threads(args.threads)

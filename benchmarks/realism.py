@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from cosmocub.config import load_config
+from cosmocub.cosmology.parameters import phys_from_unit
 from cosmocub.cosmology.power import measure_power_spectrum, overdensity
-from cosmocub.cosmology.simulate import SNAPSHOT_REDSHIFTS, box_size_mpc_h, simulate_universe
+from cosmocub.data.simulate import SNAPSHOT_REDSHIFTS, box_size_mpc_h, simulate_universe
 from cosmocub.data.tfrecord import read_tfrecord_sample
-from cosmocub.data.universe import phys_from_unit
 
 REAL_DIR = Path(__file__).resolve().parents[2] / "shared/data/cosmoflow-real-samples"
 K_TABLE = (0.1, 0.2, 0.5, 1.0, 2.0)  # h/Mpc

@@ -40,14 +40,14 @@ from sklearn.model_selection import GridSearchCV, GroupKFold
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from cosmocub import uncertainty as unc
-from cosmocub.baselines import baseline_predictions, ridge_predictions, usable_columns
 from cosmocub.config import deep_merge, load_config, resolve, write_config
+from cosmocub.cosmology.parameters import NAME_PAR
 from cosmocub.data.dataset import open_split
 from cosmocub.data.features import FEATURES_FILE, read_features
-from cosmocub.data.universe import NAME_PAR
-from cosmocub.evaluate import split_predictions
-from cosmocub.models.cosmoflow import load_model_file
+from cosmocub.evaluation import uncertainty as unc
+from cosmocub.evaluation.baselines import baseline_predictions, ridge_predictions, usable_columns
+from cosmocub.evaluation.stage import split_predictions
+from cosmocub.models.factory import load_model_file
 from cosmocub.optim.schedule import stretched
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from cosmocub.config import ModelConfig, load_config
-from cosmocub.data.universe import phys_from_unit, write_universe
+from cosmocub.cosmology.parameters import phys_from_unit
+from cosmocub.data.universe import write_universe
 
 REDSHIFTS = np.array([0.0, 0.5, 1.5, 3.0], dtype=np.float32)
 REAL_SAMPLES = Path(__file__).resolve().parents[2] / "shared/data/cosmoflow-real-samples"

@@ -26,10 +26,10 @@ import torch.nn.functional as F
 from cosmocub.config import ModelConfig
 from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.models.heads import regression_loss
+from cosmocub.models.parallelize import parallelize_cosmoflow, spatial_block
 from cosmocub.models.summary import activation_bytes
 from cosmocub.parallel.halo import HaloPlan, halo_exchange, spatial_coords
 from cosmocub.parallel.mesh import ParallelDims, build_parallel_dims
-from cosmocub.parallel.spatial import parallelize_cosmoflow, spatial_block
 from cosmocub.train.grad_sync import build_gradient_sync
 
 Results = dict[str, dict[str, Any]]

@@ -7,8 +7,8 @@ import h5py
 import numpy as np
 import pytest
 
-from cosmocub.baselines import baseline_predictions, fit_ridge, usable_columns
 from cosmocub.data.features import FEATURES_FILE, write_features
+from cosmocub.evaluation.baselines import baseline_predictions, fit_ridge, usable_columns
 
 SIZE = 8
 
@@ -83,7 +83,7 @@ def test_usable_columns_and_fit_errors():
 def test_field_level_metrics_compare_on_the_split_they_are_given(shards):
     """With split="val" the baselines predict the validation crops (the CNN's predictions are
     those crops' too): each estimator's MAE is its own on that split, per crop and per universe."""
-    from cosmocub.headline import field_level_metrics
+    from cosmocub.evaluation.headline import field_level_metrics
 
     with h5py.File(shards / "val.h5", "r") as f:
         y, where = f["y"][:].astype(np.float64), f["universe_index"][:]

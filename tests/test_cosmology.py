@@ -18,7 +18,7 @@ from cosmocub.cosmology.power import (
     measure_power_spectrum,
     overdensity,
 )
-from cosmocub.cosmology.simulate import (
+from cosmocub.data.simulate import (
     SNAPSHOT_REDSHIFTS,
     draw_unit_par,
     simulate_universe,

@@ -15,7 +15,9 @@ import torch
 
 from cosmocub.config import ModelConfig, load_config
 from cosmocub.data.features import FEATURES_FILE, write_features
-from cosmocub.evaluate import (
+from cosmocub.evaluation.headline import comparison_table
+from cosmocub.evaluation.report import format_run
+from cosmocub.evaluation.stage import (
     evaluate,
     parameter_metrics,
     read_metrics_jsonl,
@@ -23,9 +25,7 @@ from cosmocub.evaluate import (
     to_physical,
     tracker_metrics,
 )
-from cosmocub.headline import comparison_table
-from cosmocub.models import cosmoflow
-from cosmocub.summary import format_run
+from cosmocub.models import cosmoflow, factory
 
 NAMES = ("Omega_m", "sigma_8", "N_spec", "H_0")
 
@@ -179,7 +179,7 @@ def tiny_run(tmp_path):
     (shards / "stats.json").write_text(json.dumps({"mean": mean, "std": std, "split": "train"}))
     torch.manual_seed(0)
     model = cosmoflow.CosmoFlow(_tiny_model_cfg())
-    cosmoflow.save_model_file(run_dir / "model.pt", model, _tiny_model_cfg())
+    factory.save_model_file(run_dir / "model.pt", model, _tiny_model_cfg())
     records = [
         {"epoch": e, "step": 3 * e, "train_loss": 0.4 / e, "val_loss": 0.5 / e, "val_mae": 0.3 / e}
         | {f"val_mae_{n}": 0.2 / e for n in NAMES}
@@ -210,7 +210,7 @@ def test_evaluate_gaussian_head_writes_calibration(tiny_run):
     cfg, shards, run_dir, out_dir, *_ = tiny_run
     model_cfg = dataclasses.replace(_tiny_model_cfg(), head="gaussian")
     torch.manual_seed(1)
-    cosmoflow.save_model_file(run_dir / "model.pt", cosmoflow.CosmoFlow(model_cfg), model_cfg)
+    factory.save_model_file(run_dir / "model.pt", cosmoflow.CosmoFlow(model_cfg), model_cfg)
     tracker = RecordingTracker()
     metrics = evaluate(cfg, shards_dir=shards, run_dir=run_dir, out_dir=out_dir, tracker=tracker)
     assert (out_dir / "calibration.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -318,7 +318,7 @@ class _CornerModel(torch.nn.Module):
 
 
 def test_predict_averages_over_the_reflections_of_the_cube():
-    from cosmocub.evaluate import predict
+    from cosmocub.evaluation.stage import predict
 
     x = torch.randn(3, 2, 4, 4, 4)
     dataset = [(x[i], torch.zeros(4)) for i in range(3)]

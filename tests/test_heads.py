@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from cosmocub import uncertainty as unc
+from cosmocub.evaluation import uncertainty as unc
 from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.models.heads import gaussian_nll, regression_loss, split_output
 

@@ -1,11 +1,11 @@
-"""cosmocub.launch: the launcher follows the allocation (none, Slurm, Flux, LSF); and the
+"""cosmocub.launch.launcher: the launcher follows the allocation (none, Slurm, Flux, LSF); and the
 rendezvous on Slurm is where rank 0 runs."""
 
 from __future__ import annotations
 
 import pytest
 
-from cosmocub.launch import RankLayout, launch_command
+from cosmocub.launch.launcher import RankLayout, launch_command
 from cosmocub.parallel.mesh import detect_launch_env
 
 TRAIN = ["train", "--shards", "s", "--out", "r"]
@@ -19,7 +19,7 @@ def test_local_is_torchrun_standalone() -> None:
         python="py",
     )
     assert argv == [
-        "py", "-m", "cosmocub.launch_agent", "--standalone", "--nproc-per-node=2",
+        "py", "-m", "cosmocub.launch.agent", "--standalone", "--nproc-per-node=2",
         "--max-restarts=0", "-m", "cosmocub.cli", *TRAIN,  # restarts are run_launch's
     ]  # fmt: skip
     with pytest.raises(ValueError, match=r"cluster.train.nodes': 2 nodes need a scheduler"):
@@ -98,7 +98,7 @@ def test_cluster_section_and_server_settings(tmp_path) -> None:
 
 
 def test_emulated_nodes_name_their_address_and_which_one_serves_the_rendezvous() -> None:
-    from cosmocub.launch import torchrun_agent
+    from cosmocub.launch.launcher import torchrun_agent
 
     layout = RankLayout(nodes=2, tasks_per_node=1, cpus_per_rank=1)
     argv = torchrun_agent(
@@ -106,7 +106,7 @@ def test_emulated_nodes_name_their_address_and_which_one_serves_the_rendezvous()
         local_addr="10.77.0.2", is_host=False,
     )  # fmt: skip
     assert argv == [
-        "py", "-m", "cosmocub.launch_agent", "--nnodes=2", "--nproc-per-node=1",
+        "py", "-m", "cosmocub.launch.agent", "--nnodes=2", "--nproc-per-node=1",
         "--rdzv-backend=c10d", "--rdzv-endpoint=10.77.0.1:29400", "--rdzv-id=x",
         "--rdzv-conf=is_host=0", "--local-addr=10.77.0.2", "--max-restarts=0",
         "-m", "cosmocub.cli", *TRAIN,

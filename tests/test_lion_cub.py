@@ -13,10 +13,10 @@ import yaml
 from test_train import TINY  # the plain tiny recipe the training tests share
 from torch import nn
 
-from cosmocub import multirank
 from cosmocub.config import ConfigError, load_config
+from cosmocub.launch import multirank
 from cosmocub.optim.collectives import COLLECTIVES
-from cosmocub.optim.factory import build_optimizer
+from cosmocub.optim.factory import build_optimizer, check_group_size
 from cosmocub.optim.lion import Lion
 from cosmocub.optim.lion_cub import LionCub
 from cosmocub.optim.momentum_sync import (
@@ -310,9 +310,9 @@ def test_lion_cub_defaults_and_group_size_check() -> None:
     cfg = load_config(
         None, overrides={"optimizer": {"name": "lion_cub", "lion_cub": {"quantizer": "l1"}}}
     )
-    cfg.optimizer.lion_cub.check_group_size(127)
+    check_group_size(cfg.optimizer.lion_cub, 127)
     with pytest.raises(ConfigError, match=r"optimizer.lion_cub.quantizer.*data-group size 128"):
-        cfg.optimizer.lion_cub.check_group_size(128)
+        check_group_size(cfg.optimizer.lion_cub, 128)
 
 
 # --- four gloo ranks ----------------------------------------------------------------------------

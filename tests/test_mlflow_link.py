@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from cosmocub import tracking
 from cosmocub import workflow_support as ws
 from cosmocub.config import load_config
+from cosmocub.tracking import tracker as tracking
 
 
 def test_runs_view_link_names_the_experiment_and_the_view(

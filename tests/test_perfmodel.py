@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cosmocub import multirank
 from cosmocub.config import load_config
+from cosmocub.launch import multirank
 from cosmocub.perfmodel.costs import AlphaBeta, Sample, fit_alpha_beta, fit_per_kind
 from cosmocub.perfmodel.model import Mesh, Network, predict_step
 

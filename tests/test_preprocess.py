@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from cosmocub.config import PreprocessConfig, SplitRatios
+from cosmocub.cosmology.parameters import phys_from_unit
 from cosmocub.data import preprocess as pre
 from cosmocub.data.h5chunks import (
     ChunkFormatError,
@@ -22,7 +23,7 @@ from cosmocub.data.h5chunks import (
     open_source,
 )
 from cosmocub.data.preprocess import PreprocessError, assign_splits, preprocess, split_counts
-from cosmocub.data.universe import UniverseFormatError, phys_from_unit, read_universe
+from cosmocub.data.universe import UniverseFormatError, read_universe
 from cosmocub.io import sha256_file
 
 

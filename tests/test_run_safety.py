@@ -18,8 +18,8 @@ import pytest
 import yaml
 from test_train import TINY  # the plain tiny recipe the training tests share
 
-from cosmocub import multirank
-from cosmocub.models.cosmoflow import load_model_file
+from cosmocub.launch import multirank
+from cosmocub.models.factory import load_model_file
 from cosmocub.train.main import train
 from cosmocub.train.run_lock import LOCK_FILE, RunFolderBusyError, acquire_run_lock
 from cosmocub.train.testing import make_random_shards

@@ -12,7 +12,7 @@ import pytest
 
 from cosmocub import cli
 from cosmocub.config import ConfigError, from_values, load_config
-from cosmocub.data.universe import NAME_PAR
+from cosmocub.cosmology.parameters import NAME_PAR
 from cosmocub.studies.engine import Point, gather, plan, point_values
 from cosmocub.studies.sample_size import STUDY, level_rows, select_lr, size_config_values
 

@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from cosmocub.config import SimulateConfig
-from cosmocub.cosmology.simulate import SNAPSHOT_REDSHIFTS, run_simulate, simulate_universe
 from cosmocub.data import universe
+from cosmocub.data.simulate import SNAPSHOT_REDSHIFTS, run_simulate, simulate_universe
 
 SETTINGS = SimulateConfig(pm_steps=4, initial_redshift=5.0, lpt_order=2, force_mesh_factor=1)
 

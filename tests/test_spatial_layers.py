@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import torch
 
-from cosmocub import multirank
 from cosmocub.config import ModelConfig
+from cosmocub.launch import multirank
 from cosmocub.models.cosmoflow import CosmoFlow
+from cosmocub.models.parallelize import check_spatial_split, parallelize_cosmoflow
 from cosmocub.models.summary import activation_bytes
 from cosmocub.parallel.halo import spatial_coords, spatial_rank
 from cosmocub.parallel.mesh import LaunchEnv, ParallelDims
-from cosmocub.parallel.spatial import check_spatial_split, parallelize_cosmoflow
 
 RANKS_SCRIPT = Path(__file__).with_name("spatial_ranks.py")
 TOLERANCE = 1e-5  # fp32 rounding, as the issue asks

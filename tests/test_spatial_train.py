@@ -12,8 +12,9 @@ import pytest
 import torch
 import yaml
 
-from cosmocub import multirank
-from cosmocub.models.cosmoflow import CosmoFlow, load_model_file
+from cosmocub.launch import multirank
+from cosmocub.models.cosmoflow import CosmoFlow
+from cosmocub.models.factory import load_model_file
 from cosmocub.train.testing import make_random_shards
 
 pytestmark = pytest.mark.slow

@@ -19,10 +19,10 @@ import torch
 import yaml
 from mlflow.tracking import MlflowClient
 
-from cosmocub import tracking
 from cosmocub.cli import main as cli_main
 from cosmocub.config import flatten, load_config
-from cosmocub.tracking import (
+from cosmocub.tracking import tracker as tracking
+from cosmocub.tracking.tracker import (
     PARENT_RUN_ENV,
     NullTracker,
     TrackingUnavailable,
@@ -226,7 +226,7 @@ def test_caller_errors_propagate_mid_run(store, tmp_path):
 def test_store_outage_mid_run_warns_and_goes_on(monkeypatch, caplog):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     tracker = tracking.Tracker(f"http://127.0.0.1:{_closed_port()}", "0" * 32)
-    with caplog.at_level("WARNING", logger="cosmocub.tracking"):
+    with caplog.at_level("WARNING", logger="cosmocub.tracking.tracker"):
         tracker.log_metrics({"train_loss": 0.5}, step=7)
         tracker.set_tags({"a": "b"})
     assert tracker.failures == 2
@@ -239,7 +239,10 @@ def test_unpicklable_model_warns_instead_of_failing_the_job(store, tmp_path, cap
     cfg = make_cfg(tmp_path)
     model = torch.nn.Linear(2, 2)
     model.lock = threading.Lock()  # cannot be pickled
-    with caplog.at_level("WARNING", logger="cosmocub.tracking"), job_run(cfg, stage="train") as t:
+    with (
+        caplog.at_level("WARNING", logger="cosmocub.tracking.tracker"),
+        job_run(cfg, stage="train") as t,
+    ):
         t.log_model(model)
     assert t.failures == 1
     assert "MLflow log_model failed" in caplog.text
@@ -383,7 +386,7 @@ def test_deferred_simulate_run_imports_no_mlflow_and_is_logged_later(store, tmp_
 
 
 def test_pending_runs_survive_a_store_outage(store, tmp_path, monkeypatch):
-    from cosmocub.tracking_pending import RecordingTracker, flush_pending, write_record
+    from cosmocub.tracking.pending import RecordingTracker, flush_pending, write_record
 
     cfg = make_cfg(tmp_path)
     tracking.init_store(cfg)

@@ -21,7 +21,7 @@ JOB = textwrap.dedent(
     """
     import json, sys
     from cosmocub.config import load_config
-    from cosmocub.tracking import job_run
+    from cosmocub.tracking.tracker import job_run
 
     cfg = load_config(sys.argv[1])
     index = int(sys.argv[2])
@@ -107,8 +107,8 @@ def test_jobs_log_over_http_to_the_server_the_workflow_starts(tmp_path, monkeypa
 
     from cosmocub import workflow_support as ws
     from cosmocub.config import load_config
-    from cosmocub.tracking import PARENT_RUN_ENV, tracking_uri
-    from cosmocub.tracking_server import SERVER_PID_ENV
+    from cosmocub.tracking.server import SERVER_PID_ENV
+    from cosmocub.tracking.tracker import PARENT_RUN_ENV, tracking_uri
 
     port = _free_port()
     config = tmp_path / "config.yaml"

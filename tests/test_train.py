@@ -17,9 +17,10 @@ import pytest
 import torch
 import yaml
 
-from cosmocub import cli, multirank
+from cosmocub import cli
 from cosmocub.config import Config, load_config
-from cosmocub.models.cosmoflow import load_model_file
+from cosmocub.launch import multirank
+from cosmocub.models.factory import load_model_file
 from cosmocub.parallel.mesh import LaunchEnv, ParallelDims, _first_slurm_host, detect_launch_env
 from cosmocub.train.checkpoint import CheckpointManager, CheckpointMismatchError
 from cosmocub.train.data import ResumableSampler

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from cosmocub import multirank
 from cosmocub.config import ConfigError, ModelConfig, UNetShape, load_config
+from cosmocub.launch import multirank
+from cosmocub.models.parallelize import check_unet_split
 from cosmocub.models.unet import UNet3d
-from cosmocub.parallel.spatial import check_unet_split
 
 RANKS_SCRIPT = Path(__file__).with_name("unet_ranks.py")
 TOLERANCE = 1e-5

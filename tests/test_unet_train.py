@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_spatial_train import epoch_records, run_ranks, step_losses
 
-from cosmocub.models.cosmoflow import load_model_file
+from cosmocub.models.factory import load_model_file
 from cosmocub.models.unet import UNet3d
 from cosmocub.train.testing import make_random_shards
 

@@ -8,10 +8,9 @@ import h5py
 import numpy as np
 import pytest
 
+from cosmocub.cosmology.parameters import NAME_PAR, phys_from_unit
 from cosmocub.data.universe import (
-    NAME_PAR,
     UniverseFormatError,
-    phys_from_unit,
     read_universe,
     read_universe_meta,
     write_universe,

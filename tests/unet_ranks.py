@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from spatial_ranks import gather_world, gen, rel
 
 from cosmocub.config import ModelConfig, UNetShape
+from cosmocub.models.parallelize import parallelize_unet, spatial_block
 from cosmocub.models.unet import UNet3d
 from cosmocub.parallel.layers import SpatialConv3d
 from cosmocub.parallel.mesh import ParallelDims, build_parallel_dims
-from cosmocub.parallel.spatial import parallelize_unet, spatial_block
 from cosmocub.train.grad_sync import build_gradient_sync
 
 

@@ -1,13 +1,16 @@
-"""Small file helpers shared by every stage: atomic writes and checksums."""
+"""Small file helpers shared by every stage: atomic writes, checksums and tables."""
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
+import math
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -43,3 +46,33 @@ def sha256_file(path: str | os.PathLike, *, block_size: int = 1 << 22) -> str:
         while block := f.read(block_size):
             digest.update(block)
     return digest.hexdigest()
+
+
+def write_tsv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], path: Path) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(
+            f, fieldnames=list(columns), delimiter="\t", lineterminator="\n", extrasaction="ignore"
+        )
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _cell(row.get(k)) for k in columns})
+
+
+def _cell(value: Any) -> Any:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return f"{value:.6g}" if isinstance(value, float) else value
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with non-finite floats as None (strict JSON has no NaN: an undefined R² becomes
+    null) and paths as strings, through dicts, lists and tuples."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, os.PathLike):
+        return str(value)
+    return value

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cosmocub.config import Config, ConfigError, write_config
 from cosmocub.io import atomic_path
-from cosmocub.tracking import PARENT_RUN_ENV  # imports no MLflow at module level
+from cosmocub.tracking.tracker import PARENT_RUN_ENV  # imports no MLflow at module level
 
 # The resolved config file a workflow job reads when no --config is given.
 CONFIG_ENV = "COSMOCUB_CONFIG"
@@ -50,10 +50,10 @@ def start_tracking(cfg: Config) -> None:
     """Create the store once, before jobs fan out, and open this invocation's parent run."""
     if not cfg.tracking.enabled:
         return
-    from cosmocub.tracking import start_workflow_run
+    from cosmocub.tracking.tracker import start_workflow_run
 
     if cfg.tracking.server.start:
-        from cosmocub.tracking_server import SERVER_PID_ENV, start_server
+        from cosmocub.tracking.server import SERVER_PID_ENV, start_server
 
         os.environ[SERVER_PID_ENV] = str(start_server(cfg).pid)
     # start_workflow_run creates the store and experiment first. Jobs are child processes of
@@ -66,11 +66,11 @@ def finish_tracking(cfg: Config, status: str) -> None:
     run_id = os.environ.get(PARENT_RUN_ENV)
     try:
         if cfg.tracking.enabled and run_id:
-            from cosmocub.tracking import end_workflow_run
+            from cosmocub.tracking.tracker import end_workflow_run
 
             end_workflow_run(cfg, run_id, status)
     finally:
-        from cosmocub.tracking_server import SERVER_PID_ENV, stop_server
+        from cosmocub.tracking.server import SERVER_PID_ENV, stop_server
 
         if pid := os.environ.pop(SERVER_PID_ENV, None):
             stop_server(int(pid))
@@ -91,7 +91,7 @@ def mlflow_runs_link(cfg: Config) -> str:
     tracking is off or the store cannot be read)."""
     if not cfg.tracking.enabled:
         return ""
-    from cosmocub.tracking import init_store, tracking_uri
+    from cosmocub.tracking.tracker import init_store, tracking_uri
 
     try:
         experiment_id = init_store(cfg)

@@ -13,15 +13,9 @@ from typing import Any
 import h5py
 import numpy as np
 
+from cosmocub.cosmology.parameters import NAME_PAR, REDSHIFTS, phys_from_unit
 from cosmocub.data.tfrecord import read_tfrecord
-from cosmocub.data.universe import (
-    NAME_PAR,
-    REDSHIFTS,
-    channel_histogram,
-    histogram_moments,
-    phys_from_unit,
-    read_universe_meta,
-)
+from cosmocub.data.universe import channel_histogram, histogram_moments, read_universe_meta
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 _GZIP_MAGIC = b"\x1f\x8b"

@@ -17,7 +17,7 @@ from typing import BinaryIO
 import google_crc32c
 import numpy as np
 
-from cosmocub.data.universe import NUM_CHANNELS, NUM_PARAMS
+from cosmocub.cosmology.parameters import NUM_CHANNELS, NUM_PARAMS
 
 _MASK_DELTA = 0xA282EAD8
 

@@ -14,14 +14,13 @@ from typing import Any
 import h5py
 import numpy as np
 
+from cosmocub.cosmology.parameters import (
+    NAME_PAR,
+    NUM_CHANNELS,
+    NUM_PARAMS,
+)
 from cosmocub.io import atomic_path
 
-NAME_PAR: tuple[str, ...] = ("Omega_m", "sigma_8", "N_spec", "H_0")
-# Channel order of `full`: the redshifts of the four snapshots (docs/formats.md).
-REDSHIFTS: tuple[float, ...] = (0.0, 0.5, 1.5, 3.0)
-NUM_CHANNELS = len(REDSHIFTS)
-NUM_PARAMS = len(NAME_PAR)
-BASE_PHYS_PAR = np.array([0.3, 0.8, 0.96, 70.0])
 # Preprocessing reads cubes of sample_size (32 by default, 128 for MLPerf): 32³ chunks divide both,
 # and one chunk of 32³×4 int16 is 256 KiB, large enough for efficient reads.
 CHUNK_SIDE = 32
@@ -49,14 +48,6 @@ class UniverseMeta:
     @property
     def nbytes(self) -> int:
         return self.size**3 * self.num_channels * np.dtype(np.int16).itemsize
-
-
-def phys_from_unit(unit_par: np.ndarray, *, dtype: type = np.float32) -> np.ndarray:
-    """physPar = base·(1 + 0.1·u), the generator's mapping of unitPar (docs/formats.md).
-
-    float32 as the files store it; metrics ask for float64.
-    """
-    return (BASE_PHYS_PAR * (1.0 + 0.1 * np.asarray(unit_par, dtype=np.float64))).astype(dtype)
 
 
 def write_universe(

@@ -28,13 +28,13 @@ import torch
 
 from cosmocub.config import Config
 from cosmocub.cosmology.background import FlatLCDM
+from cosmocub.cosmology.parameters import BASE_PHYS_PAR
 from cosmocub.cosmology.power import overdensity
 from cosmocub.cosmology.spectra import cross_spectra, transfer_and_correlation
 from cosmocub.data.dataset import read_stats, stats_say_standardize
-from cosmocub.data.universe import BASE_PHYS_PAR
-from cosmocub.evaluate import _json_safe, read_metrics_jsonl  # strict JSON: NaN → null
-from cosmocub.fields.data import open_field_split
-from cosmocub.io import atomic_path
+from cosmocub.data.fields import open_field_split
+from cosmocub.evaluation.stage import read_metrics_jsonl
+from cosmocub.io import atomic_path, json_safe
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +105,9 @@ def evaluate_fields(
     cfg: Config, *, shards_dir: Path, run_dir: Path, out_dir: Path, tracker: Any
 ) -> dict[str, Any]:
     """Predict the test shard with run_dir/model.pt; write out_dir (atomically); return metrics."""
+    from cosmocub.evaluation.plots import plot_loss_curves
     from cosmocub.fields.plots import plot_pdf, plot_power, plot_slices
-    from cosmocub.models.cosmoflow import load_model_file
-    from cosmocub.plots import plot_loss_curves
+    from cosmocub.models.factory import load_model_file
 
     shards_dir, run_dir, out_dir = Path(shards_dir), Path(run_dir), Path(out_dir)
     model_path = run_dir / "model.pt"
@@ -184,7 +184,7 @@ def evaluate_fields(
     first = (counts(x[0], inputs[0]), counts(y[0], target), counts(pred[0], target))
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
-        (tmp / "metrics.json").write_text(json.dumps(_json_safe(metrics), indent=2) + "\n")
+        (tmp / "metrics.json").write_text(json.dumps(json_safe(metrics), indent=2) + "\n")
         columns = ("k", "k_over_nyquist", "transfer_model", "r_model", "transfer_baseline",
                    "r_baseline")  # fmt: skip
         rows = ["\t".join(columns)] + [

@@ -1,6 +1,6 @@
 """Figures of a U-Net evaluation: slices, P(k) with transfer and r(k), and the one-point PDF.
 
-matplotlib's object API on the Agg canvas, as cosmocub.plots (safe in batch jobs).
+matplotlib's object API on the Agg canvas, as cosmocub.evaluation.plots (safe in batch jobs).
 """
 
 from __future__ import annotations

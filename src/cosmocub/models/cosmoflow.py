@@ -6,20 +6,13 @@ named submodules so that `parallelize_cosmoflow(model, mesh)` can swap layers fr
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from collections import OrderedDict
-from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
 from cosmocub.config import ModelConfig
-from cosmocub.io import atomic_path
 from cosmocub.models.heads import outputs_per_parameter
-
-MODEL_FILE_FORMAT = "cosmocub.model/1"
 
 
 def conv_block(
@@ -94,47 +87,3 @@ class CosmoFlow(nn.Module):
             return torch.tanh(out) * self.output_scale  # (B, num_outputs)
         mean, log_var = out.chunk(2, dim=1)
         return torch.cat([torch.tanh(mean) * self.output_scale, log_var], dim=1)  # (B, 2·P)
-
-
-def model_config_dict(cfg: ModelConfig) -> dict[str, Any]:
-    """A plain dict (lists, no tuples) of a model config, for files and MLflow."""
-    values = dataclasses.asdict(cfg)
-    values["dense_sizes"] = list(values["dense_sizes"])
-    return values
-
-
-def save_model_file(path: str | os.PathLike, model: nn.Module, model_cfg: ModelConfig) -> None:
-    """Write `{format, model_config, state_dict}` atomically: what `load_model_file` rebuilds."""
-    module = getattr(model, "module", model)  # unwrap DDP and the like
-    state = {k: v.detach().cpu() for k, v in module.state_dict().items()}
-    payload = {
-        "format": MODEL_FILE_FORMAT,
-        "model_config": model_config_dict(model_cfg),
-        "state_dict": state,
-    }
-    with atomic_path(path) as tmp:
-        torch.save(payload, tmp)
-
-
-def load_model_file(path: str | os.PathLike, *, map_location: str = "cpu") -> nn.Module:
-    """Rebuild the model (a CosmoFlow, or the U-Net of model.name unet) from a file written by
-    `save_model_file` (in eval mode)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: model file not found")
-    payload = torch.load(path, map_location=map_location, weights_only=True)
-    if not isinstance(payload, dict) or payload.get("format") != MODEL_FILE_FORMAT:
-        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise ValueError(
-            f"{path}: not a cosmocub model file (format {found!r}, expected {MODEL_FILE_FORMAT!r})"
-        )
-    values = dict(payload["model_config"])
-    values["dense_sizes"] = tuple(values["dense_sizes"])
-    # Files written before the gaussian head existed hold point-head models.
-    values.setdefault("head", "point")
-    values.setdefault("nll_beta", 0.0)
-    from cosmocub.models.factory import build_model
-
-    model = build_model(ModelConfig(**values))
-    model.load_state_dict(payload["state_dict"])
-    return model.eval()

@@ -44,7 +44,7 @@ def activation_bytes(
     counted once; parameters are not activations and are left out.
     """
     # Imported here: the split rules live with the parallel layers, which build on this package.
-    from cosmocub.parallel.spatial import check_spatial_split
+    from cosmocub.models.parallelize import check_spatial_split
 
     check_spatial_split(model_cfg, model_cfg.input_size, split)
     halo = model_cfg.kernel_size // 2

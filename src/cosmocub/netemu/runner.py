@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cosmocub.launch import (
+from cosmocub.launch.launcher import (
     RENDEZVOUS_PORT,
     RankLayout,
     format_command,

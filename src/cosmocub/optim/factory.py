@@ -11,9 +11,10 @@ from collections.abc import Iterable
 import torch
 from torch.optim import Optimizer
 
-from cosmocub.config import ConfigError, OptimizerConfig
+from cosmocub.config import ConfigError, LionCubConfig, OptimizerConfig
 from cosmocub.optim.lion import Lion
 from cosmocub.optim.lion_cub import LionCub
+from cosmocub.optim.quantize import quantizer_levels
 from cosmocub.optim.schedule import EpochSchedule, lr_at
 from cosmocub.parallel.mesh import ParallelDims
 
@@ -67,7 +68,7 @@ def _build_lion_cub(
         )
     lc = cfg.lion_cub
     assert lc is not None, "config.from_values fills lion_cub's defaults"
-    lc.check_group_size(dims.data if dims is not None else 1)
+    check_group_size(lc, dims.data if dims is not None else 1)
     if lc.overlap and dims is not None and dims.spatial > 1:
         raise ConfigError(
             "key 'optimizer.lion_cub.overlap': needs a spatial group of 1 (gradients are reduced "
@@ -99,3 +100,12 @@ def build_schedule(
     optimizer: Optimizer, cfg: OptimizerConfig, *, global_batch: int, steps_per_epoch: int
 ) -> EpochSchedule:
     return EpochSchedule(optimizer, cfg, global_batch=global_batch, steps_per_epoch=steps_per_epoch)
+
+
+def check_group_size(lc: LionCubConfig, data_group_size: int) -> None:
+    """ConfigError unless the quantizer is overflow-safe at this data-group size (known only when
+    the ranks have started)."""
+    try:
+        quantizer_levels(lc.quantizer, lc.resolved_bits, data_group_size, collective=lc.collective)
+    except ValueError as err:
+        raise ConfigError(f"key 'optimizer.lion_cub.quantizer': {err}") from None

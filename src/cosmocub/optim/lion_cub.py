@@ -50,7 +50,9 @@ class _Bucket:
         return [p.numel() for p in self.params]
 
 
-def _buckets(params: Sequence[torch.Tensor], cap_elements: int) -> list[list[torch.Tensor]]:
+def split_into_buckets(
+    params: Sequence[torch.Tensor], cap_elements: int
+) -> list[list[torch.Tensor]]:
     # Reverse registration order ≈ the order backward produces gradients (as DDP buckets).
     out: list[list[torch.Tensor]] = []
     current: list[torch.Tensor] = []
@@ -104,7 +106,9 @@ class LionCub(Optimizer):
         self.sync_params = {id(p) for n, p in named if matches(n, sync_patterns)}
         self.step_count = 0
         self.overlap = overlap
-        self.buckets = [self._new_bucket(b) for b in _buckets(params, int(bucket_mb * 2**18))]
+        self.buckets = [
+            self._new_bucket(b) for b in split_into_buckets(params, int(bucket_mb * 2**18))
+        ]
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         if overlap:
             for p in params:

@@ -72,7 +72,8 @@ def detect_launch_env(environ: Mapping[str, str] | None = None) -> LaunchEnv:
             local_world_size=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=int(env.get("MASTER_PORT", 29500)),
-            # What the workflow granted each rank (cosmocub.launch); torchrun itself says nothing.
+            # What the workflow granted each rank (cosmocub.launch.launcher); torchrun itself
+            # says nothing.
             cpus_per_rank=_optional_int(env, CPUS_PER_RANK_ENV),
         )
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:

@@ -155,13 +155,13 @@ def validate(args: argparse.Namespace) -> int:
 
 
 def extrapolate(args: argparse.Namespace) -> int:
+    from cosmocub.io import write_tsv
     from cosmocub.perfmodel.extrapolate import (
         COLUMNS,
         assumptions_text,
         headline,
         plot_extrapolation,
     )
-    from cosmocub.studies.engine import write_tsv
 
     cfg = load_config(args.config)
     settings = cfg.perf_model.extrapolate

@@ -85,7 +85,7 @@ def _activation_bytes(model_cfg: ModelConfig, split: tuple[int, int, int], batch
 
 
 def extrapolate(base: Config, settings: ExtrapolateConfig) -> list[dict[str, Any]]:
-    from cosmocub.parallel.spatial import check_spatial_split
+    from cosmocub.models.parallelize import check_spatial_split
 
     optimizers = optimizer_configs(base, settings)
     batch = base.train.local_batch_size

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from cosmocub.config import ModelConfig, OptimizerConfig
 from cosmocub.optim.collectives import ring_allreduce_bytes, vote_bytes_sent
-from cosmocub.optim.lion_cub import _buckets
+from cosmocub.optim.lion_cub import split_into_buckets
 from cosmocub.optim.momentum_sync import is_sync_step
 from cosmocub.optim.quantize import quantizer_levels, wire_bits
 from cosmocub.perfmodel.costs import KINDS, AlphaBeta, rounds_and_bytes
@@ -173,7 +173,7 @@ def exchange(
         costs = network.costs(p, mesh.spatial, PHASES[collective][0])
         cap = int(bucket_mb * 2**18)
         # The optimizer's buckets, from its own function (sizes stand in for the tensors).
-        for bucket in _buckets([_Sized(n) for n in sizes], cap):
+        for bucket in split_into_buckets([_Sized(n) for n in sizes], cap):
             n = sum(t.numel() for t in bucket)
             nbytes = vote_bytes_sent(collective, n, wire, p)
             sent += nbytes
@@ -203,7 +203,7 @@ def _synced_elements(sizes: tuple[int, ...], optimizer_cfg: OptimizerConfig) -> 
 
 
 class _Sized:
-    """A stand-in for a parameter in lion_cub._buckets: its size, dtype and device."""
+    """A stand-in for a parameter in lion_cub.buckets: its size, dtype and device."""
 
     dtype, device = "float32", "cpu"
 

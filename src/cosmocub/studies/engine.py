@@ -10,7 +10,6 @@ same for every study and take its name as a wildcard.
 from __future__ import annotations
 
 import copy
-import csv
 import importlib
 import json
 import logging
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cosmocub.config import Config, ConfigError, config_hash, deep_merge, from_values, resolve
-from cosmocub.io import atomic_path
+from cosmocub.io import atomic_path, write_tsv
 
 log = logging.getLogger(__name__)
 
@@ -218,22 +217,6 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
 
 
-def write_tsv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], path: Path) -> None:
-    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(
-            f, fieldnames=list(columns), delimiter="\t", lineterminator="\n", extrasaction="ignore"
-        )
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _cell(row.get(k)) for k in columns})
-
-
-def _cell(value: Any) -> Any:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    return f"{value:.6g}" if isinstance(value, float) else value
-
-
 def gather(
     cfg: Config,
     study: str,
@@ -246,7 +229,7 @@ def gather(
 ) -> list[dict[str, Any]]:
     """Rows of every point -> TSV, plot, report section; the study's MLflow run (`tracker`)
     gets them as artifacts and becomes the parent of the points' training runs."""
-    from cosmocub.summary import format_study_section
+    from cosmocub.evaluation.report import format_study_section
 
     defn = definition(study)
     rows: list[dict[str, Any]] = []
@@ -359,3 +342,13 @@ def point_record(point: Point, *, cores_per_rank: int, extra: Mapping[str, Any])
 def write_point_record(record: Mapping[str, Any], folder: Path) -> None:
     with atomic_path(Path(folder) / POINT_FILE) as tmp:
         tmp.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def step_weighted_mean_after_first(epochs: list[dict[str, Any]], key: str) -> float | None:
+    """Step-weighted mean of a per-epoch column over the epochs after the first."""
+    steps = [b["step"] - a for a, b in zip([0] + [e["step"] for e in epochs], epochs, strict=False)]
+    use = [i for i in range(1, len(epochs)) if key in epochs[i]] or [
+        i for i in range(len(epochs)) if key in epochs[i]
+    ]
+    total = sum(steps[i] for i in use)
+    return sum(epochs[i][key] * steps[i] for i in use) / total if total else None

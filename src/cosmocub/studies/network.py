@@ -23,7 +23,13 @@ from typing import Any
 
 from cosmocub.config import Config
 from cosmocub.io import atomic_path
-from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition, training_row
+from cosmocub.studies.engine import (
+    Point,
+    PointOutputs,
+    StudyDefinition,
+    step_weighted_mean_after_first,
+    training_row,
+)
 
 COLUMNS = (
     "variant",
@@ -92,20 +98,10 @@ def points(cfg: Config) -> list[Point]:
     return out
 
 
-def _after_first(epochs: list[dict[str, Any]], key: str) -> float | None:
-    """Step-weighted mean of a per-epoch column over the epochs after the first."""
-    steps = [b["step"] - a for a, b in zip([0] + [e["step"] for e in epochs], epochs, strict=False)]
-    use = [i for i in range(1, len(epochs)) if key in epochs[i]] or [
-        i for i in range(len(epochs)) if key in epochs[i]
-    ]
-    total = sum(steps[i] for i in use)
-    return sum(epochs[i][key] * steps[i] for i in use) / total if total else None
-
-
 def rows(outputs: PointOutputs, cfg: Config) -> list[dict[str, Any]]:
     row = training_row(outputs)
     epochs = outputs.metrics()
-    row["wire_bytes_per_step"] = _after_first(epochs, "wire_bytes_per_step")
+    row["wire_bytes_per_step"] = step_weighted_mean_after_first(epochs, "wire_bytes_per_step")
     if row["wire_bytes_per_step"] is not None and row["comm_bytes_per_step"]:
         row["wire_over_counted"] = row["wire_bytes_per_step"] / row["comm_bytes_per_step"]
     # Not a column: finish() reads the validation curve for the time to target.

@@ -48,7 +48,7 @@ def run_local(
 ) -> tuple[int, Mapping[str, Any]]:
     """The point as the `train` rule runs: `cosmocub launch --tasks-per-node N -- train …` in
     the allocation this job runs in (torchrun here, srun/flux/blaunch on a cluster)."""
-    from cosmocub.launch import RankLayout, run_launch
+    from cosmocub.launch.launcher import RankLayout, run_launch
 
     layout = RankLayout(
         nodes=int(point.launch.get("nodes", 1)),

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from cosmocub.config import Config, ConfigError
-from cosmocub.data.universe import NAME_PAR
+from cosmocub.cosmology.parameters import NAME_PAR
 from cosmocub.io import atomic_path
 from cosmocub.optim.schedule import stretched
 from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition, point_values
@@ -197,7 +197,7 @@ def plot_study(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> No
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from cosmocub.plots import LABELS
+    from cosmocub.evaluation.plots import LABELS
 
     chosen = [r for r in selected_rows(rows) if r["level"] == "universe"]
     widths = any(math.isfinite(r.get("width68", math.nan)) for r in chosen)

@@ -18,8 +18,13 @@ from typing import Any
 
 from cosmocub.config import Config
 from cosmocub.io import atomic_path
-from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition, training_row
-from cosmocub.studies.network import _after_first
+from cosmocub.studies.engine import (
+    Point,
+    PointOutputs,
+    StudyDefinition,
+    step_weighted_mean_after_first,
+    training_row,
+)
 
 COLUMNS = (
     "mode",
@@ -97,7 +102,7 @@ def rows(outputs: PointOutputs, cfg: Config) -> list[dict[str, Any]]:
         e["_data_wait_s"] = (
             e["data_wait_share"] * global_batch / e["samples_per_s"] if e["samples_per_s"] else 0.0
         )
-    row["data_wait_s"] = _after_first(epochs, "_data_wait_s")
+    row["data_wait_s"] = step_weighted_mean_after_first(epochs, "_data_wait_s")
     row["peak_rss_mb"] = max((e.get("peak_rss_mb") or 0.0) for e in epochs) or None
     cores = (row["cores_per_rank"] or 1.0) * row["world_size"]
     row["samples_per_core_s"] = global_batch / ((row["step_s"] + row["data_wait_s"]) * cores)

@@ -125,7 +125,7 @@ def _spatial_block(cfg: Config, dims: ParallelDims) -> tuple[slice, slice, slice
     if dims.spatial == 1:
         return None
     from cosmocub.models.factory import check_split
-    from cosmocub.parallel.spatial import spatial_block
+    from cosmocub.models.parallelize import spatial_block
 
     split, size = cfg.parallel.split_dhw, cfg.model.input_size
     check_split(cfg.model, size, split)
@@ -136,7 +136,7 @@ def _open(shards_dir: Path, split: str, cfg: Config, block):
     """The split's samples: (x, unitPar) for CosmoFlow, (input field, target field) for the
     U-Net (model.name unet)."""
     if cfg.model.name == "unet":
-        from cosmocub.fields.data import open_field_split
+        from cosmocub.data.fields import open_field_split
 
         return open_field_split(shards_dir, split, cfg, block=block)
     return open_split(shards_dir, split, cfg.model, block=block)

@@ -116,7 +116,7 @@ class SpatialAverage:
         self.exchange_s = 0.0
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        from cosmocub.parallel.spatial import replicated_parameters
+        from cosmocub.models.parallelize import replicated_parameters
 
         params = [p for p in replicated_parameters(model) if p.requires_grad]
         self.replicated = {id(p) for p in params}

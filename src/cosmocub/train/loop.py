@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from cosmocub.config import Config
-from cosmocub.data.universe import NAME_PAR
+from cosmocub.cosmology.parameters import NAME_PAR
 from cosmocub.io import atomic_path
 from cosmocub.models.heads import gaussian_nll_terms, regression_loss, split_output
 from cosmocub.optim.schedule import EpochSchedule
@@ -204,7 +204,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
 def validate(t: Trainer) -> dict[str, float]:
     """MSE loss and MAE (overall and per parameter) over the whole val shard, reduced over ranks."""
     if t.cfg.model.name == "unet":
-        from cosmocub.fields.validate import validate_fields
+        from cosmocub.train.validate_fields import validate_fields
 
         return validate_fields(t)
     device = t.dims.device

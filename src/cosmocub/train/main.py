@@ -1,7 +1,8 @@
 """Entry of the training stage: read the launcher's environment, build, train, write, close.
 
 One process per device, started by `cosmocub launch --tasks-per-node N --max-restarts R -- train
---config CFG --shards DIR --out RUN_DIR` (torchrun locally, srun on Slurm, see cosmocub.launch):
+--config CFG --shards DIR --out RUN_DIR` (torchrun locally, srun on Slurm, see
+cosmocub.launch.launcher):
 it starts the ranks again after a crash, never after a user error (exit 2), and `train` resumes
 from the newest checkpoint in RUN_DIR/checkpoints by itself. One training at a time holds RUN_DIR
 (`run_lock`): a second one is refused at start.
@@ -20,10 +21,9 @@ from torch import nn
 
 from cosmocub.config import Config
 from cosmocub.io import atomic_path
-from cosmocub.models.cosmoflow import save_model_file
-from cosmocub.models.factory import build_model
+from cosmocub.models.factory import build_model, save_model_file
 from cosmocub.parallel.mesh import build_parallel_dims, close_parallel_dims
-from cosmocub.tracking import job_run
+from cosmocub.tracking.tracker import job_run
 from cosmocub.train import runtime
 from cosmocub.train.build import build_trainer
 from cosmocub.train.loop import TrainState, fit, write_jsonl

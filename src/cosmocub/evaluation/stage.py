@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -20,11 +19,11 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from cosmocub.config import Config
+from cosmocub.cosmology.parameters import BASE_PHYS_PAR, NAME_PAR, phys_from_unit
 from cosmocub.data.augment import cube_symmetry
-from cosmocub.data.universe import BASE_PHYS_PAR, NAME_PAR, phys_from_unit
-from cosmocub.headline import field_level_metrics, plot_calibration
-from cosmocub.headline import tracker_metrics as field_tracker_metrics
-from cosmocub.io import atomic_path
+from cosmocub.evaluation.headline import field_level_metrics, plot_calibration
+from cosmocub.evaluation.headline import tracker_metrics as field_tracker_metrics
+from cosmocub.io import atomic_path, json_safe
 from cosmocub.models.heads import split_output, variance
 from cosmocub.train.runtime import memory_format
 
@@ -161,11 +160,12 @@ def evaluate(
     """Predict the test shard with run_dir/model.pt; write out_dir (atomically); return metrics.
 
     out_dir receives metrics.json, predictions.npz, pred_vs_true.png and loss_curves.png (see
-    docs/formats.md); the metrics and files also go to `tracker` (a cosmocub.tracking Tracker).
+    docs/formats.md); the metrics and files also go to `tracker` (a
+    cosmocub.tracking.tracker Tracker).
     """
     from cosmocub.data.dataset import open_split
-    from cosmocub.models.cosmoflow import load_model_file
-    from cosmocub.plots import plot_loss_curves, plot_pred_vs_true
+    from cosmocub.evaluation.plots import plot_loss_curves, plot_pred_vs_true
+    from cosmocub.models.factory import load_model_file
 
     shards_dir, run_dir, out_dir = Path(shards_dir), Path(run_dir), Path(out_dir)
     model_path = run_dir / "model.pt"
@@ -217,7 +217,7 @@ def evaluate(
 
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
-        (tmp / "metrics.json").write_text(json.dumps(_json_safe(metrics), indent=2) + "\n")
+        (tmp / "metrics.json").write_text(json.dumps(json_safe(metrics), indent=2) + "\n")
         np.savez(
             tmp / "predictions.npz",
             pred_unit=pred_unit.astype(np.float32),
@@ -372,16 +372,3 @@ def read_metrics_jsonl(path: Path) -> list[dict[str, Any]]:
                 raise ValueError(f"{path}: line {lineno} is not a JSON object")
             records.append(record)
     return records
-
-
-def _json_safe(value: Any) -> Any:
-    # Strict JSON has no NaN: an undefined R² becomes null.
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, os.PathLike):
-        return str(value)
-    return value

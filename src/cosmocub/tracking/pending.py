@@ -32,6 +32,12 @@ def pending_dir(cfg: Config) -> Path:
     return Path(os.path.abspath(cfg.results)) / PENDING_DIR
 
 
+def param_value(value: Any) -> str:
+    """An MLflow param's string: JSON for non-strings, so that lists, None and booleans read as
+    they do in the YAML config."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 class RecordingTracker:
     """A job's tracker whose calls are kept in memory and written as one record at the end."""
 
@@ -44,9 +50,7 @@ class RecordingTracker:
         self.artifacts: list[tuple[str, str | None]] = []
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        from cosmocub.tracking import _param_value
-
-        self.params.update({str(k): _param_value(v) for k, v in params.items()})
+        self.params.update({str(k): param_value(v) for k, v in params.items()})
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         now = int(time.time() * 1000)
@@ -78,14 +82,12 @@ def write_record(
     """Write the run as `<results>/mlflow-pending/<start>-<uuid>.json` (atomically)."""
     import yaml
 
-    from cosmocub.tracking import _param_value
-
     record = {
         "experiment": cfg.tracking.experiment,
         "run_name": run_name,
         "tags": {**tags, **tracker.tags},
         "params": {
-            **{k: _param_value(v) for k, v in {**flatten(cfg.values), **(params or {})}.items()},
+            **{k: param_value(v) for k, v in {**flatten(cfg.values), **(params or {})}.items()},
             **tracker.params,
         },
         "metrics": tracker.metrics,

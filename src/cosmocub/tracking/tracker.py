@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import getpass
-import json
 import logging
 import os
 import socket
@@ -23,6 +22,7 @@ from urllib.parse import urlparse
 import yaml
 
 from cosmocub.config import Config, flatten
+from cosmocub.tracking.pending import param_value
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def tracking_uri(cfg: Config) -> str:
     if cfg.tracking.uri:
         return cfg.tracking.uri
     if cfg.tracking.server.start:
-        from cosmocub.tracking_server import server_uri
+        from cosmocub.tracking.server import server_uri
 
         return server_uri(cfg)
     return f"sqlite:///{_results_dir(cfg) / 'mlflow.db'}"
@@ -249,7 +249,7 @@ def end_workflow_run(cfg: Config, run_id: str, status: str) -> None:
 
 
 def _flush_pending(cfg: Config, client: Any) -> None:
-    from cosmocub.tracking_pending import flush_pending
+    from cosmocub.tracking.pending import flush_pending
 
     if count := flush_pending(cfg, client):
         log.info("MLflow: logged %d pending job run(s)", count)
@@ -296,7 +296,7 @@ class Tracker(NullTracker):
         from mlflow.entities import Param
 
         with self._guard("log_params"):
-            batch = [Param(str(k), _param_value(v)) for k, v in params.items()]
+            batch = [Param(str(k), param_value(v)) for k, v in params.items()]
             self.client.log_batch(self.run_id, params=batch)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
@@ -387,7 +387,7 @@ def job_run(
     params and the resolved config as `config.yaml`. An exception ends it FAILED and propagates.
 
     `defer`, for jobs of seconds: inside a workflow (a parent run is set) the run is written to a
-    pending record instead (`cosmocub.tracking_pending`), without importing MLflow, and logged by
+    pending record instead (`cosmocub.tracking.pending`), without importing MLflow, and logged by
     the next process that opens the store; by hand it is logged at once as usual.
     """
     if not (enabled and cfg.tracking.enabled):
@@ -432,7 +432,7 @@ def job_run(
 def _deferred_run(
     cfg: Config, tags: dict[str, str], params: Mapping[str, Any] | None
 ) -> Iterator[Any]:
-    from cosmocub.tracking_pending import RecordingTracker, write_record
+    from cosmocub.tracking.pending import RecordingTracker, write_record
 
     recorder = RecordingTracker()
     start_ms, status = int(time.time() * 1000), "FAILED"
@@ -481,13 +481,8 @@ def _log_config(client: Any, run_id: str, cfg: Config, *, params: Mapping[str, A
     from mlflow.entities import Param
 
     merged = {**flatten(cfg.values), **(params or {})}
-    client.log_batch(run_id, params=[Param(k, _param_value(v)) for k, v in merged.items()])
+    client.log_batch(run_id, params=[Param(k, param_value(v)) for k, v in merged.items()])
     client.log_text(run_id, yaml.safe_dump(cfg.values, sort_keys=False), "config.yaml")
-
-
-def _param_value(value: Any) -> str:
-    # JSON for non-strings so that lists, None and booleans read as they do in the YAML config.
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _run_name(tags: Mapping[str, str]) -> str:

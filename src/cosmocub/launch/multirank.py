@@ -26,7 +26,7 @@ def torchrun_argv(nproc: int, *args: str, max_restarts: int = 0) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "cosmocub.launch_agent",
+        "cosmocub.launch.agent",
         "--standalone",
         f"--nproc-per-node={nproc}",
         f"--max-restarts={max_restarts}",

@@ -27,15 +27,10 @@ from cosmocub.cosmology.lpt import (
     second_order_growth,
     white_noise,
 )
+from cosmocub.cosmology.parameters import REDSHIFTS, phys_from_unit
 from cosmocub.cosmology.pm import ParticleMeshForce, evolve_kdk, ngp_counts, step_scale_factors
 from cosmocub.cosmology.power import OMEGA_B, linear_power_spectrum
-from cosmocub.data.universe import (
-    REDSHIFTS,
-    channel_histogram,
-    histogram_moments,
-    phys_from_unit,
-    write_universe,
-)
+from cosmocub.data.universe import channel_histogram, histogram_moments, write_universe
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Processes that never outlive the one that started them, and torchrun with its errors on one line.
 
 `exit_with_parent` asks the kernel to signal this process when its parent dies (Linux
-PR_SET_PDEATHSIG; a watchdog thread elsewhere). `python -m cosmocub.launch_agent <torchrun args>`
+PR_SET_PDEATHSIG; a watchdog thread elsewhere). `python -m cosmocub.launch.agent <torchrun args>`
 is torchrun as `cosmocub launch` starts it: it hands its pid to the ranks
 so that each dies with it, and reports a failed rank or a signal in one line instead of torchrun's
 ChildFailedError / SignalException traceback (the job log ends with our lines, not its internals).
@@ -19,7 +19,8 @@ from collections.abc import Sequence
 
 # The agent's pid, for the ranks it starts: a rank whose parent is not this pid any more (the
 # agent died before the rank armed its death signal) ends at once. Ranks started by srun have
-# slurmstepd as their parent and no such variable: the step ends them (see cosmocub.launch).
+# slurmstepd as their parent and no such variable: the step ends them (see
+# cosmocub.launch.launcher).
 AGENT_PID_ENV = "COSMOCUB_AGENT_PID"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -83,5 +84,5 @@ def run_torchrun(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    # The launcher armed this process's death signal before exec (cosmocub.launch).
+    # The launcher armed this process's death signal before exec (cosmocub.launch.launcher).
     sys.exit(run_torchrun(sys.argv[1:]))

@@ -161,7 +161,7 @@ class SimulateConfig:
     force_mesh_factor: int
 
     def __post_init__(self) -> None:
-        # Every snapshot (z = 3, 1.5, 0.5, 0: cosmocub.cosmology.simulate.SNAPSHOT_REDSHIFTS,
+        # Every snapshot (z = 3, 1.5, 0.5, 0: cosmocub.data.simulate.SNAPSHOT_REDSHIFTS,
         # tests/test_simulate.py keeps the two in step) must end a PM step.
         if self.pm_steps == 0:
             return
@@ -286,7 +286,7 @@ class TaskConfig:
 
     def channel_indices(self) -> tuple[list[int], int]:
         """(input channels, target channel) in the shards' channel order (data.universe)."""
-        from cosmocub.data.universe import REDSHIFTS
+        from cosmocub.cosmology.parameters import REDSHIFTS
 
         return [REDSHIFTS.index(z) for z in self.input_redshifts], REDSHIFTS.index(
             self.target_redshift
@@ -327,17 +327,6 @@ class LionCubConfig:
     @property
     def resolved_bits(self) -> int:
         return 1 if self.quantizer == "sign" else (self.bits or 8)
-
-    def check_group_size(self, data_group_size: int) -> None:
-        """The quantizer must be overflow-safe at this data-group size (known only at start)."""
-        from cosmocub.optim.quantize import quantizer_levels
-
-        try:
-            quantizer_levels(
-                self.quantizer, self.resolved_bits, data_group_size, collective=self.collective
-            )
-        except ValueError as err:
-            raise ConfigError(f"key 'optimizer.lion_cub.quantizer': {err}") from None
 
 
 @dataclass(frozen=True, kw_only=True)

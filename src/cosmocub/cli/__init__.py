@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from cosmocub.config import load_config
-from cosmocub.launch import record_user_error
-from cosmocub.launch_agent import arm_rank
+from cosmocub.launch.agent import arm_rank
+from cosmocub.launch.launcher import record_user_error
 from cosmocub.workflow_support import CONFIG_ENV
 
 
@@ -30,8 +30,8 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from cosmocub.cosmology.simulate import run_simulate
-    from cosmocub.tracking import job_run
+    from cosmocub.data.simulate import run_simulate
+    from cosmocub.tracking.tracker import job_run
 
     cfg = load_config(args.config)
     params = {"size": args.size, "seed": args.seed}
@@ -44,7 +44,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 def _cmd_preprocess(args: argparse.Namespace) -> int:
     from cosmocub.data.preprocess import preprocess
-    from cosmocub.tracking import job_run
+    from cosmocub.tracking.tracker import job_run
 
     cfg = load_config(args.config)
     with job_run(cfg, stage="preprocess") as tracker:
@@ -88,7 +88,7 @@ def _cmd_preprocess_plan(args: argparse.Namespace) -> int:
 
 def _cmd_preprocess_group(args: argparse.Namespace) -> int:
     from cosmocub.data.preprocess import crop_group
-    from cosmocub.tracking import job_run
+    from cosmocub.tracking.tracker import job_run
 
     cfg = load_config(args.config)
     with job_run(cfg, stage="preprocess", params={"group": args.group}):
@@ -105,7 +105,7 @@ def _cmd_preprocess_gather(args: argparse.Namespace) -> int:
     import json as _json
 
     from cosmocub.data.preprocess import PLAN_FILE, gather_shards
-    from cosmocub.tracking import job_run
+    from cosmocub.tracking.tracker import job_run
 
     cfg = load_config(args.config)
     staging = Path(args.staging)
@@ -120,7 +120,7 @@ def _cmd_preprocess_gather(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from cosmocub.launch import RankLayout, run_launch
+    from cosmocub.launch.launcher import RankLayout, run_launch
 
     command = args.command_args[1:] if args.command_args[:1] == ["--"] else args.command_args
     layout = RankLayout(
@@ -152,8 +152,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from cosmocub.evaluate import evaluate
-    from cosmocub.tracking import job_run
+    from cosmocub.evaluation.stage import evaluate
+    from cosmocub.tracking.tracker import job_run
 
     cfg = load_config(args.config)
     with job_run(cfg, stage="evaluate") as tracker:
@@ -183,7 +183,7 @@ def _cmd_link_universe(args: argparse.Namespace) -> int:
 
 
 def _cmd_summarize(args: argparse.Namespace) -> int:
-    from cosmocub.summary import write_summary
+    from cosmocub.evaluation.report import write_summary
 
     write_summary(
         manifest_path=Path(args.manifest),
@@ -195,14 +195,14 @@ def _cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def _cmd_tracking_start(args: argparse.Namespace) -> int:
-    from cosmocub.tracking import start_workflow_run
+    from cosmocub.tracking.tracker import start_workflow_run
 
     print(start_workflow_run(load_config(args.config), name=args.name))
     return 0
 
 
 def _cmd_tracking_end(args: argparse.Namespace) -> int:
-    from cosmocub.tracking import end_workflow_run
+    from cosmocub.tracking.tracker import end_workflow_run
 
     end_workflow_run(load_config(args.config), args.run_id, args.status)
     return 0
@@ -235,7 +235,7 @@ def _cmd_unet_config(args: argparse.Namespace) -> int:
 
 def _cmd_evaluate_fields(args: argparse.Namespace) -> int:
     from cosmocub.fields.evaluate import evaluate_fields
-    from cosmocub.tracking import job_run
+    from cosmocub.tracking.tracker import job_run
 
     cfg = load_config(args.config)
     with job_run(cfg, stage="evaluate_fields") as tracker:
@@ -280,7 +280,7 @@ def _cmd_study_point(args: argparse.Namespace) -> int:
 
 def _cmd_study_gather(args: argparse.Namespace) -> int:
     from cosmocub.studies.engine import gather, study_points
-    from cosmocub.tracking import job_run
+    from cosmocub.tracking.tracker import job_run
 
     cfg = load_config(args.config)
     study_points(cfg, args.study)  # a bad study name or block fails before MLflow is opened

@@ -13,8 +13,8 @@ import torch
 from torch.utils.data import Dataset
 
 from cosmocub.config import Config
+from cosmocub.cosmology.parameters import NUM_CHANNELS
 from cosmocub.data.dataset import ShardDataset, read_stats, shard_path, stats_say_standardize
-from cosmocub.data.universe import NUM_CHANNELS
 
 
 class FieldPairs(Dataset):

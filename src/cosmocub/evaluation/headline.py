@@ -3,7 +3,7 @@ predict-the-mean and than ridge fits on field statistics (one-point; P(k)), and,
 head, do its intervals cover the truth?
 
 `field_level_metrics` assembles metrics.json's "comparison" and "calibration" sections from
-predictions (`cosmocub.evaluate.split_predictions` makes them).
+predictions (`cosmocub.evaluation.stage.split_predictions` makes them).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from cosmocub import uncertainty as unc
-from cosmocub.baselines import baseline_predictions
+from cosmocub.evaluation import uncertainty as unc
+from cosmocub.evaluation.baselines import baseline_predictions
 
 # The CNN and the baselines it is compared with, in table order.
 ESTIMATORS = ("cnn", "mean", "one_point", "pk")

@@ -12,7 +12,7 @@ without one is started again, and training resumes from its checkpoint.
 Nothing outlives the launcher: what it starts runs in a session of its own (a signal to the
 launcher's terminal or group reaches it only through the launcher) with the kernel's death signal
 armed (SIGTERM when the launcher dies, even by `kill -9`); torchrun's ranks die with torchrun
-(`cosmocub.launch_agent`); srun forwards the SIGTERM to its step's tasks, which Slurm ends. The
+(`cosmocub.launch.agent`); srun forwards the SIGTERM to its step's tasks, which Slurm ends. The
 job log ends with the launcher's own line: the rank's one-line user error, the signal that
 stopped it, or the crash.
 """
@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from cosmocub.launch_agent import exit_with_parent
+from cosmocub.launch.agent import exit_with_parent
 
 # torchrun's c10d rendezvous port on Flux/LSF (Slurm derives its port from the job id).
 RENDEZVOUS_PORT = 29400
@@ -91,7 +91,7 @@ def launch_command(
     scheduler = detect_scheduler(env)
     args = list(module_args)
     # torchrun, reporting failures in one line and arming its ranks to die with it.
-    torchrun = [python, "-m", "cosmocub.launch_agent"]
+    torchrun = [python, "-m", "cosmocub.launch.agent"]
     if scheduler == "local":
         if layout.nodes > 1:
             raise ValueError(
@@ -164,7 +164,7 @@ def torchrun_agent(
     return [
         python,
         "-m",
-        "cosmocub.launch_agent",  # torchrun, with one-line failures and ranks that die with it
+        "cosmocub.launch.agent",  # torchrun, with one-line failures and ranks that die with it
         f"--nnodes={layout.nodes}",
         f"--nproc-per-node={layout.tasks_per_node}",
         "--rdzv-backend=c10d",

@@ -1,0 +1,3 @@
+from cosmocub.cli import main
+
+main()
