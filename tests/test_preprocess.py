@@ -1,4 +1,5 @@
-"""Preprocessing (src/cosmocub/data/preprocess.py): splits, shard contents, stats, atomicity."""
+"""Preprocessing (src/cosmocub/data/: splits, crop, shard_file, shard_jobs, preprocess): splits,
+shard contents, stats, atomicity."""
 
 from __future__ import annotations
 
