@@ -60,7 +60,9 @@ def time_preprocess(
 ) -> tuple[float, float]:
     """(wall s, CPU s of every thread) of preprocessing the files."""
     t0, c0 = time.perf_counter(), _cpu()
-    preprocess(paths, out, settings=settings, seed=0, config_hash="bench")
+    preprocess(
+        paths, out, settings=settings, seed=0, config_hash="bench", universes_per_job=len(paths)
+    )
     seconds, cpu = time.perf_counter() - t0, _cpu() - c0
     shutil.rmtree(out)
     return seconds, cpu
@@ -68,7 +70,7 @@ def time_preprocess(
 
 def breakdown(size: int, sample_size: int, dtype: str) -> None:
     """CPU ms of each per-block step on one block as preprocess cuts a `size`³ universe."""
-    from cosmocub.data.preprocess import BLOCK_BYTES, _to_values
+    from cosmocub.data.crop import BLOCK_BYTES, _to_values
     from cosmocub.data.universe import channel_histogram
 
     rng = np.random.default_rng(0)

@@ -1,4 +1,5 @@
-"""Preprocessing (src/cosmocub/data/preprocess.py): splits, shard contents, stats, atomicity."""
+"""Preprocessing (src/cosmocub/data/: splits, crop, shard_file, shard_jobs, preprocess): splits,
+shard contents, stats, atomicity."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 from cosmocub.config import PreprocessConfig, SplitRatios
 from cosmocub.cosmology.parameters import phys_from_unit
-from cosmocub.data import preprocess as pre
+from cosmocub.data import crop, dask_compute
 from cosmocub.data.h5chunks import (
     ChunkFormatError,
     ChunkWriter,
@@ -22,7 +23,8 @@ from cosmocub.data.h5chunks import (
     create_preallocated,
     open_source,
 )
-from cosmocub.data.preprocess import PreprocessError, assign_splits, preprocess, split_counts
+from cosmocub.data.preprocess import preprocess
+from cosmocub.data.splits import PreprocessError, assign_splits, split_counts
 from cosmocub.data.universe import UniverseFormatError, read_universe
 from cosmocub.io import sha256_file
 
@@ -140,7 +142,9 @@ def _check_shards(out: Path, paths: list[Path], cfg: PreprocessConfig) -> dict:
 def test_preprocess_writes_exact_shards(universes: list[Path], tmp_path: Path) -> None:
     cfg = settings()
     out = tmp_path / "shards"
-    manifest = preprocess(universes, out, settings=cfg, seed=7, config_hash="abc123")
+    manifest = preprocess(
+        universes, out, settings=cfg, seed=7, config_hash="abc123", universes_per_job=2
+    )
     assert manifest == json.loads((out / "manifest.json").read_text())
     _check_shards(out, universes, cfg)
     assert manifest["counts"] == {"train": 3 * 8, "val": 8, "test": 8}
@@ -161,7 +165,14 @@ def test_preprocess_writes_exact_shards(universes: list[Path], tmp_path: Path) -
     ]
     assert not list(tmp_path.glob(".shards.tmp*"))
     # Same inputs and seed: same split and bytes (modulo the creation time).
-    again = preprocess(universes, tmp_path / "again", settings=cfg, seed=7, config_hash="abc123")
+    again = preprocess(
+        universes,
+        tmp_path / "again",
+        settings=cfg,
+        seed=7,
+        config_hash="abc123",
+        universes_per_job=2,
+    )
     assert again["splits"] == manifest["splits"]
     for split in ("train", "val", "test"):
         with (
@@ -173,7 +184,9 @@ def test_preprocess_writes_exact_shards(universes: list[Path], tmp_path: Path) -
 
 def test_float32_without_log1p_and_one_sample_per_universe(universes, tmp_path) -> None:
     cfg = settings(sample_size=16, slab_depth=8, dtype="float32", log1p=False)
-    manifest = preprocess(universes, tmp_path / "s", settings=cfg, seed=0, config_hash="h")
+    manifest = preprocess(
+        universes, tmp_path / "s", settings=cfg, seed=0, config_hash="h", universes_per_job=2
+    )
     _check_shards(tmp_path / "s", universes, cfg)
     assert manifest["counts"] == {"train": 3, "val": 1, "test": 1}
 
@@ -185,7 +198,9 @@ def test_standardize_switch_reaches_the_datasets(universes, tmp_path, standardiz
     from cosmocub.data.dataset import open_split
 
     cfg = settings(standardize=standardize)
-    manifest = preprocess(universes, tmp_path / "s", settings=cfg, seed=0, config_hash="h")
+    manifest = preprocess(
+        universes, tmp_path / "s", settings=cfg, seed=0, config_hash="h", universes_per_job=2
+    )
     stats = json.loads((tmp_path / "s" / "stats.json").read_text())
     assert stats["standardize"] is standardize and manifest["standardize"] is standardize
     model = dataclasses.replace(load_config(None).model, input_size=8, num_conv_blocks=2)
@@ -207,13 +222,15 @@ def test_same_file_names_in_different_folders(tmp_path: Path, make_universe) -> 
         (tmp_path / f"run{i}").mkdir()
         paths.append(make_universe(f"run{i}/univ.hdf5", size=16, seed=20 + i))
     cfg = settings()
-    preprocess(paths, tmp_path / "s", settings=cfg, seed=2, config_hash="h")
+    preprocess(paths, tmp_path / "s", settings=cfg, seed=2, config_hash="h", universes_per_job=2)
     _check_shards(tmp_path / "s", paths, cfg)
 
 
 def test_zero_ratio_writes_an_empty_valid_split(universes, tmp_path) -> None:
     cfg = settings(splits=SplitRatios(train=3, val=2, test=0))
-    manifest = preprocess(universes, tmp_path / "s", settings=cfg, seed=1, config_hash="h")
+    manifest = preprocess(
+        universes, tmp_path / "s", settings=cfg, seed=1, config_hash="h", universes_per_job=2
+    )
     assert manifest["counts"] == {"train": 24, "val": 16, "test": 0}
     with h5py.File(tmp_path / "s" / "test.h5") as f:
         assert f["x"].shape == (0, 4, 8, 8, 8) and f["x"].chunks == (1, 4, 4, 8, 8)
@@ -331,14 +348,21 @@ def test_a_corrupt_write_is_caught_and_leaves_no_shards(universes, tmp_path, mon
         match=r"sample 0 read back through HDF5 differs from .*"
         r"univ_\d\.hdf5 at origin \(0, 0, 0\): the shard writer wrote a corrupt",
     ):
-        preprocess(universes, tmp_path / "s", settings=settings(), seed=0, config_hash="h")
+        preprocess(
+            universes,
+            tmp_path / "s",
+            settings=settings(),
+            seed=0,
+            config_hash="h",
+            universes_per_job=2,
+        )
     assert not (tmp_path / "s").exists()
 
 
 def test_input_errors(universes: list[Path], tmp_path: Path, make_universe) -> None:
     out = tmp_path / "out"
     with pytest.raises(PreprocessError, match=r"no universe files given"):
-        preprocess([], out, settings=settings(), seed=0, config_hash="h")
+        preprocess([], out, settings=settings(), seed=0, config_hash="h", universes_per_job=2)
     with pytest.raises(UniverseFormatError, match=r"missing.hdf5: no such universe file"):
         preprocess(
             [*universes, tmp_path / "missing.hdf5"],
@@ -346,50 +370,92 @@ def test_input_errors(universes: list[Path], tmp_path: Path, make_universe) -> N
             settings=settings(),
             seed=0,
             config_hash="h",
+            universes_per_job=2,
         )
     bad = tmp_path / "bad.hdf5"
     with h5py.File(bad, "w") as f:
         f["full"] = np.zeros((16, 16, 16, 4), np.float32)
     with pytest.raises(UniverseFormatError, match=r"bad.hdf5: missing dataset 'unitPar'"):
-        preprocess([*universes, bad], out, settings=settings(), seed=0, config_hash="h")
+        preprocess(
+            [*universes, bad],
+            out,
+            settings=settings(),
+            seed=0,
+            config_hash="h",
+            universes_per_job=2,
+        )
     small = make_universe("small.hdf5", size=8)
     with pytest.raises(
         PreprocessError, match=r"small.hdf5: universe size 8 differs from 16 of .*univ_0.hdf5"
     ):
-        preprocess([*universes, small], out, settings=settings(), seed=0, config_hash="h")
+        preprocess(
+            [*universes, small],
+            out,
+            settings=settings(),
+            seed=0,
+            config_hash="h",
+            universes_per_job=2,
+        )
     with pytest.raises(
         PreprocessError, match=r"univ_0.hdf5: preprocess.sample_size 12 does not divide .* 16"
     ):
         preprocess(
-            universes, out, settings=settings(sample_size=12, slab_depth=4), seed=0, config_hash="h"
+            universes,
+            out,
+            settings=settings(sample_size=12, slab_depth=4),
+            seed=0,
+            config_hash="h",
+            universes_per_job=2,
         )
     with pytest.raises(PreprocessError, match=r"univ_1.hdf5: given twice"):
-        preprocess([*universes, universes[1]], out, settings=settings(), seed=0, config_hash="h")
+        preprocess(
+            [*universes, universes[1]],
+            out,
+            settings=settings(),
+            seed=0,
+            config_hash="h",
+            universes_per_job=2,
+        )
     with pytest.raises(PreprocessError, match=r"2 universes cannot fill splits"):
-        preprocess(universes[:2], out, settings=settings(), seed=0, config_hash="h")
+        preprocess(
+            universes[:2], out, settings=settings(), seed=0, config_hash="h", universes_per_job=2
+        )
     assert not out.exists()
 
 
 def test_failed_run_keeps_the_old_folder(universes, tmp_path, monkeypatch) -> None:
     out = tmp_path / "shards"
-    first = preprocess(universes, out, settings=settings(), seed=0, config_hash="old")
+    first = preprocess(
+        universes, out, settings=settings(), seed=0, config_hash="old", universes_per_job=2
+    )
 
     def broken(*args, **kwargs):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(pre, "_to_values", broken)
+    monkeypatch.setattr(crop, "_to_values", broken)
     with pytest.raises(RuntimeError, match="disk on fire"):
-        preprocess(universes, out, settings=settings(), seed=1, config_hash="new")
+        preprocess(
+            universes, out, settings=settings(), seed=1, config_hash="new", universes_per_job=2
+        )
     assert json.loads((out / "manifest.json").read_text()) == first
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     with pytest.raises(RuntimeError):
-        preprocess(universes, tmp_path / "fresh", settings=settings(), seed=1, config_hash="n")
+        preprocess(
+            universes,
+            tmp_path / "fresh",
+            settings=settings(),
+            seed=1,
+            config_hash="n",
+            universes_per_job=2,
+        )
     assert not (tmp_path / "fresh").exists()
 
 
 def test_progress_lines_when_not_a_tty(universes, tmp_path, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(pre, "PROGRESS_EVERY_S", 0.0)
-    preprocess(universes, tmp_path / "s", settings=settings(), seed=0, config_hash="h")
+    monkeypatch.setattr(dask_compute, "PROGRESS_EVERY_S", 0.0)
+    preprocess(
+        universes, tmp_path / "s", settings=settings(), seed=0, config_hash="h", universes_per_job=2
+    )
     err = capsys.readouterr().err
     assert "% of" in err and "tasks" in err
     assert "preprocess: 40 samples from 5 universes" in err
@@ -425,9 +491,12 @@ class _Done:
 
 
 def test_cluster_path_with_a_pickling_client(universes, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(pre, "_distributed_client", lambda address: _PicklingClient())
+    monkeypatch.setattr(dask_compute, "_distributed_client", lambda address: _PicklingClient())
     cfg = settings(dask_scheduler="tcp://scheduler:8786")
-    preprocess(universes, tmp_path / "s", settings=cfg, seed=4, config_hash="h")
+    # 5 universes in groups of 2: the last group's graph has a single store.
+    preprocess(
+        universes, tmp_path / "s", settings=cfg, seed=4, config_hash="h", universes_per_job=2
+    )
     _check_shards(tmp_path / "s", universes, cfg)
 
 
@@ -439,5 +508,7 @@ def test_cluster_address_without_distributed(universes, tmp_path, monkeypatch) -
     with pytest.raises(
         PreprocessError, match=r"'tcp://127.0.0.1:8786' but dask.distributed is not"
     ):
-        preprocess(universes, tmp_path / "s", settings=cfg, seed=0, config_hash="h")
+        preprocess(
+            universes, tmp_path / "s", settings=cfg, seed=0, config_hash="h", universes_per_job=2
+        )
     assert not (tmp_path / "s").exists()

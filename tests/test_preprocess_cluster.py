@@ -1,9 +1,11 @@
 """Preprocessing at cluster scale: the same shards from plan → per-group jobs → gather, and from
-a Dask distributed cluster (a LocalCluster over TCP on 127.0.0.1), as from one local job."""
+a Dask distributed cluster (a LocalCluster over TCP on 127.0.0.1), as from one local job; the
+same bytes from `cosmocub preprocess` by hand as from the workflow's three commands."""
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import time
 from pathlib import Path
@@ -11,15 +13,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import yaml
 from test_preprocess import settings  # the same tiny preprocess settings
 
-from cosmocub.data.preprocess import (
-    PreprocessError,
-    crop_group,
-    gather_shards,
-    plan_shards,
-    preprocess,
-)
+from cosmocub.data.preprocess import preprocess
+from cosmocub.data.shard_jobs import crop_group, gather_shards, plan_shards
+from cosmocub.data.splits import PreprocessError
+from cosmocub.io import sha256_file
 
 SPLITS = ("train", "val", "test")
 
@@ -50,7 +50,9 @@ def assert_same_shards(a: Path, b: Path) -> None:
 @pytest.mark.parametrize("per_job", [1, 3, 7])
 def test_groups_then_gather_equal_one_job(universes, tmp_path, per_job) -> None:
     cfg = settings()
-    preprocess(universes, tmp_path / "one", settings=cfg, seed=3, config_hash="h")
+    preprocess(
+        universes, tmp_path / "one", settings=cfg, seed=3, config_hash="h", universes_per_job=7
+    )
     staging = tmp_path / "staging"
     plan = plan_shards(universes, staging, settings=cfg, seed=3, universes_per_job=per_job)
     assert len(plan["groups"]) == -(-7 // per_job)
@@ -64,6 +66,66 @@ def test_groups_then_gather_equal_one_job(universes, tmp_path, per_job) -> None:
     # The stats are not trivially equal: 4 channels of log1p(Poisson(1)) values.
     stats = json.loads((tmp_path / "many" / "stats.json").read_text())
     assert all(0.4 < m < 0.7 for m in stats["mean"])
+
+
+class _FrozenClock(datetime.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return cls(2026, 1, 2, 3, 4, 5, tzinfo=tz)
+
+
+def test_by_hand_command_writes_the_workflows_bytes(make_universe, tmp_path, monkeypatch) -> None:
+    """`cosmocub preprocess` by hand, and the command lines of the workflow's preprocess_plan →
+    preprocess_group (each group) → preprocess rules (workflow/rules/data.smk), write the same
+    bytes: shards, stats.json, manifest.json and features.h5."""
+    from cosmocub.cli import main
+    from cosmocub.config import load_config
+    from cosmocub.data import shard_summary
+    from cosmocub.workflow_support import num_preprocess_groups
+
+    folder = tmp_path / "universes"
+    folder.mkdir()
+    paths = [make_universe(f"universes/univ_{i}.hdf5", size=16, seed=i) for i in range(5)]
+    config = tmp_path / "config.yaml"
+    values = {
+        "results": str(tmp_path / "results"),
+        "tracking": {"enabled": False},
+        "seed": 3,
+        "universes": {"source": "cosmoflow", "cosmoflow_dir": str(folder), "size": 16},
+        "preprocess": {"sample_size": 8, "slab_depth": 4},
+        "model": {"input_size": 8, "num_conv_blocks": 2},
+        "cluster": {"preprocess": {"universes_per_job": 2}},  # 3 groups, by hand too
+    }
+    config.write_text(yaml.safe_dump(values))
+    # manifest.json records when it was written, to the second: the clock is frozen so that a
+    # second ticking over between the runs cannot tell them apart, and every byte is compared.
+    # The shards name their universes (attribute source_files): the same files in both runs.
+    monkeypatch.setattr(shard_summary, "datetime", _FrozenClock)
+    common = ["--config", str(config)]
+
+    by_hand = tmp_path / "by-hand"
+    shuffled = [str(paths[i]) for i in (3, 0, 4, 1, 2)]  # the order given does not matter
+    assert main(["preprocess", *shuffled, "--out", str(by_hand), "--threads", "2", *common]) == 0
+
+    staging, groups, workflow = tmp_path / "staging", tmp_path / "groups", tmp_path / "workflow"
+    plan = ["preprocess-plan", "--universes-dir", str(folder), "--staging", str(staging)]
+    assert main([*plan, *common]) == 0
+    num_groups = num_preprocess_groups(load_config(config), len(paths))  # as data.smk counts
+    assert num_groups == 3
+    for g in reversed(range(num_groups)):  # cluster jobs run in any order
+        group = ["preprocess-group", "--staging", str(staging), "--group", str(g)]
+        assert main([*group, "--out", str(groups / f"{g}.npz"), "--threads", "2", *common]) == 0
+    gather = ["preprocess-gather", "--staging", str(staging), "--groups-dir", str(groups)]
+    assert main([*gather, "--out", str(workflow), *common]) == 0
+
+    names = ["features.h5", "manifest.json", "stats.json", "test.h5", "train.h5", "val.h5"]
+    assert sorted(p.name for p in by_hand.iterdir()) == names
+    assert sorted(p.name for p in workflow.iterdir()) == names
+    for name in names:
+        assert sha256_file(by_hand / name) == sha256_file(workflow / name), name
+    manifest = json.loads((by_hand / "manifest.json").read_text())
+    assert manifest["created"] == "2026-01-02T03:04:05+00:00"
+    assert manifest["counts"] == {"train": 24, "val": 8, "test": 8}
 
 
 def test_gather_reads_raw_chunk_writes_back(universes, tmp_path, monkeypatch) -> None:
@@ -104,7 +166,9 @@ def test_dask_local_cluster_over_tcp_writes_the_same_shards(universes, tmp_path)
     import distributed  # a declared test dependency: missing must fail, not skip
 
     cfg = settings()
-    preprocess(universes, tmp_path / "threads", settings=cfg, seed=5, config_hash="h")
+    preprocess(
+        universes, tmp_path / "threads", settings=cfg, seed=5, config_hash="h", universes_per_job=7
+    )
     with distributed.LocalCluster(
         n_workers=2,
         threads_per_worker=1,
@@ -115,7 +179,14 @@ def test_dask_local_cluster_over_tcp_writes_the_same_shards(universes, tmp_path)
     ) as cluster:
         assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
         on_cluster = dataclasses.replace(cfg, dask_scheduler=cluster.scheduler_address)
-        preprocess(universes, tmp_path / "cluster", settings=on_cluster, seed=5, config_hash="h")
+        preprocess(
+            universes,
+            tmp_path / "cluster",
+            settings=on_cluster,
+            seed=5,
+            config_hash="h",
+            universes_per_job=7,
+        )
         # The per-group path on the cluster too.
         staging = tmp_path / "staging"
         plan_shards(universes, staging, settings=on_cluster, seed=5, universes_per_job=4)
@@ -143,7 +214,9 @@ def test_a_dask_scheduler_that_does_not_answer(universes, tmp_path) -> None:
     cfg = settings(dask_scheduler=f"tcp://127.0.0.1:{port}")
     t0 = time.perf_counter()
     with pytest.raises(PreprocessError, match=r"no Dask scheduler answers at 'tcp://127.0.0.1:"):
-        preprocess(universes, tmp_path / "s", settings=cfg, seed=0, config_hash="h")
+        preprocess(
+            universes, tmp_path / "s", settings=cfg, seed=0, config_hash="h", universes_per_job=7
+        )
     assert time.perf_counter() - t0 < 30
     assert not (tmp_path / "s").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".s")] == []

@@ -164,7 +164,7 @@ def test_channel_histogram_over_many_pieces_is_exact() -> None:
 
 
 def test_value_lookup_over_many_pieces_is_log1p() -> None:
-    from cosmocub.data import preprocess as pre
+    from cosmocub.data import crop as pre
 
     rng = np.random.default_rng(6)
     block = rng.integers(0, 3000, size=(3 * pre._LOOKUP_VALUES // 4 + 5, 4), dtype=np.int16)

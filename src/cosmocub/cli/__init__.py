@@ -54,6 +54,7 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
             settings=_granted_threads(cfg.preprocess, args.threads),
             seed=cfg.seed,
             config_hash=cfg.hash,
+            universes_per_job=cfg.cluster.preprocess.universes_per_job,
         )
         tracker.log_metrics({f"samples_{k}": v for k, v in manifest["counts"].items()})
     return 0
@@ -70,7 +71,7 @@ def _granted_threads(settings, threads: int | None):
 
 
 def _cmd_preprocess_plan(args: argparse.Namespace) -> int:
-    from cosmocub.data.preprocess import plan_shards
+    from cosmocub.data.shard_jobs import plan_shards
     from cosmocub.workflow_support import universe_ids
 
     cfg = load_config(args.config)
@@ -87,7 +88,7 @@ def _cmd_preprocess_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_preprocess_group(args: argparse.Namespace) -> int:
-    from cosmocub.data.preprocess import crop_group
+    from cosmocub.data.shard_jobs import crop_group
     from cosmocub.tracking.tracker import job_run
 
     cfg = load_config(args.config)
@@ -104,7 +105,7 @@ def _cmd_preprocess_group(args: argparse.Namespace) -> int:
 def _cmd_preprocess_gather(args: argparse.Namespace) -> int:
     import json as _json
 
-    from cosmocub.data.preprocess import PLAN_FILE, gather_shards
+    from cosmocub.data.shard_jobs import PLAN_FILE, gather_shards
     from cosmocub.tracking.tracker import job_run
 
     cfg = load_config(args.config)

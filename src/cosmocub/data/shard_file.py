@@ -1,0 +1,99 @@
+"""The shard files: allocated in full before any sample is cropped, written by chunk offset at
+each universe's place, and read back through HDF5 once written (docs/formats.md, "Shards")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from cosmocub.config import PreprocessConfig
+from cosmocub.data.crop import value_table
+from cosmocub.data.h5chunks import ChunkWriter, create_preallocated
+from cosmocub.data.splits import PreprocessError
+from cosmocub.data.universe import UniverseMeta
+
+
+def create_shard(
+    path: Path, split: str, metas: list[UniverseMeta], settings: PreprocessConfig
+) -> None:
+    """Write the shard's small datasets and attributes and allocate `x` for every sample."""
+    s, slab = settings.sample_size, settings.slab_depth
+    c = metas[0].num_channels if metas else 4
+    per_universe = (metas[0].size // s) ** 3 if metas else 0
+    n = per_universe * len(metas)
+    with h5py.File(path, "w") as f:
+        if n:
+            create_preallocated(
+                f, "x", shape=(n, c, s, s, s), dtype=settings.dtype, chunks=(1, c, slab, s, s)
+            )
+            nb = metas[0].size // s
+            bd, bh, bw = np.meshgrid(*(np.arange(nb),) * 3, indexing="ij")
+            origins = np.stack([bd.ravel(), bh.ravel(), bw.ravel()], axis=1) * s
+            f["crop_origin"] = np.tile(origins, (len(metas), 1)).astype(np.int32)
+            f["universe_index"] = np.repeat(np.arange(len(metas)), per_universe).astype(np.int32)
+            f["y"] = np.repeat(np.stack([m.unit_par for m in metas]), per_universe, axis=0)
+        else:
+            # A split with ratio 0: same layout, zero samples (maxshape allows the chunking).
+            f.create_dataset(
+                "x",
+                shape=(0, c, s, s, s),
+                maxshape=(None, c, s, s, s),
+                dtype=settings.dtype,
+                chunks=(1, c, slab, s, s),
+            )
+            f["crop_origin"] = np.zeros((0, 3), np.int32)
+            f["universe_index"] = np.zeros((0,), np.int32)
+            f["y"] = np.zeros((0, 4), np.float32)
+        f.attrs["source_files"] = json.dumps([str(m.path) for m in metas])
+        f.attrs["split"] = split
+        f.attrs["log1p"] = settings.log1p
+        f.attrs["sample_size"] = s
+        f.attrs["slab_depth"] = slab
+
+
+class RowOffset:
+    """Store target that writes one universe's rows at their place in the whole split's shard."""
+
+    def __init__(self, writer: ChunkWriter, start: int) -> None:
+        self.writer, self.start = writer, start
+
+    def __setitem__(self, key: Any, block: np.ndarray) -> None:
+        rows = key[0]
+        shifted = slice(rows.start + self.start, rows.stop + self.start)
+        self.writer[(shifted, *key[1:])] = block
+
+
+def universe_rows(
+    shard: Path, meta: UniverseMeta, first_sample: int, settings: PreprocessConfig
+) -> RowOffset:
+    """Where a universe's samples go: its rows of `shard`, from `first_sample` on."""
+    s = settings.sample_size
+    chunk_bytes = (
+        meta.num_channels * settings.slab_depth * s * s * np.dtype(settings.dtype).itemsize
+    )
+    return RowOffset(ChunkWriter(shard, chunk_bytes=chunk_bytes), first_sample)
+
+
+def verify_written(path: Path, metas: list[UniverseMeta], settings: PreprocessConfig) -> None:
+    """Read a shard's first and last samples back through HDF5 and recompute them from their
+    universes: the raw chunk writer bypasses HDF5, so the standard reader must agree with it."""
+    table = value_table(settings.log1p, settings.dtype)
+    s = settings.sample_size
+    with h5py.File(path, "r") as f:
+        n = f["x"].shape[0]
+        for i in sorted({0, n - 1}):
+            u = int(f["universe_index"][i])
+            d, h, w = (int(v) for v in f["crop_origin"][i])
+            stored = f["x"][i]  # (C, S, S, S)
+            with h5py.File(metas[u].path, "r") as src:
+                counts = np.asarray(src["full"][d : d + s, h : h + s, w : w + s, :], np.int16)
+            expected = table[counts.view(np.uint16)].transpose(3, 0, 1, 2)
+            if not np.array_equal(stored, expected, equal_nan=True):
+                raise PreprocessError(
+                    f"{path}: sample {i} read back through HDF5 differs from {metas[u].path} "
+                    f"at origin ({d}, {h}, {w}): the shard writer wrote a corrupt shard"
+                )

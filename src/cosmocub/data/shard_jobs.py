@@ -1,0 +1,181 @@
+"""The three preprocessing jobs: plan (allocate the shards, group the universes), crop one group
+into the shards, gather (statistics, manifest, shards and features into place).
+
+The workflow runs them as separate cluster jobs so that ~10,000 universes never meet on one
+command line or in one process; `cosmocub preprocess` runs the same three in one process. Each
+group writes its universes' samples at their final chunk offsets of the shards the plan
+allocated in full (ChunkWriter, no HDF5 locking across processes), so the shards do not depend on
+how the universes are grouped or in which order the groups run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from cosmocub.config import PreprocessConfig
+from cosmocub.data.crop import cropper, open_universes, train_histogram
+from cosmocub.data.dask_compute import compute_into
+from cosmocub.data.features import FEATURES_FILE, write_features
+from cosmocub.data.shard_file import create_shard, universe_rows, verify_written
+from cosmocub.data.shard_summary import shard_manifest, shard_stats
+from cosmocub.data.splits import SPLITS, PreprocessError, assign_splits, check_universes
+from cosmocub.data.universe import read_universe_meta
+from cosmocub.io import atomic_path, sha256_file
+
+PLAN_FILE = "plan.json"
+
+
+def plan_shards(
+    universe_paths: list[Path],
+    staging: Path,
+    *,
+    settings: PreprocessConfig,
+    seed: int,
+    universes_per_job: int,
+) -> dict[str, Any]:
+    """Allocate the shards in `staging` and write the plan: which universes each group crops."""
+    paths = [Path(p) for p in universe_paths]
+    metas = check_universes(paths, settings.sample_size)
+    by_path = {m.path: m for m in metas}
+    assigned = assign_splits(paths, settings.splits.as_dict(), seed)
+    per_universe = (metas[0].size // settings.sample_size) ** 3
+    place = {
+        str(p): {"split": s, "first_sample": i * per_universe}
+        for s in SPLITS
+        for i, p in enumerate(assigned[s])
+    }
+    ordered = sorted(str(p) for p in paths)
+    groups = [ordered[i : i + universes_per_job] for i in range(0, len(ordered), universes_per_job)]
+    staging = Path(staging)
+    staging.mkdir(parents=True, exist_ok=True)
+    for s in SPLITS:
+        create_shard(staging / f"{s}.h5", s, [by_path[p] for p in assigned[s]], settings)
+    plan = {
+        "splits": {s: [str(p) for p in assigned[s]] for s in SPLITS},
+        "place": place,
+        "groups": groups,
+        "samples_per_universe": per_universe,
+        "seed": seed,
+    }
+    with atomic_path(staging / PLAN_FILE) as tmp:
+        tmp.write_text(json.dumps(plan, indent=1) + "\n")
+    return plan
+
+
+def crop_group(staging: Path, group: int, out: Path, *, settings: PreprocessConfig) -> None:
+    """Crop group `group` of the plan into the staged shards; save its histogram and digests."""
+    staging = Path(staging)
+    plan = json.loads((staging / PLAN_FILE).read_text())
+    if not 0 <= group < len(plan["groups"]):
+        raise PreprocessError(
+            f"{staging / PLAN_FILE}: group {group} does not exist (the plan has "
+            f"{len(plan['groups'])})"
+        )
+    metas = [read_universe_meta(Path(p)) for p in plan["groups"][group]]
+    crop = cropper(settings)
+    samples: dict[str, da.Array] = {}
+    targets: dict[str, Any] = {}
+    train_counts = None
+    for m in metas:
+        where = plan["place"][str(m.path)]
+        counts = open_universes([m], sample_size=settings.sample_size)
+        key = f"{where['split']}:{m.path}"
+        samples[key] = crop(counts).data
+        targets[key] = universe_rows(
+            staging / f"{where['split']}.h5", m, where["first_sample"], settings
+        )
+        if where["split"] == "train":
+            train_counts = (
+                counts if train_counts is None else xr.concat([train_counts, counts], "universe")
+            )
+    channels = metas[0].num_channels
+    if train_counts is not None:
+        hist = train_histogram(train_counts)
+    else:
+        hist = da.zeros((channels, 2**16), dtype=np.int64)
+    hist_np = np.zeros((channels, 2**16), dtype=np.int64)
+    # Checksums run beside the Dask work (hashlib releases the GIL), one thread per four Dask
+    # threads so hashing (~1.5 GB/s a thread) keeps up; they are not in the graph because
+    # dask.compute (2026.8) returns mixed Array/Delayed results out of order.
+    with ThreadPoolExecutor(
+        max_workers=max(1, (settings.num_workers or os.cpu_count() or 1) // 4),
+        thread_name_prefix="sha256",
+    ) as hasher:
+        hashing = [hasher.submit(sha256_file, m.path) for m in metas]
+        try:
+            compute_into(samples, targets, hist, hist_np, settings, sum(m.nbytes for m in metas))
+        except BaseException:
+            for future in hashing:  # fail now, not after hashing every remaining universe
+                future.cancel()
+            raise
+        digests = [future.result() for future in hashing]
+    with atomic_path(out) as tmp, open(tmp, "wb") as f:
+        np.savez(
+            f,
+            hist=hist_np,
+            paths=np.array([str(m.path) for m in metas]),
+            sha256=np.array(digests),
+        )
+
+
+def gather_shards(
+    staging: Path,
+    group_files: list[Path],
+    out_dir: Path,
+    *,
+    settings: PreprocessConfig,
+    config_hash: str,
+) -> dict[str, Any]:
+    """Statistics from the groups' histograms, the manifest, the shards linked into `out_dir`,
+    and their features (`features.h5`); returns the manifest."""
+    staging = Path(staging)
+    plan = json.loads((staging / PLAN_FILE).read_text())
+    hist_total = None
+    digest_of: dict[str, str] = {}
+    for path in group_files:
+        with np.load(path) as part:
+            hist_total = part["hist"] if hist_total is None else hist_total + part["hist"]
+            digest_of.update(zip(part["paths"].tolist(), part["sha256"].tolist(), strict=True))
+    every = [p for s in SPLITS for p in plan["splits"][s]]
+    missing = sorted(set(every) - set(digest_of))
+    if missing:
+        raise PreprocessError(
+            f"{staging}: {len(missing)} universe(s) were cropped by no group, e.g. {missing[0]}"
+        )
+    metas_by_path = {p: read_universe_meta(Path(p)) for p in every}
+    metas = [metas_by_path[p] for p in sorted(every)]
+    split_metas = {s: [metas_by_path[p] for p in plan["splits"][s]] for s in SPLITS}
+    for s in SPLITS:
+        if split_metas[s]:  # the groups wrote raw chunks: read some back through HDF5
+            verify_written(staging / f"{s}.h5", split_metas[s], settings)
+    stats = shard_stats(np.asarray(hist_total), settings, Path(out_dir))
+    manifest = shard_manifest(
+        split_metas,
+        metas,
+        [digest_of[str(m.path)] for m in metas],
+        settings,
+        plan["seed"],
+        config_hash,
+    )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for s in SPLITS:
+        # A hard link, not a move: the staged file stays whole until the workflow drops it, so a
+        # gather killed half-way can simply run again.
+        with atomic_path(out_dir / f"{s}.h5") as tmp:
+            os.link(staging / f"{s}.h5", tmp)
+    # The baselines' statistics, read back from the finished shards (one more pass over them,
+    # ~1 % of preprocessing).
+    write_features(staging, out_dir / FEATURES_FILE, num_workers=settings.num_workers)
+    for name, content in (("stats.json", stats), ("manifest.json", manifest)):
+        with atomic_path(out_dir / name) as tmp:
+            tmp.write_text(json.dumps(content, indent=2) + "\n")
+    return manifest
