@@ -16,15 +16,14 @@ import torch
 from cosmocub.config import ModelConfig, load_config
 from cosmocub.data.features import FEATURES_FILE, write_features
 from cosmocub.evaluation.headline import comparison_table
-from cosmocub.evaluation.report import format_run
-from cosmocub.evaluation.stage import (
-    evaluate,
+from cosmocub.evaluation.metrics import (
     parameter_metrics,
-    read_metrics_jsonl,
     regression_metrics,
     to_physical,
     tracker_metrics,
 )
+from cosmocub.evaluation.report import format_run
+from cosmocub.evaluation.stage import evaluate, read_metrics_jsonl
 from cosmocub.models import cosmoflow, factory
 
 NAMES = ("Omega_m", "sigma_8", "N_spec", "H_0")
@@ -318,7 +317,7 @@ class _CornerModel(torch.nn.Module):
 
 
 def test_predict_averages_over_the_reflections_of_the_cube():
-    from cosmocub.evaluation.stage import predict
+    from cosmocub.evaluation.predict import predict
 
     x = torch.randn(3, 2, 4, 4, 4)
     dataset = [(x[i], torch.zeros(4)) for i in range(3)]
