@@ -23,7 +23,8 @@ from cosmocub.evaluation.metrics import (
     tracker_metrics,
 )
 from cosmocub.evaluation.report import format_run
-from cosmocub.evaluation.stage import evaluate, read_metrics_jsonl
+from cosmocub.evaluation.stage import evaluate
+from cosmocub.io import read_jsonl
 from cosmocub.models import cosmoflow, factory
 
 NAMES = ("Omega_m", "sigma_8", "N_spec", "H_0")
@@ -105,12 +106,15 @@ def test_to_physical_matches_cosmouniverse_bases():
     np.testing.assert_allclose(phys[1], [0.27, 0.84, 1.056, 66.5])
 
 
-def test_read_metrics_jsonl_names_bad_line(tmp_path):
+def test_read_jsonl_names_bad_line_and_missing_file(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"epoch": 1, "train_loss": 0.5}\n\n{"epoch": 2, oops}\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl: line 3 is not JSON"):
-        read_metrics_jsonl(path)
-    assert read_metrics_jsonl(tmp_path / "absent.jsonl") == []
+        read_jsonl(path)
+    # One behaviour for a missing file (issue 20): an error naming it. `evaluate` checks for the
+    # run's metrics.jsonl itself, and draws the loss figure without curves when it is absent.
+    with pytest.raises(FileNotFoundError, match=r"absent\.jsonl: not found"):
+        read_jsonl(tmp_path / "absent.jsonl")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from cosmocub.evaluation.headline import field_level_metrics, plot_calibration
 from cosmocub.evaluation.headline import tracker_metrics as field_tracker_metrics
 from cosmocub.evaluation.metrics import parameter_metrics, to_physical, tracker_metrics
 from cosmocub.evaluation.predict import split_predictions
-from cosmocub.io import atomic_path, json_safe
+from cosmocub.io import atomic_path, json_safe, read_jsonl, write_json
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +95,20 @@ def evaluate(
     )
     with h5py.File(test.path, "r") as f:
         extra = {k: f[k][:] for k in ("universe_index", "crop_origin") if k in f}
-    records = read_metrics_jsonl(run_dir / "metrics.jsonl")
+    # A model.pt without its training's metrics (copied in by hand, say) still evaluates: the
+    # loss figure then says the metrics were not found instead of failing the stage.
+    records_path = run_dir / "metrics.jsonl"
+    if records_path.is_file():
+        records = read_jsonl(records_path)
+    else:
+        log.warning(
+            "%s not found: loss_curves.png will say so instead of showing curves", records_path
+        )
+        records = []
 
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
-        (tmp / "metrics.json").write_text(json.dumps(json_safe(metrics), indent=2) + "\n")
+        write_json(tmp / "metrics.json", json_safe(metrics))
         np.savez(
             tmp / "predictions.npz",
             pred_unit=pred_unit.astype(np.float32),
@@ -120,7 +128,7 @@ def evaluate(
             metrics=metrics["per_parameter"],
             path=tmp / "pred_vs_true.png",
         )
-        plot_loss_curves(records, path=tmp / "loss_curves.png", source=run_dir / "metrics.jsonl")
+        plot_loss_curves(records, path=tmp / "loss_curves.png", source=records_path)
 
     tracker.log_metrics({**tracker_metrics(metrics), **field_tracker_metrics(metrics)})
     for name in OUTPUT_FILES:
@@ -153,23 +161,3 @@ def _train_target_mean(path: Path) -> np.ndarray:
             f"{path}: dataset 'y' has shape {y.shape}, expected (N > 0, {len(NAME_PAR)})"
         )
     return y.astype(np.float64).mean(axis=0)
-
-
-def read_metrics_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The per-epoch records of a run's metrics.jsonl ([] if the file is absent)."""
-    if not path.is_file():
-        log.warning("%s not found: loss_curves.png will say so instead of showing curves", path)
-        return []
-    records = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}: line {lineno} is not JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}: line {lineno} is not a JSON object")
-            records.append(record)
-    return records
