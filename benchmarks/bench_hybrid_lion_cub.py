@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from cosmocub.io import read_jsonl
 from cosmocub.launch import multirank
 
 LION_CUB_L1 = {"quantizer": "l1", "bits": 4, "collective": "allreduce"}
@@ -134,8 +135,7 @@ def _spawn(args: argparse.Namespace, work: Path, mesh: str, shards: Path) -> dic
 
 
 def _losses(run: Path) -> list[dict[str, float]]:
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines]
+    return read_jsonl(run / "metrics.jsonl")
 
 
 def same_through(a: list[str], b: list[str]) -> str:

@@ -16,15 +16,15 @@ import torch
 from cosmocub.config import ModelConfig, load_config
 from cosmocub.data.features import FEATURES_FILE, write_features
 from cosmocub.evaluation.headline import comparison_table
-from cosmocub.evaluation.report import format_run
-from cosmocub.evaluation.stage import (
-    evaluate,
+from cosmocub.evaluation.metrics import (
     parameter_metrics,
-    read_metrics_jsonl,
     regression_metrics,
     to_physical,
     tracker_metrics,
 )
+from cosmocub.evaluation.report import format_run
+from cosmocub.evaluation.stage import evaluate
+from cosmocub.io import read_jsonl
 from cosmocub.models import cosmoflow, factory
 
 NAMES = ("Omega_m", "sigma_8", "N_spec", "H_0")
@@ -106,12 +106,15 @@ def test_to_physical_matches_cosmouniverse_bases():
     np.testing.assert_allclose(phys[1], [0.27, 0.84, 1.056, 66.5])
 
 
-def test_read_metrics_jsonl_names_bad_line(tmp_path):
+def test_read_jsonl_names_bad_line_and_missing_file(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"epoch": 1, "train_loss": 0.5}\n\n{"epoch": 2, oops}\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl: line 3 is not JSON"):
-        read_metrics_jsonl(path)
-    assert read_metrics_jsonl(tmp_path / "absent.jsonl") == []
+        read_jsonl(path)
+    # One behaviour for a missing file (issue 20): an error naming it. `evaluate` checks for the
+    # run's metrics.jsonl itself, and draws the loss figure without curves when it is absent.
+    with pytest.raises(FileNotFoundError, match=r"absent\.jsonl: not found"):
+        read_jsonl(tmp_path / "absent.jsonl")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,7 +321,7 @@ class _CornerModel(torch.nn.Module):
 
 
 def test_predict_averages_over_the_reflections_of_the_cube():
-    from cosmocub.evaluation.stage import predict
+    from cosmocub.evaluation.predict import predict
 
     x = torch.randn(3, 2, 4, 4, 4)
     dataset = [(x[i], torch.zeros(4)) for i in range(3)]

@@ -245,3 +245,11 @@ def test_calibration_scales_the_work_on_the_cores_only() -> None:
         calibrated(stub, rows, "cub")
     with pytest.raises(ValueError, match=r"'x' not in the table \(\['one', 'cub'\]\)"):
         calibrated(stub, rows, "x")
+
+
+def test_an_optimizer_without_an_update_cost_is_an_error_naming_it() -> None:
+    from cosmocub.perfmodel.extrapolate import UPDATE_BYTES_PER_PARAM, update_bytes_per_param
+
+    assert update_bytes_per_param("lion_cub", "cub") == UPDATE_BYTES_PER_PARAM["lion_cub"]
+    with pytest.raises(ValueError, match=r"optimizers\.mine: no update cost for .* 'rmsprop'"):
+        update_bytes_per_param("rmsprop", "mine")

@@ -1,10 +1,12 @@
-"""Small file helpers shared by every stage: atomic writes, checksums and tables."""
+"""Small file helpers shared by every stage: atomic writes, checksums, and the readers and writers
+of JSON, JSON lines and TSV tables, each naming the file in its errors."""
 
 from __future__ import annotations
 
 import contextlib
 import csv
 import hashlib
+import json
 import math
 import os
 import shutil
@@ -48,20 +50,74 @@ def sha256_file(path: str | os.PathLike, *, block_size: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
+def read_json(path: str | os.PathLike, *, not_found: str = "not found") -> Any:
+    """The JSON value in `path`. A missing file is a FileNotFoundError "<path>: <not_found>" (a
+    caller may say which stage writes it), bad JSON a ValueError naming the file and line."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: {not_found}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+
+
+def write_json(path: str | os.PathLike, value: Any, *, indent: int | None = 2) -> None:
+    """`value` as JSON (one trailing newline) at `path`, atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(value, indent=indent) + "\n")
+
+
+def read_jsonl(path: str | os.PathLike, *, not_found: str = "not found") -> list[dict[str, Any]]:
+    """The objects of a JSON-lines file (metrics.jsonl: one per epoch), blank lines skipped. A
+    missing file is a FileNotFoundError "<path>: <not_found>"; a line that is not a JSON object
+    a ValueError naming the file and the line."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: {not_found}") from None
+    records = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: line {lineno} is not JSON ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path}: line {lineno} is not a JSON object")
+        records.append(record)
+    return records
+
+
 def write_tsv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], path: Path) -> None:
+    """`rows` as a tab-separated table of `columns` (floats to 6 significant digits, None and NaN
+    as empty cells), atomically."""
     with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(
             f, fieldnames=list(columns), delimiter="\t", lineterminator="\n", extrasaction="ignore"
         )
         writer.writeheader()
         for row in rows:
-            writer.writerow({k: _cell(row.get(k)) for k in columns})
+            writer.writerow({k: format_cell(row.get(k)) for k in columns})
 
 
-def _cell(value: Any) -> Any:
+def read_tsv(path: str | os.PathLike, *, not_found: str = "not found") -> list[dict[str, str]]:
+    """The rows of a tab-separated table with a header line, as strings by column name. A missing
+    file is a FileNotFoundError "<path>: <not_found>"."""
+    try:
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f, delimiter="\t"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: {not_found}") from None
+
+
+def format_cell(value: Any, *, digits: int = 6) -> str:
+    """One table cell: a float to `digits` significant digits, None and NaN empty, else str."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
-    return f"{value:.6g}" if isinstance(value, float) else value
+    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
 
 
 def json_safe(value: Any) -> Any:

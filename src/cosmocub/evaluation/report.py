@@ -5,30 +5,20 @@ Reads only what earlier stages wrote (manifest.json, eval/metrics.json, train_su
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cosmocub.io import atomic_path
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: not found") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+from cosmocub.io import atomic_path, format_cell, read_json
 
 
 def format_run(metrics_path: Path) -> list[str]:
-    metrics = _read_json(metrics_path)
+    metrics = read_json(metrics_path)
     run_dir = metrics_path.parent.parent
     lines = [f"## Run `{run_dir.name}`", ""]
     summary_path = run_dir / "train_summary.json"
     if summary_path.exists():
-        summary = _read_json(summary_path)
+        summary = read_json(summary_path)
         facts = {
             k: summary[k]
             for k in ("epochs", "steps", "world_size", "global_batch_size", "wall_time_s")
@@ -145,18 +135,12 @@ def format_study_section(
         lines += [description, ""]
     lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows[:max_rows]:
-        lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
+        lines.append("| " + " | ".join(format_cell(row.get(c), digits=4) for c in columns) + " |")
     if len(rows) > max_rows:
         lines.append(f"\n({len(rows) - max_rows} more rows in the TSV)")
     if plot:
         lines += ["", f"![{title}]({plot})"]
     return "\n".join([*lines, ""])
-
-
-def _cell(value: Any) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return ""
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def write_summary(
@@ -166,7 +150,7 @@ def write_summary(
     out_path: Path,
     study_sections: Sequence[Path] = (),
 ) -> str:
-    manifest = _read_json(manifest_path)
+    manifest = read_json(manifest_path)
     counts = manifest.get("counts", {})
     universes = manifest.get("universes", {})
     lines = [

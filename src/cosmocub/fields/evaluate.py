@@ -17,7 +17,6 @@ none); `raw` holds the same figures without the subtraction.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -33,8 +32,7 @@ from cosmocub.cosmology.power import overdensity
 from cosmocub.cosmology.spectra import cross_spectra, transfer_and_correlation
 from cosmocub.data.dataset import read_stats, stats_say_standardize
 from cosmocub.data.fields import open_field_split
-from cosmocub.evaluation.stage import read_metrics_jsonl
-from cosmocub.io import atomic_path, json_safe
+from cosmocub.io import atomic_path, json_safe, read_json, read_jsonl, write_json
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +117,7 @@ def evaluate_fields(
     test = open_field_split(shards_dir, "test", cfg)
     if len(test) == 0:
         raise ValueError(f"{test.path}: test shard holds 0 samples, nothing to evaluate")
-    manifest = json.loads((shards_dir / "manifest.json").read_text())
+    manifest = read_json(shards_dir / "manifest.json")
     mean, std = read_stats(shards_dir)
     standard = stats_say_standardize(shards_dir)
     inputs, target = cfg.task.channel_indices()
@@ -180,11 +178,18 @@ def evaluate_fields(
         model=str(model_path),
         config_hash=cfg.hash,
     )
-    records = read_metrics_jsonl(run_dir / "metrics.jsonl")
+    # As `cosmocub evaluate`: a model.pt without its training's metrics still evaluates, and the
+    # loss figure says the metrics were not found.
+    records_path = run_dir / "metrics.jsonl"
+    if records_path.is_file():
+        records = read_jsonl(records_path)
+    else:
+        log.warning("%s not found: loss.png will say so instead of showing curves", records_path)
+        records = []
     first = (counts(x[0], inputs[0]), counts(y[0], target), counts(pred[0], target))
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
-        (tmp / "metrics.json").write_text(json.dumps(json_safe(metrics), indent=2) + "\n")
+        write_json(tmp / "metrics.json", json_safe(metrics))
         columns = ("k", "k_over_nyquist", "transfer_model", "r_model", "transfer_baseline",
                    "r_baseline")  # fmt: skip
         rows = ["\t".join(columns)] + [
@@ -194,7 +199,7 @@ def evaluate_fields(
         plot_slices(*first, z_in=z_in, z_out=z_out, path=tmp / "slices.png")
         plot_power(metrics, sums, shot, num_samples=len(x), path=tmp / "power.png")
         plot_pdf(PDF_BINS, pdfs, path=tmp / "pdf.png")
-        plot_loss_curves(records, path=tmp / "loss.png", source=run_dir / "metrics.jsonl")
+        plot_loss_curves(records, path=tmp / "loss.png", source=records_path)
     flat = {"test_field_mse": metrics["test_mse"]}
     for name, values in metrics["summary"].items():
         flat.update({f"{name}_{key}": float(v) for key, v in values.items()})

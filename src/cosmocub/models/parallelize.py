@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import torch.distributed as dist
 from torch import nn
 
 from cosmocub.config import ModelConfig
@@ -27,16 +28,23 @@ def _as_split(split: Sequence[int]) -> Split:
     return values[0], values[1], values[2]
 
 
+def _mesh_split(split: Sequence[int], dims: ParallelDims) -> Split:
+    """`split` as a checked triple whose ranks are the mesh's spatial axis."""
+    split = _as_split(split)
+    if math.prod(split) != dims.spatial:
+        raise ValueError(
+            f"split {list(split)} has {math.prod(split)} ranks, the mesh's spatial axis "
+            f"{dims.spatial}"
+        )
+    return split
+
+
 def spatial_block(
     dims: ParallelDims, split: Sequence[int], global_shape_dhw: Sequence[int]
 ) -> tuple[slice, slice, slice]:
     """The part of the global (D, H, W) this rank owns; rank order in the spatial group is
     row-major over (sd, sh, sw)."""
-    split = _as_split(split)
-    if math.prod(split) != dims.spatial:
-        raise ValueError(
-            f"split {list(split)} has {math.prod(split)} ranks, spatial is {dims.spatial}"
-        )
+    split = _mesh_split(split, dims)
     coords = spatial_coords(dims.axis_rank("spatial"), split)
     out = []
     for d, (n, s, c) in enumerate(zip(global_shape_dhw, split, coords, strict=True)):
@@ -46,34 +54,71 @@ def spatial_block(
     return out[0], out[1], out[2]
 
 
+def _check_levels(
+    split: Split,
+    levels: Sequence[tuple[int, str, str | None]],
+    *,
+    halo: int,
+    kernel_size: int,
+    numbers: str,
+    thin: str,
+) -> None:
+    """Per level (extent, where its convs are, where it is pooled or None), per dim: the extent
+    divides into the split's blocks, a split block is at least the halo wide, and a block about
+    to be pooled is even. Errors name the place and end with `numbers`."""
+    for extent, conv, pool in levels:
+        for dim, s in zip(SPATIAL_DIMS, split, strict=True):
+            if extent % s:
+                raise ValueError(
+                    f"{conv}: {dim} extent {extent} does not divide into {s} blocks ({numbers})"
+                )
+            local = extent // s
+            if s > 1 and local < halo:
+                raise ValueError(
+                    f"{conv}: local {dim} extent {local} is {thin} than the halo {halo} "
+                    f"(kernel {kernel_size}, {numbers})"
+                )
+            if pool is not None and local % 2:
+                raise ValueError(
+                    f"{pool}: odd local {dim} extent {local} before pooling ({numbers})"
+                )
+
+
 def check_spatial_split(model_cfg: ModelConfig, input_size: int, split: Sequence[int]) -> None:
     """Raise ValueError, naming the layer and the numbers, if `split` cannot run the model on
     `input_size`³ samples: an extent that does not divide, a local extent narrower than the halo,
     or an odd local extent before a pooling layer (a pool window would straddle two ranks)."""
     split = _as_split(split)
-    halo = model_cfg.kernel_size // 2
-    extent = input_size
-    for i in range(model_cfg.num_conv_blocks):
-        block = f"conv_blocks.block{i}"
-        for d, s in enumerate(split):
-            dim = SPATIAL_DIMS[d]
-            if extent % s:
-                raise ValueError(
-                    f"{block}.conv: {dim} extent {extent} does not divide into {s} blocks "
-                    f"(split {list(split)}, input {input_size})"
-                )
-            local = extent // s
-            if s > 1 and local < halo:
-                raise ValueError(
-                    f"{block}.conv: local {dim} extent {local} is narrower than the halo {halo} "
-                    f"(kernel {model_cfg.kernel_size}, split {list(split)}, input {input_size})"
-                )
-            if local % 2:
-                raise ValueError(
-                    f"{block}.pool: odd local {dim} extent {local} before pooling "
-                    f"(split {list(split)}, input {input_size})"
-                )
-        extent //= 2
+    blocks = [f"conv_blocks.block{i}" for i in range(model_cfg.num_conv_blocks)]
+    _check_levels(
+        split,
+        [(input_size // 2**i, f"{b}.conv", f"{b}.pool") for i, b in enumerate(blocks)],
+        halo=model_cfg.kernel_size // 2,
+        kernel_size=model_cfg.kernel_size,
+        numbers=f"split {list(split)}, input {input_size}",
+        thin="narrower",
+    )
+
+
+def _plan(
+    cfg: ModelConfig, dims: ParallelDims, split: Split, *, periodic: bool
+) -> tuple[HaloPlan, dist.ProcessGroup | None]:
+    """The halo plan of this rank's block (halos of kernel // 2 along split or periodic dims) and
+    the group batch norm's statistics span (the whole mesh; None without batch norm or alone)."""
+    halo = cfg.kernel_size // 2
+    plan = HaloPlan(
+        group=dims.group("spatial"),
+        split=split,
+        coords=spatial_coords(dims.axis_rank("spatial"), split),
+        widths=tuple(halo if (s > 1 or periodic) else 0 for s in split),  # type: ignore[arg-type]
+        periodic=periodic,
+    )
+    stats_group = None
+    if cfg.batch_norm and dims.world_size > 1:
+        # A group of its own, so norm collectives issued during backward never interleave with
+        # DDP's gradient all-reduce on the default group.
+        stats_group = dims.new_group(list(range(dims.world_size)))
+    return plan, stats_group
 
 
 def parallelize_cosmoflow(
@@ -92,30 +137,13 @@ def parallelize_cosmoflow(
 
     Gradients: see `layers.py` — average them over the spatial group (`build_gradient_sync`).
     """
-    split = _as_split(split)
-    if math.prod(split) != dims.spatial:
-        raise ValueError(
-            f"split {list(split)} has {math.prod(split)} ranks, the mesh's spatial axis "
-            f"{dims.spatial}"
-        )
+    split = _mesh_split(split, dims)
     cfg = model.config
     check_spatial_split(cfg, cfg.input_size, split)
     if dims.world_size == 1 and not periodic:
         return model  # one rank, zero halos: the plain model is already exact
     group_rank = dims.axis_rank("spatial")
-    halo = cfg.kernel_size // 2
-    plan = HaloPlan(
-        group=dims.group("spatial"),
-        split=split,
-        coords=spatial_coords(group_rank, split),
-        widths=tuple(halo if (s > 1 or periodic) else 0 for s in split),  # type: ignore[arg-type]
-        periodic=periodic,
-    )
-    stats_group = None
-    if cfg.batch_norm and dims.world_size > 1:
-        # A group of its own, so norm collectives issued during backward never interleave with
-        # DDP's gradient all-reduce on the default group.
-        stats_group = dims.new_group(list(range(dims.world_size)))
+    plan, stats_group = _plan(cfg, dims, split, periodic=periodic)
     for block in model.conv_blocks.children():
         if not isinstance(block.conv, nn.Conv3d):
             raise ValueError("parallelize_cosmoflow: the model is already parallelized")
@@ -146,29 +174,20 @@ def check_unet_split(model_cfg: ModelConfig, input_size: int, split: Sequence[in
     pooling. Such levels are refused rather than gathered: pick a smaller split or depth."""
     split = _as_split(split)
     assert model_cfg.unet is not None, "model.name unet comes with model.unet (config.py)"
-    halo, depth = model_cfg.kernel_size // 2, model_cfg.unet.depth
+    depth = model_cfg.unet.depth
+    levels = []
     for level in range(depth):
         extent = input_size // 2**level
         where = f"U-Net level {level} ({extent}³ voxels)"
-        for d, s in enumerate(split):
-            dim = SPATIAL_DIMS[d]
-            if extent % s:
-                raise ValueError(
-                    f"{where}: {dim} extent {extent} does not divide into {s} blocks "
-                    f"(split {list(split)}, input {input_size}, depth {depth})"
-                )
-            local = extent // s
-            if s > 1 and local < halo:
-                raise ValueError(
-                    f"{where}: local {dim} extent {local} is thinner than the halo {halo} "
-                    f"(kernel {model_cfg.kernel_size}, split {list(split)}, input {input_size}, "
-                    f"depth {depth})"
-                )
-            if level < depth - 1 and local % 2:
-                raise ValueError(
-                    f"{where}: odd local {dim} extent {local} before pooling "
-                    f"(split {list(split)}, input {input_size}, depth {depth})"
-                )
+        levels.append((extent, where, where if level < depth - 1 else None))
+    _check_levels(
+        split,
+        levels,
+        halo=model_cfg.kernel_size // 2,
+        kernel_size=model_cfg.kernel_size,
+        numbers=f"split {list(split)}, input {input_size}, depth {depth}",
+        thin="thinner",
+    )
 
 
 def parallelize_unet(
@@ -186,29 +205,12 @@ def parallelize_unet(
     gradient of the mean over the whole sample. Parameters, buffers and state_dict keys stay the
     plain U-Net's.
     """
-    split = _as_split(split)
-    if math.prod(split) != dims.spatial:
-        raise ValueError(
-            f"split {list(split)} has {math.prod(split)} ranks, the mesh's spatial axis "
-            f"{dims.spatial}"
-        )
+    split = _mesh_split(split, dims)
     cfg = model.config
     check_unet_split(cfg, cfg.input_size, split)
     if dims.world_size == 1 and not periodic:
         return model
-    halo = cfg.kernel_size // 2
-    plan = HaloPlan(
-        group=dims.group("spatial"),
-        split=split,
-        coords=spatial_coords(dims.axis_rank("spatial"), split),
-        widths=tuple(halo if (s > 1 or periodic) else 0 for s in split),  # type: ignore[arg-type]
-        periodic=periodic,
-    )
-    stats_group = None
-    if cfg.batch_norm and dims.world_size > 1:
-        # Its own group, as in parallelize_cosmoflow: norm collectives in backward never
-        # interleave with DDP's all-reduce.
-        stats_group = dims.new_group(list(range(dims.world_size)))
+    plan, stats_group = _plan(cfg, dims, split, periodic=periodic)
     swaps: list[tuple[nn.Module, str, nn.Module]] = []
     for parent in model.modules():
         for name, layer in parent.named_children():

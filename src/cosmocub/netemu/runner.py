@@ -12,7 +12,6 @@ and train_summary.json).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cosmocub.io import read_json, read_jsonl
 from cosmocub.launch.launcher import (
     RENDEZVOUS_PORT,
     RankLayout,
@@ -153,6 +153,8 @@ def run_training_on_nodes(
         tx_end = net.tx_bytes()
         if stopped_by:  # the study was asked to stop: go the way the signal says, network removed
             signal.raise_signal(stopped_by[0])
+    # A training that failed or was stopped may leave neither file: the caller reads returncode.
+    metrics_path, summary_path = out_dir / "metrics.jsonl", out_dir / "train_summary.json"
     return NodesRunResult(
         returncode=rc,
         nodes=nodes,
@@ -163,8 +165,8 @@ def run_training_on_nodes(
         attempts=len(attempts),
         wall_s=time.perf_counter() - started,
         node_tx_bytes=[end - start for start, end in zip(tx_start, tx_end, strict=True)],
-        metrics=_read_jsonl(out_dir / "metrics.jsonl"),
-        summary=_read_json(out_dir / "train_summary.json"),
+        metrics=read_jsonl(metrics_path) if metrics_path.exists() else [],
+        summary=read_json(summary_path) if summary_path.exists() else None,
         logs=logs,
     )
 
@@ -217,13 +219,3 @@ def _signal_all(children: list[subprocess.Popen], signum: int) -> None:
         if child.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signum)
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.exists() else None

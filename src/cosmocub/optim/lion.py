@@ -1,7 +1,7 @@
 """Lion (Chen et al. 2023) for one process: the update is one pure function, the class walks state.
 
-Distributed and compressed Lions (Lion Cub) reuse `lion_update`'s math but own their communication;
-they live beside this file and are not built here.
+Distributed and compressed Lions (Lion Cub) run the same two halves (`lion_interpolation`, then
+`lion_apply` with the voted update) around their own communication; they live beside this file.
 """
 
 from __future__ import annotations
@@ -11,6 +11,40 @@ from typing import Any
 
 import torch
 from torch.optim import Optimizer
+
+
+@torch.no_grad()
+def lion_interpolation(
+    exp_avg: torch.Tensor,
+    grad: torch.Tensor | None,
+    *,
+    beta1: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """c = β1·m + (1−β1)·g, whose sign is Lion's update (β1·m for a parameter without gradient);
+    into `out` when given (Lion Cub reuses one buffer per bucket)."""
+    c = exp_avg.mul(beta1) if out is None else torch.mul(exp_avg, beta1, out=out)
+    if grad is not None:
+        c.add_(grad, alpha=1.0 - beta1)
+    return c
+
+
+@torch.no_grad()
+def lion_apply(
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    exp_avg: torch.Tensor,
+    update: torch.Tensor,
+    *,
+    lr: float,
+    weight_decay: float,
+    beta2: float,
+) -> None:
+    """θ ← θ·(1 − lr·λ) − lr·update;  m ← β2·m + (1−β2)·g, in place. `update` is sign(c) for
+    Lion, the data ranks' vote on it for Lion Cub."""
+    param.mul_(1.0 - lr * weight_decay)
+    param.add_(update, alpha=-lr)
+    exp_avg.mul_(beta2).add_(grad, alpha=1.0 - beta2)
 
 
 @torch.no_grad()
@@ -28,10 +62,8 @@ def lion_update(
 
     c = β1·m + (1−β1)·g;  θ ← θ·(1 − lr·λ) − lr·sign(c);  m ← β2·m + (1−β2)·g.
     """
-    param.mul_(1.0 - lr * weight_decay)
-    update = exp_avg.mul(beta1).add_(grad, alpha=1.0 - beta1).sign_()
-    param.add_(update, alpha=-lr)
-    exp_avg.mul_(beta2).add_(grad, alpha=1.0 - beta2)
+    update = lion_interpolation(exp_avg, grad, beta1=beta1).sign_()
+    lion_apply(param, grad, exp_avg, update, lr=lr, weight_decay=weight_decay, beta2=beta2)
 
 
 def check_lion_hyperparameters(owner: str, *, lr: float, betas: tuple[float, float]) -> None:

@@ -23,7 +23,7 @@ from cosmocub.optim.collectives import (
     build_collective,
     ring_allreduce_bytes,
 )
-from cosmocub.optim.lion import check_lion_hyperparameters
+from cosmocub.optim.lion import check_lion_hyperparameters, lion_apply, lion_interpolation
 from cosmocub.optim.momentum_sync import average_momenta, is_sync_step, matches
 from cosmocub.optim.quantize import quantize, quantizer_levels, wire_bits
 from cosmocub.optim.vote import tie_pattern
@@ -137,12 +137,11 @@ class LionCub(Optimizer):
     def _start(self, bucket: _Bucket, step: int) -> None:
         beta1 = self.param_groups[0]["betas"][0]
         started = time.perf_counter()
-        c, offset = bucket.scratch, 0  # c = β1·m + (1−β1)·g, per tensor as lion_update does
+        c, offset = bucket.scratch, 0  # c = β1·m + (1−β1)·g, per tensor as Lion computes it
         for p, m in zip(bucket.params, bucket.views, strict=True):
-            c_p = c[offset : offset + p.numel()].view_as(p)
-            torch.mul(m, beta1, out=c_p)
-            if p.grad is not None:
-                c_p.add_(p.grad, alpha=1.0 - beta1)
+            lion_interpolation(
+                m, p.grad, beta1=beta1, out=c[offset : offset + p.numel()].view_as(p)
+            )
             offset += p.numel()
         if self.spec.quantizer == "sign":
             bucket.q.copy_(c.sign_())  # = quantize(c, "sign"), without a fresh tensor
@@ -204,9 +203,15 @@ class LionCub(Optimizer):
             for p, m in zip(bucket.params, bucket.views, strict=True):
                 n = p.numel()
                 if p.grad is not None:  # as Lion: a parameter without gradient is left alone
-                    p.mul_(1.0 - lr * wd)
-                    p.add_(update[offset : offset + n].view_as(p), alpha=-lr)
-                    m.mul_(beta2).add_(p.grad, alpha=1.0 - beta2)
+                    lion_apply(
+                        p,
+                        p.grad,
+                        m,
+                        update[offset : offset + n].view_as(p),
+                        lr=lr,
+                        weight_decay=wd,
+                        beta2=beta2,
+                    )
                 offset += n
         self.step_count = step
         if self.group_size > 1 and is_sync_step(step, **self.sync):

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import logging
 import os
 from pathlib import Path
 
 from cosmocub.config import load_config
-from cosmocub.io import atomic_path
+from cosmocub.io import atomic_path, read_tsv, write_json
 
 log = logging.getLogger(__name__)
 FIT_COLUMNS = (
@@ -85,13 +84,7 @@ def fit(args: argparse.Namespace) -> int:
 def read_fits(path: Path):
     from cosmocub.perfmodel.costs import AlphaBeta, Fit
 
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f, delimiter="\t"))
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"{path}: alpha-beta fit not found (cosmocub perf-model fit)"
-        ) from None
+    rows = read_tsv(path, not_found="alpha-beta fit not found (cosmocub perf-model fit)")
     if not rows or "allreduce" not in {r["kind"] for r in rows}:
         raise ValueError(f"{path}: needs an 'allreduce' row (kinds: {[r['kind'] for r in rows]})")
     return {
@@ -149,8 +142,7 @@ def validate(args: argparse.Namespace) -> int:
             s["points"],
         )
     summary = {part: error_summary(results, part) for part in ("step", "compute", "exchange")}
-    with atomic_path(Path(args.tsv).with_suffix(".json")) as tmp:
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(Path(args.tsv).with_suffix(".json"), summary)
     return 0
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -114,14 +113,3 @@ def measure_optimizer_step(model_cfg: ModelConfig, optimizer_cfg, *, repeats: in
         p.grad = torch.randn_like(p)
     optimizer = build_optimizer(model.named_parameters(), optimizer_cfg, global_batch=1)
     return _median_time(optimizer.step, repeats)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Accelerator:
-    """A device class for the extrapolation: peak FLOP/s at the training precision × efficiency,
-    and the bandwidth between devices of one node."""
-
-    name: str
-    peak_tflops: float
-    efficiency: float
-    intra_node_gbit: float

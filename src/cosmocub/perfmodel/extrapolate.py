@@ -28,6 +28,18 @@ UPDATE_BYTES_PER_PARAM = {
     "distributed_lion": 28,
     "lion_cub": 28,
 }
+
+
+def update_bytes_per_param(optimizer: str, entry: str) -> int:
+    """UPDATE_BYTES_PER_PARAM of `optimizer`; a ValueError naming the entry for one it lacks."""
+    if optimizer not in UPDATE_BYTES_PER_PARAM:
+        raise ValueError(
+            f"perf_model.extrapolate.optimizers.{entry}: no update cost for optimizer.name "
+            f"{optimizer!r} (UPDATE_BYTES_PER_PARAM has {', '.join(UPDATE_BYTES_PER_PARAM)})"
+        )
+    return UPDATE_BYTES_PER_PARAM[optimizer]
+
+
 # Memory per GPU besides activations: parameters, gradients and two optimizer states, fp32.
 STATE_BYTES_PER_PARAM = 16
 COLUMNS = (
@@ -123,7 +135,7 @@ def extrapolate(base: Config, settings: ExtrapolateConfig) -> list[dict[str, Any
                             efficiency=acc.efficiency,
                         )
                         for opt_name, opt_cfg in optimizers.items():
-                            update = UPDATE_BYTES_PER_PARAM.get(opt_cfg.name, 28) * params
+                            update = update_bytes_per_param(opt_cfg.name, opt_name) * params
                             p = predict_step(
                                 model_cfg=model_cfg,
                                 optimizer_cfg=opt_cfg,

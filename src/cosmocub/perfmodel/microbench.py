@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from cosmocub.io import atomic_path
+from cosmocub.io import atomic_path, read_tsv
 from cosmocub.optim.collectives import all_gather_flat
 from cosmocub.perfmodel.costs import KINDS, Sample
 
@@ -102,11 +102,7 @@ def write_samples(samples: Sequence[Sample], path: Path) -> None:
 
 
 def read_samples(path: Path) -> list[Sample]:
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f, delimiter="\t"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: micro-benchmark samples not found") from None
+    rows = read_tsv(path, not_found="micro-benchmark samples not found")
     if not rows:
         raise ValueError(f"{path}: no samples")
     if missing := set(COLUMNS) - set(rows[0]):

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from cosmocub.config import load_config
-from cosmocub.io import atomic_path
+from cosmocub.io import atomic_path, read_tsv
 from cosmocub.perfmodel.costs import AlphaBeta, Fit
 from cosmocub.perfmodel.model import DDP_OPTIMIZERS, Mesh, Network, StepPrediction, predict_step
 
@@ -32,11 +32,7 @@ PARTS = ("step", "compute", "exchange", "momentum_sync")
 
 
 def read_points(path: Path) -> list[dict[str, str]]:
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f, delimiter="\t"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: measured points not found") from None
+    rows = read_tsv(path, not_found="measured points not found")
     if not rows:
         raise ValueError(f"{path}: no measured points")
     if missing := [c for c in REQUIRED if c not in rows[0]]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import importlib
-import json
 import logging
 import math
 import re
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cosmocub.config import Config, ConfigError, config_hash, deep_merge, from_values, resolve
-from cosmocub.io import atomic_path, write_tsv
+from cosmocub.io import atomic_path, read_json, read_jsonl, write_json, write_tsv
 
 log = logging.getLogger(__name__)
 
@@ -84,17 +83,17 @@ class PointOutputs:
         return self.folder / "eval"
 
     def train_summary(self) -> dict[str, Any]:
-        return _read_json(self.run_dir / "train_summary.json")
+        return read_json(self.run_dir / "train_summary.json")
 
     def metrics(self) -> list[dict[str, Any]]:
-        path = self.run_dir / "metrics.jsonl"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: not found (the point's training did not finish)")
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return read_jsonl(
+            self.run_dir / "metrics.jsonl",
+            not_found="not found (the point's training did not finish)",
+        )
 
     def record(self) -> dict[str, Any]:
         """point.json: the launch settings and what the runner reported (bytes on the wire, …)."""
-        return _read_json(self.folder / POINT_FILE)
+        return read_json(self.folder / POINT_FILE)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,15 +207,6 @@ def study_shard_sources(cfg: Config, studies: Sequence[str]) -> dict[str, tuple[
 # Gather
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: not found") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
-
-
 def gather(
     cfg: Config,
     study: str,
@@ -308,9 +298,6 @@ def training_row(outputs: PointOutputs) -> dict[str, Any]:
     epochs = outputs.metrics()
     if not epochs:
         raise ValueError(f"{outputs.run_dir / 'metrics.jsonl'}: no epochs recorded")
-    steps = [b["step"] - a for a, b in zip([0] + [e["step"] for e in epochs], epochs, strict=False)]
-    use = list(range(1, len(epochs))) if len(epochs) > 1 else [0]
-    total = sum(steps[i] for i in use)
     row: dict[str, Any] = {
         "world_size": summary["world_size"],
         "data": summary["data_parallel"],
@@ -322,7 +309,8 @@ def training_row(outputs: PointOutputs) -> dict[str, Any]:
         "final_val_loss": epochs[-1].get("val_loss"),
     }
     for name, key in STEP_COLUMNS.items():
-        row[name] = sum(epochs[i].get(key, 0.0) * steps[i] for i in use) / total
+        # A part the run did not time (no halo without a spatial split, say) took no time.
+        row[name] = step_weighted_mean_after_first(epochs, key, missing=0.0)
     row["step_s"] = row["compute_s"] + row["exchange_s"] + row["momentum_sync_s"] + row["halo_s"]
     return row
 
@@ -340,12 +328,17 @@ def point_record(point: Point, *, cores_per_rank: int, extra: Mapping[str, Any])
 
 
 def write_point_record(record: Mapping[str, Any], folder: Path) -> None:
-    with atomic_path(Path(folder) / POINT_FILE) as tmp:
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
+    write_json(Path(folder) / POINT_FILE, record)
 
 
-def step_weighted_mean_after_first(epochs: list[dict[str, Any]], key: str) -> float | None:
-    """Step-weighted mean of a per-epoch column over the epochs after the first."""
+def step_weighted_mean_after_first(
+    epochs: list[dict[str, Any]], key: str, *, missing: float | None = None
+) -> float | None:
+    """Step-weighted mean of a per-epoch column over the epochs after the first (which holds
+    start-up costs), or over the first alone when no later epoch has the column; None when no
+    epoch has it. With `missing` set, an epoch without the column counts as that value."""
+    if missing is not None:
+        epochs = [{**e, key: e.get(key, missing)} for e in epochs]
     steps = [b["step"] - a for a, b in zip([0] + [e["step"] for e in epochs], epochs, strict=False)]
     use = [i for i in range(1, len(epochs)) if key in epochs[i]] or [
         i for i in range(len(epochs)) if key in epochs[i]

@@ -11,7 +11,6 @@ keeps per size the learning rate with the lowest final validation loss.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -21,7 +20,7 @@ import numpy as np
 
 from cosmocub.config import Config, ConfigError
 from cosmocub.cosmology.parameters import NAME_PAR
-from cosmocub.io import atomic_path
+from cosmocub.io import atomic_path, read_json
 from cosmocub.optim.schedule import stretched
 from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition, point_values
 
@@ -233,9 +232,7 @@ def plot_study(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> No
 def point_rows(outputs: PointOutputs, cfg: Config) -> list[dict[str, Any]]:
     size = int(outputs.point.labels["sample_size"])
     path = outputs.eval_dir / "metrics.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: not found (run `cosmocub evaluate`)")
-    metrics = json.loads(path.read_text())
+    metrics = read_json(path, not_found="not found (run `cosmocub evaluate`)")
     if "comparison" not in metrics:
         raise ValueError(f"{path}: no 'comparison' block (evaluated by an older cosmocub)")
     epochs = outputs.metrics()
