@@ -30,6 +30,7 @@ import yaml
 
 from cosmocub.io import read_jsonl
 from cosmocub.launch import multirank
+from cosmocub.launch.torchrun import torchrun_argv
 
 LION_CUB_L1 = {"quantizer": "l1", "bits": 4, "collective": "allreduce"}
 ROWS: dict[str, dict[str, Any]] = {
@@ -117,7 +118,7 @@ def _spawn(args: argparse.Namespace, work: Path, mesh: str, shards: Path) -> dic
     manifest = work / f"{mesh}.json"
     manifest.write_text(json.dumps({"shards": str(shards), "runs": runs}))
     out = work / f"{mesh}-summaries.json"
-    argv = multirank.torchrun_argv(
+    argv = torchrun_argv(
         ranks, __file__, "--rank-manifest", str(manifest), "--rank-out", str(out),
         *(["--contiguous"] if mesh == "C" else []),
     )  # fmt: skip

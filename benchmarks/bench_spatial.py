@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from cosmocub.launch import multirank
+from cosmocub.launch.torchrun import torchrun_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -276,7 +277,7 @@ def run_config(
 ) -> list[dict[str, Any]]:
     nproc = split[0] * split[1] * split[2]
     out = workdir / f"{mode}_{size}_{'x'.join(map(str, split))}"
-    cmd = multirank.torchrun_argv(
+    cmd = torchrun_argv(
         nproc,
         __file__,
         "--rank-mode",

@@ -15,6 +15,7 @@ from torch import nn
 
 from cosmocub.config import ConfigError, load_config
 from cosmocub.launch import multirank
+from cosmocub.launch.torchrun import torchrun_argv
 from cosmocub.optim.collectives import COLLECTIVES
 from cosmocub.optim.factory import build_optimizer, check_group_size
 from cosmocub.optim.lion import Lion
@@ -443,7 +444,7 @@ dist.destroy_process_group()
 def test_four_gloo_ranks_collectives_agree(tmp_path: Path) -> None:
     script = tmp_path / "four.py"
     script.write_text(FOUR_RANKS)
-    proc = multirank.run_ranks(multirank.torchrun_argv(4, str(script)), timeout=180)
+    proc = multirank.run_ranks(torchrun_argv(4, str(script)), timeout=180)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.count("cases OK") == 4, proc.stdout
 
@@ -483,7 +484,7 @@ def _torchrun(tmp_path: Path, name: str, nproc: int, optimizer: dict, shards: Pa
     script.write_text(TRAIN_RANK)
     run = tmp_path / name
     args = [str(script), str(cfg_path), str(shards), str(run), str(kw.get("die_at", 0))]
-    proc = multirank.run_ranks(multirank.torchrun_argv(nproc, *args, max_restarts=1), timeout=240)
+    proc = multirank.run_ranks(torchrun_argv(nproc, *args, max_restarts=1), timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return run
 

@@ -11,6 +11,7 @@ import pytest
 
 from cosmocub.config import load_config
 from cosmocub.launch import multirank
+from cosmocub.launch.torchrun import torchrun_argv
 from cosmocub.perfmodel.costs import AlphaBeta, Sample, fit_alpha_beta, fit_per_kind
 from cosmocub.perfmodel.model import Mesh, Network, predict_step
 
@@ -111,7 +112,7 @@ def test_model_bytes_equal_what_the_optimizers_count(tmp_path: Path) -> None:
     script = tmp_path / "count.py"
     script.write_text(COUNT_BYTES)
     proc = multirank.run_ranks(  # a timeout kills every rank
-        multirank.torchrun_argv(2, str(script), str(config), json.dumps(VARIANTS), str(STEPS)),
+        torchrun_argv(2, str(script), str(config), json.dumps(VARIANTS), str(STEPS)),
         timeout=120,
     )
     out, err = proc.stdout, proc.stderr

@@ -19,6 +19,7 @@ import yaml
 from test_train import TINY  # the plain tiny recipe the training tests share
 
 from cosmocub.launch import multirank
+from cosmocub.launch.torchrun import torchrun_argv
 from cosmocub.models.factory import load_model_file
 from cosmocub.train.main import train
 from cosmocub.train.run_lock import LOCK_FILE, RunFolderBusyError, acquire_run_lock
@@ -80,7 +81,7 @@ def test_multirank_timeout_leaves_no_process_behind(tmp_path: Path) -> None:
     pids_dir = tmp_path / "pids"
     pids_dir.mkdir()
     with pytest.raises(subprocess.TimeoutExpired):
-        multirank.run_ranks(multirank.torchrun_argv(2, str(script), str(pids_dir)), timeout=15)
+        multirank.run_ranks(torchrun_argv(2, str(script), str(pids_dir)), timeout=15)
     names = [p.name for p in pids_dir.iterdir()]
     assert sorted({n.split(".")[0] for n in names}) == ["0", "1"], names  # both ranks ran
     pids = sorted({int(n.split(".")[1]) for n in names})
@@ -279,7 +280,7 @@ def test_startup_with_four_ranks_and_a_dozen_old_folders(shards: Path, tmp_path:
     trials = 6
     try:
         args = [str(script), str(cfg), str(shards), str(tmp_path), str(held), str(trials)]
-        proc = multirank.run_ranks(multirank.torchrun_argv(4, *args), timeout=240)
+        proc = multirank.run_ranks(torchrun_argv(4, *args), timeout=240)
     finally:
         lock.release()
     assert proc.returncode == 0, proc.stderr[-4000:]

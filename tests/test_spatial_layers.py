@@ -16,6 +16,7 @@ import torch
 
 from cosmocub.config import ModelConfig
 from cosmocub.launch import multirank
+from cosmocub.launch.torchrun import torchrun_argv
 from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.models.parallelize import check_spatial_split, parallelize_cosmoflow
 from cosmocub.models.summary import activation_bytes
@@ -29,7 +30,7 @@ TOLERANCE = 1e-5  # fp32 rounding, as the issue asks
 def run_ranks(out: Path, nproc: int, *args: str, timeout: float) -> dict[str, dict[str, Any]]:
     """torchrun `nproc` gloo ranks of spatial_ranks.py, killed whole on timeout."""
     proc = multirank.run_ranks(
-        multirank.torchrun_argv(nproc, str(RANKS_SCRIPT), str(out), *args), timeout=timeout
+        torchrun_argv(nproc, str(RANKS_SCRIPT), str(out), *args), timeout=timeout
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())

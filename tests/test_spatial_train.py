@@ -13,6 +13,7 @@ import torch
 import yaml
 
 from cosmocub.launch import multirank
+from cosmocub.launch.torchrun import torchrun_argv
 from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.models.factory import load_model_file
 from cosmocub.train.testing import make_random_shards
@@ -76,7 +77,7 @@ def run_ranks(
     run = tmp / name
     run.mkdir(exist_ok=True)
     args = [str(script), str(cfg_path), str(shards), str(run), str(die_at)]
-    argv = multirank.torchrun_argv(nproc, *args, max_restarts=1 if die_at else 0)
+    argv = torchrun_argv(nproc, *args, max_restarts=1 if die_at else 0)
     proc = multirank.run_ranks(argv, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (run / "stderr.txt").write_text(proc.stderr)

@@ -20,6 +20,7 @@ import yaml
 from cosmocub import cli
 from cosmocub.config import Config, load_config
 from cosmocub.launch import multirank
+from cosmocub.launch.torchrun import torchrun_argv
 from cosmocub.models.factory import load_model_file
 from cosmocub.parallel.mesh import LaunchEnv, ParallelDims, _first_slurm_host, detect_launch_env
 from cosmocub.train.checkpoint import CheckpointManager, CheckpointMismatchError
@@ -514,7 +515,7 @@ def test_two_gloo_ranks_survive_a_restart_with_identical_weights(
     run.mkdir()
     # rank 1 dies at step 6 of 8, after the checkpoint at step 5
     args = [str(script), str(cfg_path), str(shards), str(run), "6"]
-    proc = multirank.run_ranks(multirank.torchrun_argv(2, *args, max_restarts=1), timeout=150)
+    proc = multirank.run_ranks(torchrun_argv(2, *args, max_restarts=1), timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rank0 = torch.load(run / "rank0.pt", weights_only=True)
     rank1 = torch.load(run / "rank1.pt", weights_only=True)

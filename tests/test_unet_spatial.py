@@ -17,6 +17,7 @@ import torch
 
 from cosmocub.config import ConfigError, ModelConfig, UNetShape, load_config
 from cosmocub.launch import multirank
+from cosmocub.launch.torchrun import torchrun_argv
 from cosmocub.models.parallelize import check_unet_split
 from cosmocub.models.unet import UNet3d
 
@@ -30,9 +31,7 @@ from unet_ranks import CASES, case_name, unet_cfg  # noqa: E402
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     out = tmp_path_factory.mktemp("unet") / "results.json"
     try:
-        proc = multirank.run_ranks(
-            multirank.torchrun_argv(8, str(RANKS_SCRIPT), str(out)), timeout=300
-        )
+        proc = multirank.run_ranks(torchrun_argv(8, str(RANKS_SCRIPT), str(out)), timeout=300)
     except subprocess.TimeoutExpired:
         pytest.fail("unet ranks did not finish within 300 s")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

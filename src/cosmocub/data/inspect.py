@@ -6,6 +6,7 @@ universes are read in depth slabs so a 512³×4 file (1 GiB) never sits in memor
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -125,3 +126,9 @@ def format_report(report: dict[str, Any]) -> str:
     if report.get("attrs"):
         lines += ["", "attributes"] + [f"  {k}: {v}" for k, v in sorted(report["attrs"].items())]
     return "\n".join(lines)
+
+
+def report_text(path: str | os.PathLike, *, as_json: bool = False) -> str:
+    """`cosmocub inspect`'s output: the report of `path` as indented JSON or as text."""
+    report = inspect_path(path)
+    return json.dumps(report, indent=2) if as_json else format_report(report)

@@ -17,11 +17,8 @@ import threading
 import time
 from collections.abc import Sequence
 
-# The agent's pid, for the ranks it starts: a rank whose parent is not this pid any more (the
-# agent died before the rank armed its death signal) ends at once. Ranks started by srun have
-# slurmstepd as their parent and no such variable: the step ends them (see
-# cosmocub.launch.launcher).
-AGENT_PID_ENV = "COSMOCUB_AGENT_PID"
+from cosmocub.launch.env import AGENT_PID_ENV
+
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 

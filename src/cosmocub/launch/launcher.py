@@ -32,13 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cosmocub.launch.agent import exit_with_parent
+from cosmocub.launch.env import ATTEMPT_ENV, CPUS_PER_RANK_ENV, USER_ERROR_ENV
+from cosmocub.launch.torchrun import Rendezvous, cli_program, torchrun_argv
 
 # torchrun's c10d rendezvous port on Flux/LSF (Slurm derives its port from the job id).
 RENDEZVOUS_PORT = 29400
-# Set by the launcher for the ranks: where a rank records that it stopped on a user error (in the
-# working directory, which a cluster's nodes share), and which attempt they run in (0 = first).
-USER_ERROR_ENV = "COSMOCUB_USER_ERROR_FILE"
-ATTEMPT_ENV = "COSMOCUB_LAUNCH_ATTEMPT"
 USER_ERROR_EXIT = 2
 
 
@@ -90,27 +88,19 @@ def launch_command(
     env = os.environ if environ is None else environ
     scheduler = detect_scheduler(env)
     args = list(module_args)
-    # torchrun, reporting failures in one line and arming its ranks to die with it.
-    torchrun = [python, "-m", "cosmocub.launch.agent"]
     if scheduler == "local":
         if layout.nodes > 1:
             raise ValueError(
                 f"key 'cluster.train.nodes': {layout.nodes} nodes need a scheduler allocation "
                 f"(run with --profile profiles/slurm, or set it to 1 on one machine)"
             )
-        return [
-            *torchrun,
-            "--standalone",
-            f"--nproc-per-node={layout.tasks_per_node}",
-            "--max-restarts=0",  # restarts: run_launch
-            "-m",
-            "cosmocub.cli",
-            *args,
-        ]
+        # torchrun, reporting failures in one line and arming its ranks to die with it;
+        # restarts are run_launch's, not torchrun's.
+        return torchrun_argv(layout.tasks_per_node, *cli_program(args), python=python)
     if scheduler == "slurm":
         if layout.world_size == 1:
             # The job is one task already; ParallelDims reads SLURM_PROCID=0 / SLURM_NTASKS=1.
-            return [python, "-m", "cosmocub.cli", *args]
+            return [python, *cli_program(args)]
         return [
             "srun",
             f"--nodes={layout.nodes}",
@@ -119,9 +109,7 @@ def launch_command(
             f"--cpus-per-task={layout.cpus_per_rank}",
             "--kill-on-bad-exit=1",
             python,
-            "-m",
-            "cosmocub.cli",
-            *args,
+            *cli_program(args),
         ]
     # Flux and LSF: one torchrun agent per node; the batch script runs on the allocation's first
     # node, so its hostname is an address every agent can reach.
@@ -160,23 +148,17 @@ def torchrun_agent(
     other nodes' agents at the c10d `endpoint` and starts tasks_per_node ranks. Where hostnames
     do not tell the nodes apart (emulated nodes share the machine's): `local_addr`, the address
     the other nodes reach this one at, and `is_host`, whether this agent serves the endpoint."""
-    conf = [] if is_host is None else [f"--rdzv-conf=is_host={int(is_host)}"]
-    return [
-        python,
-        "-m",
-        "cosmocub.launch.agent",  # torchrun, with one-line failures and ranks that die with it
-        f"--nnodes={layout.nodes}",
-        f"--nproc-per-node={layout.tasks_per_node}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={endpoint}",
-        f"--rdzv-id={rdzv_id}",
-        *conf,
-        *([f"--local-addr={local_addr}"] if local_addr else []),
-        "--max-restarts=0",  # restarts: run_launch / run_attempts
-        "-m",
-        "cosmocub.cli",
-        *module_args,
-    ]
+    rendezvous = Rendezvous(
+        nodes=layout.nodes,
+        endpoint=endpoint,
+        rdzv_id=rdzv_id,
+        local_addr=local_addr,
+        is_host=is_host,
+    )
+    # Restarts are run_launch's / run_attempts', not torchrun's.
+    return torchrun_argv(
+        layout.tasks_per_node, *cli_program(module_args), python=python, rendezvous=rendezvous
+    )
 
 
 def format_command(argv: Sequence[str]) -> str:
@@ -198,7 +180,7 @@ def run_launch(layout: RankLayout, module_args: Sequence[str]) -> int:
     argv = launch_command(layout, module_args)
     _say(f"{format_command(argv)}")
     # The ranks' torch threads: what the scheduler or the rule granted each rank.
-    os.environ["COSMOCUB_CPUS_PER_RANK"] = str(layout.cpus_per_rank)
+    os.environ[CPUS_PER_RANK_ENV] = str(layout.cpus_per_rank)
     return run_attempts(layout.max_restarts, lambda env: _run_forwarding_signals(argv, env))
 
 

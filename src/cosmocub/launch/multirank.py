@@ -1,9 +1,8 @@
 """Start a multi-rank command for tests and benchmarks, and leave nothing behind when it hangs.
 
-`torchrun_argv` is the one torchrun command line (the same agent `cosmocub launch` uses);
-`run_ranks` runs a command in a session of its own and, on timeout, kills every process it
-started — torchrun's ranks run in sessions of their own, so killing the group alone would orphan
-them: the tree is walked before anything is killed.
+`run_ranks` runs a command (e.g. `launch.torchrun.torchrun_argv`) in a session of its own and,
+on timeout, kills every process it started — torchrun's ranks run in sessions of their own, so
+killing the group alone would orphan them: the tree is walked before anything is killed.
 """
 
 from __future__ import annotations
@@ -12,31 +11,15 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-# Variables of an enclosing `cosmocub launch` that must not leak into a nested one.
-_LAUNCH_VARS = ("COSMOCUB_USER_ERROR_FILE", "COSMOCUB_LAUNCH_ATTEMPT", "COSMOCUB_AGENT_PID")
-
-
-def torchrun_argv(nproc: int, *args: str, max_restarts: int = 0) -> list[str]:
-    """`torchrun --standalone` of `nproc` ranks running `args` (a script and its arguments, or
-    `-m module …`)."""
-    return [
-        sys.executable,
-        "-m",
-        "cosmocub.launch.agent",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        f"--max-restarts={max_restarts}",
-        *args,
-    ]
+from cosmocub.launch.env import LAUNCH_VARS
 
 
 def rank_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """This environment with one thread per rank and no enclosing launcher's variables."""
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     return {**env, "OMP_NUM_THREADS": "1", **(extra or {})}
 
 

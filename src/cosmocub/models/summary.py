@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cosmocub.config import ModelConfig
+from cosmocub.config import Config, ModelConfig
 from cosmocub.models.cosmoflow import CosmoFlow
 
 FLOPS_METHOD = "analytic: 2 x MACs of Conv3d and Linear (bias, activations, pooling not counted)"
@@ -161,3 +161,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"{whole['total'] / per_rank['total']:.2f}x more"
     )
     return "\n".join(lines)
+
+
+def config_summary_text(cfg: Config, *, split: tuple[int, int, int] | None = None) -> str:
+    """`cosmocub model-summary`'s table for the config's CosmoFlow, split along D,H,W as `split`
+    says (default: the config's parallel.split)."""
+    if cfg.model.name != "cosmoflow":
+        raise ValueError(f"{cfg.source}: model-summary describes CosmoFlow, not {cfg.model.name}")
+    return format_summary(summarize(cfg.model, split=split or cfg.parallel.split_dhw))

@@ -1,7 +1,7 @@
 """One training run on emulated nodes: the per-point runner of the network and scaling studies.
 
 `run_training_on_nodes` makes the network (`emulated_nodes`), starts one torchrun agent per node
-inside its namespace — the same agent a Flux/LSF allocation starts (`launch.torchrun_agent`),
+inside its namespace — the same agent a Flux/LSF allocation starts (`launcher.torchrun_agent`),
 meeting at node 0's bridge address, gloo on the node's veth (GLOO_SOCKET_IFNAME) — pinned to a
 fixed core set, restarts them like `cosmocub launch` does (`launch.run_attempts`), and returns
 what the run measured: each node's tx bytes over the whole run, the cores each rank had, and what
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cosmocub.io import read_json, read_jsonl
+from cosmocub.launch.env import CPUS_PER_RANK_ENV
 from cosmocub.launch.launcher import (
     RENDEZVOUS_PORT,
     RankLayout,
@@ -136,7 +137,7 @@ def run_training_on_nodes(
                     **env,
                     # gloo's interface; also the one train/wire_meter.py reads tx_bytes of
                     "GLOO_SOCKET_IFNAME": node.interface,
-                    "COSMOCUB_CPUS_PER_RANK": str(layout.cpus_per_rank),
+                    CPUS_PER_RANK_ENV: str(layout.cpus_per_rank),
                 }
                 for node in net.nodes
             ]

@@ -1,14 +1,15 @@
-"""`cosmocub perf-model …`: bench (under `cosmocub launch`), fit, validate, extrapolate."""
+"""The stages of `cosmocub perf-model …`: bench (under `cosmocub launch`), fit, validate and
+extrapolate; cosmocub.cli.perf_model parses their arguments."""
 
 from __future__ import annotations
 
-import argparse
 import csv
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
-from cosmocub.config import load_config
+from cosmocub.config import Config, load_config
 from cosmocub.io import atomic_path, read_tsv, write_json
 
 log = logging.getLogger(__name__)
@@ -23,8 +24,9 @@ FIT_COLUMNS = (
 )
 
 
-def bench(args: argparse.Namespace) -> int:
-    """Every rank runs the micro-benchmark in the process group the launcher set up."""
+def bench(config_path: str | None, out: Path) -> None:
+    """Every rank runs the micro-benchmark in the process group the launcher set up; rank 0
+    writes the samples to `out`."""
     import torch.distributed as dist
 
     from cosmocub.perfmodel.microbench import run_microbench, write_samples
@@ -34,25 +36,25 @@ def bench(args: argparse.Namespace) -> int:
             "perf-model bench: no launcher environment (RANK); run it as "
             "`cosmocub launch --tasks-per-node N -- perf-model bench --out FILE`"
         )
-    cfg = load_config(args.config)
+    cfg = load_config(config_path)
     dist.init_process_group("gloo")
     try:
         samples = run_microbench(
             sizes_bytes=cfg.perf_model.bench.sizes_bytes, repeats=cfg.perf_model.bench.repeats
         )
         if dist.get_rank() == 0:
-            write_samples(samples, Path(args.out))
+            write_samples(samples, out)
     finally:
         dist.destroy_process_group()
-    return 0
 
 
-def fit(args: argparse.Namespace) -> int:
+def fit(samples: Path, out: Path) -> None:
+    """The α–β fit per collective kind of the bench's `samples`, as a TSV at `out`."""
     from cosmocub.perfmodel.costs import fit_per_kind
     from cosmocub.perfmodel.microbench import read_samples
 
-    fits = fit_per_kind(read_samples(Path(args.samples)))
-    with atomic_path(args.out) as tmp, open(tmp, "w", newline="") as f:
+    fits = fit_per_kind(read_samples(samples))
+    with atomic_path(out) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f, delimiter="\t", lineterminator="\n")
         writer.writerow(FIT_COLUMNS)
         for kind, r in fits.items():
@@ -78,7 +80,6 @@ def fit(args: argparse.Namespace) -> int:
                 100 * r.median_rel_error,
                 100 * r.worst_rel_error,
             )
-    return 0
 
 
 def read_fits(path: Path):
@@ -100,7 +101,17 @@ def read_fits(path: Path):
     }
 
 
-def validate(args: argparse.Namespace) -> int:
+def validate(
+    cfg: Config,
+    *,
+    points: Sequence[Path],
+    fit_path: Path,
+    tsv: Path,
+    plot: Path,
+    calibrate_on: str | None = None,
+) -> None:
+    """Measured (the studies' `points` tables) against predicted: the TSV, its plot and the
+    error summary beside the TSV (.json)."""
     from cosmocub.perfmodel.validate import (
         calibrated,
         compare,
@@ -113,14 +124,13 @@ def validate(args: argparse.Namespace) -> int:
         write_results,
     )
 
-    cfg = load_config(args.config)
     cores = cfg.perf_model.cores or len(os.sched_getaffinity(0))
-    fits = read_fits(Path(args.fit))
-    point = args.calibrate_on or cfg.perf_model.calibrate_on
+    fits = read_fits(fit_path)
+    point = calibrate_on or cfg.perf_model.calibrate_on
     # The first table is the one holding the calibration point; its scale applies to the others.
     scale = None
     results = []
-    for path in map(Path, args.points):
+    for path in map(Path, points):
         rows = usable(read_points(path))
         predict = cpu_predictor(path.parent, fits, cores=cores)
         if point and scale is None:
@@ -130,8 +140,8 @@ def validate(args: argparse.Namespace) -> int:
         elif scale is not None:
             predict = scaled_predictor(predict, scale)
         results += [{"study": path.parent.name, **r} for r in compare(rows, predict)]
-    write_results(results, Path(args.tsv))
-    plot_results(results, Path(args.plot))
+    write_results(results, tsv)
+    plot_results(results, plot)
     for part in ("step", "compute", "exchange"):
         s = error_summary(results, part)
         log.info(
@@ -142,11 +152,12 @@ def validate(args: argparse.Namespace) -> int:
             s["points"],
         )
     summary = {part: error_summary(results, part) for part in ("step", "compute", "exchange")}
-    write_json(Path(args.tsv).with_suffix(".json"), summary)
-    return 0
+    write_json(tsv.with_suffix(".json"), summary)
 
 
-def extrapolate(args: argparse.Namespace) -> int:
+def extrapolate(cfg: Config, *, model_config: str, out: Path) -> None:
+    """Step time of `model_config`'s model on GPU clusters: the TSVs, plot and assumptions in
+    `out`."""
     from cosmocub.io import write_tsv
     from cosmocub.perfmodel.extrapolate import (
         COLUMNS,
@@ -155,9 +166,8 @@ def extrapolate(args: argparse.Namespace) -> int:
         plot_extrapolation,
     )
 
-    cfg = load_config(args.config)
     settings = cfg.perf_model.extrapolate
-    base = load_config(args.model_config)
+    base = load_config(model_config)
     names = list(settings.optimizers)
     if len(names) != 2:
         raise ValueError(
@@ -167,7 +177,6 @@ def extrapolate(args: argparse.Namespace) -> int:
     from cosmocub.perfmodel.extrapolate import extrapolate as extrapolate_rows
 
     rows = extrapolate_rows(base, settings)
-    out = Path(args.out)
     write_tsv(rows, COLUMNS, out / "extrapolation.tsv")
     top = headline(
         rows, reference=names[0], candidate=names[1], halo_limit=settings.halo_share_limit
@@ -175,7 +184,7 @@ def extrapolate(args: argparse.Namespace) -> int:
     write_tsv(top, list(top[0]), out / "headline.tsv")
     plot_extrapolation(rows, out / "extrapolation.png")
     with atomic_path(out / "assumptions.md") as tmp:
-        tmp.write_text(assumptions_text(base, settings, args.model_config))
+        tmp.write_text(assumptions_text(base, settings, model_config))
     biggest = max(settings.gpus)
     for r in top:
         if r["gpus"] == biggest and "speedup" in r:
@@ -196,39 +205,3 @@ def extrapolate(args: argparse.Namespace) -> int:
                 r["max_spatial_halo_of_step"],
                 r["max_spatial_halo_of_compute"],
             )
-    return 0
-
-
-def add_parser(sub, add_config) -> None:
-    p = sub.add_parser("perf-model", help="the step-time performance model (α–β + compute)")
-    cmds = p.add_subparsers(dest="perf_command", required=True)
-    b = cmds.add_parser("bench", help="time collectives (run under `cosmocub launch`)")
-    b.set_defaults(handler=bench)
-    b.add_argument("--out", required=True, help="samples TSV (kind, group_size, nbytes, seconds)")
-    add_config(b)
-    f = cmds.add_parser("fit", help="α–β per collective kind from the samples")
-    f.set_defaults(handler=fit)
-    f.add_argument("--samples", required=True)
-    f.add_argument("--out", required=True)
-    v = cmds.add_parser("validate", help="measured (a study's points.tsv) against predicted")
-    v.set_defaults(handler=validate)
-    v.add_argument(
-        "--points",
-        required=True,
-        nargs="+",
-        help="points.tsv files, the first holding the calibration point; configs beside them",
-    )
-    v.add_argument("--fit", required=True, help="the α–β fit (perf-model fit)")
-    v.add_argument("--tsv", required=True)
-    v.add_argument("--plot", required=True)
-    v.add_argument(
-        "--calibrate-on",
-        help="a one-rank point whose measured compute sets this machine's speed (left out of "
-        "the errors); default: perf_model.calibrate_on",
-    )
-    add_config(v)
-    e = cmds.add_parser("extrapolate", help="step time on GPU clusters, with its assumptions")
-    e.set_defaults(handler=extrapolate)
-    e.add_argument("--model-config", required=True, help="config whose model is extrapolated")
-    e.add_argument("--out", required=True, help="folder for the TSVs, plot and assumptions")
-    add_config(e)

@@ -1,0 +1,193 @@
+"""`cosmocub inspect | simulate | preprocess | preprocess-plan | preprocess-group |
+preprocess-gather | features`: the data stages, from universes to shards and their features.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from cosmocub.cli.common import add_config, add_stage
+from cosmocub.config import load_config
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from cosmocub.data.inspect import report_text
+
+    print(report_text(args.path, as_json=args.json))
+    return 0
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from cosmocub.data.simulate import run_simulate
+    from cosmocub.tracking.tracker import job_run
+
+    cfg = load_config(args.config)
+    params = {"size": args.size, "seed": args.seed}
+    # Deferred: inside a workflow, MLflow would cost this job more time than the simulation.
+    with job_run(cfg, stage="simulate", params=params, defer=True) as tracker:
+        metrics = run_simulate(args.out, size=args.size, seed=args.seed, settings=cfg.simulate)
+        tracker.log_metrics(metrics)
+    return 0
+
+
+def _cmd_preprocess(args: argparse.Namespace) -> int:
+    from cosmocub.data.preprocess import preprocess
+    from cosmocub.tracking.tracker import job_run
+
+    cfg = load_config(args.config)
+    with job_run(cfg, stage="preprocess") as tracker:
+        manifest = preprocess(
+            [Path(p) for p in args.universes],
+            Path(args.out),
+            settings=_granted_threads(cfg.preprocess, args.threads),
+            seed=cfg.seed,
+            config_hash=cfg.hash,
+            universes_per_job=cfg.cluster.preprocess.universes_per_job,
+        )
+        tracker.log_metrics({f"samples_{k}": v for k, v in manifest["counts"].items()})
+    return 0
+
+
+def _granted_threads(settings, threads: int | None):
+    """The job's settings with Dask's threads set to what the executor granted (if the config
+    leaves num_workers to the machine); the config itself, and so its hash, stays as it is."""
+    import dataclasses
+
+    if threads is None or settings.num_workers is not None:
+        return settings
+    return dataclasses.replace(settings, num_workers=threads)
+
+
+def _cmd_preprocess_plan(args: argparse.Namespace) -> int:
+    from cosmocub.data.shard_jobs import plan_shards
+    from cosmocub.workflow_support import universe_ids
+
+    cfg = load_config(args.config)
+    folder = Path(args.universes_dir)
+    plan = plan_shards(
+        [folder / f"{name}.hdf5" for name in universe_ids(cfg)],
+        Path(args.staging),
+        settings=cfg.preprocess,
+        seed=cfg.seed,
+        universes_per_job=cfg.cluster.preprocess.universes_per_job,
+    )
+    print(f"preprocess-plan: {len(plan['place'])} universes in {len(plan['groups'])} groups")
+    return 0
+
+
+def _cmd_preprocess_group(args: argparse.Namespace) -> int:
+    from cosmocub.data.shard_jobs import crop_group
+    from cosmocub.tracking.tracker import job_run
+
+    cfg = load_config(args.config)
+    with job_run(cfg, stage="preprocess", params={"group": args.group}):
+        crop_group(
+            Path(args.staging),
+            args.group,
+            Path(args.out),
+            settings=_granted_threads(cfg.preprocess, args.threads),
+        )
+    return 0
+
+
+def _cmd_preprocess_gather(args: argparse.Namespace) -> int:
+    import json as _json
+
+    from cosmocub.data.shard_jobs import PLAN_FILE, gather_shards
+    from cosmocub.tracking.tracker import job_run
+
+    cfg = load_config(args.config)
+    staging = Path(args.staging)
+    num_groups = len(_json.loads((staging / PLAN_FILE).read_text())["groups"])
+    groups = [Path(args.groups_dir) / f"{g}.npz" for g in range(num_groups)]
+    with job_run(cfg, stage="preprocess") as tracker:
+        manifest = gather_shards(
+            staging, groups, Path(args.out), settings=cfg.preprocess, config_hash=cfg.hash
+        )
+        tracker.log_metrics({f"samples_{k}": v for k, v in manifest["counts"].items()})
+    return 0
+
+
+def _cmd_features(args: argparse.Namespace) -> int:
+    from cosmocub.data.features import FEATURES_FILE, write_features
+
+    shards = Path(args.shards)
+    write_features(shards, shards / FEATURES_FILE, num_workers=args.threads)
+    return 0
+
+
+def add_inspect(sub) -> None:
+    p = add_stage(
+        sub, "inspect", _cmd_inspect, "describe a universe (HDF5) or an MLPerf sample (TFRecord)"
+    )
+    p.add_argument("path")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def add_simulate(sub) -> None:
+    p = add_stage(
+        sub,
+        "simulate",
+        _cmd_simulate,
+        "make one synthetic N-body universe in the cosmoUniverse layout",
+    )
+    p.add_argument("out", help="output .hdf5 path")
+    p.add_argument("--size", type=int, required=True, help="voxels per side")
+    p.add_argument("--seed", type=int, required=True)
+    add_config(p)
+
+
+def add_preprocess(sub) -> None:
+    p = add_stage(sub, "preprocess", _cmd_preprocess, "crop universes into train/val/test shards")
+    p.add_argument("universes", nargs="+", help="universe .hdf5 files")
+    p.add_argument("--out", required=True, help="shard folder")
+    p.add_argument("--threads", type=int, help="Dask threads when preprocess.num_workers is null")
+    add_config(p)
+
+
+def add_preprocess_plan(sub) -> None:
+    p = add_stage(
+        sub,
+        "preprocess-plan",
+        _cmd_preprocess_plan,
+        "allocate the shards and split the config's universes into groups (one job each)",
+    )
+    p.add_argument("--universes-dir", required=True, help="folder of <universe id>.hdf5 files")
+    p.add_argument("--staging", required=True, help="folder for the shards while groups write")
+    add_config(p)
+
+
+def add_preprocess_group(sub) -> None:
+    p = add_stage(
+        sub, "preprocess-group", _cmd_preprocess_group, "crop one group of the plan's universes"
+    )
+    p.add_argument("--staging", required=True)
+    p.add_argument("--group", type=int, required=True)
+    p.add_argument("--out", required=True, help="the group's histogram and checksums (.npz)")
+    p.add_argument("--threads", type=int, help="Dask threads when preprocess.num_workers is null")
+    add_config(p)
+
+
+def add_preprocess_gather(sub) -> None:
+    p = add_stage(
+        sub,
+        "preprocess-gather",
+        _cmd_preprocess_gather,
+        "statistics and manifest from every group; move the shards into place",
+    )
+    p.add_argument("--staging", required=True)
+    p.add_argument("--groups-dir", required=True, help="folder of the groups' <g>.npz files")
+    p.add_argument("--out", required=True, help="shard folder")
+    add_config(p)
+
+
+def add_features(sub) -> None:
+    p = add_stage(
+        sub,
+        "features",
+        _cmd_features,
+        "(re)compute a shard folder's features.h5 (preprocessing writes it; for older folders)",
+    )
+    p.add_argument("--shards", required=True)
+    p.add_argument("--threads", type=int, default=None, help="Dask threads (default: all cores)")

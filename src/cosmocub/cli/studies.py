@@ -1,0 +1,99 @@
+"""`cosmocub study-point-config | study-point | study-gather`: one point of a study, its config
+and its training, and the study's table, plot and report section from its points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from cosmocub.cli.common import add_config, add_stage
+from cosmocub.config import load_config
+
+
+def _cmd_study_point_config(args: argparse.Namespace) -> int:
+    from cosmocub.config import write_config
+    from cosmocub.studies.engine import find_point, point_values
+
+    cfg = load_config(args.config)
+    write_config(point_values(cfg, args.study, find_point(cfg, args.study, args.point)), args.out)
+    return 0
+
+
+def _cmd_study_point(args: argparse.Namespace) -> int:
+    from cosmocub.studies.engine import find_point, point_record, write_point_record
+    from cosmocub.studies.runners import PointSkipped, runner
+
+    cfg = load_config(args.config)  # the base config: the point's own is --point-config
+    point = find_point(cfg, args.study, args.point)
+    point_cfg = load_config(args.point_config)
+    out = Path(args.out)
+    nproc = int(point.launch.get("nproc_per_node", point_cfg.train.nproc_per_node))
+    try:
+        rc, extra = runner(point.runner)(
+            point,
+            config_path=Path(args.point_config),
+            shards_dir=Path(args.shards),
+            out_dir=out / "run",
+            nproc_per_node=nproc,
+            cpus_per_rank=args.cpus_per_rank,
+            max_restarts=args.max_restarts,
+        )
+    except PointSkipped as why:
+        # One line; the study goes on and its table shows the point with blank measurements.
+        print(f"emulated points skipped: {args.study} point {point.name}: {why}", file=sys.stderr)
+        rc, extra = 0, {"skipped": str(why), "nproc_per_node": nproc}
+    if rc == 0:
+        record = point_record(point, cores_per_rank=args.cpus_per_rank, extra=extra)
+        write_point_record(record, out)
+    return rc
+
+
+def _cmd_study_gather(args: argparse.Namespace) -> int:
+    from cosmocub.studies.stage import gather_study
+
+    gather_study(load_config(args.config), args.study, folder=Path(args.dir))
+    return 0
+
+
+def add_study_point_config(sub) -> None:
+    p = add_stage(
+        sub,
+        "study-point-config",
+        _cmd_study_point_config,
+        "write the config of one point of a study (the base config and the point's overrides)",
+    )
+    p.add_argument("--study", required=True)
+    p.add_argument("--point", required=True)
+    p.add_argument("--out", required=True)
+    add_config(p)
+
+
+def add_study_point(sub) -> None:
+    p = add_stage(
+        sub,
+        "study-point",
+        _cmd_study_point,
+        "train one point of a study with its runner (locally: cosmocub launch -- train)",
+    )
+    p.add_argument("--study", required=True)
+    p.add_argument("--point", required=True)
+    p.add_argument("--point-config", required=True, help="the point's config (study-point-config)")
+    p.add_argument("--shards", required=True)
+    p.add_argument("--out", required=True, help="the point's folder (run/ and point.json)")
+    p.add_argument("--cpus-per-rank", type=int, default=1)
+    p.add_argument("--max-restarts", type=int, default=0)
+    add_config(p)
+
+
+def add_study_gather(sub) -> None:
+    p = add_stage(
+        sub,
+        "study-gather",
+        _cmd_study_gather,
+        "a study's table (points.tsv), plot and report section from its points; MLflow parent run",
+    )
+    p.add_argument("--study", required=True)
+    p.add_argument("--dir", required=True, help="the study's folder (one subfolder per point)")
+    add_config(p)
