@@ -18,7 +18,7 @@ from pathlib import Path
 from cosmocub.config import load_config
 from cosmocub.launch.agent import arm_rank
 from cosmocub.launch.launcher import record_user_error
-from cosmocub.workflow_support import CONFIG_ENV
+from cosmocub.tracking.workflow import CONFIG_ENV
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -31,7 +31,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from cosmocub.data.simulate import run_simulate
-    from cosmocub.tracking.tracker import job_run
+    from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
     params = {"size": args.size, "seed": args.seed}
@@ -44,7 +44,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 def _cmd_preprocess(args: argparse.Namespace) -> int:
     from cosmocub.data.preprocess import preprocess
-    from cosmocub.tracking.tracker import job_run
+    from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
     with job_run(cfg, stage="preprocess") as tracker:
@@ -70,8 +70,8 @@ def _granted_threads(settings, threads: int | None):
 
 
 def _cmd_preprocess_plan(args: argparse.Namespace) -> int:
+    from cosmocub.data.naming import universe_ids
     from cosmocub.data.preprocess import plan_shards
-    from cosmocub.workflow_support import universe_ids
 
     cfg = load_config(args.config)
     folder = Path(args.universes_dir)
@@ -88,7 +88,7 @@ def _cmd_preprocess_plan(args: argparse.Namespace) -> int:
 
 def _cmd_preprocess_group(args: argparse.Namespace) -> int:
     from cosmocub.data.preprocess import crop_group
-    from cosmocub.tracking.tracker import job_run
+    from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
     with job_run(cfg, stage="preprocess", params={"group": args.group}):
@@ -105,7 +105,7 @@ def _cmd_preprocess_gather(args: argparse.Namespace) -> int:
     import json as _json
 
     from cosmocub.data.preprocess import PLAN_FILE, gather_shards
-    from cosmocub.tracking.tracker import job_run
+    from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
     staging = Path(args.staging)
@@ -153,7 +153,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from cosmocub.evaluation.stage import evaluate
-    from cosmocub.tracking.tracker import job_run
+    from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
     with job_run(cfg, stage="evaluate") as tracker:
@@ -176,7 +176,7 @@ def _cmd_features(args: argparse.Namespace) -> int:
 
 
 def _cmd_link_universe(args: argparse.Namespace) -> int:
-    from cosmocub.workflow_support import link_universe
+    from cosmocub.data.universe import link_universe
 
     link_universe(Path(args.source), Path(args.dest))
     return 0
@@ -195,14 +195,14 @@ def _cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def _cmd_tracking_start(args: argparse.Namespace) -> int:
-    from cosmocub.tracking.tracker import start_workflow_run
+    from cosmocub.tracking.runs import start_workflow_run
 
     print(start_workflow_run(load_config(args.config), name=args.name))
     return 0
 
 
 def _cmd_tracking_end(args: argparse.Namespace) -> int:
-    from cosmocub.tracking.tracker import end_workflow_run
+    from cosmocub.tracking.runs import end_workflow_run
 
     end_workflow_run(load_config(args.config), args.run_id, args.status)
     return 0
@@ -235,7 +235,7 @@ def _cmd_unet_config(args: argparse.Namespace) -> int:
 
 def _cmd_evaluate_fields(args: argparse.Namespace) -> int:
     from cosmocub.fields.evaluate import evaluate_fields
-    from cosmocub.tracking.tracker import job_run
+    from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
     with job_run(cfg, stage="evaluate_fields") as tracker:
@@ -280,7 +280,7 @@ def _cmd_study_point(args: argparse.Namespace) -> int:
 
 def _cmd_study_gather(args: argparse.Namespace) -> int:
     from cosmocub.studies.engine import gather, study_points
-    from cosmocub.tracking.tracker import job_run
+    from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
     study_points(cfg, args.study)  # a bad study name or block fails before MLflow is opened
