@@ -21,7 +21,7 @@ JOB = textwrap.dedent(
     """
     import json, sys
     from cosmocub.config import load_config
-    from cosmocub.tracking.tracker import job_run
+    from cosmocub.tracking.runs import job_run
 
     cfg = load_config(sys.argv[1])
     index = int(sys.argv[2])
