@@ -21,21 +21,21 @@ include: "workflow/rules/perf_model.smk"
 
 # The resolved config and the MLflow parent run exist before any job starts.
 onstart:
-    ws.write_resolved_config(CFG, RESOLVED_CONFIG)
-    ws.start_tracking(CFG)
+    write_resolved_config(CFG, RESOLVED_CONFIG)
+    start_tracking(CFG)
 
 
 # The last line of the log: where the runs are in the MLflow UI (its runs view, see README).
 onsuccess:
-    link = ws.mlflow_runs_link(CFG)  # before a server the workflow started stops
-    ws.finish_tracking(CFG, "FINISHED")
+    link = mlflow_runs_link(CFG)  # before a server the workflow started stops
+    finish_tracking(CFG, "FINISHED")
     if link:
         logger.info(link)
 
 
 onerror:
-    link = ws.mlflow_runs_link(CFG)
-    ws.finish_tracking(CFG, "FAILED")
+    link = mlflow_runs_link(CFG)
+    finish_tracking(CFG, "FAILED")
     if link:
         logger.info(link)
 

@@ -81,18 +81,23 @@ def test_torchrun_ranks_get_the_cores_the_launcher_granted() -> None:
 
 
 def test_cluster_section_and_server_settings(tmp_path) -> None:
-    from cosmocub import workflow_support as ws
     from cosmocub.config import ConfigError, load_config
+    from cosmocub.launch.resources import (
+        num_preprocess_groups,
+        train_gres,
+        train_threads,
+        train_world_size,
+    )
 
     cfg = load_config(None, {"train": {"nproc_per_node": 4}, "cluster": {"train": {"nodes": 3}}})
-    assert ws.train_world_size(cfg) == 12
-    assert ws.train_threads(cfg) == 4 * 8
-    assert ws.train_gres(cfg) == ""
+    assert train_world_size(cfg) == 12
+    assert train_threads(cfg) == 4 * 8
+    assert train_gres(cfg) == ""
     gpu = load_config(
         None, {"train": {"nproc_per_node": 4}, "cluster": {"train": {"gpus_per_rank": 1}}}
     )
-    assert ws.train_gres(gpu) == "gpu:4"
-    assert ws.num_preprocess_groups(cfg, 10_000) == 157  # 64 universes a job
+    assert train_gres(gpu) == "gpu:4"
+    assert num_preprocess_groups(cfg, 10_000) == 157  # 64 universes a job
     with pytest.raises(ConfigError, match=r"tracking.server.start': true .* set one of them"):
         load_config(None, {"tracking": {"uri": "http://x:5000", "server": {"start": True}}})
 

@@ -81,7 +81,7 @@ def test_by_hand_command_writes_the_workflows_bytes(make_universe, tmp_path, mon
     from cosmocub.cli import main
     from cosmocub.config import load_config
     from cosmocub.data import shard_summary
-    from cosmocub.workflow_support import num_preprocess_groups
+    from cosmocub.launch.resources import num_preprocess_groups
 
     folder = tmp_path / "universes"
     folder.mkdir()

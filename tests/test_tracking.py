@@ -21,23 +21,26 @@ from mlflow.tracking import MlflowClient
 
 from cosmocub.cli import main as cli_main
 from cosmocub.config import flatten, load_config
-from cosmocub.tracking import tracker as tracking
-from cosmocub.tracking.tracker import (
+from cosmocub.tracking.runs import (
     PARENT_RUN_ENV,
-    NullTracker,
-    TrackingUnavailable,
+    SCHEDULER_JOB_ENVS,
     end_workflow_run,
-    init_store,
     job_run,
     start_workflow_run,
+)
+from cosmocub.tracking.store import (
+    TrackingUnavailable,
+    artifact_location,
+    init_store,
     tracking_uri,
 )
+from cosmocub.tracking.tracker import NullTracker, Tracker
 
 JOB_ENVS = (
     "COSMOCUB_PARENT_RUN_ID",
     "COSMOCUB_RULE",
     "COSMOCUB_WILDCARDS",
-    *tracking.SCHEDULER_JOB_ENVS.values(),
+    *SCHEDULER_JOB_ENVS.values(),
 )
 
 
@@ -225,7 +228,7 @@ def test_caller_errors_propagate_mid_run(store, tmp_path):
 
 def test_store_outage_mid_run_warns_and_goes_on(monkeypatch, caplog):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    tracker = tracking.Tracker(f"http://127.0.0.1:{_closed_port()}", "0" * 32)
+    tracker = Tracker(f"http://127.0.0.1:{_closed_port()}", "0" * 32)
     with caplog.at_level("WARNING", logger="cosmocub.tracking.tracker"):
         tracker.log_metrics({"train_loss": 0.5}, step=7)
         tracker.set_tags({"a": "b"})
@@ -331,7 +334,7 @@ def test_cli_tracking_start_and_end(store, tmp_path, capsys):
 def test_experiment_declares_model_training(store, tmp_path):
     """MLflow 3's UI opens experiments in its GenAI view unless told otherwise."""
     cfg = make_cfg(tmp_path)
-    experiment_id = tracking.init_store(cfg)
+    experiment_id = init_store(cfg)
     tags = client_for(cfg).get_experiment(experiment_id).tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"
 
@@ -389,7 +392,7 @@ def test_pending_runs_survive_a_store_outage(store, tmp_path, monkeypatch):
     from cosmocub.tracking.pending import RecordingTracker, flush_pending, write_record
 
     cfg = make_cfg(tmp_path)
-    tracking.init_store(cfg)
+    init_store(cfg)
     recorder = RecordingTracker()
     recorder.log_metrics({"a": 1.0})
     path = write_record(
@@ -459,7 +462,7 @@ def mlflow_server(tmp_path_factory):
 def test_runs_logged_to_a_real_server(tmp_path, monkeypatch, mlflow_server):
     url, root = mlflow_server
     cfg = make_cfg(tmp_path, uri=url, experiment="server-test")
-    assert tracking.artifact_location(cfg) is None  # the server decides (proxied artifacts)
+    assert artifact_location(cfg) is None  # the server decides (proxied artifacts)
     parent = start_workflow_run(cfg)
     monkeypatch.setenv("COSMOCUB_PARENT_RUN_ID", parent)
     model = torch.nn.Linear(2, 1)

@@ -21,7 +21,7 @@ JOB = textwrap.dedent(
     """
     import json, sys
     from cosmocub.config import load_config
-    from cosmocub.tracking.tracker import job_run
+    from cosmocub.tracking.runs import job_run
 
     cfg = load_config(sys.argv[1])
     index = int(sys.argv[2])
@@ -105,10 +105,11 @@ def test_jobs_log_over_http_to_the_server_the_workflow_starts(tmp_path, monkeypa
     import os
     import urllib.request
 
-    from cosmocub import workflow_support as ws
     from cosmocub.config import load_config
+    from cosmocub.tracking.runs import PARENT_RUN_ENV
     from cosmocub.tracking.server import SERVER_PID_ENV
-    from cosmocub.tracking.tracker import PARENT_RUN_ENV, tracking_uri
+    from cosmocub.tracking.store import tracking_uri
+    from cosmocub.tracking.workflow import finish_tracking, start_tracking
 
     port = _free_port()
     config = tmp_path / "config.yaml"
@@ -124,7 +125,7 @@ def test_jobs_log_over_http_to_the_server_the_workflow_starts(tmp_path, monkeypa
     assert tracking_uri(cfg) == f"http://127.0.0.1:{port}"
     monkeypatch.delenv(PARENT_RUN_ENV, raising=False)
     monkeypatch.delenv(SERVER_PID_ENV, raising=False)
-    ws.start_tracking(cfg)  # what the Snakefile's onstart does
+    start_tracking(cfg)  # what the Snakefile's onstart does
     pid = int(os.environ[SERVER_PID_ENV])
     parent = os.environ[PARENT_RUN_ENV]
     try:
@@ -143,7 +144,7 @@ def test_jobs_log_over_http_to_the_server_the_workflow_starts(tmp_path, monkeypa
         stored = list((tmp_path / "results" / "mlartifacts").rglob("config.yaml"))
         assert len(stored) == 2 + 1  # every job and the parent run
     finally:
-        ws.finish_tracking(cfg, "FINISHED")  # what onsuccess does: closes the run, stops the server
+        finish_tracking(cfg, "FINISHED")  # what onsuccess does: closes the run, stops the server
     assert SERVER_PID_ENV not in os.environ
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)

@@ -4,9 +4,24 @@ import os
 
 from snakemake.utils import validate
 
-from cosmocub import workflow_support as ws
 from cosmocub.config import coerce_cli_strings, from_values
+from cosmocub.data.naming import universe_ids
+from cosmocub.fields.run_config import unet_ranks
+from cosmocub.launch.resources import (
+    num_preprocess_groups,
+    train_gres,
+    train_threads,
+    train_world_size,
+)
 from cosmocub.studies import engine as study_engine
+from cosmocub.tracking.workflow import (
+    CONFIG_ENV,
+    finish_tracking,
+    mlflow_runs_link,
+    resolved_config_path,
+    start_tracking,
+    write_resolved_config,
+)
 
 coerce_cli_strings(config)  # nested --config values arrive as strings
 validate(config, "../schemas/config.schema.yaml")
@@ -18,13 +33,13 @@ logger.info(
     f"{' + '.join(map(str, workflow.configfiles)) or 'no config file'} + schema defaults"
 )
 RESULTS = str(CFG.results)
-UNIVERSE_IDS = ws.universe_ids(CFG)
+UNIVERSE_IDS = universe_ids(CFG)
 # The resolved config is content-addressed: jobs read it by path, and a config change that
 # does not touch a rule's own sections (its params) does not rerun that rule.
-RESOLVED_CONFIG = ws.resolved_config_path(CFG)
+RESOLVED_CONFIG = resolved_config_path(CFG)
 # Jobs find it through the environment rather than an input file or param, so that changing one
 # section reruns only the rules whose `params: settings=section(...)` hold that section.
-os.environ[ws.CONFIG_ENV] = RESOLVED_CONFIG
+os.environ[CONFIG_ENV] = RESOLVED_CONFIG
 RUN = CFG.train.run_name
 
 

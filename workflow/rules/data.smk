@@ -96,7 +96,7 @@ rule preprocess:
         staging=STAGING,
         groups=expand(
             f"{RESULTS}/.shards-groups/{{group}}.npz",
-            group=range(ws.num_preprocess_groups(CFG, len(UNIVERSE_IDS))),
+            group=range(num_preprocess_groups(CFG, len(UNIVERSE_IDS))),
         ),
     output:
         train=f"{RESULTS}/shards/train.h5",

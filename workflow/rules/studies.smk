@@ -83,7 +83,7 @@ rule study_preprocess:
         staging=f"{STUDIES}/.staging/{{key}}",
         groups=expand(
             f"{STUDIES}/.groups/{{{{key}}}}/{{group}}.npz",
-            group=range(ws.num_preprocess_groups(CFG, len(UNIVERSE_IDS))),
+            group=range(num_preprocess_groups(CFG, len(UNIVERSE_IDS))),
         ),
     output:
         train=f"{STUDIES}/shards/{{key}}/train.h5",

@@ -16,20 +16,20 @@ rule train:
     conda:
         "../../envs/cosmocub.yaml"
     # Ranks on this node × cores per rank; locally Snakemake caps it at --cores.
-    threads: ws.train_threads(CFG)
+    threads: train_threads(CFG)
     resources:
         nodes=CFG.cluster.train.nodes,
-        tasks=ws.train_world_size(CFG),
+        tasks=train_world_size(CFG),
         cpus_per_task=CFG.cluster.train.cpus_per_rank,
         # Slurm's --mem is per node.
         mem_mb=CFG.cluster.train.mem_mb_per_rank * CFG.train.nproc_per_node,
         runtime=CFG.cluster.train.runtime,
-        gres=ws.train_gres(CFG),
+        gres=train_gres(CFG),
         tasks_per_gpu=1,
         # The same request in the terms of Flux and LSF (profiles/flux, profiles/lsf).
         gpus_per_task=CFG.cluster.train.gpus_per_rank,
-        cpus_per_node=ws.train_threads(CFG),
-        cpus_total=ws.train_threads(CFG) * CFG.cluster.train.nodes,
+        cpus_per_node=train_threads(CFG),
+        cpus_total=train_threads(CFG) * CFG.cluster.train.nodes,
         # Present (even empty) so that the Slurm jobstep runs the command as it is instead of
         # wrapping it in `srun -n1`: `cosmocub launch` starts the ranks itself.
         mpi="",

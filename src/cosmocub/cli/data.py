@@ -20,7 +20,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from cosmocub.data.simulate import run_simulate
-    from cosmocub.tracking.tracker import job_run
+    from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
     params = {"size": args.size, "seed": args.seed}
@@ -33,7 +33,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 def _cmd_preprocess(args: argparse.Namespace) -> int:
     from cosmocub.data.preprocess import preprocess
-    from cosmocub.tracking.tracker import job_run
+    from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
     with job_run(cfg, stage="preprocess") as tracker:
@@ -60,8 +60,8 @@ def _granted_threads(settings, threads: int | None):
 
 
 def _cmd_preprocess_plan(args: argparse.Namespace) -> int:
+    from cosmocub.data.naming import universe_ids
     from cosmocub.data.shard_jobs import plan_shards
-    from cosmocub.workflow_support import universe_ids
 
     cfg = load_config(args.config)
     folder = Path(args.universes_dir)
@@ -78,7 +78,7 @@ def _cmd_preprocess_plan(args: argparse.Namespace) -> int:
 
 def _cmd_preprocess_group(args: argparse.Namespace) -> int:
     from cosmocub.data.shard_jobs import crop_group
-    from cosmocub.tracking.tracker import job_run
+    from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
     with job_run(cfg, stage="preprocess", params={"group": args.group}):
@@ -95,7 +95,7 @@ def _cmd_preprocess_gather(args: argparse.Namespace) -> int:
     import json as _json
 
     from cosmocub.data.shard_jobs import PLAN_FILE, gather_shards
-    from cosmocub.tracking.tracker import job_run
+    from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
     staging = Path(args.staging)

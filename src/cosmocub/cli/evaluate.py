@@ -13,7 +13,7 @@ from cosmocub.config import load_config
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from cosmocub.evaluation.stage import evaluate
-    from cosmocub.tracking.tracker import job_run
+    from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
     with job_run(cfg, stage="evaluate") as tracker:
@@ -29,7 +29,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 def _cmd_evaluate_fields(args: argparse.Namespace) -> int:
     from cosmocub.fields.evaluate import evaluate_fields
-    from cosmocub.tracking.tracker import job_run
+    from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
     with job_run(cfg, stage="evaluate_fields") as tracker:

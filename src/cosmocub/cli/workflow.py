@@ -12,21 +12,21 @@ from cosmocub.config import load_config
 
 
 def _cmd_link_universe(args: argparse.Namespace) -> int:
-    from cosmocub.workflow_support import link_universe
+    from cosmocub.data.universe import link_universe
 
     link_universe(Path(args.source), Path(args.dest))
     return 0
 
 
 def _cmd_tracking_start(args: argparse.Namespace) -> int:
-    from cosmocub.tracking.tracker import start_workflow_run
+    from cosmocub.tracking.runs import start_workflow_run
 
     print(start_workflow_run(load_config(args.config), name=args.name))
     return 0
 
 
 def _cmd_tracking_end(args: argparse.Namespace) -> int:
-    from cosmocub.tracking.tracker import end_workflow_run
+    from cosmocub.tracking.runs import end_workflow_run
 
     end_workflow_run(load_config(args.config), args.run_id, args.status)
     return 0

@@ -273,3 +273,10 @@ def histogram_moments(hist: np.ndarray, values: np.ndarray | None = None) -> dic
         vmax = np.where(present, v[None, :], -np.inf).max(axis=1)
         zero = hist[:, 0] / n
     return {"mean": mean, "std": np.sqrt(var), "max": vmax, "empty_fraction": zero, "count": n}
+
+
+def link_universe(source: Path, dest: Path) -> None:
+    """Validate a public universe file and symlink it into the results folder (atomically)."""
+    read_universe_meta(source)  # raises with the file and the problem
+    with atomic_path(dest) as tmp:
+        tmp.symlink_to(source.resolve())

@@ -37,3 +37,12 @@ def unet_config_values(cfg: Config) -> dict[str, Any]:
     values = resolve(values, source=f"{cfg.source} + unet")
     from_values(copy.deepcopy(values), source=f"{cfg.source} + unet")  # the dataclass checks
     return values
+
+
+def unet_ranks(cfg: Config) -> int:
+    """Ranks of the `snakemake unet` run, all on one node: its spatial ranks × nproc_per_node.
+
+    A `unet` section that does not make a valid config raises its ConfigError (one line naming
+    the key), here as in the unet_config job.
+    """
+    return unet_config_values(cfg)["train"]["nproc_per_node"]

@@ -264,19 +264,19 @@ def _adopt_point_runs(
     run_id = getattr(tracker, "run_id", None)
     if run_id is None:
         return  # tracking disabled
-    client = tracker.client
     for name, (outputs, rows) in per_point.items():
         child = outputs.train_summary().get("mlflow_run_id")
         if not child:
             log.warning("study %s point %s: its training run was not tracked", study, name)
             continue
-        with tracker._guard(f"adopt point {name}"):
-            client.set_tag(child, "mlflow.parentRunId", run_id)
-            client.set_tag(child, "cosmocub.study", study)
-            client.set_tag(child, "cosmocub.point", name)
-            for key, value in defn.point_metrics(rows).items():
-                if value is not None and math.isfinite(value):
-                    client.log_metric(child, f"study.{key}", float(value))
+        metrics = {
+            f"study.{key}": float(value)
+            for key, value in defn.point_metrics(rows).items()
+            if value is not None and math.isfinite(value)
+        }
+        tracker.adopt(
+            child, tags={"cosmocub.study": study, "cosmocub.point": name}, metrics=metrics
+        )
 
 
 # Per-step means of the training loop's columns (cosmocub.train.comm_meter) and their names here.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cosmocub.config import Config
 from cosmocub.studies.engine import gather, study_points
-from cosmocub.tracking.tracker import job_run
+from cosmocub.tracking.runs import job_run
 
 
 def gather_study(cfg: Config, study: str, *, folder: Path) -> None:

@@ -68,6 +68,11 @@ class RecordingTracker:
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         self.tags.update({str(k): str(v) for k, v in tags.items()})
 
+    def adopt(
+        self, child_run_id: str, *, tags: Mapping[str, Any], metrics: Mapping[str, float]
+    ) -> None:
+        raise TypeError("a deferred job run cannot adopt runs; use job_run(..., defer=False)")
+
 
 def write_record(
     cfg: Config,

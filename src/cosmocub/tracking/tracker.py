@@ -1,51 +1,23 @@
-"""MLflow tracking for every stage: one parent run per workflow invocation, one child run per job.
+"""The tracker a job logs through: one MLflow run, every call guarded after the job's start.
 
-The store is checked at job start (short timeout), so a missing server fails a job in seconds,
-never after hours of training; only world rank 0 logs (callers pass `enabled=`).
+A store failure mid-run is reported and counted, never raised (the metrics are on disk too); a
+bad call (changing a logged param, a missing artifact) still raises.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import getpass
 import logging
 import os
-import socket
-import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-import yaml
-
-from cosmocub.config import Config, flatten
 from cosmocub.tracking.pending import param_value
 
 log = logging.getLogger(__name__)
 
-# Environment the Snakefile (onstart / rule shell) passes to jobs.
-PARENT_RUN_ENV = "COSMOCUB_PARENT_RUN_ID"
-RULE_ENV = "COSMOCUB_RULE"
-WILDCARDS_ENV = "COSMOCUB_WILDCARDS"
-# Scheduler job ids, in the order they are looked for.
-SCHEDULER_JOB_ENVS = {
-    "slurm": "SLURM_JOB_ID",
-    "flux": "FLUX_JOB_ID",
-    "lsf": "LSB_JOBID",
-    "pbs": "PBS_JOBID",
-}
-RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
-# MLflow 3's UI opens an experiment in its GenAI view unless it is told it holds model training.
-EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
-# The start-of-job probe: one retry, no backoff, 5 s per request, so a dead server costs seconds.
-_PROBE_ENV = {
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
-    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
-}
 # MLflow error codes that mean the call itself was wrong: these propagate even mid-run.
 _CALLER_ERROR_CODES = {
     "INVALID_PARAMETER_VALUE",
@@ -54,209 +26,6 @@ _CALLER_ERROR_CODES = {
     "BAD_REQUEST",
     "INVALID_STATE",
 }
-
-
-class TrackingUnavailable(ValueError):
-    """The configured MLflow store cannot be reached or created; the message names the URI."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Store and experiment
-
-
-def tracking_uri(cfg: Config) -> str:
-    """cfg.tracking.uri, the server the workflow starts (tracking.server.start), or the default
-    SQLite store `sqlite:///<abs results>/mlflow.db`."""
-    if cfg.tracking.uri:
-        return cfg.tracking.uri
-    if cfg.tracking.server.start:
-        from cosmocub.tracking.server import server_uri
-
-        return server_uri(cfg)
-    return f"sqlite:///{_results_dir(cfg) / 'mlflow.db'}"
-
-
-def artifact_location(cfg: Config) -> str | None:
-    """Where a newly created experiment keeps artifacts (absolute file URI), or None = the server's.
-
-    The default store puts them in `<abs results>/mlartifacts`; a user-given SQLite URI puts them
-    beside its database file, so they never land in whatever folder a job happens to run in.
-    """
-    db = _sqlite_path(tracking_uri(cfg))
-    if db is None:
-        return None
-    root = db.parent if cfg.tracking.uri else _results_dir(cfg)
-    return (root / "mlartifacts").as_uri()
-
-
-def init_store(cfg: Config) -> str:
-    """Create (once) the store and the experiment; return the experiment id.
-
-    Safe to call from many jobs at once: SQLite creation is serialised by a lock file and a
-    concurrent `create_experiment` that loses the race reads the winner's experiment back.
-    Raises TrackingUnavailable (one line, naming the URI) when the store cannot be used.
-    """
-    uri = tracking_uri(cfg)
-    db = _sqlite_path(uri)
-    try:
-        if db is None:
-            with _probe_timeouts():
-                return _get_or_create_experiment(cfg, uri)
-        _prepare_sqlite_folder(cfg, uri, db)
-        with _file_lock(db.with_name(db.name + ".lock")):
-            return _get_or_create_experiment(cfg, uri)
-    except TrackingUnavailable:
-        raise
-    except Exception as err:  # any failure to reach/create the store is the same user problem
-        raise _unavailable(cfg, uri, err) from err
-
-
-def _get_or_create_experiment(cfg: Config, uri: str) -> str:
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
-    name = cfg.tracking.experiment
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        if found.lifecycle_stage == "deleted":
-            raise TrackingUnavailable(
-                f"{cfg.source}: key 'tracking.experiment': experiment '{name}' in {uri} is "
-                "deleted; restore it (mlflow experiments restore) or choose another name"
-            )
-        if EXPERIMENT_KIND_TAG not in found.tags:  # an experiment made before the tag, or by hand
-            client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
-        return found.experiment_id
-    try:
-        return client.create_experiment(
-            name,
-            artifact_location=artifact_location(cfg),
-            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
-        )
-    except MlflowException as err:
-        # Another job (or host, with a server) created it between our lookup and create.
-        found = client.get_experiment_by_name(name)
-        if found is None:
-            raise err from None
-        return found.experiment_id
-
-
-def _prepare_sqlite_folder(cfg: Config, uri: str, db: Path) -> None:
-    folders = [db.parent]
-    if (art := artifact_location(cfg)) is not None:
-        folders.append(Path(urlparse(art).path))
-    for folder in folders:
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise _unavailable(cfg, uri, err) from err
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise TrackingUnavailable(
-                f"{cfg.source}: key 'tracking.uri': MLflow store {uri} is unavailable: "
-                f"folder {folder} is not writable"
-            )
-
-
-def _unavailable(cfg: Config, uri: str, err: BaseException) -> TrackingUnavailable:
-    reason = " ".join(str(err).split()) or type(err).__name__
-    if len(reason) > 240:
-        reason = reason[:237] + "..."
-    hint = "start the server or fix tracking.uri" if cfg.tracking.uri else "check results/"
-    return TrackingUnavailable(
-        f"{cfg.source}: key 'tracking.uri': MLflow store {uri} is unavailable "
-        f"({type(err).__name__}: {reason}); {hint}, or set tracking.enabled: false"
-    )
-
-
-@contextlib.contextmanager
-def _probe_timeouts() -> Iterator[None]:
-    # MLflow reads these at each request; restore them so that later logging in a long job gets
-    # MLflow's patient defaults back (a server blip mid-training should be retried, not fatal).
-    saved = {k: os.environ.get(k) for k in _PROBE_ENV}
-    os.environ.update(_PROBE_ENV)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _sqlite_path(uri: str) -> Path | None:
-    """The database file of a SQLite URI (SQLAlchemy form: sqlite:////abs or sqlite:///rel)."""
-    if not uri.startswith("sqlite:///"):
-        return None  # not SQLite, or in-memory (sqlite://): nothing on disk to prepare
-    path = uri.removeprefix("sqlite:///").split("?", 1)[0]
-    if path in ("", ":memory:"):
-        return None
-    return Path(path) if path.startswith("/") else Path.cwd() / path
-
-
-def _results_dir(cfg: Config) -> Path:
-    return Path(os.path.abspath(cfg.results))
-
-
-# ---------------------------------------------------------------------------------------------
-# Workflow (parent) runs
-
-
-def start_workflow_run(cfg: Config, *, name: str | None = None) -> str:
-    """Open the parent run of one workflow invocation; return its id ("" if tracking is off)."""
-    if not cfg.tracking.enabled:
-        return ""
-    from mlflow.tracking import MlflowClient
-
-    experiment_id = init_store(cfg)
-    uri = tracking_uri(cfg)
-    client = MlflowClient(tracking_uri=uri)
-    tags = {**_common_tags(cfg), "cosmocub.kind": "workflow", "mlflow.source.name": "snakemake"}
-    run_name = name or time.strftime("workflow-%Y%m%d-%H%M%S")
-    run = client.create_run(experiment_id, tags=tags, run_name=run_name)
-    run_id = run.info.run_id
-    _log_config(client, run_id, cfg, params=None)
-    _flush_pending(cfg, client)  # left by an earlier invocation that was killed
-    return run_id
-
-
-def end_workflow_run(cfg: Config, run_id: str, status: str) -> None:
-    """Close the parent run with FINISHED, FAILED or KILLED (no-op for an empty run id)."""
-    if status not in RUN_STATUSES:
-        raise ValueError(f"tracking end: status '{status}' is not one of {', '.join(RUN_STATUSES)}")
-    if not run_id or not cfg.tracking.enabled:
-        return
-    from mlflow.tracking import MlflowClient
-
-    uri = tracking_uri(cfg)
-    try:
-        with _probe_timeouts():
-            client = MlflowClient(tracking_uri=uri)
-            _flush_pending(cfg, client)  # the runs of the last short jobs
-            client.set_terminated(run_id, status=status)
-    except Exception as err:
-        raise _unavailable(cfg, uri, err) from err
-
-
-def _flush_pending(cfg: Config, client: Any) -> None:
-    from cosmocub.tracking.pending import flush_pending
-
-    if count := flush_pending(cfg, client):
-        log.info("MLflow: logged %d pending job run(s)", count)
-
-
-# ---------------------------------------------------------------------------------------------
-# Job (child) runs
 
 
 class NullTracker:
@@ -277,6 +46,14 @@ class NullTracker:
         pass
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
+        pass
+
+    def adopt(
+        self, child_run_id: str, *, tags: Mapping[str, Any], metrics: Mapping[str, float]
+    ) -> None:
+        pass
+
+    def end(self, status: str) -> None:
         pass
 
 
@@ -351,6 +128,23 @@ class Tracker(NullTracker):
         with self._guard("set_tags"):
             self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
+    def adopt(
+        self, child_run_id: str, *, tags: Mapping[str, Any], metrics: Mapping[str, float]
+    ) -> None:
+        """Make run `child_run_id` (in the same store) a child of this run and log `tags` and
+        `metrics` on it: how a study's run takes in its points' training runs."""
+        with self._guard(f"adopt run {child_run_id}"):
+            self.client.set_tag(child_run_id, "mlflow.parentRunId", self.run_id)
+            for key, value in tags.items():
+                self.client.set_tag(child_run_id, key, str(value))
+            for key, value in metrics.items():
+                self.client.log_metric(child_run_id, key, float(value))
+
+    def end(self, status: str) -> None:
+        """Close the run with FINISHED, FAILED or KILLED."""
+        with self._guard("set_terminated"):
+            self.client.set_terminated(self.run_id, status=status)
+
     @contextlib.contextmanager
     def _guard(self, what: str, *, broad: bool = False) -> Iterator[None]:
         # The store was checked at job start; a failure now (server restart, network blip after
@@ -372,89 +166,6 @@ class Tracker(NullTracker):
 
 
 @contextlib.contextmanager
-def job_run(
-    cfg: Config,
-    *,
-    stage: str,
-    params: Mapping[str, Any] | None = None,
-    enabled: bool = True,
-    defer: bool = False,
-) -> Iterator[Any]:
-    """Run a job inside an MLflow child run; yield its Tracker (a NullTracker when not logging).
-
-    The run is nested under $COSMOCUB_PARENT_RUN_ID when set, tagged with the rule, wildcards,
-    stage, config hash, git commit, host and scheduler job id, and carries the flattened config as
-    params and the resolved config as `config.yaml`. An exception ends it FAILED and propagates.
-
-    `defer`, for jobs of seconds: inside a workflow (a parent run is set) the run is written to a
-    pending record instead (`cosmocub.tracking.pending`), without importing MLflow, and logged by
-    the next process that opens the store; by hand it is logged at once as usual.
-    """
-    if not (enabled and cfg.tracking.enabled):
-        yield NullTracker()
-        return
-    tags = _job_tags(cfg, stage)
-    if defer and os.environ.get(PARENT_RUN_ENV):
-        with _deferred_run(cfg, tags, params) as recorder:
-            yield recorder
-        return
-    from mlflow.tracking import MlflowClient
-
-    experiment_id = init_store(cfg)  # fails here, at job start, if the store is unusable
-    uri = tracking_uri(cfg)
-    client = MlflowClient(tracking_uri=uri)
-    _flush_pending(cfg, client)
-    try:
-        with _probe_timeouts():
-            run = client.create_run(experiment_id, tags=tags, run_name=_run_name(tags))
-    except Exception as err:
-        raise _unavailable(cfg, uri, err) from err
-    tracker = Tracker(uri, run.info.run_id)
-    monitor = _start_system_metrics(cfg, uri, tracker.run_id)
-    status = "FAILED"
-    try:
-        _log_config(client, tracker.run_id, cfg, params=params)
-        yield tracker
-        status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    finally:
-        if monitor is not None:
-            monitor.finish()
-        with tracker._guard("set_terminated"):
-            client.set_terminated(tracker.run_id, status=status)
-        if tracker.failures:
-            log.warning("%d MLflow call(s) failed during run %s", tracker.failures, tracker.run_id)
-
-
-@contextlib.contextmanager
-def _deferred_run(
-    cfg: Config, tags: dict[str, str], params: Mapping[str, Any] | None
-) -> Iterator[Any]:
-    from cosmocub.tracking.pending import RecordingTracker, write_record
-
-    recorder = RecordingTracker()
-    start_ms, status = int(time.time() * 1000), "FAILED"
-    try:
-        yield recorder
-        status = "FINISHED"
-    except KeyboardInterrupt:
-        status = "KILLED"
-        raise
-    finally:
-        write_record(
-            cfg,
-            recorder,
-            tags=tags,
-            run_name=_run_name(tags),
-            params=params,
-            start_ms=start_ms,
-            status=status,
-        )
-
-
-@contextlib.contextmanager
 def _quiet(logger_name: str) -> Iterator[None]:
     logger = logging.getLogger(logger_name)
     level = logger.level
@@ -463,86 +174,3 @@ def _quiet(logger_name: str) -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
-
-
-def _start_system_metrics(cfg: Config, uri: str, run_id: str) -> Any:
-    if not cfg.tracking.system_metrics:
-        return None
-    # The monitor mlflow.start_run(log_system_metrics=True) uses, bound to our URI instead of the
-    # global one, so concurrent jobs in threads do not share an active run.
-    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-    monitor = SystemMetricsMonitor(run_id, tracking_uri=uri)
-    monitor.start()
-    return monitor
-
-
-def _log_config(client: Any, run_id: str, cfg: Config, *, params: Mapping[str, Any] | None) -> None:
-    from mlflow.entities import Param
-
-    merged = {**flatten(cfg.values), **(params or {})}
-    client.log_batch(run_id, params=[Param(k, param_value(v)) for k, v in merged.items()])
-    client.log_text(run_id, yaml.safe_dump(cfg.values, sort_keys=False), "config.yaml")
-
-
-def _run_name(tags: Mapping[str, str]) -> str:
-    wildcards = tags.get("wildcards")
-    return f"{tags['rule']}[{wildcards}]" if wildcards else tags["rule"]
-
-
-def _job_tags(cfg: Config, stage: str) -> dict[str, str]:
-    tags = {**_common_tags(cfg), "cosmocub.kind": "job", "stage": stage}
-    tags["rule"] = os.environ.get(RULE_ENV) or stage
-    tags["mlflow.source.name"] = f"cosmocub {stage}"
-    if parent := os.environ.get(PARENT_RUN_ENV):
-        tags["mlflow.parentRunId"] = parent
-    if wildcards := os.environ.get(WILDCARDS_ENV):
-        tags["wildcards"] = wildcards
-        # One tag per wildcard as well, so runs can be filtered with tags.`wildcard.run` = 'x'.
-        for item in wildcards.split(","):
-            key, sep, value = item.partition("=")
-            if sep and key.strip():
-                tags[f"wildcard.{key.strip()}"] = value.strip()
-    for scheduler, env in SCHEDULER_JOB_ENVS.items():
-        if job_id := os.environ.get(env):
-            tags["scheduler"] = scheduler
-            tags["scheduler_job_id"] = job_id
-            break
-    return tags
-
-
-def _common_tags(cfg: Config) -> dict[str, str]:
-    tags = {
-        "config_hash": cfg.hash,
-        "config_source": cfg.source,
-        "host": socket.gethostname(),
-        "mlflow.user": _user(),
-    }
-    if commit := git_commit():
-        tags["git_commit"] = commit
-        tags["mlflow.source.git.commit"] = commit
-    return tags
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry in some containers
-        return str(os.getuid())
-
-
-def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
-    """HEAD of the git repository holding `cwd` (default: the working dir), or None."""
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=3,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    commit = out.stdout.strip()
-    return commit if out.returncode == 0 and commit else None

@@ -23,7 +23,7 @@ from cosmocub.config import Config
 from cosmocub.io import atomic_path
 from cosmocub.models.factory import build_model, save_model_file
 from cosmocub.parallel.mesh import build_parallel_dims, close_parallel_dims
-from cosmocub.tracking.tracker import job_run
+from cosmocub.tracking.runs import job_run
 from cosmocub.train import runtime
 from cosmocub.train.build import build_trainer
 from cosmocub.train.loop import TrainState, fit, write_jsonl

@@ -1,0 +1,76 @@
+"""What the Snakefile's onstart, onsuccess and onerror ask of tracking: the resolved config file,
+the parent run (and the server the invocation starts), and the link to the runs in the MLflow UI.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cosmocub.config import Config, write_config
+from cosmocub.tracking import store
+from cosmocub.tracking.runs import PARENT_RUN_ENV, end_workflow_run, start_workflow_run
+from cosmocub.tracking.server import SERVER_PID_ENV, start_server, stop_server
+
+# The resolved config file a workflow job reads when no --config is given.
+CONFIG_ENV = "COSMOCUB_CONFIG"
+# MLflow 3 opens an experiment in its GenAI view in a fresh browser, whatever the experiment's
+# tags (the UI keeps the mode per browser); this query after the hash route opens the runs view.
+RUNS_VIEW_QUERY = "workflowType=machine_learning"
+
+
+def resolved_config_path(cfg: Config) -> str:
+    """Content-addressed: the same config always maps to the same file, a new one to a new file."""
+    return str(cfg.results / "config" / f"config-{cfg.hash}.yaml")
+
+
+def write_resolved_config(cfg: Config, path: str) -> None:
+    """Write the resolved config to `path` unless it is there (its name is its content's hash)."""
+    if not Path(path).exists():
+        write_config(cfg.values, path)
+
+
+def start_tracking(cfg: Config) -> None:
+    """Create the store once, before jobs fan out, and open this invocation's parent run."""
+    if not cfg.tracking.enabled:
+        return
+    if cfg.tracking.server.start:
+        os.environ[SERVER_PID_ENV] = str(start_server(cfg).pid)
+    # start_workflow_run creates the store and experiment first. Jobs are child processes of
+    # this one (locally) or inherit its environment (srun/sbatch).
+    os.environ[PARENT_RUN_ENV] = start_workflow_run(cfg)
+
+
+def finish_tracking(cfg: Config, status: str) -> None:
+    """Close the parent run; stop the tracking server this invocation started, if any."""
+    run_id = os.environ.get(PARENT_RUN_ENV)
+    try:
+        if cfg.tracking.enabled and run_id:
+            end_workflow_run(cfg, run_id, status)
+    finally:
+        if pid := os.environ.pop(SERVER_PID_ENV, None):
+            stop_server(int(pid))
+
+
+def runs_view_url(base_url: str, experiment_id: str) -> str:
+    """The MLflow UI's runs table (not its GenAI view) of one experiment."""
+    return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs?{RUNS_VIEW_QUERY}"
+
+
+def mlflow_runs_link(cfg: Config) -> str:
+    """One line for the end of a workflow: where to see its runs in the MLflow UI ("" when
+    tracking is off or the store cannot be read)."""
+    if not cfg.tracking.enabled:
+        return ""
+    try:
+        experiment_id = store.init_store(cfg)
+    except ValueError:
+        return ""
+    uri = store.tracking_uri(cfg)
+    if uri.startswith(("http://", "https://")):
+        return f"MLflow runs: {runs_view_url(uri, experiment_id)}"
+    # A file store: the UI is the user's `mlflow ui` (port 5000 by default).
+    return (
+        f"MLflow runs: {runs_view_url('http://127.0.0.1:5000', experiment_id)} "
+        f"(start the UI with: mlflow ui --backend-store-uri {uri})"
+    )
