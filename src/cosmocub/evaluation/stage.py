@@ -25,7 +25,7 @@ from cosmocub.evaluation.headline import field_level_metrics, plot_calibration
 from cosmocub.evaluation.headline import tracker_metrics as field_tracker_metrics
 from cosmocub.io import atomic_path, json_safe
 from cosmocub.models.heads import split_output, variance
-from cosmocub.train.runtime import memory_format
+from cosmocub.models.memory_layout import memory_format
 
 log = logging.getLogger(__name__)
 

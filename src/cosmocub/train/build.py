@@ -13,6 +13,7 @@ from torch import nn
 from cosmocub.config import Config, config_hash
 from cosmocub.data.augment import symmetries_for_split
 from cosmocub.data.dataset import open_split
+from cosmocub.models import memory_layout
 from cosmocub.models.factory import build_model
 from cosmocub.optim.factory import build_optimizer, build_schedule
 from cosmocub.parallel.mesh import ParallelDims
@@ -50,7 +51,7 @@ def build_trainer(
     global_batch = tc.local_batch_size * dims.data
 
     runtime.seed_everything(cfg.seed)  # same initial weights on every rank
-    layout = runtime.memory_format(dims.device, spatial=dims.spatial)
+    layout = memory_layout.memory_format(dims.device, spatial=dims.spatial)
     model = _parallelize(build_model(cfg.model).to(dims.device, memory_format=layout), cfg, dims)
     optimizer = build_optimizer(model.named_parameters(), cfg.optimizer, global_batch, dims=dims)
     train_loader = build_train_loader(
