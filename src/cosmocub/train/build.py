@@ -94,9 +94,9 @@ def build_trainer(
         },
         invariants={"data_parallel_size": dims.data, "spatial_split": list(cfg.parallel.split_dhw)},
         identity=identity,
-        is_main=dims.is_main,
+        dims=dims,
     )
-    resumed_from = checkpoints.restore_latest(dims.rank, dims.world_size)
+    resumed_from = checkpoints.restore_latest()
     checkpoints.prune_other_folders(tc.keep_old_checkpoint_folders)
     grad_sync = build_gradient_sync(optimizer, dims, ddp_timing=cfg.train.ddp_exchange_timing)
     trainer = Trainer(

@@ -118,12 +118,12 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
     # parallelize_unet): its sample mean also sums over the spatial group.
     loss_group, loss_share = data_group, 1.0
     if t.cfg.model.name == "unet" and t.dims.spatial > 1:
-        loss_group, loss_share = dist.group.WORLD, 1.0 / t.dims.spatial
+        loss_group, loss_share = t.dims.world_group, 1.0 / t.dims.spatial
     show_bar = t.dims.is_main and sys.stderr.isatty()
     t.wrapped.train()
     data_wait, steps_here = 0.0, 0
     meter = CommMeter(t.optimizer, t.model, t.grad_sync)
-    wire = WireMeter(device)
+    wire = WireMeter(t.dims)
     # Global mean losses of steps not yet looked at, kept on the device: the host reads them only
     # when it logs or checkpoints, so a GPU is not made to wait at every step.
     pending: list[torch.Tensor] = []
@@ -196,7 +196,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
         "samples_per_s": samples / elapsed if steps_here else 0.0,
         "data_wait_share": data_wait / elapsed if steps_here else 0.0,
         **meter.metrics(),
-        **wire.metrics(steps_here, device),
+        **wire.metrics(steps_here),
     }
 
 

@@ -24,7 +24,7 @@ def validate_fields(t) -> dict[str, float]:
         sums += torch.stack([err.square().sum(), err.abs().sum(), sums.new_tensor(err.numel())])
     t.model.train()
     if t.dims.world_size > 1:
-        dist.all_reduce(sums)
+        dist.all_reduce(sums, group=t.dims.world_group)
     voxels = sums[2].item()
     assert voxels > 0, "build_trainer refuses an empty validation shard"
     return {"val_loss": sums[0].item() / voxels, "val_mae": sums[1].item() / voxels}
