@@ -4,7 +4,8 @@ difference, with a control that changes nothing but the fp32 summation order (is
   A  data 2 × spatial 1 (2 ranks)
   B  data 2 × spatial 2 (4 ranks, each sample split along D)
   C  A again with the convolutions in contiguous (NCDHW) memory instead of channels_last_3d (what
-     an unsplit CPU run uses, `train/runtime.memory_format`): the same math in another fp32 order.
+     an unsplit CPU run uses, `models/memory_layout.memory_format`): the same math in another
+     fp32 order.
 If B departs from A as far as C does, the departure is fp32 rounding that the optimizer's
 discrete steps amplify, not something the hybrid mesh computes differently
 (docs/lion_cub_hybrid.md). "Same weights through" is the last step after which two runs'
@@ -54,12 +55,12 @@ MESHES = {"A": (2, 1), "B": (4, 2), "C": (2, 1)}  # name: (ranks, spatial)
 def _rank_main(args: argparse.Namespace) -> None:
     import torch
 
+    from cosmocub.models import memory_layout
     from cosmocub.parallel.mesh import build_parallel_dims
-    from cosmocub.train import runtime
     from cosmocub.train.testing import train_runs
 
     if args.contiguous:
-        runtime.memory_format = lambda device, spatial=1: torch.contiguous_format
+        memory_layout.memory_format = lambda device, spatial=1: torch.contiguous_format
     dims = build_parallel_dims()
     digests: dict[str, list[str]] = {}  # run: parameter digest after every step
 

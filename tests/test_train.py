@@ -321,6 +321,21 @@ def test_too_few_samples_for_a_batch(tmp_path: Path) -> None:
         train(tiny_cfg(), shards_dir=shards, run_dir=tmp_path / "run")
 
 
+def test_tasks_own_their_layouts_and_a_unet_refuses_the_gaussian_head() -> None:
+    from cosmocub.config import ConfigError
+    from cosmocub.train.tasks import build_task
+
+    unet = {
+        "model": {"name": "unet", "in_channels": 1, "unet": {"depth": 2, "convs_per_level": 1}},
+        "task": {"input_redshifts": [3.0], "target_redshift": 0.0},
+    }
+    assert build_task(tiny_cfg()).output_layout == "(B, P)"
+    assert build_task(tiny_cfg(model={"head": "gaussian"})).name == "gaussian"
+    assert build_task(tiny_cfg(**unet)).output_layout == "(B, 1, d, h, w)"
+    with pytest.raises(ConfigError, match=r"key 'model\.head': 'gaussian' is a CosmoFlow head"):
+        build_task(tiny_cfg(**{**unet, "model": {**unet["model"], "head": "gaussian"}}))
+
+
 def test_resumable_sampler_positions() -> None:
     data = list(range(22))
     samplers = [

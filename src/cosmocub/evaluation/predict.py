@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from cosmocub.data.augment import cube_symmetry
 from cosmocub.models.heads import split_output, variance
-from cosmocub.train.runtime import memory_format
+from cosmocub.models.memory_layout import memory_format
 
 
 def split_predictions(

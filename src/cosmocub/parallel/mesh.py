@@ -157,6 +157,16 @@ class ParallelDims:
     def axis_rank(self, axis: str) -> int:
         return self._axis(axis).get_local_rank()
 
+    @property
+    def world_group(self) -> dist.ProcessGroup:
+        """The group of every rank of the mesh (data × spatial = world, checked at build)."""
+        return dist.group.WORLD
+
+    def barrier(self) -> None:
+        """Wait until every rank of the mesh gets here (nothing to wait for on one rank)."""
+        if self.world_size > 1:
+            dist.barrier(group=self.world_group)
+
     def new_group(self, ranks: list[int]) -> dist.ProcessGroup:
         """A process group over `ranks` (a collective over the world), destroyed on close."""
         group = dist.new_group(ranks=ranks)

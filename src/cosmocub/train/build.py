@@ -12,7 +12,7 @@ from torch import nn
 
 from cosmocub.config import Config, config_hash
 from cosmocub.data.augment import symmetries_for_split
-from cosmocub.data.dataset import open_split
+from cosmocub.models import memory_layout
 from cosmocub.models.factory import build_model
 from cosmocub.optim.factory import build_optimizer, build_schedule
 from cosmocub.parallel.mesh import ParallelDims
@@ -21,6 +21,7 @@ from cosmocub.train.checkpoint import CheckpointManager, resume_values, shard_id
 from cosmocub.train.data import build_eval_loader, build_train_loader
 from cosmocub.train.grad_sync import build_gradient_sync
 from cosmocub.train.loop import Trainer, TrainState
+from cosmocub.train.tasks import build_task
 
 
 def build_trainer(
@@ -36,9 +37,10 @@ def build_trainer(
     # Workers only read, standardise and turn samples (the sampler draws each sample's symmetry,
     # seeded per step) and batches come in sampler order, so deterministic runs keep them.
     num_workers = tc.num_data_workers
+    task = build_task(cfg)
     block = _spatial_block(cfg, dims)
-    train_set = _open(shards_dir, "train", cfg, block)
-    val_set = _open(shards_dir, "val", cfg, block)
+    train_set = task.open_split(shards_dir, "train", block=block)
+    val_set = task.open_split(shards_dir, "val", block=block)
     per_rank = len(train_set) // dims.data
     if per_rank < tc.local_batch_size:
         raise ValueError(
@@ -50,7 +52,7 @@ def build_trainer(
     global_batch = tc.local_batch_size * dims.data
 
     runtime.seed_everything(cfg.seed)  # same initial weights on every rank
-    layout = runtime.memory_format(dims.device, spatial=dims.spatial)
+    layout = memory_layout.memory_format(dims.device, spatial=dims.spatial)
     model = _parallelize(build_model(cfg.model).to(dims.device, memory_format=layout), cfg, dims)
     optimizer = build_optimizer(model.named_parameters(), cfg.optimizer, global_batch, dims=dims)
     train_loader = build_train_loader(
@@ -93,14 +95,15 @@ def build_trainer(
         },
         invariants={"data_parallel_size": dims.data, "spatial_split": list(cfg.parallel.split_dhw)},
         identity=identity,
-        is_main=dims.is_main,
+        dims=dims,
     )
-    resumed_from = checkpoints.restore_latest(dims.rank, dims.world_size)
+    resumed_from = checkpoints.restore_latest()
     checkpoints.prune_other_folders(tc.keep_old_checkpoint_folders)
     grad_sync = build_gradient_sync(optimizer, dims, ddp_timing=cfg.train.ddp_exchange_timing)
     trainer = Trainer(
         cfg=cfg,
         dims=dims,
+        task=task,
         model=model,
         wrapped=grad_sync.wrap(model),  # after the restore: DDP broadcasts rank 0's weights
         optimizer=optimizer,
@@ -130,16 +133,6 @@ def _spatial_block(cfg: Config, dims: ParallelDims) -> tuple[slice, slice, slice
     split, size = cfg.parallel.split_dhw, cfg.model.input_size
     check_split(cfg.model, size, split)
     return spatial_block(dims, split, (size, size, size))
-
-
-def _open(shards_dir: Path, split: str, cfg: Config, block):
-    """The split's samples: (x, unitPar) for CosmoFlow, (input field, target field) for the
-    U-Net (model.name unet)."""
-    if cfg.model.name == "unet":
-        from cosmocub.data.fields import open_field_split
-
-        return open_field_split(shards_dir, split, cfg, block=block)
-    return open_split(shards_dir, split, cfg.model, block=block)
 
 
 def _parallelize(model: nn.Module, cfg: Config, dims: ParallelDims) -> nn.Module:

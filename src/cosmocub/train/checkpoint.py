@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from cosmocub.config import Config, config_hash
 from cosmocub.io import atomic_path
+from cosmocub.parallel.mesh import ParallelDims
 
 CHECKPOINT_FORMAT = "cosmocub.checkpoint/1"
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
@@ -173,7 +174,7 @@ class CheckpointManager:
 
     `stateful` maps names to objects with state_dict/load_state_dict (model, optimizer, schedule,
     train state); `invariants` are values a resumed run must share (e.g. the data-parallel size).
-    Only rank 0 writes; every rank reads.
+    Only rank 0 of `dims` writes; every rank reads. Without `dims`, one process and no collectives.
     """
 
     def __init__(
@@ -185,12 +186,15 @@ class CheckpointManager:
         invariants: dict[str, Any] | None = None,
         identity: dict[str, Any] | None = None,
         keep: int = 2,
-        is_main: bool = True,
+        dims: ParallelDims | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError(f"CheckpointManager: keep must be >= 1, got {keep}")
         self.folder = Path(folder)
-        self.config_hash, self.keep, self.is_main = config_hash, keep, is_main
+        self.config_hash, self.keep, self.dims = config_hash, keep, dims
+        self.is_main = dims is None or dims.is_main
+        # Rank-0 decisions and RNG gathers are collectives over the whole mesh.
+        self.collective = dims is not None and dims.world_size > 1
         self.stateful, self.invariants = stateful, dict(invariants or {})
         # The values config_hash was computed from (see resume_values), written beside the
         # checkpoints so that a later run with other values can say what changed.
@@ -213,9 +217,10 @@ class CheckpointManager:
     def save(self, step: int) -> Path | None:
         """Gather every rank's RNG state (a collective: all ranks call this), then rank 0 writes."""
         rng = capture_rng_state()
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            gathered: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, rng)
+        if self.collective:
+            assert self.dims is not None
+            gathered: list[Any] = [None] * self.dims.world_size
+            dist.all_gather_object(gathered, rng, group=self.dims.world_group)
         else:
             gathered = [rng]
         # Every rank asks for the states: a distributed optimizer's state_dict gathers each data
@@ -264,18 +269,24 @@ class CheckpointManager:
                 )
         return payload
 
-    def restore_latest(self, rank: int, world_size: int = 1) -> Path | None:
+    def restore_latest(self, rank: int | None = None, world_size: int | None = None) -> Path | None:
         """Load the newest checkpoint into every stateful piece and this rank's RNGs, if any.
 
         Rank 0 alone decides which checkpoint that is, or with none, `fresh_start` (which other
         config's checkpoints this run does not resume from, and why), and tells every rank (a
-        collective when world_size > 1): ranks that listed the folder themselves could pick
-        different steps while rank 0 writes, or read folders that rank 0 is pruning.
+        collective over `dims` when it has more than one rank): ranks that listed the folder
+        themselves could pick different steps while rank 0 writes, or read folders that rank 0
+        is pruning. `rank` and `world_size` (whose RNG state to restore) default to `dims`'s,
+        or 0 and 1 without it.
         """
-        collective = world_size > 1 and dist.is_initialized()
-        decision = [self._decide() if rank == 0 or not collective else None]
-        if collective:
-            dist.broadcast_object_list(decision, src=0)
+        if rank is None:
+            rank = self.dims.rank if self.dims is not None else 0
+        if world_size is None:
+            world_size = self.dims.world_size if self.dims is not None else 1
+        decision = [self._decide() if rank == 0 or not self.collective else None]
+        if self.collective:
+            assert self.dims is not None
+            dist.broadcast_object_list(decision, src=0, group=self.dims.world_group)
         path, self.fresh_start = decision[0]
         if path is None:
             return None
@@ -334,8 +345,8 @@ class CheckpointManager:
         Every rank calls it after its restore: a barrier, so no rank still reads what goes."""
         if keep is None:
             return []
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.barrier()
+        if self.dims is not None:
+            self.dims.barrier()
         if not self.is_main:
             return []
         deleted = []

@@ -58,8 +58,7 @@ class DDPAllReduce:
 
     def wrap(self, model: nn.Module) -> nn.Module:
         device_ids = [self.dims.device.index] if self.dims.device.type == "cuda" else None
-        # ParallelDims checked data × spatial = world, so the default group is the whole mesh.
-        group = self.dims.group("data") if self.dims.spatial == 1 else dist.group.WORLD
+        group = self.dims.group("data") if self.dims.spatial == 1 else self.dims.world_group
         # DDP broadcasts rank 0's parameters and buffers here, so every rank starts identical.
         ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=group)
         if self.timing == "blocking":

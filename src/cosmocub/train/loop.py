@@ -1,7 +1,8 @@
-"""The training epoch and the validation pass: one screen each, shapes in comments.
+"""The training epoch and the epochs of a run: one screen each, shapes in comments.
 
-`Trainer` holds the pieces `main.train` built; gradient exchange is whatever `grad_sync` says, so a
-self-communicating optimizer slots in without touching this loop.
+`Trainer` holds the pieces `main.train` built; the loss and the validation are whatever the task
+says (`tasks.py`), gradient exchange whatever `grad_sync` says, so a self-communicating optimizer
+or another model's task slots in without touching this loop.
 """
 
 from __future__ import annotations
@@ -25,15 +26,14 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from cosmocub.config import Config
-from cosmocub.cosmology.parameters import NAME_PAR
 from cosmocub.io import atomic_path
-from cosmocub.models.heads import gaussian_nll_terms, regression_loss, split_output
 from cosmocub.optim.schedule import EpochSchedule
 from cosmocub.parallel.mesh import ParallelDims
 from cosmocub.train.checkpoint import CheckpointManager
 from cosmocub.train.comm_meter import CommMeter
 from cosmocub.train.data import ResumableSampler
 from cosmocub.train.grad_sync import GradientSync
+from cosmocub.train.tasks import Task
 from cosmocub.train.wire_meter import WireMeter
 
 
@@ -64,7 +64,8 @@ class TrainState:
 class Trainer:
     cfg: Config
     dims: ParallelDims
-    model: nn.Module  # CosmoFlow (its spatial form under a split; state_dict keys the same)
+    task: Task  # loss, validation and layouts of the model's outputs
+    model: nn.Module  # CosmoFlow or U-Net (its spatial form under a split; same state_dict keys)
     wrapped: nn.Module  # what the step calls (DDP or the model itself)
     optimizer: Optimizer
     schedule: EpochSchedule
@@ -113,17 +114,12 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
     sampler = t.train_loader.sampler
     assert isinstance(sampler, ResumableSampler)
     sampler.set_position(state.epoch, state.batch_in_epoch)
-    data_group = t.dims.group("data")
-    # A U-Net's loss is the mean over this rank's block (outputs stay split, see
-    # parallelize_unet): its sample mean also sums over the spatial group.
-    loss_group, loss_share = data_group, 1.0
-    if t.cfg.model.name == "unet" and t.dims.spatial > 1:
-        loss_group, loss_share = dist.group.WORLD, 1.0 / t.dims.spatial
+    loss_group, loss_share = t.task.loss_reduction(t.dims)
     show_bar = t.dims.is_main and sys.stderr.isatty()
     t.wrapped.train()
     data_wait, steps_here = 0.0, 0
     meter = CommMeter(t.optimizer, t.model, t.grad_sync)
-    wire = WireMeter(device)
+    wire = WireMeter(t.dims)
     # Global mean losses of steps not yet looked at, kept on the device: the host reads them only
     # when it logs or checkpoints, so a GPU is not made to wait at every step.
     pending: list[torch.Tensor] = []
@@ -138,22 +134,23 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
         leave=False,
     )
     tick = time.perf_counter()
-    for x_bcdhw, y_bp in batches:
+    for x_bcdhw, target in batches:
         # Already augmented by the sampler's symmetries; a spatial rank holds its block only.
         x_bcdhw = x_bcdhw.to(device, non_blocking=True)  # (B, C, S/sd, S/sh, S/sw)
-        y_bp = y_bp.to(device, non_blocking=True)  # (B, P)
+        # task.target_layout: (B, P) parameters, or the U-Net's (B, 1, d, h, w) target block
+        target = target.to(device, non_blocking=True)
         data_wait += time.perf_counter() - tick
         step_start = time.perf_counter()
         with t.autocast():
-            pred_bp = t.wrapped(x_bcdhw)  # (B, P)
-        # (B, P) parameters (B, 2P with the gaussian head), or for the U-Net (B, 1, d, h, w) fields
-        # of this rank's block.
-        loss = regression_loss(pred_bp.float(), y_bp, t.cfg.model)
-        # Sum of the loss over data ranks, started now and awaited after backward, so every rank
-        # holds the same values and stops at the same step if one is not finite.
+            # task.output_layout: (B, P), (B, 2P) for the gaussian head, or (B, 1, d, h, w)
+            out = t.wrapped(x_bcdhw)
+        loss = t.task.loss(out, target)
+        # Sum of the loss over the ranks that hold parts of it, started now and awaited after
+        # backward, so every rank holds the same values and stops at the same step if one is
+        # not finite.
         loss_all = loss.detach() * loss_share
         work = None
-        if t.dims.data > 1 or loss_share != 1.0:
+        if loss_group is not None:
             work = dist.all_reduce(loss_all, group=loss_group, async_op=True)
         t.optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -196,51 +193,8 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
         "samples_per_s": samples / elapsed if steps_here else 0.0,
         "data_wait_share": data_wait / elapsed if steps_here else 0.0,
         **meter.metrics(),
-        **wire.metrics(steps_here, device),
+        **wire.metrics(steps_here),
     }
-
-
-@torch.no_grad()
-def validate(t: Trainer) -> dict[str, float]:
-    """MSE loss and MAE (overall and per parameter) over the whole val shard, reduced over ranks."""
-    if t.cfg.model.name == "unet":
-        from cosmocub.train.validate_fields import validate_fields
-
-        return validate_fields(t)
-    device = t.dims.device
-    names = NAME_PAR  # the config checks num_outputs against these
-    # sums[0] = Σ|err| per param, sums[1] = Σerr² per param, sums[2] = Σ Gaussian NLL per param
-    # (gaussian head); float64 so large shards add exactly.
-    sums = torch.zeros(3, len(names), dtype=torch.float64, device=device)
-    count = torch.zeros(1, dtype=torch.float64, device=device)
-    t.model.eval()
-    for x_bcdhw, y_bp in t.val_loader:
-        x_bcdhw, y_bp = x_bcdhw.to(device), y_bp.to(device)
-        with t.autocast():
-            out_bk = t.model(x_bcdhw)
-        pred_bp, log_var_bp = split_output(out_bk, t.cfg.model)  # the mean, for either head
-        err_bp = pred_bp.double() - y_bp.double()
-        sums[0] += err_bp.abs().sum(0)
-        sums[1] += err_bp.square().sum(0)
-        if log_var_bp is not None:
-            sums[2] += gaussian_nll_terms(pred_bp.double(), log_var_bp.double(), y_bp.double()).sum(
-                0
-            )
-        count += err_bp.shape[0]
-    t.model.train()
-    if t.dims.data > 1:
-        group = t.dims.group("data")
-        dist.all_reduce(sums, group=group)
-        dist.all_reduce(count, group=group)
-    n = count.item()
-    assert n > 0, "build_trainer refuses an empty validation shard"
-    mae_p, mse_p = (sums[0] / n).tolist(), (sums[1] / n).tolist()
-    metrics = {"val_loss": sum(mse_p) / len(names), "val_mae": sum(mae_p) / len(names)}
-    metrics.update({f"val_mae_{name}": value for name, value in zip(names, mae_p, strict=True)})
-    if t.cfg.model.gaussian:
-        # What the gaussian head is trained on (plain NLL, without ½ log 2π): lower is better.
-        metrics["val_nll"] = (sums[2] / n).mean().item()
-    return metrics
 
 
 def fit(t: Trainer, state: TrainState, *, metrics_path: Path) -> None:
@@ -255,7 +209,7 @@ def fit(t: Trainer, state: TrainState, *, metrics_path: Path) -> None:
             "epoch": state.epoch,
             "step": state.step,
             "train_loss": state.epoch_loss_sum / max(1, state.epoch_steps),
-            **validate(t),
+            **t.task.validate(t.model, t.val_loader, dims=t.dims, autocast=t.autocast),
             "lr": t.schedule.lr,
             **speed,
             "elapsed_s": time.perf_counter() - started,

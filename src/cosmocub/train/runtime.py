@@ -64,15 +64,6 @@ def rank_seed(seed: int, rank: int) -> int:
     return seed * 1_000_003 + 7919 * (rank + 1)
 
 
-def memory_format(device: torch.device, *, spatial: int = 1) -> torch.memory_format:
-    """channels_last_3d for an unsplit model on CPU: oneDNN's 3D convolutions in NDHWC took 2-5x
-    less CPU per step of the default model than in NCDHW (same math, other summation order).
-    Unchanged on GPUs and under a spatial split (neither measured in NDHWC)."""
-    if device.type == "cpu" and spatial == 1:
-        return torch.channels_last_3d
-    return torch.contiguous_format
-
-
 def autocast_dtype(amp: str, device: torch.device) -> torch.dtype | None:
     """amp=auto: bf16 on CUDA, none on CPU; amp=bf16: bf16 everywhere; amp=off: none."""
     if amp == "off" or (amp == "auto" and device.type != "cuda"):

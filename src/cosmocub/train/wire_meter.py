@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from cosmocub.parallel.mesh import ParallelDims
+
 INTERFACE_ENV = "GLOO_SOCKET_IFNAME"
 
 
@@ -35,31 +37,32 @@ def read_tx_bytes(interface: str) -> int | None:
         return None
 
 
-def _settle(device: torch.device) -> None:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(torch.zeros(1, device=device))
+def _settle(dims: ParallelDims) -> None:
+    if dims.world_size > 1:
+        dist.all_reduce(torch.zeros(1, device=dims.device), group=dims.world_group)
 
 
 class WireMeter:
     """Start before the epoch's first step, `metrics(steps)` after its last (on every rank: both
-    join collectives)."""
+    join collectives over the whole mesh)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, dims: ParallelDims) -> None:
+        self.dims = dims
         self.interface = os.environ.get(INTERFACE_ENV, "").split(",")[0]
-        _settle(device)
+        _settle(dims)
         self.start = read_tx_bytes(self.interface) if self.interface else None
 
-    def metrics(self, steps: int, device: torch.device) -> dict[str, float]:
-        _settle(device)
+    def metrics(self, steps: int) -> dict[str, float]:
+        _settle(self.dims)
         end = read_tx_bytes(self.interface) if self.start is not None else None
         per_step = (end - self.start) / steps if end is not None and steps else 0.0
         have = 1.0 if end is not None and steps else 0.0
-        both = torch.tensor([per_step, have], dtype=torch.float64, device=device)
-        if dist.is_initialized() and dist.get_world_size() > 1:
+        both = torch.tensor([per_step, have], dtype=torch.float64, device=self.dims.device)
+        world = self.dims.world_size
+        if world > 1:
             # Every rank joins (a rank without the counter adds 0, 0), so none waits alone.
-            dist.all_reduce(both)
+            dist.all_reduce(both, group=self.dims.world_group)
         total, ranks_with = both.tolist()
-        world = dist.get_world_size() if dist.is_initialized() else 1
         if ranks_with < world:
             return {}
         return {"wire_bytes_per_step": total / world}
