@@ -17,9 +17,9 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Backend as C10dBackend
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from cosmocub.launch.env import CPUS_PER_RANK_ENV
+
 MESH_AXES = ("data", "spatial")
-# Cores per rank that the workflow's launcher passes to torchrun-started ranks.
-CPUS_PER_RANK_ENV = "COSMOCUB_CPUS_PER_RANK"
 
 
 @dataclass(frozen=True, kw_only=True)
