@@ -6,34 +6,37 @@ as any other, that a job reads by path; the base run's CosmoFlow settings stay u
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
-from cosmocub.config import Config, deep_merge, from_values, resolve
+from cosmocub.config import Config, derive, optimizer_variant
 
 UNET_SECTIONS = ("model", "parallel", "optimizer", "train")
 
 
+def unet_config(cfg: Config) -> Config:
+    """The U-Net run's config: `cfg` with `unet.<section>` merged over each section (an optimizer
+    with a name replaces the section), model.name unet, model.in_channels the number of
+    task.input_redshifts, and the data axis times the spatial ranks in train.nproc_per_node (one
+    node, as `train`)."""
+    unet = cfg.values["unet"]
+    overrides: dict[str, Any] = {section: unet[section] for section in UNET_SECTIONS}
+    overrides["model"] = {
+        **unet["model"],
+        "name": "unet",
+        "in_channels": len(cfg.task.input_redshifts),
+    }
+    replace = {}
+    if "name" in unet["optimizer"]:
+        # Another optimizer's options (optimizer.lion_cub, …) must not come along: a named
+        # optimizer replaces the section, the schema fills the rest.
+        replace["optimizer"] = optimizer_variant({}, unet["optimizer"])
+        del overrides["optimizer"]
+    spatial = unet["parallel"].get("spatial", cfg.parallel.spatial)
+    nproc = unet["train"].get("nproc_per_node", cfg.train.nproc_per_node)
+    overrides["train"] = {**unet["train"], "nproc_per_node": spatial * nproc}
+    return derive(cfg, overrides, replace=replace, source=f"{cfg.source} + unet")
+
+
 def unet_config_values(cfg: Config) -> dict[str, Any]:
-    """Resolved values of the U-Net run: `cfg.values` with `unet.<section>` merged over each
-    section (an optimizer with a name replaces the section), model.name unet, model.in_channels
-    the number of task.input_redshifts, and the data axis times the spatial ranks in
-    train.nproc_per_node (one node, as `train`)."""
-    values = copy.deepcopy(cfg.values)
-    overrides = values["unet"]
-    for section in UNET_SECTIONS:
-        given = overrides.get(section, {})
-        if section == "optimizer" and "name" in given:
-            # Another optimizer's options (optimizer.lion_cub, …) must not come along: a named
-            # optimizer replaces the section, the schema fills the rest.
-            values[section] = copy.deepcopy(given)
-        else:
-            values[section] = deep_merge(values[section], given)
-    values["model"]["name"] = "unet"
-    values["model"]["in_channels"] = len(values["task"]["input_redshifts"])
-    spatial = values["parallel"].get("spatial", 1)
-    values["train"]["nproc_per_node"] = spatial * values["train"].get("nproc_per_node", 1)
-    # The merged sections may name keys the base left to defaults: validate and fill again.
-    values = resolve(values, source=f"{cfg.source} + unet")
-    from_values(copy.deepcopy(values), source=f"{cfg.source} + unet")  # the dataclass checks
-    return values
+    """Resolved values of the U-Net run (`unet_config`), for writing its config file."""
+    return unet_config(cfg).values

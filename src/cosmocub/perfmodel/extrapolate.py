@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cosmocub.config import Config, ExtrapolateConfig, ModelConfig, from_values, resolve
+from cosmocub.config import Config, ExtrapolateConfig, ModelConfig, derive, optimizer_variant
 from cosmocub.perfmodel.compute import accelerator_seconds
 from cosmocub.perfmodel.costs import AlphaBeta
 from cosmocub.perfmodel.model import Mesh, Network, parameter_sizes, predict_step
@@ -68,12 +68,9 @@ def optimizer_configs(base: Config, settings: ExtrapolateConfig) -> dict[str, An
     """name -> OptimizerConfig: the base config's optimizer section replaced by each entry."""
     out = {}
     for name, section in settings.optimizers.items():
-        values = dict(base.values)
-        values["optimizer"] = {**base.values["optimizer"], "lion_cub": None, **section}
-        values = resolve(values, source=f"perf_model.extrapolate.optimizers.{name}")
-        out[name] = from_values(
-            values, source=f"perf_model.extrapolate.optimizers.{name}"
-        ).optimizer
+        replace = {"optimizer": optimizer_variant(base.values["optimizer"], section)}
+        source = f"perf_model.extrapolate.optimizers.{name}"
+        out[name] = derive(base, {}, replace=replace, source=source).optimizer
     return out
 
 

@@ -9,7 +9,6 @@ same for every study and take its name as a wildcard.
 
 from __future__ import annotations
 
-import copy
 import importlib
 import json
 import logging
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cosmocub.config import Config, ConfigError, config_hash, deep_merge, from_values, resolve
+from cosmocub.config import Config, ConfigError, config_hash, deep_merge, derive
 from cosmocub.io import atomic_path, write_tsv
 
 log = logging.getLogger(__name__)
@@ -142,12 +141,8 @@ def find_point(cfg: Config, study: str, point: str) -> Point:
 def point_values(cfg: Config, study: str, point: Point) -> dict[str, Any]:
     """The point's resolved config: the base values, its overrides, and run name
     `<study>_<point>`; validated against the schema and the typed checks."""
-    values = deep_merge(copy.deepcopy(cfg.values), point.overrides)
-    values = deep_merge(values, {"train": {"run_name": f"{study}_{point.name}"}})
-    source = f"study {study} point {point.name}"
-    values = resolve(values, source=source)
-    from_values(values, source=source)  # the typed checks, with the point named
-    return values
+    overrides = deep_merge(dict(point.overrides), {"train": {"run_name": f"{study}_{point.name}"}})
+    return derive(cfg, overrides, source=f"study {study} point {point.name}").values
 
 
 def shard_key(values: Mapping[str, Any]) -> str:
