@@ -11,7 +11,7 @@ import pytest
 
 from cosmocub.config import load_config
 from cosmocub.studies import network, scaling
-from cosmocub.studies.engine import gather, point_record, study_points, write_point_record
+from cosmocub.studies.engine import gather, plan, point_record, write_point_record
 from cosmocub.studies.runners import PointSkipped, run_emulated
 
 REPO = Path(__file__).resolve().parents[1]
@@ -129,11 +129,11 @@ def test_without_cap_net_admin_the_emulated_runner_skips(monkeypatch, tmp_path) 
 
     monkeypatch.setattr(netemu_runner, "run_training_on_nodes", refuse)
     cfg = load_config(REPO / "config" / "test.yaml")
-    point = study_points(cfg, "network")[0]
+    launch = plan(cfg, "network")[0].launch
     with pytest.raises(PointSkipped, match="CAP_NET_ADMIN"):
         run_emulated(
-            point, config_path=tmp_path / "c.yaml", shards_dir=tmp_path, out_dir=tmp_path / "r",
-            nproc_per_node=1, cpus_per_rank=1, max_restarts=0,
+            launch, config_path=tmp_path / "c.yaml", shards_dir=tmp_path, out_dir=tmp_path / "r",
+            cpus_per_rank=1, max_restarts=0,
         )  # fmt: skip
 
 
@@ -146,9 +146,10 @@ class _NoTracking:
 
 def test_a_study_of_skipped_points_gathers_their_labels_and_why(tmp_path) -> None:
     cfg = load_config(REPO / "config" / "test.yaml")
-    for p in study_points(cfg, "network"):
+    for p in plan(cfg, "network"):
         extra = {"skipped": "emulated nodes unavailable: no CAP_NET_ADMIN", "nproc_per_node": 1}
-        write_point_record(point_record(p, cores_per_rank=1, extra=extra), tmp_path / p.name)
+        record = point_record(p.launch, cores_per_rank=1, extra=extra)
+        write_point_record(record, tmp_path / p.point.name)
     rows = gather(
         cfg, "network", folder=tmp_path, out_tsv=tmp_path / "points.tsv",
         out_png=tmp_path / "network.png", out_summary=tmp_path / "summary.md",

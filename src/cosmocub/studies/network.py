@@ -30,6 +30,7 @@ from cosmocub.studies.engine import (
     step_weighted_mean_after_first,
     training_row,
 )
+from cosmocub.studies.launch_plan import PointLaunch
 
 COLUMNS = (
     "variant",
@@ -87,11 +88,9 @@ def points(cfg: Config) -> list[Point]:
                     name=point_name(variant, mbit),
                     overrides=overrides,
                     labels={"variant": variant, "bandwidth_mbit": mbit},
-                    launch={
-                        "nodes": study.nodes,
-                        "nproc_per_node": study.nproc_per_node,
-                        "bandwidth_mbit": mbit,
-                    },
+                    launch=PointLaunch(
+                        nodes=study.nodes, nproc_per_node=study.nproc_per_node, bandwidth_mbit=mbit
+                    ),
                     runner="emulated",
                 )
             )
