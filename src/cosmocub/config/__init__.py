@@ -32,6 +32,7 @@ from cosmocub.config.sections import (
     SimulateConfig,
     SplitRatios,
     TaskConfig,
+    UNetRunConfig,
     UNetShape,
     UniversesConfig,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "TrackingServerConfig",
     "TrainConfig",
     "TrainResources",
+    "UNetRunConfig",
     "UNetShape",
     "UniversesConfig",
     "coerce_cli_strings",

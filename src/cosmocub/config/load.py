@@ -28,6 +28,7 @@ from cosmocub.config.sections import (
     SimulateConfig,
     SplitRatios,
     TaskConfig,
+    UNetRunConfig,
     UniversesConfig,
 )
 from cosmocub.config.studies import (
@@ -72,6 +73,7 @@ class Config:
     network_study: NetworkStudyConfig
     scaling_study: ScalingStudyConfig
     perf_model: PerfModelConfig
+    unet: UNetRunConfig
     # The resolved dict this was built from: for hashing, MLflow params and artifacts.
     values: dict[str, Any] = field(repr=False, compare=False)
     source: str = "<config>"
@@ -158,6 +160,7 @@ def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
                 **_tuple_fields(ScalingStudyConfig, values["scaling_study"])
             ),
             perf_model=_perf_model(values["perf_model"]),
+            unet=UNetRunConfig(**values["unet"]),
             values=values,
             source=source,
         )

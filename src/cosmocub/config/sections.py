@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from cosmocub.config.schema import ConfigError
 
@@ -191,3 +192,14 @@ class ParallelConfig:
     def split_dhw(self) -> tuple[int, int, int]:
         """Ranks along (D, H, W); the default splits depth only (the shards' chunk axis)."""
         return self.split if self.split is not None else (self.spatial, 1, 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UNetRunConfig:
+    """The `unet` section: what the `snakemake unet` run merges over the config's model,
+    parallel, optimizer and train sections (partial sections; the merged config is validated)."""
+
+    model: dict[str, Any]
+    parallel: dict[str, Any]
+    optimizer: dict[str, Any]
+    train: dict[str, Any]

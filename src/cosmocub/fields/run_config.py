@@ -8,35 +8,47 @@ from __future__ import annotations
 
 from typing import Any
 
-from cosmocub.config import Config, derive, optimizer_variant
-
-UNET_SECTIONS = ("model", "parallel", "optimizer", "train")
+from cosmocub.config import Config, ConfigError, derive, optimizer_variant
 
 
 def unet_config(cfg: Config) -> Config:
     """The U-Net run's config: `cfg` with `unet.<section>` merged over each section (an optimizer
-    with a name replaces the section), model.name unet, model.in_channels the number of
-    task.input_redshifts, and the data axis times the spatial ranks in train.nproc_per_node (one
-    node, as `train`)."""
-    unet = cfg.values["unet"]
-    overrides: dict[str, Any] = {section: unet[section] for section in UNET_SECTIONS}
-    overrides["model"] = {
-        **unet["model"],
-        "name": "unet",
-        "in_channels": len(cfg.task.input_redshifts),
-    }
+    with a name replaces the section), model.name unet and model.in_channels the number of
+    task.input_redshifts. train.nproc_per_node is its ranks on its one node, as in `train`:
+    parallel.spatial of them share a sample."""
+    unet = cfg.unet
+    model = {**unet.model, "name": "unet", "in_channels": len(cfg.task.input_redshifts)}
+    overrides: dict[str, Any] = {"model": model, "parallel": unet.parallel, "train": unet.train}
     replace = {}
-    if "name" in unet["optimizer"]:
+    if "name" in unet.optimizer:
         # Another optimizer's options (optimizer.lion_cub, …) must not come along: a named
         # optimizer replaces the section, the schema fills the rest.
-        replace["optimizer"] = optimizer_variant({}, unet["optimizer"])
-        del overrides["optimizer"]
-    spatial = unet["parallel"].get("spatial", cfg.parallel.spatial)
-    nproc = unet["train"].get("nproc_per_node", cfg.train.nproc_per_node)
-    overrides["train"] = {**unet["train"], "nproc_per_node": spatial * nproc}
-    return derive(cfg, overrides, replace=replace, source=f"{cfg.source} + unet")
+        replace["optimizer"] = optimizer_variant({}, unet.optimizer)
+    else:
+        overrides["optimizer"] = unet.optimizer
+    source = f"{cfg.source} + unet"
+    out = derive(cfg, overrides, replace=replace, source=source)
+    nproc, spatial = out.train.nproc_per_node, out.parallel.spatial
+    if nproc % spatial:
+        # Before, the U-Net's nproc_per_node counted data ranks (the run started it × spatial).
+        key = (
+            "unet.train.nproc_per_node"
+            if "nproc_per_node" in unet.train
+            else "train.nproc_per_node"
+        )
+        raise ConfigError(
+            f"{source}: key '{key}': {nproc} ranks per node is not a multiple of "
+            f"parallel.spatial {spatial} (it counts all the U-Net's ranks, data × spatial, not "
+            f"its data ranks: for {nproc} data ranks write {nproc * spatial})"
+        )
+    return out
 
 
 def unet_config_values(cfg: Config) -> dict[str, Any]:
     """Resolved values of the U-Net run (`unet_config`), for writing its config file."""
     return unet_config(cfg).values
+
+
+def unet_world_size(cfg: Config) -> int:
+    """Ranks of the `snakemake unet` run, all on one node; a bad `unet` section is a ConfigError."""
+    return unet_config(cfg).train.nproc_per_node
