@@ -66,6 +66,15 @@ class StepTimeStudyConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class OptimizerVariant:
+    """An optimizer section that replaces the base's (config.optimizer_variant): the optimizer's
+    name and the whole section as given (name included)."""
+
+    name: str
+    section: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
 class NetworkStudyConfig:
     nodes: int
     nproc_per_node: int
@@ -77,9 +86,14 @@ class NetworkStudyConfig:
     model: dict[str, Any]
     lr: float | None
     reference: str
-    variants: dict[str, dict[str, Any]]
+    variants: dict[str, OptimizerVariant]
 
     def __post_init__(self) -> None:
+        variants = {
+            k: OptimizerVariant(name=v["name"], section=v) if isinstance(v, dict) else v
+            for k, v in self.variants.items()
+        }
+        object.__setattr__(self, "variants", variants)
         if self.reference not in self.variants:
             raise ConfigError(
                 f"key 'network_study.reference': {self.reference!r} is not one of the variants "

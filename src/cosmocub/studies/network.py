@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cosmocub.config import Config
+from cosmocub.config import Config, optimizer_variant
 from cosmocub.io import atomic_path
 from cosmocub.studies.engine import (
     Point,
@@ -68,7 +68,7 @@ def points(cfg: Config) -> list[Point]:
     for variant, settings in study.variants.items():
         # A whole optimizer section: the base's options for another optimizer do not apply; the
         # base's schedule is kept.
-        optimizer = {**cfg.values["optimizer"], "lion_cub": None, **settings}
+        optimizer = optimizer_variant(cfg.values["optimizer"], settings.section)
         if study.lr is not None:
             optimizer["lr"] = study.lr
         overrides = {
