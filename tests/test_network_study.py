@@ -164,3 +164,50 @@ def test_a_study_of_skipped_points_gathers_their_labels_and_why(tmp_path) -> Non
     ]
     assert all(r["skipped"].startswith("emulated nodes unavailable") for r in table)
     assert all(r["step_s"] == "" and r["time_to_target_s"] == "" for r in table)
+
+
+def test_study_point_config_writes_the_plan_that_study_point_runs(
+    monkeypatch, tmp_path, capsys
+) -> None:
+    import json
+
+    from cosmocub import cli
+    from cosmocub.studies import runners
+
+    folder = tmp_path / "lion_10mbit"
+    base = ["--config", str(REPO / "config" / "test.yaml"), "--study", "network"]
+    args = ["study-point-config", *base, "--point", "lion_10mbit"]
+    assert cli.main([*args, "--out", str(folder / "config.yaml")]) == 0
+    written = json.loads((folder / "launch.json").read_text())
+    assert written == {
+        "study": "network", "name": "lion_10mbit", "runner": "emulated",
+        "labels": {"variant": "lion", "bandwidth_mbit": 10},
+        "launch": {"nodes": 2, "nproc_per_node": 1, "bandwidth_mbit": 10},
+        "nodes": 2, "nproc_per_node": 1, "bandwidth_mbit": 10.0,
+    }  # fmt: skip
+    seen = []
+
+    def fake(plan, **kwargs):
+        seen.append((plan.nodes, plan.nproc_per_node, plan.bandwidth_mbit, plan.ranks))
+        return 0, {"nodes": plan.nodes, "nproc_per_node": plan.nproc_per_node}
+
+    monkeypatch.setitem(runners.RUNNERS, "emulated", fake)
+    # The base config is not read again: only the plan beside the point's config.
+    args = ["study-point", "--config", str(tmp_path / "absent.yaml"), "--study", "network"]
+    args += ["--point-config", str(folder / "config.yaml"), "--shards", str(tmp_path)]
+    assert cli.main([*args, "--point", "lion_10mbit", "--out", str(folder)]) == 0
+    assert seen == [(2, 1, 10.0, 2)]
+    record = json.loads((folder / "point.json").read_text())
+    assert (record["launch"], record["runner"]) == (written["launch"], "emulated")
+    # A plan of another point is refused, naming the file.
+    capsys.readouterr()
+    assert cli.main([*args, "--point", "lion_0mbit", "--out", str(folder)]) == 2
+    assert "launch.json: the plan of study 'network' point 'lion_10mbit', not of study " in (
+        capsys.readouterr().err
+    )
+    (folder / "launch.json").unlink()
+    assert cli.main([*args, "--point", "lion_10mbit", "--out", str(folder)]) == 2
+    assert (
+        "launch.json: not found (cosmocub study-point-config writes it" in capsys.readouterr().err
+    )
+    assert seen == [(2, 1, 10.0, 2)]

@@ -210,15 +210,12 @@ def assumptions_text(base: Config, settings: ExtrapolateConfig, source: str) -> 
         "GPUs of a node"
         for name, a in settings.accelerators.items()
     )
-    lion_cub = next(
-        (
-            o.get("lion_cub") or {}
-            for o in settings.optimizers.values()
-            if o.get("name") == "lion_cub"
-        ),
-        {},
-    )
-    bucket_mb = lion_cub.get("bucket_mb", 4)
+    optimizers = optimizer_configs(base, settings).values()
+    lion_cub = next((o.lion_cub for o in optimizers if o.lion_cub is not None), None)
+    if lion_cub is None:  # no Lion Cub among them: the text quotes the schema's default buckets
+        replace = {"optimizer": optimizer_variant({}, {"name": "lion_cub"})}
+        lion_cub = derive(base, {}, replace=replace, source="lion_cub defaults").optimizer.lion_cub
+    bucket_mb = lion_cub.bucket_mb
     return f"""# Assumptions of the extrapolation
 
 Model: `{source}` (model section), local batch {base.train.local_batch_size} samples per data
