@@ -11,7 +11,7 @@ import pytest
 
 from cosmocub.config import load_config
 from cosmocub.studies import network, scaling
-from cosmocub.studies.engine import gather, point_record, study_points, write_point_record
+from cosmocub.studies.engine import gather, plan, point_record, write_point_record
 from cosmocub.studies.runners import PointSkipped, run_emulated
 
 REPO = Path(__file__).resolve().parents[1]
@@ -129,11 +129,11 @@ def test_without_cap_net_admin_the_emulated_runner_skips(monkeypatch, tmp_path) 
 
     monkeypatch.setattr(netemu_runner, "run_training_on_nodes", refuse)
     cfg = load_config(REPO / "config" / "test.yaml")
-    point = study_points(cfg, "network")[0]
+    launch = plan(cfg, "network")[0].launch
     with pytest.raises(PointSkipped, match="CAP_NET_ADMIN"):
         run_emulated(
-            point, config_path=tmp_path / "c.yaml", shards_dir=tmp_path, out_dir=tmp_path / "r",
-            nproc_per_node=1, cpus_per_rank=1, max_restarts=0,
+            launch, config_path=tmp_path / "c.yaml", shards_dir=tmp_path, out_dir=tmp_path / "r",
+            cpus_per_rank=1, max_restarts=0,
         )  # fmt: skip
 
 
@@ -146,9 +146,10 @@ class _NoTracking:
 
 def test_a_study_of_skipped_points_gathers_their_labels_and_why(tmp_path) -> None:
     cfg = load_config(REPO / "config" / "test.yaml")
-    for p in study_points(cfg, "network"):
+    for p in plan(cfg, "network"):
         extra = {"skipped": "emulated nodes unavailable: no CAP_NET_ADMIN", "nproc_per_node": 1}
-        write_point_record(point_record(p, cores_per_rank=1, extra=extra), tmp_path / p.name)
+        record = point_record(p.launch, cores_per_rank=1, extra=extra)
+        write_point_record(record, tmp_path / p.point.name)
     rows = gather(
         cfg, "network", folder=tmp_path, out_tsv=tmp_path / "points.tsv",
         out_png=tmp_path / "network.png", out_summary=tmp_path / "summary.md",
@@ -163,3 +164,50 @@ def test_a_study_of_skipped_points_gathers_their_labels_and_why(tmp_path) -> Non
     ]
     assert all(r["skipped"].startswith("emulated nodes unavailable") for r in table)
     assert all(r["step_s"] == "" and r["time_to_target_s"] == "" for r in table)
+
+
+def test_study_point_config_writes_the_plan_that_study_point_runs(
+    monkeypatch, tmp_path, capsys
+) -> None:
+    import json
+
+    from cosmocub import cli
+    from cosmocub.studies import runners
+
+    folder = tmp_path / "lion_10mbit"
+    base = ["--config", str(REPO / "config" / "test.yaml"), "--study", "network"]
+    args = ["study-point-config", *base, "--point", "lion_10mbit"]
+    assert cli.main([*args, "--out", str(folder / "config.yaml")]) == 0
+    written = json.loads((folder / "launch.json").read_text())
+    assert written == {
+        "study": "network", "name": "lion_10mbit", "runner": "emulated",
+        "labels": {"variant": "lion", "bandwidth_mbit": 10},
+        "launch": {"nodes": 2, "nproc_per_node": 1, "bandwidth_mbit": 10},
+        "nodes": 2, "nproc_per_node": 1, "bandwidth_mbit": 10.0,
+    }  # fmt: skip
+    seen = []
+
+    def fake(plan, **kwargs):
+        seen.append((plan.nodes, plan.nproc_per_node, plan.bandwidth_mbit, plan.ranks))
+        return 0, {"nodes": plan.nodes, "nproc_per_node": plan.nproc_per_node}
+
+    monkeypatch.setitem(runners.RUNNERS, "emulated", fake)
+    # The base config is not read again: only the plan beside the point's config.
+    args = ["study-point", "--config", str(tmp_path / "absent.yaml"), "--study", "network"]
+    args += ["--point-config", str(folder / "config.yaml"), "--shards", str(tmp_path)]
+    assert cli.main([*args, "--point", "lion_10mbit", "--out", str(folder)]) == 0
+    assert seen == [(2, 1, 10.0, 2)]
+    record = json.loads((folder / "point.json").read_text())
+    assert (record["launch"], record["runner"]) == (written["launch"], "emulated")
+    # A plan of another point is refused, naming the file.
+    capsys.readouterr()
+    assert cli.main([*args, "--point", "lion_0mbit", "--out", str(folder)]) == 2
+    assert "launch.json: the plan of study 'network' point 'lion_10mbit', not of study " in (
+        capsys.readouterr().err
+    )
+    (folder / "launch.json").unlink()
+    assert cli.main([*args, "--point", "lion_10mbit", "--out", str(folder)]) == 2
+    assert (
+        "launch.json: not found (cosmocub study-point-config writes it" in capsys.readouterr().err
+    )
+    assert seen == [(2, 1, 10.0, 2)]

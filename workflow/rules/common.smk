@@ -6,7 +6,7 @@ from snakemake.utils import validate
 
 from cosmocub.config import coerce_cli_strings, from_values
 from cosmocub.data.naming import universe_ids
-from cosmocub.fields.run_config import unet_ranks
+from cosmocub.fields.run_config import unet_world_size
 from cosmocub.launch.resources import (
     num_preprocess_groups,
     train_gres,

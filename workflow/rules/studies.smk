@@ -15,7 +15,9 @@ wildcard_constraints:
 
 rule study_point_config:
     output:
-        f"{STUDIES}/{{study}}/{{point}}/config.yaml",
+        config=f"{STUDIES}/{{study}}/{{point}}/config.yaml",
+        # What study_point runs (nodes, ranks, runner), planned once: cosmocub study-point reads it.
+        plan=f"{STUDIES}/{{study}}/{{point}}/launch.json",
     log:
         f"{STUDIES}/{{study}}/logs/config_{{point}}.log",
     conda:
@@ -28,7 +30,7 @@ rule study_point_config:
         settings=study_settings,
     shell:
         "cosmocub study-point-config --study {wildcards.study} --point {wildcards.point}"
-        " --out {output} > {log} 2>&1"
+        " --out {output.config} > {log} 2>&1"
 
 
 # Shards of points whose data sections differ from the base run's (points that agree share
@@ -112,6 +114,7 @@ rule study_preprocess:
 rule study_point:
     input:
         config=f"{STUDIES}/{{study}}/{{point}}/config.yaml",
+        plan=f"{STUDIES}/{{study}}/{{point}}/launch.json",
         manifest=study_point_manifest,
     output:
         # The run's files (run/model.pt, metrics.jsonl, train_summary.json) are not declared:

@@ -43,15 +43,15 @@ rule unet_train:
     conda:
         "../../envs/cosmocub.yaml"
     # Functions, not values: a bad `unet` section fails the unet targets only, not `all`.
-    threads: lambda w: unet_ranks(CFG) * CFG.cluster.train.cpus_per_rank
+    threads: lambda w: unet_world_size(CFG) * CFG.cluster.train.cpus_per_rank
     resources:
-        mem_mb=lambda w: unet_ranks(CFG) * CFG.cluster.train.mem_mb_per_rank,
+        mem_mb=lambda w: unet_world_size(CFG) * CFG.cluster.train.mem_mb_per_rank,
         runtime=CFG.cluster.train.runtime,
     params:
         shards=lambda w, input: os.path.dirname(input.manifest),
         out=lambda w, output: os.path.dirname(output.model),
-        nproc=lambda w: unet_ranks(CFG),
-        cpus=lambda w, threads: max(1, threads // unet_ranks(CFG)),
+        nproc=lambda w: unet_world_size(CFG),
+        cpus=lambda w, threads: max(1, threads // unet_world_size(CFG)),
         max_restarts=CFG.train.max_restarts,
         env=tracking_env("unet_train"),
     shell:

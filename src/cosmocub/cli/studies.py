@@ -5,7 +5,6 @@ and its training, and the study's table, plot and report section from its points
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from cosmocub.cli.common import add_config, add_stage
@@ -13,41 +12,24 @@ from cosmocub.config import load_config
 
 
 def _cmd_study_point_config(args: argparse.Namespace) -> int:
-    from cosmocub.config import write_config
-    from cosmocub.studies.engine import find_point, point_values
+    from cosmocub.studies.runners import prepare_point
 
-    cfg = load_config(args.config)
-    write_config(point_values(cfg, args.study, find_point(cfg, args.study, args.point)), args.out)
+    prepare_point(load_config(args.config), args.study, args.point, Path(args.out))
     return 0
 
 
 def _cmd_study_point(args: argparse.Namespace) -> int:
-    from cosmocub.studies.engine import find_point, point_record, write_point_record
-    from cosmocub.studies.runners import PointSkipped, runner
+    from cosmocub.studies.runners import run_point
 
-    cfg = load_config(args.config)  # the base config: the point's own is --point-config
-    point = find_point(cfg, args.study, args.point)
-    point_cfg = load_config(args.point_config)
-    out = Path(args.out)
-    nproc = int(point.launch.get("nproc_per_node", point_cfg.train.nproc_per_node))
-    try:
-        rc, extra = runner(point.runner)(
-            point,
-            config_path=Path(args.point_config),
-            shards_dir=Path(args.shards),
-            out_dir=out / "run",
-            nproc_per_node=nproc,
-            cpus_per_rank=args.cpus_per_rank,
-            max_restarts=args.max_restarts,
-        )
-    except PointSkipped as why:
-        # One line; the study goes on and its table shows the point with blank measurements.
-        print(f"emulated points skipped: {args.study} point {point.name}: {why}", file=sys.stderr)
-        rc, extra = 0, {"skipped": str(why), "nproc_per_node": nproc}
-    if rc == 0:
-        record = point_record(point, cores_per_rank=args.cpus_per_rank, extra=extra)
-        write_point_record(record, out)
-    return rc
+    return run_point(
+        study=args.study,
+        point=args.point,
+        point_config_path=Path(args.point_config),
+        shards_dir=Path(args.shards),
+        out=Path(args.out),
+        cpus_per_rank=args.cpus_per_rank,
+        max_restarts=args.max_restarts,
+    )
 
 
 def _cmd_study_gather(args: argparse.Namespace) -> int:

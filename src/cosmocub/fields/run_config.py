@@ -6,43 +6,49 @@ as any other, that a job reads by path; the base run's CosmoFlow settings stay u
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
-from cosmocub.config import Config, deep_merge, from_values, resolve
+from cosmocub.config import Config, ConfigError, derive, optimizer_variant
 
-UNET_SECTIONS = ("model", "parallel", "optimizer", "train")
+
+def unet_config(cfg: Config) -> Config:
+    """The U-Net run's config: `cfg` with `unet.<section>` merged over each section (an optimizer
+    with a name replaces the section), model.name unet and model.in_channels the number of
+    task.input_redshifts. train.nproc_per_node is its ranks on its one node, as in `train`:
+    parallel.spatial of them share a sample."""
+    unet = cfg.unet
+    model = {**unet.model, "name": "unet", "in_channels": len(cfg.task.input_redshifts)}
+    overrides: dict[str, Any] = {"model": model, "parallel": unet.parallel, "train": unet.train}
+    replace = {}
+    if "name" in unet.optimizer:
+        # Another optimizer's options (optimizer.lion_cub, …) must not come along: a named
+        # optimizer replaces the section, the schema fills the rest.
+        replace["optimizer"] = optimizer_variant({}, unet.optimizer)
+    else:
+        overrides["optimizer"] = unet.optimizer
+    source = f"{cfg.source} + unet"
+    out = derive(cfg, overrides, replace=replace, source=source)
+    nproc, spatial = out.train.nproc_per_node, out.parallel.spatial
+    if nproc % spatial:
+        # Before, the U-Net's nproc_per_node counted data ranks (the run started it × spatial).
+        key = (
+            "unet.train.nproc_per_node"
+            if "nproc_per_node" in unet.train
+            else "train.nproc_per_node"
+        )
+        raise ConfigError(
+            f"{source}: key '{key}': {nproc} ranks per node is not a multiple of "
+            f"parallel.spatial {spatial} (it counts all the U-Net's ranks, data × spatial, not "
+            f"its data ranks: for {nproc} data ranks write {nproc * spatial})"
+        )
+    return out
 
 
 def unet_config_values(cfg: Config) -> dict[str, Any]:
-    """Resolved values of the U-Net run: `cfg.values` with `unet.<section>` merged over each
-    section (an optimizer with a name replaces the section), model.name unet, model.in_channels
-    the number of task.input_redshifts, and the data axis times the spatial ranks in
-    train.nproc_per_node (one node, as `train`)."""
-    values = copy.deepcopy(cfg.values)
-    overrides = values["unet"]
-    for section in UNET_SECTIONS:
-        given = overrides.get(section, {})
-        if section == "optimizer" and "name" in given:
-            # Another optimizer's options (optimizer.lion_cub, …) must not come along: a named
-            # optimizer replaces the section, the schema fills the rest.
-            values[section] = copy.deepcopy(given)
-        else:
-            values[section] = deep_merge(values[section], given)
-    values["model"]["name"] = "unet"
-    values["model"]["in_channels"] = len(values["task"]["input_redshifts"])
-    spatial = values["parallel"].get("spatial", 1)
-    values["train"]["nproc_per_node"] = spatial * values["train"].get("nproc_per_node", 1)
-    # The merged sections may name keys the base left to defaults: validate and fill again.
-    values = resolve(values, source=f"{cfg.source} + unet")
-    from_values(copy.deepcopy(values), source=f"{cfg.source} + unet")  # the dataclass checks
-    return values
+    """Resolved values of the U-Net run (`unet_config`), for writing its config file."""
+    return unet_config(cfg).values
 
 
-def unet_ranks(cfg: Config) -> int:
-    """Ranks of the `snakemake unet` run, all on one node: its spatial ranks × nproc_per_node.
-
-    A `unet` section that does not make a valid config raises its ConfigError (one line naming
-    the key), here as in the unet_config job.
-    """
-    return unet_config_values(cfg)["train"]["nproc_per_node"]
+def unet_world_size(cfg: Config) -> int:
+    """Ranks of the `snakemake unet` run, all on one node; a bad `unet` section is a ConfigError."""
+    return unet_config(cfg).train.nproc_per_node

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cosmocub.config import Config, ExtrapolateConfig, ModelConfig, from_values, resolve
+from cosmocub.config import Config, ExtrapolateConfig, ModelConfig, derive, optimizer_variant
 from cosmocub.perfmodel.compute import accelerator_seconds
 from cosmocub.perfmodel.costs import AlphaBeta
 from cosmocub.perfmodel.model import Mesh, Network, parameter_sizes, predict_step
@@ -80,12 +80,9 @@ def optimizer_configs(base: Config, settings: ExtrapolateConfig) -> dict[str, An
     """name -> OptimizerConfig: the base config's optimizer section replaced by each entry."""
     out = {}
     for name, section in settings.optimizers.items():
-        values = dict(base.values)
-        values["optimizer"] = {**base.values["optimizer"], "lion_cub": None, **section}
-        values = resolve(values, source=f"perf_model.extrapolate.optimizers.{name}")
-        out[name] = from_values(
-            values, source=f"perf_model.extrapolate.optimizers.{name}"
-        ).optimizer
+        replace = {"optimizer": optimizer_variant(base.values["optimizer"], section)}
+        source = f"perf_model.extrapolate.optimizers.{name}"
+        out[name] = derive(base, {}, replace=replace, source=source).optimizer
     return out
 
 
@@ -225,15 +222,12 @@ def assumptions_text(base: Config, settings: ExtrapolateConfig, source: str) -> 
         "GPUs of a node"
         for name, a in settings.accelerators.items()
     )
-    lion_cub = next(
-        (
-            o.get("lion_cub") or {}
-            for o in settings.optimizers.values()
-            if o.get("name") == "lion_cub"
-        ),
-        {},
-    )
-    bucket_mb = lion_cub.get("bucket_mb", 4)
+    optimizers = optimizer_configs(base, settings).values()
+    lion_cub = next((o.lion_cub for o in optimizers if o.lion_cub is not None), None)
+    if lion_cub is None:  # no Lion Cub among them: the text quotes the schema's default buckets
+        replace = {"optimizer": optimizer_variant({}, {"name": "lion_cub"})}
+        lion_cub = derive(base, {}, replace=replace, source="lion_cub defaults").optimizer.lion_cub
+    bucket_mb = lion_cub.bucket_mb
     return f"""# Assumptions of the extrapolation
 
 Model: `{source}` (model section), local batch {base.train.local_batch_size} samples per data

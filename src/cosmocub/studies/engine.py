@@ -9,7 +9,6 @@ same for every study and take its name as a wildcard.
 
 from __future__ import annotations
 
-import copy
 import importlib
 import logging
 import math
@@ -19,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cosmocub.config import Config, ConfigError, config_hash, deep_merge, from_values, resolve
+from cosmocub.config import Config, ConfigError, config_hash, deep_merge, derive
 from cosmocub.io import atomic_path, read_json, read_jsonl, write_json, write_tsv
+from cosmocub.studies.launch_plan import LaunchPlan, PointLaunch, plan_launch
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +46,14 @@ class Point:
 
     overrides: deep-merged into the base config's values (a dict may replace a whole section
     value by giving it in full); labels: the columns that name the point in the table; launch:
-    plain data for the runner (nodes, nproc_per_node, bandwidth_mbit, …); runner: its name in
+    its rank layout (nodes, nproc_per_node, bandwidth_mbit); runner: its name in
     cosmocub.studies.runners.RUNNERS.
     """
 
     name: str
     overrides: Mapping[str, Any]
     labels: Mapping[str, Any] = field(default_factory=dict)
-    launch: Mapping[str, Any] = field(default_factory=dict)
+    launch: PointLaunch = field(default_factory=PointLaunch)
     runner: str = "local"
 
     def __post_init__(self) -> None:
@@ -138,15 +138,29 @@ def find_point(cfg: Config, study: str, point: str) -> Point:
     raise ValueError(f"study {study!r}: no point {point!r} (points: {', '.join(names)})")
 
 
+def point_config(cfg: Config, study: str, point: Point) -> Config:
+    """The point's config: the base values, its overrides, and run name `<study>_<point>`;
+    validated against the schema and the typed checks."""
+    overrides = deep_merge(dict(point.overrides), {"train": {"run_name": f"{study}_{point.name}"}})
+    return derive(cfg, overrides, source=f"study {study} point {point.name}")
+
+
 def point_values(cfg: Config, study: str, point: Point) -> dict[str, Any]:
-    """The point's resolved config: the base values, its overrides, and run name
-    `<study>_<point>`; validated against the schema and the typed checks."""
-    values = deep_merge(copy.deepcopy(cfg.values), point.overrides)
-    values = deep_merge(values, {"train": {"run_name": f"{study}_{point.name}"}})
-    source = f"study {study} point {point.name}"
-    values = resolve(values, source=source)
-    from_values(values, source=source)  # the typed checks, with the point named
-    return values
+    """The point's resolved config values (`point_config`), as its config file holds them."""
+    return point_config(cfg, study, point).values
+
+
+def point_launch_plan(study: str, point: Point, point_cfg: Config) -> LaunchPlan:
+    """What `cosmocub study-point` runs for `point` (planned here once, for the workflow's DAG
+    and for the plan file study-point-config writes)."""
+    return plan_launch(
+        study=study,
+        name=point.name,
+        runner=point.runner,
+        labels=point.labels,
+        launch=point.launch,
+        point_cfg=point_cfg,
+    )
 
 
 def shard_key(values: Mapping[str, Any]) -> str:
@@ -170,22 +184,25 @@ class PlannedPoint:
     point: Point
     shards: str
     shard_key: str
-    ranks: int  # ranks on the node this job asks cores for
+    launch: LaunchPlan
+
+    @property
+    def ranks(self) -> int:
+        """Ranks on the node this job asks cores for (emulated nodes share this machine's)."""
+        return self.launch.ranks
 
 
 def plan(cfg: Config, study: str) -> list[PlannedPoint]:
     out = []
     for p in study_points(cfg, study):
-        values = point_values(cfg, study, p)
-        nproc = int(p.launch.get("nproc_per_node", values["train"]["nproc_per_node"]))
-        nodes = int(p.launch.get("nodes", 1))
+        point_cfg = point_config(cfg, study, p)
         out.append(
             PlannedPoint(
                 study=study,
                 point=p,
-                shards=shards_dir(cfg, values),
-                shard_key=shard_key(values),
-                ranks=nproc * nodes,  # emulated nodes share this machine's cores
+                shards=shards_dir(cfg, point_cfg.values),
+                shard_key=shard_key(point_cfg.values),
+                launch=point_launch_plan(study, p, point_cfg),
             )
         )
     return out
@@ -315,13 +332,13 @@ def training_row(outputs: PointOutputs) -> dict[str, Any]:
     return row
 
 
-def point_record(point: Point, *, cores_per_rank: int, extra: Mapping[str, Any]) -> dict:
+def point_record(plan: LaunchPlan, *, cores_per_rank: int, extra: Mapping[str, Any]) -> dict:
     """point.json: the point's launch settings, the cores each rank had, the runner's report."""
     return {
-        "point": point.name,
-        "labels": dict(point.labels),
-        "launch": dict(point.launch),
-        "runner": point.runner,
+        "point": plan.name,
+        "labels": dict(plan.labels),
+        "launch": plan.launch.as_dict(),
+        "runner": plan.runner,
         "cores_per_rank": cores_per_rank,
         **dict(extra),
     }

@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cosmocub.config import Config
+from cosmocub.config import Config, optimizer_variant
 from cosmocub.io import atomic_path
 from cosmocub.studies.engine import (
     Point,
@@ -30,6 +30,7 @@ from cosmocub.studies.engine import (
     step_weighted_mean_after_first,
     training_row,
 )
+from cosmocub.studies.launch_plan import PointLaunch
 
 COLUMNS = (
     "variant",
@@ -67,7 +68,7 @@ def points(cfg: Config) -> list[Point]:
     for variant, settings in study.variants.items():
         # A whole optimizer section: the base's options for another optimizer do not apply; the
         # base's schedule is kept.
-        optimizer = {**cfg.values["optimizer"], "lion_cub": None, **settings}
+        optimizer = optimizer_variant(cfg.values["optimizer"], settings.section)
         if study.lr is not None:
             optimizer["lr"] = study.lr
         overrides = {
@@ -87,11 +88,9 @@ def points(cfg: Config) -> list[Point]:
                     name=point_name(variant, mbit),
                     overrides=overrides,
                     labels={"variant": variant, "bandwidth_mbit": mbit},
-                    launch={
-                        "nodes": study.nodes,
-                        "nproc_per_node": study.nproc_per_node,
-                        "bandwidth_mbit": mbit,
-                    },
+                    launch=PointLaunch(
+                        nodes=study.nodes, nproc_per_node=study.nproc_per_node, bandwidth_mbit=mbit
+                    ),
                     runner="emulated",
                 )
             )

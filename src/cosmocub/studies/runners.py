@@ -1,8 +1,9 @@
 """How a study point's training is started: the seam between the study engine and the machines.
 
-A runner is `runner(point, *, config_path, shards_dir, out_dir, cpus_per_rank, max_restarts)`
-returning (exit status, a dict for point.json); the point names its runner (`Point.runner`),
-so an emulated-network runner plugs in here without touching the engine.
+A runner is `runner(plan, *, config_path, shards_dir, out_dir, cpus_per_rank, max_restarts)`
+returning (exit status, a dict for point.json); the point's launch plan (written by
+`cosmocub study-point-config`) names its runner, so an emulated-network runner plugs in here
+without touching the engine.
 
 A runner that cannot run its point here (emulated nodes without CAP_NET_ADMIN) raises
 PointSkipped; `cosmocub study-point` then records the point as skipped (point.json
@@ -11,11 +12,20 @@ PointSkipped; `cosmocub study-point` then records the point as skipped (point.js
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from cosmocub.studies.engine import Point
+from cosmocub.config import Config, write_config
+from cosmocub.studies.engine import (
+    find_point,
+    point_config,
+    point_launch_plan,
+    point_record,
+    write_point_record,
+)
+from cosmocub.studies.launch_plan import LaunchPlan, plan_path, read_launch_plan, write_launch_plan
 
 
 class PointSkipped(RuntimeError):
@@ -25,24 +35,22 @@ class PointSkipped(RuntimeError):
 class Runner(Protocol):
     def __call__(
         self,
-        point: Point,
+        plan: LaunchPlan,
         *,
         config_path: Path,
         shards_dir: Path,
         out_dir: Path,
-        nproc_per_node: int,
         cpus_per_rank: int,
         max_restarts: int,
     ) -> tuple[int, Mapping[str, Any]]: ...
 
 
 def run_local(
-    point: Point,
+    plan: LaunchPlan,
     *,
     config_path: Path,
     shards_dir: Path,
     out_dir: Path,
-    nproc_per_node: int,
     cpus_per_rank: int,
     max_restarts: int,
 ) -> tuple[int, Mapping[str, Any]]:
@@ -51,35 +59,33 @@ def run_local(
     from cosmocub.launch.launcher import RankLayout, run_launch
 
     layout = RankLayout(
-        nodes=int(point.launch.get("nodes", 1)),
-        tasks_per_node=nproc_per_node,
+        nodes=plan.nodes,
+        tasks_per_node=plan.nproc_per_node,
         cpus_per_rank=cpus_per_rank,
         max_restarts=max_restarts,
     )
     args = ["train", "--config", str(config_path), "--shards", str(shards_dir)]
     rc = run_launch(layout, [*args, "--out", str(out_dir)])
-    return rc, {"nodes": layout.nodes, "nproc_per_node": nproc_per_node}
+    return rc, {"nodes": layout.nodes, "nproc_per_node": plan.nproc_per_node}
 
 
 def run_emulated(
-    point: Point,
+    plan: LaunchPlan,
     *,
     config_path: Path,
     shards_dir: Path,
     out_dir: Path,
-    nproc_per_node: int,
     cpus_per_rank: int,
     max_restarts: int,
 ) -> tuple[int, Mapping[str, Any]]:
-    """The point on `point.launch["nodes"]` emulated nodes (cosmocub.netemu) of nproc_per_node
-    ranks each, links at `point.launch["bandwidth_mbit"]` (0: unshaped, but still on the
+    """The point on `plan.nodes` emulated nodes (cosmocub.netemu) of plan.nproc_per_node ranks
+    each, links at `plan.bandwidth_mbit` (0: unshaped, but still on the
     emulated network, so its bytes on the wire are counted). The nodes share this job's cores
     (cpus_per_rank is what the scheduler granted; the cores each rank really had are recorded)."""
     from cosmocub.netemu import EmulationUnavailableError
     from cosmocub.netemu.runner import run_training_on_nodes
 
-    nodes = int(point.launch.get("nodes", 1))
-    bandwidth = float(point.launch.get("bandwidth_mbit", 0))
+    nodes, nproc_per_node, bandwidth = plan.nodes, plan.nproc_per_node, plan.bandwidth_mbit
     try:
         result = run_training_on_nodes(
             config_path=config_path,
@@ -115,3 +121,48 @@ def runner(name: str) -> Runner:
     if name not in RUNNERS:
         raise ValueError(f"study runner {name!r}: unknown ({', '.join(sorted(RUNNERS))})")
     return RUNNERS[name]
+
+
+def prepare_point(cfg: Config, study: str, point: str, config_out: Path) -> None:
+    """`cosmocub study-point-config`: the point's config at `config_out` and its launch plan
+    beside it (launch.json), the only things `cosmocub study-point` reads."""
+    found = find_point(cfg, study, point)
+    point_cfg = point_config(cfg, study, found)
+    write_config(point_cfg.values, config_out)
+    write_launch_plan(point_launch_plan(study, found, point_cfg), plan_path(config_out))
+
+
+def run_point(
+    *,
+    study: str,
+    point: str,
+    point_config_path: Path,
+    shards_dir: Path,
+    out: Path,
+    cpus_per_rank: int,
+    max_restarts: int,
+) -> int:
+    """`cosmocub study-point`: the plan beside the point's config run by its runner; point.json
+    in `out` when it succeeded or was skipped here."""
+    plan = read_launch_plan(plan_path(point_config_path))
+    if (plan.study, plan.name) != (study, point):
+        raise ValueError(
+            f"{plan_path(point_config_path)}: the plan of study {plan.study!r} point "
+            f"{plan.name!r}, not of study {study!r} point {point!r}"
+        )
+    try:
+        rc, extra = runner(plan.runner)(
+            plan,
+            config_path=point_config_path,
+            shards_dir=shards_dir,
+            out_dir=out / "run",
+            cpus_per_rank=cpus_per_rank,
+            max_restarts=max_restarts,
+        )
+    except PointSkipped as why:
+        # One line; the study goes on and its table shows the point with blank measurements.
+        print(f"emulated points skipped: {study} point {point}: {why}", file=sys.stderr)
+        rc, extra = 0, {"skipped": str(why), "nproc_per_node": plan.nproc_per_node}
+    if rc == 0:
+        write_point_record(point_record(plan, cores_per_rank=cpus_per_rank, extra=extra), out)
+    return rc

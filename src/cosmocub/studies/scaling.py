@@ -25,6 +25,7 @@ from cosmocub.studies.engine import (
     step_weighted_mean_after_first,
     training_row,
 )
+from cosmocub.studies.launch_plan import PointLaunch
 
 COLUMNS = (
     "mode",
@@ -81,11 +82,11 @@ def points(cfg: Config) -> list[Point]:
                         "global_batch_size": local * data,
                         "bandwidth_mbit": study.bandwidth_mbit,
                     },
-                    launch={
-                        "nodes": ranks // study.nproc_per_node,
-                        "nproc_per_node": study.nproc_per_node,
-                        "bandwidth_mbit": study.bandwidth_mbit,
-                    },
+                    launch=PointLaunch(
+                        nodes=ranks // study.nproc_per_node,
+                        nproc_per_node=study.nproc_per_node,
+                        bandwidth_mbit=study.bandwidth_mbit,
+                    ),
                     runner="emulated",
                 )
             )

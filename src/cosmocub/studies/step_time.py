@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cosmocub.config import Config
+from cosmocub.config import Config, optimizer_variant
 from cosmocub.io import atomic_path
 from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition, training_row
 
@@ -43,7 +43,7 @@ def points(cfg: Config) -> list[Point]:
         }
         if p.optimizer:
             # A whole optimizer section: the base's options for another optimizer do not apply.
-            overrides["optimizer"] = {**cfg.values["optimizer"], "lion_cub": None, **p.optimizer}
+            overrides["optimizer"] = optimizer_variant(cfg.values["optimizer"], p.optimizer)
         labels = {"optimizer": (p.optimizer or cfg.values["optimizer"])["name"]}
         out.append(Point(name=p.name, overrides=overrides, labels=labels))
     return out

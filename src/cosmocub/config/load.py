@@ -1,0 +1,233 @@
+"""The whole typed config and how it is made: load a YAML file, derive a config from another
+with overrides, build the dataclasses from resolved values, write resolved values back.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cosmocub.config.schema import (
+    ConfigError,
+    config_hash,
+    deep_merge,
+    fill_lion_cub_defaults,
+    resolve,
+)
+from cosmocub.config.sections import (
+    ModelConfig,
+    ParallelConfig,
+    PreprocessConfig,
+    SimulateConfig,
+    SplitRatios,
+    TaskConfig,
+    UNetRunConfig,
+    UniversesConfig,
+)
+from cosmocub.config.studies import (
+    BenchConfig,
+    ExtrapolateConfig,
+    NetworkStudyConfig,
+    PerfModelConfig,
+    SampleSizeStudyConfig,
+    ScalingStudyConfig,
+    StepTimeStudyConfig,
+)
+from cosmocub.config.training import (
+    ClusterConfig,
+    EvaluateConfig,
+    OptimizerConfig,
+    PreprocessResources,
+    SmallResources,
+    TrackingConfig,
+    TrackingServerConfig,
+    TrainConfig,
+    TrainResources,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    results: Path
+    seed: int
+    universes: UniversesConfig
+    simulate: SimulateConfig
+    preprocess: PreprocessConfig
+    model: ModelConfig
+    parallel: ParallelConfig
+    task: TaskConfig
+    sample_size_study: SampleSizeStudyConfig
+    optimizer: OptimizerConfig
+    train: TrainConfig
+    evaluate: EvaluateConfig
+    tracking: TrackingConfig
+    cluster: ClusterConfig
+    step_time_study: StepTimeStudyConfig
+    network_study: NetworkStudyConfig
+    scaling_study: ScalingStudyConfig
+    perf_model: PerfModelConfig
+    unet: UNetRunConfig
+    # The resolved dict this was built from: for hashing, MLflow params and artifacts.
+    values: dict[str, Any] = field(repr=False, compare=False)
+    source: str = "<config>"
+
+    @property
+    def hash(self) -> str:
+        return config_hash(self.values)
+
+    def __post_init__(self) -> None:
+        inputs = len(self.task.input_redshifts)
+        if self.model.name == "unet" and self.model.in_channels != inputs:
+            raise ConfigError(
+                f"{self.source}: key 'model.in_channels': {self.model.in_channels}, but the U-Net "
+                f"reads {inputs} channels (task.input_redshifts {list(self.task.input_redshifts)})"
+            )
+        if self.model.input_size != self.preprocess.sample_size:
+            raise ConfigError(
+                f"{self.source}: key 'model.input_size': {self.model.input_size} differs from "
+                f"preprocess.sample_size {self.preprocess.sample_size}"
+            )
+        for axis, ranks in zip("DHW", self.parallel.split_dhw, strict=True):
+            if self.model.input_size % ranks:
+                raise ConfigError(
+                    f"{self.source}: key 'parallel.split': {ranks} ranks along {axis} do not "
+                    f"divide model.input_size {self.model.input_size}"
+                )
+        sample, universe = self.preprocess.sample_size, self.universes.size
+        # Public universes are checked against the files themselves at preprocessing time.
+        if self.universes.source == "synthetic" and (sample > universe or universe % sample):
+            raise ConfigError(
+                f"{self.source}: key 'preprocess.sample_size': {sample} does not divide "
+                f"universes.size {universe}"
+            )
+
+
+def _tuple_fields(cls, section: dict[str, Any]) -> dict[str, Any]:
+    out = dict(section)
+    for f in dataclasses.fields(cls):
+        if f.name in out and isinstance(out[f.name], list):
+            out[f.name] = tuple(out[f.name])
+    return out
+
+
+def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
+    """Build the typed config from a resolved dict (see `resolve`)."""
+    fill_lion_cub_defaults(values)
+    try:
+        pre = dict(values["preprocess"])
+        pre["splits"] = SplitRatios(**pre["splits"])
+        return Config(
+            results=Path(values["results"]),
+            seed=values["seed"],
+            universes=UniversesConfig(**values["universes"]),
+            simulate=SimulateConfig(**values["simulate"]),
+            preprocess=PreprocessConfig(**pre),
+            model=ModelConfig(**_tuple_fields(ModelConfig, values["model"])),
+            parallel=ParallelConfig(**_tuple_fields(ParallelConfig, values["parallel"])),
+            task=TaskConfig(**_tuple_fields(TaskConfig, values["task"])),
+            sample_size_study=SampleSizeStudyConfig(
+                **_tuple_fields(SampleSizeStudyConfig, values["sample_size_study"])
+            ),
+            optimizer=OptimizerConfig(**_tuple_fields(OptimizerConfig, values["optimizer"])),
+            train=TrainConfig(**values["train"]),
+            evaluate=EvaluateConfig(**values["evaluate"]),
+            tracking=TrackingConfig(
+                **{
+                    **values["tracking"],
+                    "server": TrackingServerConfig(**values["tracking"]["server"]),
+                }
+            ),
+            cluster=ClusterConfig(
+                train=TrainResources(**values["cluster"]["train"]),
+                preprocess=PreprocessResources(**values["cluster"]["preprocess"]),
+                small=SmallResources(**values["cluster"]["small"]),
+            ),
+            step_time_study=StepTimeStudyConfig(
+                epochs=values["step_time_study"]["epochs"],
+                points=tuple(values["step_time_study"]["points"]),
+            ),
+            network_study=NetworkStudyConfig(
+                **_tuple_fields(NetworkStudyConfig, values["network_study"])
+            ),
+            scaling_study=ScalingStudyConfig(
+                **_tuple_fields(ScalingStudyConfig, values["scaling_study"])
+            ),
+            perf_model=_perf_model(values["perf_model"]),
+            unet=UNetRunConfig(**values["unet"]),
+            values=values,
+            source=source,
+        )
+    except ConfigError as err:
+        msg = str(err)
+        raise ConfigError(msg if msg.startswith(source) else f"{source}: {msg}") from None
+
+
+def _perf_model(section: dict[str, Any]) -> PerfModelConfig:
+    bench = BenchConfig(**_tuple_fields(BenchConfig, section["bench"]))
+    extrapolate = ExtrapolateConfig(**_tuple_fields(ExtrapolateConfig, section["extrapolate"]))
+    return PerfModelConfig(
+        bench=bench,
+        cores=section["cores"],
+        calibrate_on=section["calibrate_on"],
+        extrapolate=extrapolate,
+    )
+
+
+def load_config(path: str | os.PathLike | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read a YAML file (or nothing: all defaults), validate, fill defaults, and type it."""
+    raw: dict[str, Any] = {}
+    source = "<defaults>"
+    if path is not None:
+        source = str(path)
+        try:
+            with open(path) as f:
+                raw = yaml.safe_load(f) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}".replace("\n", " ")) from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
+    if overrides:
+        raw = deep_merge(raw, overrides)
+    return from_values(resolve(raw, source=source), source=source)
+
+
+def derive(
+    cfg: Config,
+    overrides: Mapping[str, Any],
+    *,
+    source: str,
+    replace: Mapping[str, Any] | None = None,
+) -> Config:
+    """A config made from `cfg`: `replace`'s sections instead of cfg's (given whole, e.g. a
+    variant's optimizer section), then `overrides` merged in (`deep_merge`), validated against
+    the schema, defaults filled, and typed; errors name `source`."""
+    values = {**copy.deepcopy(cfg.values), **copy.deepcopy(dict(replace or {}))}
+    values = resolve(deep_merge(values, overrides), source=source)
+    return from_values(values, source=source)
+
+
+def optimizer_variant(base: Mapping[str, Any], variant: Mapping[str, Any]) -> dict[str, Any]:
+    """The optimizer section of a variant: `variant`'s keys over `base`'s, without the base's
+    options for its own optimizer (optimizer.lion_cub), which belong to another optimizer; the
+    schema fills the variant's. `base` {} takes everything the variant leaves from the schema."""
+    section = {**base, **copy.deepcopy(dict(variant))}
+    if "lion_cub" in base and "lion_cub" not in variant:
+        section["lion_cub"] = None
+    return section
+
+
+def write_config(values: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write a resolved config atomically (temporary name, then rename)."""
+    from cosmocub.io import atomic_path
+
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        yaml.safe_dump(values, f, sort_keys=False)

@@ -1,0 +1,205 @@
+"""Typed sections of the run's data and model: universes, simulate, preprocess, model, task and
+parallel. Fields mirror the schema; checks it cannot express raise ConfigError with the numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from cosmocub.config.schema import ConfigError
+
+# The regression targets: the universes' four unitPar values.
+NUM_TARGETS = 4
+
+# Typed sections. Fields mirror the schema; defaults live in the schema, not here, so every field
+# is required when built from a resolved dict. Checks that JSON schema cannot express live in
+# __post_init__ and raise ConfigError with the numbers.
+
+
+@dataclass(frozen=True, kw_only=True)
+class UniversesConfig:
+    source: str
+    count: int
+    size: int
+    cosmoflow_dir: str | None
+    max_files: int | None
+
+    def __post_init__(self) -> None:
+        if self.source == "cosmoflow" and not self.cosmoflow_dir:
+            raise ConfigError(
+                "key 'universes.cosmoflow_dir': required when universes.source is 'cosmoflow'"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulateConfig:
+    pm_steps: int
+    initial_redshift: float
+    lpt_order: int
+    force_mesh_factor: int
+
+    def __post_init__(self) -> None:
+        # Every snapshot (z = 3, 1.5, 0.5, 0: cosmocub.data.simulate.SNAPSHOT_REDSHIFTS,
+        # tests/test_simulate.py keeps the two in step) must end a PM step.
+        if self.pm_steps == 0:
+            return
+        if self.initial_redshift <= 3.0:
+            raise ConfigError(
+                f"key 'simulate.initial_redshift': {self.initial_redshift} must exceed the "
+                f"earliest snapshot z = 3.0 when simulate.pm_steps is {self.pm_steps} > 0"
+            )
+        if self.pm_steps < 4:
+            raise ConfigError(
+                f"key 'simulate.pm_steps': {self.pm_steps} steps cannot end on the 4 snapshots "
+                f"z = 3.0, 1.5, 0.5, 0.0; use 0 (2LPT only) or at least 4"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SplitRatios:
+    train: float
+    val: float
+    test: float
+
+    def __post_init__(self) -> None:
+        total = self.train + self.val + self.test
+        if total <= 0:
+            raise ConfigError(f"key 'preprocess.splits': ratios sum to {total}, must be > 0")
+
+    def as_dict(self) -> dict[str, float]:
+        return {"train": self.train, "val": self.val, "test": self.test}
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreprocessConfig:
+    sample_size: int
+    log1p: bool
+    standardize: bool
+    dtype: str
+    splits: SplitRatios
+    slab_depth: int
+    dask_scheduler: str | None
+    num_workers: int | None
+
+    def __post_init__(self) -> None:
+        if self.sample_size % self.slab_depth != 0:
+            raise ConfigError(
+                f"key 'preprocess.slab_depth': {self.slab_depth} does not divide "
+                f"preprocess.sample_size {self.sample_size}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class UNetShape:
+    """Levels and convs per level of the 3D U-Net (model.unet)."""
+
+    depth: int
+    convs_per_level: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    input_size: int
+    in_channels: int
+    base_filters: int
+    num_conv_blocks: int
+    kernel_size: int
+    dense_sizes: tuple[int, ...]
+    num_outputs: int
+    dropout: float
+    batch_norm: bool
+    leaky_relu_slope: float
+    output_scale: float
+    # Given defaults here only so that code building a config by hand need not name them (the
+    # schema's defaults are the same).
+    head: str = "point"  # "point": one value per parameter; "gaussian": a mean and a log-variance
+    nll_beta: float = 0.5  # β of the gaussian head's β-NLL loss (0: plain Gaussian NLL)
+    name: str = "cosmoflow"
+    unet: UNetShape | None = None
+
+    @property
+    def gaussian(self) -> bool:
+        return self.head == "gaussian"
+
+    def __post_init__(self) -> None:
+        if self.head not in ("point", "gaussian"):
+            raise ConfigError(f"key 'model.head': {self.head!r} is not 'point' or 'gaussian'")
+        if isinstance(self.unet, dict):  # built from a resolved dict
+            object.__setattr__(self, "unet", UNetShape(**self.unet))
+        if self.name == "unet":
+            self._check_unet()
+            return
+        if self.input_size % (2**self.num_conv_blocks) != 0:
+            raise ConfigError(
+                f"key 'model.input_size': {self.input_size} is not divisible by "
+                f"2**num_conv_blocks = {2**self.num_conv_blocks} (each block halves the size)"
+            )
+        if self.kernel_size % 2 != 1:
+            raise ConfigError(f"key 'model.kernel_size': {self.kernel_size} must be odd")
+        if self.num_outputs != NUM_TARGETS:
+            raise ConfigError(
+                f"key 'model.num_outputs': {self.num_outputs}, but the targets are the "
+                f"{NUM_TARGETS} unitPar values (Omega_m, sigma_8, N_spec, H_0)"
+            )
+
+    def _check_unet(self) -> None:
+        if self.unet is None:
+            raise ConfigError("key 'model.unet': required when model.name is 'unet'")
+        levels = 2 ** (self.unet.depth - 1)
+        if self.input_size % levels:
+            raise ConfigError(
+                f"key 'model.input_size': {self.input_size} is not divisible by "
+                f"2**(model.unet.depth - 1) = {levels} (each level below the first halves it)"
+            )
+        if self.kernel_size % 2 != 1:
+            raise ConfigError(f"key 'model.kernel_size': {self.kernel_size} must be odd")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskConfig:
+    """Which redshift channels the U-Net reads and which it predicts."""
+
+    input_redshifts: tuple[float, ...]
+    target_redshift: float
+
+    def channel_indices(self) -> tuple[list[int], int]:
+        """(input channels, target channel) in the shards' channel order (data.universe)."""
+        from cosmocub.cosmology.parameters import REDSHIFTS
+
+        return [REDSHIFTS.index(z) for z in self.input_redshifts], REDSHIFTS.index(
+            self.target_redshift
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    """How one sample is split across ranks; the data axis is whatever the world size leaves."""
+
+    spatial: int
+    split: tuple[int, int, int] | None
+    periodic: bool
+
+    def __post_init__(self) -> None:
+        if self.split is not None and math.prod(self.split) != self.spatial:
+            raise ConfigError(
+                f"key 'parallel.split': {list(self.split)} multiplies to "
+                f"{math.prod(self.split)}, not parallel.spatial {self.spatial}"
+            )
+
+    @property
+    def split_dhw(self) -> tuple[int, int, int]:
+        """Ranks along (D, H, W); the default splits depth only (the shards' chunk axis)."""
+        return self.split if self.split is not None else (self.spatial, 1, 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UNetRunConfig:
+    """The `unet` section: what the `snakemake unet` run merges over the config's model,
+    parallel, optimizer and train sections (partial sections; the merged config is validated)."""
+
+    model: dict[str, Any]
+    parallel: dict[str, Any]
+    optimizer: dict[str, Any]
+    train: dict[str, Any]

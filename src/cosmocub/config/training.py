@@ -1,0 +1,165 @@
+"""Typed sections of the run's training: optimizer, train, evaluate, tracking and the cluster's
+resources. Fields mirror the schema; checks it cannot express raise ConfigError with the numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cosmocub.config.schema import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class MomentumSyncConfig:
+    schedule: str
+    every_steps: int
+    k: float
+    patterns: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class LionCubConfig:
+    quantizer: str
+    bits: int | None
+    collective: str
+    overlap: bool
+    bucket_mb: float
+    momentum_sync: MomentumSyncConfig
+
+    def __post_init__(self) -> None:
+        if isinstance(self.momentum_sync, dict):  # built from a resolved dict
+            sync = dict(self.momentum_sync, patterns=tuple(self.momentum_sync["patterns"]))
+            object.__setattr__(self, "momentum_sync", MomentumSyncConfig(**sync))
+        if self.quantizer == "sign" and self.bits not in (None, 1):
+            raise ConfigError(
+                f"key 'optimizer.lion_cub.bits': quantizer 'sign' sends 1 bit, got bits={self.bits}"
+            )
+        if self.quantizer != "sign" and self.bits == 1:
+            raise ConfigError(
+                f"key 'optimizer.lion_cub.bits': quantizer {self.quantizer!r} needs >= 2 bits "
+                "(1 bit leaves no level besides the sign: use quantizer 'sign')"
+            )
+
+    @property
+    def resolved_bits(self) -> int:
+        return 1 if self.quantizer == "sign" else (self.bits or 8)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    name: str
+    lr: float
+    base_batch_size: int
+    momentum: float
+    betas: tuple[float, float] | None
+    weight_decay: float
+    warmup_epochs: int
+    decay_epochs: tuple[int, ...]
+    decay_factors: tuple[float, ...]
+    lion_cub: LionCubConfig | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.lion_cub, dict):  # built from a resolved dict
+            object.__setattr__(self, "lion_cub", LionCubConfig(**self.lion_cub))
+        if self.lion_cub is not None and self.name != "lion_cub":
+            raise ConfigError(
+                f"key 'optimizer.lion_cub': options given for optimizer.name {self.name!r} "
+                "(only lion_cub takes them)"
+            )
+        if len(self.decay_epochs) != len(self.decay_factors):
+            raise ConfigError(
+                f"key 'optimizer.decay_epochs': {len(self.decay_epochs)} epochs but "
+                f"{len(self.decay_factors)} decay_factors"
+            )
+
+    @property
+    def resolved_betas(self) -> tuple[float, float]:
+        if self.betas is not None:
+            return self.betas
+        lions = ("lion", "distributed_lion", "lion_cub")
+        return (0.9, 0.99) if self.name in lions else (0.9, 0.999)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    run_name: str
+    epochs: int
+    local_batch_size: int
+    nproc_per_node: int
+    augment: bool
+    num_data_workers: int
+    checkpoint_every_steps: int
+    keep_old_checkpoint_folders: int | None
+    max_restarts: int
+    deterministic: bool
+    log_every_steps: int
+    backend: str
+    amp: str
+    threads_per_rank: int | None
+    collective_timeout_s: float
+    ddp_exchange_timing: str
+    max_steps_per_epoch: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvaluateConfig:
+    batch_size: int
+    symmetries: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrackingServerConfig:
+    start: bool
+    host: str
+    port: int
+    backend_store_uri: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrackingConfig:
+    uri: str | None
+    experiment: str
+    system_metrics: bool
+    enabled: bool
+    server: TrackingServerConfig
+
+    def __post_init__(self) -> None:
+        if self.server.start and self.uri:
+            raise ConfigError(
+                f"key 'tracking.server.start': true starts a server at "
+                f"http://{self.server.host}:{self.server.port}, but tracking.uri is {self.uri!r}; "
+                f"set one of them"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainResources:
+    nodes: int
+    gpus_per_rank: int
+    cpus_per_rank: int
+    mem_mb_per_rank: int
+    runtime: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreprocessResources:
+    universes_per_job: int
+    threads: int
+    mem_mb: int
+    runtime: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SmallResources:
+    threads: int
+    mem_mb: int
+    runtime: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """What jobs ask the executor for; read by the rule files (launch.resources), not by stages."""
+
+    train: TrainResources
+    preprocess: PreprocessResources
+    small: SmallResources
