@@ -125,8 +125,11 @@ def study_gather_inputs(wildcards):
 
 def perf_model_tables(wildcards):
     """The step-time study's table (it holds the calibration point), and the network and
-    scaling studies' where they have been run: `snakemake perf_model` does not run them."""
-    tables = [f"{RESULTS}/studies/{s}/points.tsv" for s in ("step_time", "network", "scaling")]
+    scaling studies' where they have been run: `snakemake perf_model` does not run them.
+    """
+    tables = [
+        f"{RESULTS}/studies/{s}/points.tsv" for s in ("step_time", "network", "scaling")
+    ]
     return tables[:1] + [t for t in tables[1:] if os.path.exists(t)]
 
 
