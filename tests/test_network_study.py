@@ -192,8 +192,9 @@ def test_study_point_config_writes_the_plan_that_study_point_runs(
         return 0, {"nodes": plan.nodes, "nproc_per_node": plan.nproc_per_node}
 
     monkeypatch.setitem(runners.RUNNERS, "emulated", fake)
-    # The base config is not read again: only the plan beside the point's config.
-    args = ["study-point", "--config", str(tmp_path / "absent.yaml"), "--study", "network"]
+    # The base config is not read again (study-point takes none): only the plan beside the
+    # point's config.
+    args = ["study-point", "--study", "network"]
     args += ["--point-config", str(folder / "config.yaml"), "--shards", str(tmp_path)]
     assert cli.main([*args, "--point", "lion_10mbit", "--out", str(folder)]) == 0
     assert seen == [(2, 1, 10.0, 2)]

@@ -40,23 +40,13 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
         manifest = preprocess(
             [Path(p) for p in args.universes],
             Path(args.out),
-            settings=_granted_threads(cfg.preprocess, args.threads),
+            settings=cfg.preprocess.with_granted_threads(args.threads),
             seed=cfg.seed,
             config_hash=cfg.hash,
             universes_per_job=cfg.cluster.preprocess.universes_per_job,
         )
         tracker.log_metrics({f"samples_{k}": v for k, v in manifest["counts"].items()})
     return 0
-
-
-def _granted_threads(settings, threads: int | None):
-    """The job's settings with Dask's threads set to what the executor granted (if the config
-    leaves num_workers to the machine); the config itself, and so its hash, stays as it is."""
-    import dataclasses
-
-    if threads is None or settings.num_workers is not None:
-        return settings
-    return dataclasses.replace(settings, num_workers=threads)
 
 
 def _cmd_preprocess_plan(args: argparse.Namespace) -> int:
@@ -86,21 +76,18 @@ def _cmd_preprocess_group(args: argparse.Namespace) -> int:
             Path(args.staging),
             args.group,
             Path(args.out),
-            settings=_granted_threads(cfg.preprocess, args.threads),
+            settings=cfg.preprocess.with_granted_threads(args.threads),
         )
     return 0
 
 
 def _cmd_preprocess_gather(args: argparse.Namespace) -> int:
-    import json as _json
-
-    from cosmocub.data.shard_jobs import PLAN_FILE, gather_shards
+    from cosmocub.data.shard_jobs import gather_shards, group_files
     from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
     staging = Path(args.staging)
-    num_groups = len(_json.loads((staging / PLAN_FILE).read_text())["groups"])
-    groups = [Path(args.groups_dir) / f"{g}.npz" for g in range(num_groups)]
+    groups = group_files(staging, Path(args.groups_dir))
     with job_run(cfg, stage="preprocess") as tracker:
         manifest = gather_shards(
             staging, groups, Path(args.out), settings=cfg.preprocess, config_hash=cfg.hash

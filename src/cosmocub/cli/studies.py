@@ -66,7 +66,7 @@ def add_study_point(sub) -> None:
     p.add_argument("--out", required=True, help="the point's folder (run/ and point.json)")
     p.add_argument("--cpus-per-rank", type=int, default=1)
     p.add_argument("--max-restarts", type=int, default=0)
-    add_config(p)
+    # No --config: the point's own config and its launch plan (study-point-config) are all it reads.
 
 
 def add_study_gather(sub) -> None:

@@ -4,6 +4,7 @@ parallel. Fields mirror the schema; checks it cannot express raise ConfigError w
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +90,13 @@ class PreprocessConfig:
                 f"key 'preprocess.slab_depth': {self.slab_depth} does not divide "
                 f"preprocess.sample_size {self.sample_size}"
             )
+
+    def with_granted_threads(self, threads: int | None) -> PreprocessConfig:
+        """These settings with Dask's threads set to what the executor granted (if the config
+        leaves num_workers to the machine); the config itself, and so its hash, stays as it is."""
+        if threads is None or self.num_workers is not None:
+            return self
+        return dataclasses.replace(self, num_workers=threads)
 
 
 @dataclass(frozen=True, kw_only=True)

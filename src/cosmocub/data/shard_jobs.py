@@ -179,3 +179,9 @@ def gather_shards(
         with atomic_path(out_dir / name) as tmp:
             tmp.write_text(json.dumps(content, indent=2) + "\n")
     return manifest
+
+
+def group_files(staging: Path, groups_dir: Path) -> list[Path]:
+    """The `<group>.npz` files in `groups_dir` that the plan in `staging` asks the gather for."""
+    plan = json.loads((Path(staging) / PLAN_FILE).read_text())
+    return [Path(groups_dir) / f"{g}.npz" for g in range(len(plan["groups"]))]
