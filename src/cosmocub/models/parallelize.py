@@ -173,7 +173,7 @@ def check_unet_split(model_cfg: ModelConfig, input_size: int, split: Sequence[in
     halo (its convs would need planes from beyond the next rank), or a block is odd before a
     pooling. Such levels are refused rather than gathered: pick a smaller split or depth."""
     split = _as_split(split)
-    assert model_cfg.unet is not None, "model.name unet comes with model.unet (config.py)"
+    assert model_cfg.unet is not None, "model.name unet comes with model.unet (config.sections)"
     depth = model_cfg.unet.depth
     levels = []
     for level in range(depth):
