@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import atexit
+import os
+import shutil
+import stat
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +20,28 @@ from cosmocub.data.universe import write_universe
 
 REDSHIFTS = np.array([0.0, 0.5, 1.5, 3.0], dtype=np.float32)
 REAL_SAMPLES = Path(__file__).resolve().parents[2] / "shared/data/cosmoflow-real-samples"
+
+# Snakemake imports every installed executor plugin at start, and the Slurm plugin's settings ask
+# `scontrol show config` for MinJobAge: with Slurm installed but no controller running (here,
+# outside tests/cluster/test_slurm.py, which starts one), scontrol waits ~9 s before it fails,
+# in every Snakemake the tests start. Tests that run Snakemake without Slurm put an `scontrol`
+# first on PATH that fails at once, as the real one does after its wait (exit 1).
+_NO_SLURM_BIN = Path(tempfile.mkdtemp(prefix="cosmocub-no-slurm-"))
+atexit.register(shutil.rmtree, _NO_SLURM_BIN, ignore_errors=True)
+_FAKE_SCONTROL = _NO_SLURM_BIN / "scontrol"
+_FAKE_SCONTROL.write_text(
+    "#!/bin/sh\necho 'scontrol: no Slurm controller in this test' >&2\nexit 1\n"
+)
+_FAKE_SCONTROL.chmod(_FAKE_SCONTROL.stat().st_mode | stat.S_IXUSR)
+
+
+def snakemake_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a Snakemake that runs no Slurm job: this venv's tools first on PATH,
+    then the failing `scontrol` (see above)."""
+    env = dict(os.environ if base is None else base)
+    bin_dir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([bin_dir, str(_NO_SLURM_BIN), env.get("PATH", "")])
+    return env
 
 
 @pytest.fixture

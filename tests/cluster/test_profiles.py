@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
+from conftest import snakemake_env
 
 REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
@@ -45,6 +46,7 @@ def dry_run(profile: str, tmp_path: Path) -> dict[str, dict[str, str]]:
             str(tmp_path / "big.yaml"),
         ],
         cwd=tmp_path,
+        env=snakemake_env(),
         capture_output=True,
         text=True,
         timeout=180,

@@ -1,7 +1,6 @@
 """The Snakemake workflow: dry runs for every shipped config, lint, and a tiny real run."""
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -9,6 +8,7 @@ from pathlib import Path
 
 import h5py
 import pytest
+from conftest import snakemake_env
 
 from cosmocub.config import load_config
 
@@ -17,7 +17,7 @@ BIN = Path(sys.executable).parent
 
 
 def snakemake(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    env = snakemake_env()
     env.pop("COSMOCUB_CONFIG", None)
     env.pop("COSMOCUB_PARENT_RUN_ID", None)
     cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), *args]
