@@ -9,7 +9,7 @@ import argparse
 import os
 from collections.abc import Callable
 
-from cosmocub.tracking.workflow import CONFIG_ENV
+from cosmocub.config import CONFIG_ENV
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -12,8 +12,6 @@ from cosmocub.tracking import store
 from cosmocub.tracking.runs import PARENT_RUN_ENV, end_workflow_run, start_workflow_run
 from cosmocub.tracking.server import SERVER_PID_ENV, start_server, stop_server
 
-# The resolved config file a workflow job reads when no --config is given.
-CONFIG_ENV = "COSMOCUB_CONFIG"
 # MLflow 3 opens an experiment in its GenAI view in a fresh browser, whatever the experiment's
 # tags (the UI keeps the mode per browser); this query after the hash route opens the runs view.
 RUNS_VIEW_QUERY = "workflowType=machine_learning"
