@@ -197,3 +197,25 @@ def test_bad_predict_input_is_one_line_naming_the_flag(
     rc, _, err = _cli(capsys, *flags)
     assert rc == 2
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_extrapolation_row_is_the_prediction_of_its_case() -> None:
+    import dataclasses
+
+    from cosmocub.perfmodel.extrapolate import extrapolate, optimizer_configs
+
+    settings = {"sample_sizes": [8], "gpus": [8], "gpus_per_node": 4, "link_gbit": [25]}
+    cfg = load_config(TEST_CONFIG, overrides={"perf_model": {"extrapolate": settings}})
+    s = cfg.perf_model.extrapolate
+    rows = extrapolate(cfg, s)
+    row = next(
+        r for r in rows if (r["accelerator"], r["spatial"], r["optimizer"]) == ("v100", 2, "lion")
+    )
+    work = dataclasses.replace(
+        Workload.of(cfg), optimizer=optimizer_configs(cfg, s)["lion"], ddp_overlap=True
+    )
+    network = machines.assumed_network(s, s.accelerators["v100"], rate_mbit=25e3, ranks_per_node=4)
+    v100 = Accelerator(name="v100", spec=s.accelerators["v100"], bytes_per_value=s.activation_bytes)
+    p = predict(work, Mesh(data=4, split=(2, 1, 1)), network, v100)
+    assert row["step_s"] == p.step.step_s and row["memory_gb"] == p.memory_bytes / 1e9
+    assert row["exchange_s"] == p.step.exchange_s and row["nodes"] == 2

@@ -227,6 +227,7 @@ def predict(
     import dataclasses
     import json
 
+    from cosmocub.perfmodel.model import DDP_OPTIMIZERS
     from cosmocub.perfmodel.predict import Workload, format_table, lion_reference, predict
     from cosmocub.perfmodel.predict_args import (
         machine_from_flags,
@@ -259,7 +260,10 @@ def predict(
         else f"assumed: {cfg.perf_model.extrapolate.latency_us:g} us a message round between "
         f"nodes, {cfg.perf_model.extrapolate.intra_latency_us:g} us within one"
     )
-    ddp = ", DDP all-reduce overlapped with backward" if p.ddp_overlap else ""
+    ddp = ""
+    if cfg.optimizer.name in DDP_OPTIMIZERS:
+        how = "overlapped with backward" if p.ddp_overlap else "blocking"
+        ddp = f", DDP all-reduce {how} (train.ddp_exchange_timing)"
     print(
         f"{cfg.source}: {cfg.optimizer.name}{ddp}, {cfg.model.input_size}^3 samples, local "
         f"batch {cfg.train.local_batch_size}\n"
