@@ -209,7 +209,8 @@ def steps_per_epoch(samples: int, *, data: int, batch: int, cap: int | None) -> 
     steps = samples // data // batch
     if steps == 0:
         raise ValueError(
-            f"{samples} train samples over {data} data ranks give no full batch of {batch}"
+            f"{samples} train samples over {data} data ranks give no full batch of {batch} "
+            "(train.local_batch_size) per rank"
         )
     return steps if cap is None else min(steps, cap)
 
