@@ -249,7 +249,8 @@ def test_calibration_scales_the_work_on_the_cores_only() -> None:
 
 
 def test_an_optimizer_without_an_update_cost_is_an_error_naming_it() -> None:
-    from cosmocub.perfmodel.extrapolate import UPDATE_BYTES_PER_PARAM, update_bytes_per_param
+    from cosmocub.perfmodel.extrapolate import update_bytes_per_param
+    from cosmocub.perfmodel.machines import UPDATE_BYTES_PER_PARAM
 
     assert update_bytes_per_param("lion_cub", "cub") == UPDATE_BYTES_PER_PARAM["lion_cub"]
     with pytest.raises(ValueError, match=r"optimizers\.mine: no update cost for .* 'rmsprop'"):

@@ -1,5 +1,5 @@
-"""`cosmocub perf-model bench | fit | validate | extrapolate`: the step-time performance model
-(its stages are cosmocub.perfmodel.stage's).
+"""`cosmocub perf-model bench | fit | validate | predict | extrapolate`: the step-time performance
+model (its stages are cosmocub.perfmodel.stage's).
 """
 
 from __future__ import annotations
@@ -39,6 +39,53 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mesh(text: str) -> tuple[int, int]:
+    """--mesh DATAxSPATIAL, e.g. 512x4."""
+    data, sep, spatial = text.lower().partition("x")
+    if not (sep and data.isdigit() and spatial.isdigit() and int(data) and int(spatial)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not DATAxSPATIAL (e.g. 512x4)")
+    return int(data), int(spatial)
+
+
+def _split(text: str) -> tuple[int, int, int]:
+    """--split D,H,W, e.g. 2,2,1."""
+    parts = text.split(",")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not D,H,W (e.g. 2,2,1)")
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(text)
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from cosmocub.perfmodel.stage import predict
+
+    data, spatial = args.data, args.spatial
+    if args.mesh is not None:
+        if data is not None or spatial is not None:
+            raise ValueError(f"--mesh {args.mesh[0]}x{args.mesh[1]}: give it or --data/--spatial")
+        data, spatial = args.mesh
+    predict(
+        load_config(args.config),
+        data=data,
+        spatial=spatial,
+        split=args.split,
+        nodes=args.nodes,
+        ranks_per_node=args.ranks_per_node,
+        rates_mbit=args.rate_mbit,
+        accelerator=args.accelerator,
+        fit_path=None if args.fit is None else Path(args.fit),
+        epochs=args.epochs,
+        train_samples=args.train_samples,
+        as_json=args.json,
+    )
+    return 0
+
+
 def _cmd_extrapolate(args: argparse.Namespace) -> int:
     from cosmocub.perfmodel.stage import extrapolate
 
@@ -74,6 +121,41 @@ def add_perf_model(sub) -> None:
         "the errors); default: perf_model.calibrate_on",
     )
     add_config(v)
+    r = cmds.add_parser(
+        "predict",
+        help="a config's step on a mesh of nodes x ranks: its parts, bytes per link, epochs, "
+        "Lion Cub against Lion",
+    )
+    r.set_defaults(handler=_cmd_predict)
+    r.add_argument("--mesh", type=_mesh, help="DATAxSPATIAL ranks (or --data, --spatial)")
+    r.add_argument("--data", type=_positive, help="data ranks (default: what spatial leaves)")
+    r.add_argument("--spatial", type=_positive, help="ranks per sample (default: parallel.spatial)")
+    r.add_argument(
+        "--split", type=_split, help="D,H,W ranks of a sample (default: as training splits it)"
+    )
+    r.add_argument("--nodes", type=_positive, required=True)
+    r.add_argument("--ranks-per-node", type=_positive, required=True)
+    r.add_argument(
+        "--rate-mbit",
+        type=float,
+        nargs="+",
+        help="link rate(s) between nodes, one column each (default: perf_model.extrapolate."
+        "link_gbit; with --fit, 0 = the fitted link)",
+    )
+    r.add_argument(
+        "--accelerator",
+        help="one of perf_model.extrapolate.accelerators, or cpu: this machine, layers timed "
+        "here (default with --fit)",
+    )
+    r.add_argument("--fit", help="the alpha-beta fit (perf-model fit) for the links")
+    r.add_argument("--epochs", type=_positive, help="epochs to time (default: train.epochs)")
+    r.add_argument(
+        "--train-samples",
+        type=_positive,
+        help="train split's samples (default: from universes and preprocess)",
+    )
+    r.add_argument("--json", action="store_true", help="JSON instead of the table")
+    add_config(r)
     e = cmds.add_parser("extrapolate", help="step time on GPU clusters, with its assumptions")
     e.set_defaults(handler=_cmd_extrapolate)
     e.add_argument("--model-config", required=True, help="config whose model is extrapolated")

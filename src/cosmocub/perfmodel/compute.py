@@ -5,9 +5,10 @@ an efficiency from the config. And the optimizer's own arithmetic per step, meas
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -113,3 +114,26 @@ def measure_optimizer_step(model_cfg: ModelConfig, optimizer_cfg, *, repeats: in
         p.grad = torch.randn_like(p)
     optimizer = build_optimizer(model.named_parameters(), optimizer_cfg, global_batch=1)
     return _median_time(optimizer.step, repeats)
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads set to `threads` inside, restored after."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def measure_rank_layers(
+    model_cfg: ModelConfig, *, batch: int, split: tuple[int, int, int], threads: int, repeats: int
+) -> dict[str, float]:
+    """measure_layers on one rank's block in `threads` threads, with the unsplit model's step
+    overhead (loss, autograd glue) where the sample is split."""
+    with torch_threads(threads):
+        layers = measure_layers(model_cfg, batch=batch, split=split, repeats=repeats)
+        if "overhead" not in layers:
+            layers["overhead"] = measure_layers(model_cfg, batch=batch, repeats=repeats)["overhead"]
+    return layers

@@ -1,33 +1,21 @@
 """Extrapolate the step model to accelerator clusters: a model config (the MLPerf CosmoFlow) at
 several sample sizes on up to thousands of GPUs, per accelerator class and network bandwidth,
-Lion against Lion Cub, every power-of-two spatial split that runs; with the assumptions written
-out beside the table.
+Lion against Lion Cub, every power-of-two spatial split that runs; one `predict` per row, with
+the assumptions written out beside the table.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cosmocub.config import Config, ExtrapolateConfig, ModelConfig, derive, optimizer_variant
-from cosmocub.perfmodel.compute import accelerator_seconds
-from cosmocub.perfmodel.costs import AlphaBeta
-from cosmocub.perfmodel.model import Mesh, Network, parameter_sizes, predict_step
-
-# The optimizer's update reads and writes parameters, gradients and its state in fp32: about
-# 16 bytes per parameter for Lion (p, g, m read; p, m written), 24 for AdamW; Lion Cub adds its
-# quantize / pack / vote / unpack passes, about 8 more.
-UPDATE_BYTES_PER_PARAM = {
-    "lion": 20,
-    "adamw": 28,
-    "sgd": 20,
-    "distributed_lion": 28,
-    "lion_cub": 28,
-}
+from cosmocub.config import Config, ExtrapolateConfig, derive, optimizer_variant
+from cosmocub.perfmodel.machines import UPDATE_BYTES_PER_PARAM, Accelerator, assumed_network
+from cosmocub.perfmodel.model import Mesh
+from cosmocub.perfmodel.predict import STATE_BYTES_PER_PARAM, Prediction, Workload, predict
 
 
 def update_bytes_per_param(optimizer: str, entry: str) -> int:
@@ -40,8 +28,6 @@ def update_bytes_per_param(optimizer: str, entry: str) -> int:
     return UPDATE_BYTES_PER_PARAM[optimizer]
 
 
-# Memory per GPU besides activations: parameters, gradients and two optimizer states, fp32.
-STATE_BYTES_PER_PARAM = 16
 COLUMNS = (
     "accelerator",
     "sample_size",
@@ -83,35 +69,30 @@ def optimizer_configs(base: Config, settings: ExtrapolateConfig) -> dict[str, An
         replace = {"optimizer": optimizer_variant(base.values["optimizer"], section)}
         source = f"perf_model.extrapolate.optimizers.{name}"
         out[name] = derive(base, {}, replace=replace, source=source).optimizer
+        update_bytes_per_param(out[name].name, name)
     return out
 
 
-@functools.cache
-def _activation_bytes(model_cfg: ModelConfig, split: tuple[int, int, int], batch: int) -> int:
-    from cosmocub.models.summary import activation_bytes
-
-    return activation_bytes(model_cfg, split, batch=batch)["total"]
-
-
 def extrapolate(base: Config, settings: ExtrapolateConfig) -> list[dict[str, Any]]:
+    """One row per accelerator, sample size, link, GPU count, spatial split and optimizer: the
+    base config with that optimizer, DDP overlapped (as a user runs it on GPUs), predicted."""
     from cosmocub.models.parallelize import check_spatial_split
 
-    optimizers = optimizer_configs(base, settings)
-    batch = base.train.local_batch_size
+    base_work = dataclasses.replace(Workload.of(base), ddp_overlap=True)
+    variants = {
+        name: dataclasses.replace(base_work, optimizer=opt)
+        for name, opt in optimizer_configs(base, settings).items()
+    }
     rows = []
     for acc_name, acc in settings.accelerators.items():
-        intra = AlphaBeta(
-            alpha_s=settings.intra_latency_us * 1e-6,
-            beta_s_per_byte=8 / (acc.intra_node_gbit * 1e9),
-        )
+        device = Accelerator(name=acc_name, spec=acc, bytes_per_value=settings.activation_bytes)
         for size in settings.sample_sizes:
-            model_cfg = dataclasses.replace(base.model, input_size=size)
-            params = sum(parameter_sizes(model_cfg))
+            sized = {name: work.at_sample_size(size) for name, work in variants.items()}
+            model_cfg = next(iter(sized.values())).model
             for link in settings.link_gbit:
-                inter = AlphaBeta(
-                    alpha_s=settings.latency_us * 1e-6, beta_s_per_byte=8 / (link * 1e9)
+                network = assumed_network(
+                    settings, acc, rate_mbit=1e3 * link, ranks_per_node=settings.gpus_per_node
                 )
-                network = Network.uniform(inter, intra, ranks_per_node=settings.gpus_per_node)
                 for gpus in settings.gpus:
                     spatial = 1
                     while spatial <= gpus and gpus % spatial == 0:
@@ -120,57 +101,37 @@ def extrapolate(base: Config, settings: ExtrapolateConfig) -> list[dict[str, Any
                             check_spatial_split(model_cfg, size, split)
                         except ValueError:
                             break  # larger splits only get narrower
-                        act = _activation_bytes(model_cfg, split, batch)
-                        memory = (
-                            act * settings.activation_bytes / 4 + STATE_BYTES_PER_PARAM * params
-                        )
-                        layers = accelerator_seconds(
-                            model_cfg,
-                            batch=batch,
-                            spatial=spatial,
-                            peak_flops=acc.peak_tflops * 1e12,
-                            efficiency=acc.efficiency,
-                        )
-                        for opt_name, opt_cfg in optimizers.items():
-                            update = update_bytes_per_param(opt_cfg.name, opt_name) * params
-                            p = predict_step(
-                                model_cfg=model_cfg,
-                                optimizer_cfg=opt_cfg,
-                                local_batch=batch,
-                                mesh=Mesh(data=gpus // spatial, split=split),
-                                network=network,
-                                layer_seconds=layers,
-                                optimizer_s=update / (acc.memory_gbyte_s * 1e9),
-                                bytes_per_value=settings.activation_bytes,
-                            )
-                            rows.append(
-                                {
-                                    "accelerator": acc_name,
-                                    "sample_size": size,
-                                    "link_gbit": link,
-                                    "gpus": gpus,
-                                    "nodes": math.ceil(gpus / settings.gpus_per_node),
-                                    "data": gpus // spatial,
-                                    "spatial": spatial,
-                                    "split": "x".join(map(str, split)),
-                                    "optimizer": opt_name,
-                                    "fits_memory": memory <= acc.memory_gb * 1e9,
-                                    "memory_gb": memory / 1e9,
-                                    "step_s": p.step_s,
-                                    "compute_s": p.compute_s,
-                                    "halo_s": p.halo_s,
-                                    "exchange_s": p.exchange_s,
-                                    "momentum_sync_s": p.momentum_sync_s,
-                                    "optimizer_s": p.optimizer_s,
-                                    "halo_share": p.halo_s / p.step_s,
-                                    "halo_share_of_compute": p.halo_s / (p.halo_s + p.compute_s),
-                                    "exchange_share": (p.exchange_s + p.momentum_sync_s) / p.step_s,
-                                    "samples_per_s": batch * (gpus // spatial) / p.step_s,
-                                    "comm_bytes_per_step": p.comm_bytes_per_step,
-                                }
-                            )
+                        mesh = Mesh(data=gpus // spatial, split=split)
+                        for opt_name, work in sized.items():
+                            p = predict(work, mesh, network, device)
+                            key = {"accelerator": acc_name, "sample_size": size, "link_gbit": link}
+                            rows.append(key | {"gpus": gpus} | _row(p, opt_name))
                         spatial *= 2
     return rows
+
+
+def _row(p: Prediction, optimizer: str) -> dict[str, Any]:
+    s = p.step
+    return {
+        "nodes": p.nodes,
+        "data": p.mesh.data,
+        "spatial": p.mesh.spatial,
+        "split": "x".join(map(str, p.mesh.split)),
+        "optimizer": optimizer,
+        "fits_memory": p.fits_memory,
+        "memory_gb": p.memory_bytes / 1e9,
+        "step_s": s.step_s,
+        "compute_s": s.compute_s,
+        "halo_s": s.halo_s,
+        "exchange_s": s.exchange_s,
+        "momentum_sync_s": s.momentum_sync_s,
+        "optimizer_s": s.optimizer_s,
+        "halo_share": s.halo_s / s.step_s,
+        "halo_share_of_compute": s.halo_s / (s.halo_s + s.compute_s),
+        "exchange_share": (s.exchange_s + s.momentum_sync_s) / s.step_s,
+        "samples_per_s": p.samples_per_s,
+        "comm_bytes_per_step": s.comm_bytes_per_step,
+    }
 
 
 def headline(
@@ -246,14 +207,18 @@ ranks consecutive, so on one node while spatial <= GPUs per node). Ring collecti
 2(P-1)/P (all-reduce) or (P-1)/P (all-gather) per rank through one link per node per group;
 an all-to-all's ranks of a node share its link. Halo swaps: two faces per split dim, forward
 and backward, at {settings.activation_bytes} bytes per value, plus the all-gather of the
-features before the head. Nothing overlaps (DDP's overlap with backward would hide up to the
-backward's length of its all-reduce: the Lion rows are an upper bound there).
+features before the head. DDP's all-reduce (the Lion rows) overlaps backward as torch runs it:
+buckets in reverse parameter order (1 MiB the first, 25 MiB the rest), each all-reduced once
+the backward of its layer (2/3 of the layer's forward + backward) is done, one at a time; the
+step holds what is left after backward. Nothing else overlaps (Lion Cub's exchange follows
+backward). Every row is one `cosmocub perf-model predict` of the case.
 Message rounds: each of a ring's 2(P-1) or P-1 rounds (and an all-to-all's P-1) costs the full
 alpha, with no tree or pipelining; at thousands of ranks this latency dominates, which is
 pessimistic against NCCL's tree algorithms and penalises many small messages (Lion Cub's
 {bucket_mb} MiB buckets, two phases each) more than few large ones (DDP's 25 MiB buckets).
 Optimizer update: memory-bound, about 20 (Lion) to 28 (Lion Cub, AdamW) bytes per parameter at
-the HBM bandwidth. Memory: activations saved for backward (bf16) + 16 bytes per parameter.
+the HBM bandwidth. Memory: activations saved for backward (bf16) + {STATE_BYTES_PER_PARAM} bytes
+per parameter.
 Speedups compare the two optimizers on the same mesh (the smallest spatial split that fits);
 the step model ignores data loading and convergence per step.
 """

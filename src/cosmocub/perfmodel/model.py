@@ -2,13 +2,14 @@
 
 Placement (as ParallelDims lays out ranks: spatial is the inner mesh axis): a sample's spatial
 ranks are consecutive, so they share a node when spatial ≤ ranks per node; the data group spans
-nodes. Parts of a step, added without overlap (DDP's all-reduce overlaps backward in reality, so
-the sum is an upper bound where it does):
+nodes. Parts of a step, added (what overlaps is left out of the sum):
   compute         forward + backward of every layer on one rank's block (measured or peak × eff.)
   halo            each conv's halo swap forward and its gradient's return backward, two faces per
                   split dim, plus the all-gather of the features before the head (fwd and bwd)
-  exchange        gradients/updates: DDP's fp32 ring all-reduce (over the data group, or the
-                  whole mesh when spatial > 1), or Lion Cub's spatial average + voted exchange
+  exchange        gradients/updates: DDP's fp32 ring all-reduce per bucket (over the data group,
+                  or the whole mesh when spatial > 1), blocking, or overlapped with backward (then
+                  only its exposed part is in the step: perfmodel.overlap); or Lion Cub's spatial
+                  average + voted exchange
   momentum_sync   Lion Cub's fp32 average of momenta, amortised over the steps it skips
   optimizer       the update arithmetic (measured on one rank)
 Byte counts come from the optimizer's own functions (cosmocub.optim.collectives).
@@ -27,9 +28,9 @@ from cosmocub.optim.lion_cub import split_into_buckets
 from cosmocub.optim.momentum_sync import is_sync_step
 from cosmocub.optim.quantize import quantizer_levels, wire_bits
 from cosmocub.perfmodel.costs import KINDS, AlphaBeta, rounds_and_bytes
+from cosmocub.perfmodel.overlap import ddp_buckets, exposed_allreduce, parameter_layers
 
 DDP_OPTIMIZERS = ("sgd", "adamw", "lion")
-DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
 # Lion Cub's collectives as phases of the α–β kinds (alltoall: the vote, then its 1-bit result).
 PHASES = {
     "allgather": ("allgather",),
@@ -55,13 +56,17 @@ class Network:
             ranks_per_node=ranks_per_node,
         )
 
+    def spans_nodes(self, group_size: int, stride: int) -> bool:
+        """Whether a group of `group_size` ranks, `stride` apart, crosses a node's link."""
+        return group_size * stride > self.ranks_per_node
+
     def costs(self, group_size: int, stride: int, kind: str) -> AlphaBeta:
         """The α–β that a group of `group_size` ranks, `stride` apart, sees: within a node if it
         fits in one, else the node's link, shared by the streams that cross it at once — one per
         group for a ring (min(stride, ranks per node) groups meet on a node), every rank of the
         node for an all-to-all."""
         k = self.ranks_per_node
-        if group_size * stride <= k:
+        if not self.spans_nodes(group_size, stride):
             return _pick(self.intra_node, kind)
         inter = _pick(self.inter_node, kind)
         sharing = k if kind == "alltoall" else min(stride, k)
@@ -95,6 +100,10 @@ class StepPrediction:
     optimizer_s: float
     comm_bytes_per_step: float  # as CommMeter counts: gradients/updates and momentum syncs
     halo_bytes_per_step: float
+    # DDP's all-reduce that runs under backward (overlapped): not in exchange_s nor the step.
+    exchange_hidden_s: float = 0.0
+    # Of comm and halo bytes, those one rank sends in groups that span nodes (the node's link).
+    inter_node_bytes_per_step: float = 0.0
 
     @property
     def step_s(self) -> float:
@@ -106,13 +115,20 @@ class StepPrediction:
 @functools.cache
 def parameter_sizes(model_cfg: ModelConfig) -> tuple[int, ...]:
     """Elements of every trainable parameter, in registration order (meta device: no memory)."""
-    import torch
+    return tuple(n for _, n in parameter_layers(model_cfg))
 
-    from cosmocub.models.cosmoflow import CosmoFlow
 
-    with torch.device("meta"):
-        model = CosmoFlow(model_cfg)
-    return tuple(p.numel() for p in model.parameters() if p.requires_grad)
+@dataclass(frozen=True, kw_only=True)
+class Exchange:
+    """One step's gradient/update exchange on one rank: seconds in the step, seconds hidden
+    under backward, momentum-sync seconds, and bytes sent (all, momentum sync's, across nodes)."""
+
+    seconds: float = 0.0
+    hidden_s: float = 0.0
+    sync_s: float = 0.0
+    sent: float = 0.0
+    sync_bytes: float = 0.0
+    inter_node_bytes: float = 0.0
 
 
 def _sync_fraction(optimizer_cfg: OptimizerConfig, steps: int) -> float:
@@ -128,33 +144,46 @@ def _sync_fraction(optimizer_cfg: OptimizerConfig, steps: int) -> float:
 
 
 def exchange(
-    sizes: tuple[int, ...],
+    model_cfg: ModelConfig,
     optimizer_cfg: OptimizerConfig,
     mesh: Mesh,
     network: Network,
     *,
     steps: int,
-) -> tuple[float, float, float, float]:
-    """(exchange seconds, momentum-sync seconds, comm bytes per step, of which momentum sync)."""
+    layer_seconds: Mapping[str, float],
+    ddp_overlap: bool = False,
+) -> Exchange:
+    """The step's exchange; for DDP, per bucket as torch fills them, blocking (every bucket in
+    the step) or overlapped with backward (`layer_seconds` sets when each bucket is ready)."""
+    sizes = parameter_sizes(model_cfg)
     payload = 4 * sum(sizes)  # fp32 gradients
     if optimizer_cfg.name in DDP_OPTIMIZERS:
         group = mesh.data if mesh.spatial == 1 else mesh.world
         if group == 1:
-            return 0.0, 0.0, 0.0, 0.0
+            return Exchange()
         costs = network.costs(group, 1, "allreduce")
-        buckets = max(1, math.ceil(payload / DDP_BUCKET_BYTES))
-        seconds = sum(
-            costs.time("allreduce", min(DDP_BUCKET_BYTES, payload - b * DDP_BUCKET_BYTES), group)
-            for b in range(buckets)
+        buckets = [
+            (layer, costs.time("allreduce", n, group)) for layer, n in ddp_buckets(model_cfg)
+        ]
+        total = sum(seconds for _, seconds in buckets)
+        layers = list(dict.fromkeys(layer for layer, _ in parameter_layers(model_cfg)))
+        exposed = exposed_allreduce(buckets, layer_seconds, layers) if ddp_overlap else total
+        sent = ring_allreduce_bytes(payload, group)
+        return Exchange(
+            seconds=exposed,
+            hidden_s=total - exposed,
+            sent=sent,
+            inter_node_bytes=sent if network.spans_nodes(group, 1) else 0.0,
         )
-        return seconds, 0.0, ring_allreduce_bytes(payload, group), 0.0
     # distributed_lion / lion_cub: spatial average in fp32, then the vote over the data group.
-    seconds, sent = 0.0, 0.0
+    seconds, sent, inter = 0.0, 0.0, 0.0
     if mesh.spatial > 1:
         seconds += network.costs(mesh.spatial, 1, "allreduce").time(
             "allreduce", payload, mesh.spatial
         )
-        sent += ring_allreduce_bytes(payload, mesh.spatial)
+        averaged = ring_allreduce_bytes(payload, mesh.spatial)
+        sent += averaged
+        inter += averaged if network.spans_nodes(mesh.spatial, 1) else 0.0
     if optimizer_cfg.name == "distributed_lion":
         quantizer, bits, collective, bucket_mb = "sign", 1, "allgather", 4.0
     else:
@@ -167,6 +196,7 @@ def exchange(
             lc.bucket_mb,
         )
     p = mesh.data
+    data_spans = network.spans_nodes(p, mesh.spatial)
     if p > 1:
         levels = quantizer_levels(quantizer, bits, p, collective=collective)
         wire = wire_bits(quantizer, levels)
@@ -177,6 +207,7 @@ def exchange(
             n = sum(t.numel() for t in bucket)
             nbytes = vote_bytes_sent(collective, n, wire, p)
             sent += nbytes
+            inter += nbytes if data_spans else 0.0
             kinds = {"allgather": ("allgather",), "alltoall": ("alltoall", "allgather")}
             rounds = sum(
                 rounds_and_bytes(k, 1.0, p)[0] for k in kinds.get(collective, (collective,))
@@ -189,7 +220,14 @@ def exchange(
         costs = network.costs(p, mesh.spatial, "allreduce")
         sync_s = fraction * costs.time("allreduce", synced, p)
         sync_bytes = fraction * ring_allreduce_bytes(synced, p)
-    return seconds, sync_s, sent + sync_bytes, sync_bytes
+        inter += sync_bytes if data_spans else 0.0
+    return Exchange(
+        seconds=seconds,
+        sync_s=sync_s,
+        sent=sent + sync_bytes,
+        sync_bytes=sync_bytes,
+        inter_node_bytes=inter,
+    )
 
 
 def _synced_elements(sizes: tuple[int, ...], optimizer_cfg: OptimizerConfig) -> int:
@@ -223,7 +261,8 @@ def halo(
     bytes_per_value: int,
 ) -> tuple[float, float]:
     """(seconds, bytes sent) per step of the halo swaps (forward and backward) and the feature
-    all-gather before the head (forward, and its gradient's reduction backward)."""
+    all-gather before the head (forward, and its gradient's reduction backward), all within the
+    spatial group (across nodes where network.spans_nodes(spatial, 1))."""
     if mesh.spatial == 1:
         return 0.0, 0.0
     width = model_cfg.kernel_size // 2
@@ -259,21 +298,33 @@ def predict_step(
     optimizer_s: float,
     bytes_per_value: int = 4,
     steps: int = 1000,
+    ddp_overlap: bool = False,
 ) -> StepPrediction:
     """The step on one rank. layer_seconds: forward + backward per layer on this rank's block at
     `local_batch` (compute.measure_layers or compute.accelerator_seconds); steps: the horizon over
-    which momentum syncs are amortised."""
-    sizes = parameter_sizes(model_cfg)
-    exchange_s, sync_s, comm_bytes, _ = exchange(sizes, optimizer_cfg, mesh, network, steps=steps)
+    which momentum syncs are amortised; ddp_overlap: DDP's all-reduce overlaps backward (as
+    train.ddp_exchange_timing overlapped runs it) instead of blocking in it."""
+    ex = exchange(
+        model_cfg,
+        optimizer_cfg,
+        mesh,
+        network,
+        steps=steps,
+        layer_seconds=layer_seconds,
+        ddp_overlap=ddp_overlap,
+    )
     halo_s, halo_bytes = halo(
         model_cfg, batch=local_batch, mesh=mesh, network=network, bytes_per_value=bytes_per_value
     )
+    halo_inter = halo_bytes if network.spans_nodes(mesh.spatial, 1) else 0.0
     return StepPrediction(
         compute_s=sum(layer_seconds.values()),
         halo_s=halo_s,
-        exchange_s=exchange_s,
-        momentum_sync_s=sync_s,
+        exchange_s=ex.seconds,
+        momentum_sync_s=ex.sync_s,
         optimizer_s=optimizer_s,
-        comm_bytes_per_step=comm_bytes,
+        comm_bytes_per_step=ex.sent,
         halo_bytes_per_step=halo_bytes,
+        exchange_hidden_s=ex.hidden_s,
+        inter_node_bytes_per_step=ex.inter_node_bytes + halo_inter,
     )

@@ -205,3 +205,72 @@ def extrapolate(cfg: Config, *, model_config: str, out: Path) -> None:
                 r["max_spatial_halo_of_step"],
                 r["max_spatial_halo_of_compute"],
             )
+
+
+def predict(
+    cfg: Config,
+    *,
+    data: int | None,
+    spatial: int | None,
+    split: tuple[int, int, int] | None,
+    nodes: int,
+    ranks_per_node: int,
+    rates_mbit: Sequence[float] | None,
+    accelerator: str | None,
+    fit_path: Path | None,
+    epochs: int | None,
+    train_samples: int | None,
+    as_json: bool,
+) -> None:
+    """Print the step of `cfg` on a data × spatial mesh of nodes × ranks_per_node, one column per
+    link rate (a table, or JSON); the arguments are `perf-model predict`'s flags."""
+    import dataclasses
+    import json
+
+    from cosmocub.perfmodel.model import DDP_OPTIMIZERS
+    from cosmocub.perfmodel.predict import Workload, format_table, lion_reference, predict
+    from cosmocub.perfmodel.predict_args import (
+        machine_from_flags,
+        mesh_from_flags,
+        samples_from_flags,
+    )
+
+    mesh = mesh_from_flags(cfg, data, spatial, split, nodes=nodes, ranks_per_node=ranks_per_node)
+    fits = None if fit_path is None else read_fits(fit_path)
+    device, networks, rates = machine_from_flags(
+        cfg, accelerator, fits, rates_mbit, ranks_per_node=ranks_per_node
+    )
+    samples, note = samples_from_flags(cfg, train_samples, epochs)
+    work = Workload.of(cfg)
+    if epochs is not None:
+        work = dataclasses.replace(work, epochs=epochs)
+    lion = lion_reference(cfg)
+    predictions = [
+        predict(work, mesh, network, device, lion=lion, train_samples=samples)
+        for network in networks
+    ]
+    if as_json:
+        out = [{"rate_mbit": r, **p.as_dict()} for r, p in zip(rates, predictions, strict=True)]
+        print(json.dumps({"config": cfg.source, "note": note, "predictions": out}, indent=1))
+        return
+    p = predictions[0]
+    links = (
+        f"alpha-beta fitted in {fit_path} (between nodes: the fit's alpha, beta at the rate)"
+        if fit_path
+        else f"assumed: {cfg.perf_model.extrapolate.latency_us:g} us a message round between "
+        f"nodes, {cfg.perf_model.extrapolate.intra_latency_us:g} us within one"
+    )
+    ddp = ""
+    if cfg.optimizer.name in DDP_OPTIMIZERS:
+        how = "overlapped with backward" if p.ddp_overlap else "blocking"
+        ddp = f", DDP all-reduce {how} (train.ddp_exchange_timing)"
+    print(
+        f"{cfg.source}: {cfg.optimizer.name}{ddp}, {cfg.model.input_size}^3 samples, local "
+        f"batch {cfg.train.local_batch_size}\n"
+        f"mesh {mesh.data} data x {mesh.spatial} spatial (split "
+        f"{'x'.join(map(str, mesh.split))}) = {mesh.world} ranks on {p.nodes} nodes x "
+        f"{ranks_per_node}\n{device.describe()}\nlinks: {links}\n"
+    )
+    print(format_table(rates, predictions))
+    if note:
+        print(note)

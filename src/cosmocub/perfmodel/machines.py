@@ -1,0 +1,148 @@
+"""The machine a prediction is for: what a rank computes on (an accelerator at peak × efficiency,
+or this machine's CPU, timed here) and the links between ranks (assumed, or α–β fitted here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cosmocub.config import AcceleratorConfig, ExtrapolateConfig, ModelConfig, OptimizerConfig
+from cosmocub.perfmodel.compute import (
+    accelerator_seconds,
+    measure_optimizer_step,
+    measure_rank_layers,
+    torch_threads,
+)
+from cosmocub.perfmodel.costs import AlphaBeta, Fit
+from cosmocub.perfmodel.model import Network, parameter_sizes
+
+# The optimizer's update reads and writes parameters, gradients and its state in fp32: about
+# 16 bytes per parameter for Lion (p, g, m read; p, m written), 24 for AdamW; Lion Cub adds its
+# quantize / pack / vote / unpack passes, about 8 more.
+UPDATE_BYTES_PER_PARAM = {
+    "lion": 20,
+    "adamw": 28,
+    "sgd": 20,
+    "distributed_lion": 28,
+    "lion_cub": 28,
+}
+THIS_CPU = "cpu"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Accelerator:
+    """A GPU class of perf_model.extrapolate.accelerators: layers at peak × efficiency, the
+    update memory-bound at the HBM bandwidth, activations of `bytes_per_value` bytes."""
+
+    name: str
+    spec: AcceleratorConfig
+    bytes_per_value: int
+
+    @property
+    def memory_bytes(self) -> float | None:
+        return self.spec.memory_gb * 1e9
+
+    def layer_seconds(
+        self, model_cfg: ModelConfig, *, batch: int, split: tuple[int, int, int]
+    ) -> dict[str, float]:
+        spatial = split[0] * split[1] * split[2]
+        return accelerator_seconds(
+            model_cfg,
+            batch=batch,
+            spatial=spatial,
+            peak_flops=self.spec.peak_tflops * 1e12,
+            efficiency=self.spec.efficiency,
+        )
+
+    def optimizer_seconds(self, model_cfg: ModelConfig, optimizer_cfg: OptimizerConfig) -> float:
+        if optimizer_cfg.name not in UPDATE_BYTES_PER_PARAM:
+            raise ValueError(
+                f"key 'optimizer.name': {optimizer_cfg.name!r} has no update cost on an "
+                f"accelerator (UPDATE_BYTES_PER_PARAM has {', '.join(UPDATE_BYTES_PER_PARAM)})"
+            )
+        update = UPDATE_BYTES_PER_PARAM[optimizer_cfg.name] * sum(parameter_sizes(model_cfg))
+        return update / (self.spec.memory_gbyte_s * 1e9)
+
+    def describe(self) -> str:
+        s = self.spec
+        return (
+            f"{self.name}: {s.peak_tflops:g} TFLOP/s peak x {s.efficiency:g} efficiency, "
+            f"{s.memory_gb:g} GB at {s.memory_gbyte_s:g} GB/s, {s.intra_node_gbit:g} Gbit/s "
+            f"within a node, {self.bytes_per_value} bytes per activation"
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThisCpu:
+    """This machine's cores as one node: layers and the update timed here in `threads` threads
+    per rank, × `slowdown` where the node's ranks oversubscribe its cores (fp32 activations)."""
+
+    threads: int
+    slowdown: float
+    repeats: int = 5
+    name: str = THIS_CPU
+    bytes_per_value: int = 4
+    memory_bytes: float | None = None
+    # Timings already taken, by what was timed: one measurement per layout and optimizer.
+    timed: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def layer_seconds(
+        self, model_cfg: ModelConfig, *, batch: int, split: tuple[int, int, int]
+    ) -> dict[str, float]:
+        key = (model_cfg, batch, split)
+        if key not in self.timed:
+            self.timed[key] = measure_rank_layers(
+                model_cfg, batch=batch, split=split, threads=self.threads, repeats=self.repeats
+            )
+        return {k: v * self.slowdown for k, v in self.timed[key].items()}
+
+    def optimizer_seconds(self, model_cfg: ModelConfig, optimizer_cfg: OptimizerConfig) -> float:
+        key = (model_cfg, optimizer_cfg)
+        if key not in self.timed:
+            with torch_threads(self.threads):
+                self.timed[key] = measure_optimizer_step(
+                    model_cfg, optimizer_cfg, repeats=self.repeats
+                )
+        return self.slowdown * self.timed[key]
+
+    def describe(self) -> str:
+        return (
+            f"{self.name}: this machine's cores, layers timed here in {self.threads} threads per "
+            f"rank, x {self.slowdown:g} for oversubscription"
+        )
+
+
+def this_cpu(*, threads_per_rank: int | None, ranks_per_node: int, cores: int) -> ThisCpu:
+    """A node of this machine's `cores`: threads as training sets them (train.threads_per_rank,
+    else the cores shared evenly by the node's ranks), slowed where ranks × threads > cores."""
+    threads = threads_per_rank or max(1, cores // ranks_per_node)
+    return ThisCpu(threads=threads, slowdown=max(1.0, ranks_per_node * threads / cores))
+
+
+def assumed_network(
+    settings: ExtrapolateConfig, spec: AcceleratorConfig, *, rate_mbit: float, ranks_per_node: int
+) -> Network:
+    """Between nodes `rate_mbit` per node at settings.latency_us a message round; within a node
+    the accelerator's intra_node_gbit at settings.intra_latency_us."""
+    if rate_mbit <= 0:
+        raise ValueError(f"link rate {rate_mbit:g} Mbit/s: an assumed link needs a rate > 0")
+    inter = AlphaBeta(alpha_s=settings.latency_us * 1e-6, beta_s_per_byte=8 / (rate_mbit * 1e6))
+    intra = AlphaBeta(
+        alpha_s=settings.intra_latency_us * 1e-6,
+        beta_s_per_byte=8 / (spec.intra_node_gbit * 1e9),
+    )
+    return Network.uniform(inter, intra, ranks_per_node=ranks_per_node)
+
+
+def fitted_network(fits: Mapping[str, Fit], *, rate_mbit: float, ranks_per_node: int) -> Network:
+    """The α–β fitted here per kind within a node; between nodes, the same α and the link rate
+    (0 = unshaped: the fit's own β), as perf-model validate predicts a measured point."""
+    intra = {kind: fit.costs for kind, fit in fits.items()}
+    floor = 8 / (rate_mbit * 1e6) if rate_mbit else 0.0
+    inter = {
+        kind: AlphaBeta(alpha_s=ab.alpha_s, beta_s_per_byte=max(ab.beta_s_per_byte, floor))
+        for kind, ab in intra.items()
+    }
+    return Network(inter_node=inter, intra_node=intra, ranks_per_node=ranks_per_node)

@@ -1,0 +1,221 @@
+"""`perf-model predict`: the same step as the validation path for a measured point, a breakdown
+that sums to the step, Lion Cub against Lion by link rate, DDP's overlap, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from cosmocub.config import load_config, write_config
+from cosmocub.optim.collectives import ring_allreduce_bytes
+from cosmocub.perfmodel import compute, machines
+from cosmocub.perfmodel.costs import AlphaBeta, Fit
+from cosmocub.perfmodel.machines import Accelerator, fitted_network, this_cpu
+from cosmocub.perfmodel.model import Mesh, Network, parameter_sizes
+from cosmocub.perfmodel.overlap import exposed_allreduce, parameter_layers
+from cosmocub.perfmodel.predict import PARTS, Workload, lion_reference, predict
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_CONFIG = ROOT / "config/test.yaml"
+MLPERF_CONFIG = ROOT / "config/cosmoflow-mlperf.yaml"
+LION_CUB = {"name": "lion_cub", "lion_cub": {"quantizer": "sign", "collective": "alltoall"}}
+
+
+def _fit(alpha: float, beta: float) -> Fit:
+    costs = AlphaBeta(alpha_s=alpha, beta_s_per_byte=beta)
+    return Fit(costs=costs, samples=8, median_rel_error=0.01, worst_rel_error=0.02)
+
+
+FITS = {
+    "allreduce": _fit(60e-6, 1.2e-9),
+    "allgather": _fit(45e-6, 1.5e-9),
+    "alltoall": _fit(80e-6, 2e-9),
+    "halo": _fit(30e-6, 1e-9),
+}
+
+
+def _timed_here(monkeypatch: pytest.MonkeyPatch, model_cfg) -> None:
+    """Layer and update times as fixed numbers (what the CPU would measure), so that two paths
+    that time them agree to the last digit."""
+    layers = list(dict.fromkeys(layer for layer, _ in parameter_layers(model_cfg)))
+
+    def measure_layers(model_cfg, *, batch, split=(1, 1, 1), repeats=3):
+        spatial = math.prod(split)
+        out = {name: 1e-3 * (i + 2) * batch / spatial for i, name in enumerate(layers)}
+        return out | ({"overhead": 2.5e-3} if spatial == 1 else {})
+
+    def measure_optimizer_step(model_cfg, optimizer_cfg, *, repeats=3):
+        return {"adamw": 1.1e-3, "lion": 0.9e-3, "lion_cub": 1.7e-3}[optimizer_cfg.name]
+
+    monkeypatch.setattr(compute, "measure_layers", measure_layers)
+    monkeypatch.setattr(compute, "measure_optimizer_step", measure_optimizer_step)
+    monkeypatch.setattr(machines, "measure_optimizer_step", measure_optimizer_step)
+
+
+POINTS = {
+    # name: (overrides, measured row's labels)
+    "ddp_one_node": ({}, {"data": "2", "world_size": "2", "nodes": "1"}),
+    "cub_two_nodes": (
+        {"optimizer": LION_CUB},
+        {"data": "2", "world_size": "2", "nodes": "2", "bandwidth_mbit": "10"},
+    ),
+    "spatial_one_node": (
+        {"parallel": {"spatial": 2}},
+        {"data": "1", "world_size": "2", "nodes": "1", "bandwidth_mbit": "100"},
+    ),
+}
+
+
+@pytest.mark.parametrize("point", sorted(POINTS))
+def test_predict_equals_the_validation_path_for_the_same_point(
+    point: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cosmocub.perfmodel.validate import cpu_predictor
+
+    overrides, labels = POINTS[point]
+    cfg = load_config(TEST_CONFIG, overrides=overrides)
+    write_config(cfg.values, tmp_path / point / "config.yaml")
+    _timed_here(monkeypatch, cfg.model)
+    cores = 2  # this machine's, shared by the emulated nodes' ranks
+    row = {"point": point, "cores_per_rank": "1", "steps": "1000", **labels}
+    measured_path, _ = cpu_predictor(tmp_path, FITS, cores=cores, repeats=1)(row)
+
+    nodes, world = int(labels["nodes"]), int(labels["world_size"])
+    network = fitted_network(
+        FITS, rate_mbit=float(labels.get("bandwidth_mbit", 0)), ranks_per_node=world // nodes
+    )
+    device = this_cpu(threads_per_rank=None, ranks_per_node=world // nodes, cores=cores // nodes)
+    mesh = Mesh(data=int(labels["data"]), split=cfg.parallel.split_dhw)
+    p = predict(Workload.of(cfg), mesh, network, device)
+    assert p.step == measured_path
+    assert p.step.step_s > 0 and (p.step.halo_s > 0) == (mesh.spatial > 1)
+
+
+def test_the_breakdown_sums_to_the_step_and_bytes_to_their_links() -> None:
+    cfg = load_config(MLPERF_CONFIG, overrides={"optimizer": LION_CUB})
+    settings = cfg.perf_model.extrapolate
+    h100 = Accelerator(name="h100", spec=settings.accelerators["h100"], bytes_per_value=2)
+    # 4 data x 2 spatial on 2 nodes of 4: the spatial pairs within a node, the data group across.
+    network = machines.assumed_network(
+        settings, settings.accelerators["h100"], rate_mbit=25_000, ranks_per_node=4
+    )
+    mesh = Mesh(data=4, split=(2, 1, 1))
+    work = Workload.of(cfg)
+    p = predict(work, mesh, network, h100, lion=lion_reference(cfg), train_samples=524_288)
+    s = p.step
+    assert s.step_s == pytest.approx(sum(getattr(s, f"{part}_s") for part in PARTS), rel=1e-12)
+    assert min(s.compute_s, s.halo_s, s.exchange_s, s.optimizer_s) > 0
+    # Within a node: the halos and the spatial pair's fp32 gradient average; across: the vote.
+    averaged = ring_allreduce_bytes(4 * sum(parameter_sizes(cfg.model)), 2)
+    assert p.intra_node_bytes_per_step == pytest.approx(s.halo_bytes_per_step + averaged)
+    assert p.inter_node_bytes_per_step == pytest.approx(s.comm_bytes_per_step - averaged)
+    assert p.inter_node_bytes_per_step > 0 and p.nodes == 2
+    assert p.steps_per_epoch == 524_288 // 4 // 4
+    assert p.epochs_s == pytest.approx(cfg.train.epochs * p.steps_per_epoch * s.step_s)
+    # Lion beside it: DDP's all-reduce of the whole mesh, overlapped with backward.
+    assert p.lion is not None and p.lion.exchange_hidden_s > 0
+    assert p.speedup == pytest.approx(p.lion.step_s / s.step_s)
+
+
+def test_ddp_overlap_leaves_what_backward_cannot_hide() -> None:
+    forward = ["a", "b"]
+    layers = {"a": 3.0, "b": 3.0}  # backward: b done at 2 s, a at 4 s
+    assert exposed_allreduce([("b", 1.0), ("a", 1.0)], layers, forward) == pytest.approx(1.0)
+    assert exposed_allreduce([("b", 3.0), ("a", 1.0)], layers, forward) == pytest.approx(2.0)
+    assert exposed_allreduce([("a", 1.5)], layers, forward) == pytest.approx(1.5)  # one bucket
+
+
+def _lion_cub_against_lion(alpha_s: float, rate_mbit: float):
+    cfg = load_config(MLPERF_CONFIG, overrides={"optimizer": LION_CUB})
+    spec = cfg.perf_model.extrapolate.accelerators["h100"]
+    link = AlphaBeta(alpha_s=alpha_s, beta_s_per_byte=8 / (rate_mbit * 1e6))
+    nvlink = AlphaBeta(alpha_s=alpha_s, beta_s_per_byte=8 / 3.6e12)
+    network = Network.uniform(link, nvlink, ranks_per_node=4)
+    device = Accelerator(name="h100", spec=spec, bytes_per_value=2)
+    mesh = Mesh(data=16, split=(1, 1, 1))
+    return predict(Workload.of(cfg), mesh, network, device, lion=lion_reference(cfg))
+
+
+def test_lion_cub_speedup_is_large_on_a_slow_link_and_near_one_on_a_fast_one() -> None:
+    slow = _lion_cub_against_lion(10e-6, 1_000)
+    assert slow.step.comm_bytes_per_step < slow.lion.comm_bytes_per_step / 16
+    assert slow.speedup > 5
+    fast = _lion_cub_against_lion(0.0, 1e9)
+    assert fast.speedup == pytest.approx(1.0, abs=0.05)
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    from cosmocub.cli import main
+
+    rc = main(["perf-model", "predict", "--config", str(TEST_CONFIG), *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_predict_cli_prints_a_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    flags = ("--nodes", "1", "--ranks-per-node", "2", "--accelerator", "h100")
+    rc, out, _ = _cli(capsys, *flags, "--mesh", "2x1", "--rate-mbit", "1000", "25000", "--json")
+    assert rc == 0
+    got = json.loads(out)["predictions"]
+    assert [p["rate_mbit"] for p in got] == [1000, 25000]
+    assert got[0]["steps_per_epoch"] == 3  # 3 of 6 universes x 8 crops, over 2 ranks, batch 4
+    rc, out, _ = _cli(capsys, *flags, "--data", "2")
+    assert rc == 0 and "step (ms)" in out and "2 epochs of 3 steps" in out
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--mesh", "4x2", "--nodes", "2", "--ranks-per-node", "2", "--accelerator", "h100"],
+            "--mesh 4x2 is 8 ranks, not --nodes 2 x --ranks-per-node 2 = 4",
+        ),
+        (
+            ["--nodes", "1", "--ranks-per-node", "2", "--accelerator", "a100"],
+            "--accelerator a100: not one of v100, h100",
+        ),
+        (
+            ["--nodes", "1", "--ranks-per-node", "2", "--accelerator", "cpu"],
+            "--accelerator cpu: needs --fit FILE",
+        ),
+        (
+            ["--nodes", "1", "--ranks-per-node", "2", "--accelerator", "h100", "--rate-mbit", "0"],
+            "--rate-mbit 0: a link rate must be > 0",
+        ),
+        (
+            ["--nodes", "1", "--ranks-per-node", "4", "--accelerator", "h100", "--spatial", "8"],
+            "spatial 8 does not divide --nodes 1 x --ranks-per-node 4 = 4 ranks",
+        ),
+    ],
+)
+def test_bad_predict_input_is_one_line_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    rc, _, err = _cli(capsys, *flags)
+    assert rc == 2
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_extrapolation_row_is_the_prediction_of_its_case() -> None:
+    import dataclasses
+
+    from cosmocub.perfmodel.extrapolate import extrapolate, optimizer_configs
+
+    settings = {"sample_sizes": [8], "gpus": [8], "gpus_per_node": 4, "link_gbit": [25]}
+    cfg = load_config(TEST_CONFIG, overrides={"perf_model": {"extrapolate": settings}})
+    s = cfg.perf_model.extrapolate
+    rows = extrapolate(cfg, s)
+    row = next(
+        r for r in rows if (r["accelerator"], r["spatial"], r["optimizer"]) == ("v100", 2, "lion")
+    )
+    work = dataclasses.replace(
+        Workload.of(cfg), optimizer=optimizer_configs(cfg, s)["lion"], ddp_overlap=True
+    )
+    network = machines.assumed_network(s, s.accelerators["v100"], rate_mbit=25e3, ranks_per_node=4)
+    v100 = Accelerator(name="v100", spec=s.accelerators["v100"], bytes_per_value=s.activation_bytes)
+    p = predict(work, Mesh(data=4, split=(2, 1, 1)), network, v100)
+    assert row["step_s"] == p.step.step_s and row["memory_gb"] == p.memory_bytes / 1e9
+    assert row["exchange_s"] == p.step.exchange_s and row["nodes"] == 2
