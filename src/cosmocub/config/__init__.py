@@ -47,6 +47,7 @@ from cosmocub.config.studies import (
     ScalingStudyConfig,
     StepTimePoint,
     StepTimeStudyConfig,
+    StudiesConfig,
 )
 from cosmocub.config.training import (
     ClusterConfig,
@@ -89,6 +90,7 @@ __all__ = [
     "SplitRatios",
     "StepTimePoint",
     "StepTimeStudyConfig",
+    "StudiesConfig",
     "TaskConfig",
     "TrackingConfig",
     "TrackingServerConfig",
