@@ -126,7 +126,8 @@ def test_contended_points_leave_efficiencies_and_model_errors_and_the_report_say
     out = scaling.finish(rows, None)
     assert [r.get("efficiency") for r in out] == [1.0, 0.75, None]
     # A contended reference gives no efficiencies at all rather than ones against a busy machine.
-    busy_base = [{**rows[0], "contended": True}, {**rows[1], "efficiency": None}]
+    fresh = [{k: v for k, v in r.items() if k != "efficiency"} for r in rows[:2]]
+    busy_base = [{**fresh[0], "contended": True}, fresh[1]]
     assert [r.get("efficiency") for r in scaling.finish(busy_base, None)] == [None, None]
     note = conditions_note(rows, 0.7)
     assert note.startswith("1 of 3 points left out of efficiencies, fits and model errors")
@@ -191,9 +192,13 @@ HOG = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\
 
 @pytest.mark.slow
 def test_a_point_beside_a_cpu_hog_is_marked_contended_and_alone_it_is_not(tmp_path, monkeypatch):
-    """A tiny step-time point trained in this process on one core: beside two busy loops pinned
-    to that core it gets about a third of the core (ready share ≈ 0.3, both runs), alone it gets
-    the core whenever it is ready (≈ 1)."""
+    """A tiny step-time point trained in this process: pinned to one core beside two busy loops
+    pinned there too it gets about a third of it (ready share 0.2-0.35 measured, both runs, so
+    it is marked); alone, on the cores this test has, it gets one whenever it is ready (0.93-0.99
+    measured at load 0.3-3.6 on 2 shared cores). Alone it is not pinned, and is asserted not
+    contended only while the load average is below the cores: on a machine other jobs share,
+    they do what the hogs do (seen: a first run alone at 0.43, load 3.1 on 2 cores, its rerun
+    0.94; pinned to one core, 0.67 then 0.93), and the test would measure the neighbours."""
     from cosmocub.train.main import train
     from cosmocub.train.testing import make_random_shards
 
@@ -222,10 +227,10 @@ def test_a_point_beside_a_cpu_hog_is_marked_contended_and_alone_it_is_not(tmp_pa
         assert rc == 0
         return json.loads((tmp_path / name / "point.json").read_text())
 
+    alone = run("alone")
     hogs = []
     try:
         os.sched_setaffinity(0, {core})
-        alone = run("alone")
         hogs = [subprocess.Popen([sys.executable, "-c", HOG, str(core)]) for _ in range(2)]
         busy = run("busy")
     finally:
@@ -236,4 +241,7 @@ def test_a_point_beside_a_cpu_hog_is_marked_contended_and_alone_it_is_not(tmp_pa
     print("alone", alone["attempts"], "\nbusy", busy["attempts"], file=sys.stderr)
     assert busy["contended"] is True and len(busy["attempts"]) == 2
     assert all(a["ready_share"] < 0.6 for a in busy["attempts"])
-    assert alone["contended"] is False and len(alone["attempts"]) == 1
+    best_alone = max(a["ready_share"] for a in alone["attempts"])
+    assert best_alone > max(a["ready_share"] for a in busy["attempts"]) + 0.2
+    if alone["attempts"][-1]["load_1m"] < len(before):
+        assert alone["contended"] is False  # after its rerun, if the first met a busy moment

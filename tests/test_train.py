@@ -193,8 +193,9 @@ def test_deterministic_resume_is_bit_identical(shards: Path, tmp_path: Path) -> 
 
     def losses(run: str) -> list[dict[str, float]]:
         lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
-        # wall-clock and memory: not reproducible
+        # wall-clock, memory and the machine's conditions (train/conditions.py): not reproducible
         timing = ("samples_per_s", "data_wait_share", "time_", "elapsed_s", "peak_rss_mb")
+        timing += ("cpu_", "wall_s", "ready_share", "nivcsw", "load_1m")
         return [{k: v for k, v in json.loads(x).items() if not k.startswith(timing)} for x in lines]
 
     assert losses("whole") == losses("broken")
