@@ -3,6 +3,7 @@ mark of a study point, its rerun, and what efficiencies and model errors leave o
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -21,6 +22,7 @@ from cosmocub.studies.conditions import (
     measured_epochs,
     point_conditions,
 )
+from cosmocub.studies.engine import gather, write_point_record
 from cosmocub.train.conditions import (
     Sample,
     cpu_share,
@@ -178,6 +180,39 @@ def test_a_contended_run_is_moved_aside_and_run_once_more(tmp_path: Path) -> Non
     _fake_run(quiet, 0.95)
     rc, extra = runners.rerun_if_contended(None, {}, run_dir=quiet, threshold=0.7)
     assert extra["contended"] is False and len(extra["attempts"]) == 1
+
+
+class _NoTracking:
+    run_id = None
+
+    def log_artifact(self, path, artifact_path=None) -> None:
+        assert Path(path).is_file()
+
+
+def test_gather_shows_the_mark_in_points_tsv_and_the_report_counts_what_is_left_out(
+    tmp_path: Path,
+) -> None:
+    cfg = load_config(REPO / "config" / "test.yaml")  # step-time points dp1, dp2
+    summary = {"world_size": 1, "data_parallel": 1, "spatial_parallel": 1, "steps": 8}
+    for name, ready, attempts in (("dp1", 0.95, [0.95]), ("dp2", 0.3, [0.2, 0.3])):
+        _fake_run(tmp_path / name / "run", ready)
+        (tmp_path / name / "run" / "train_summary.json").write_text(json.dumps(summary))
+        record = {"point": name, "nodes": 1, "nproc_per_node": 1, "contended": ready < 0.7,
+                  "attempts": [{"ready_share": a} for a in attempts]}  # fmt: skip
+        write_point_record(record, tmp_path / name)
+    gather(
+        cfg, "step_time", folder=tmp_path, out_tsv=tmp_path / "points.tsv",
+        out_png=tmp_path / "p.png", out_summary=tmp_path / "summary.md", tracker=_NoTracking(),
+    )  # fmt: skip
+    with open(tmp_path / "points.tsv") as f:
+        table = list(csv.DictReader(f, delimiter="\t"))
+    cells = [(r["point"], r["contended"], r["attempts"], r["first_ready_share"]) for r in table]
+    assert cells == [("dp1", "False", "1", ""), ("dp2", "True", "2", "0.2")]
+    assert [float(r["ready_share"]) for r in table] == [0.95, 0.3]  # the measured epoch's
+    assert float(table[0]["nivcsw_per_step"]) == 1.0 and float(table[0]["load_1m"]) == 1.0
+    text = (tmp_path / "summary.md").read_text()
+    assert "1 of 2 points left out of efficiencies, fits and model errors as contended" in text
+    assert "< 0.7 of the time they were ready to" in text and "dp2." in text
 
 
 def test_schedstat_is_read_for_every_thread_of_this_process() -> None:
