@@ -163,7 +163,7 @@ def test_a_contended_run_is_moved_aside_and_run_once_more(tmp_path: Path) -> Non
     _fake_run(run, 0.4)
     rc, extra = runners.rerun_if_contended(attempt, {"nodes": 1}, run_dir=run, threshold=0.7)
     assert rc == 0 and extra["contended"] is False and extra["nodes"] == 1
-    assert [(a["run"], a["ready_share"], a["contended"]) for a in extra["attempts"]] == [
+    assert [(a["run"], a["ready_share"], a["contended"]) for a in extra["runs"]] == [
         ("run_contended", 0.4, True),
         ("run", 0.8, False),
     ]
@@ -175,11 +175,11 @@ def test_a_contended_run_is_moved_aside_and_run_once_more(tmp_path: Path) -> Non
         lambda out_dir: (_fake_run(out_dir, 0.5), (0, {}))[1], {}, run_dir=again, threshold=0.7
     )
     assert extra["contended"] is True
-    assert [a["ready_share"] for a in extra["attempts"]] == [0.3, 0.5]
+    assert [a["ready_share"] for a in extra["runs"]] == [0.3, 0.5]
     quiet = tmp_path / "r" / "run"
     _fake_run(quiet, 0.95)
     rc, extra = runners.rerun_if_contended(None, {}, run_dir=quiet, threshold=0.7)
-    assert extra["contended"] is False and len(extra["attempts"]) == 1
+    assert extra["contended"] is False and len(extra["runs"]) == 1
 
 
 class _NoTracking:
@@ -198,7 +198,7 @@ def test_gather_shows_the_mark_in_points_tsv_and_the_report_counts_what_is_left_
         _fake_run(tmp_path / name / "run", ready)
         (tmp_path / name / "run" / "train_summary.json").write_text(json.dumps(summary))
         record = {"point": name, "nodes": 1, "nproc_per_node": 1, "contended": ready < 0.7,
-                  "attempts": [{"ready_share": a} for a in attempts]}  # fmt: skip
+                  "runs": [{"ready_share": a} for a in attempts]}  # fmt: skip
         write_point_record(record, tmp_path / name)
     gather(
         cfg, "step_time", folder=tmp_path, out_tsv=tmp_path / "points.tsv",
@@ -206,7 +206,7 @@ def test_gather_shows_the_mark_in_points_tsv_and_the_report_counts_what_is_left_
     )  # fmt: skip
     with open(tmp_path / "points.tsv") as f:
         table = list(csv.DictReader(f, delimiter="\t"))
-    cells = [(r["point"], r["contended"], r["attempts"], r["first_ready_share"]) for r in table]
+    cells = [(r["point"], r["contended"], r["runs"], r["first_ready_share"]) for r in table]
     assert cells == [("dp1", "False", "1", ""), ("dp2", "True", "2", "0.2")]
     assert [float(r["ready_share"]) for r in table] == [0.95, 0.3]  # the measured epoch's
     assert float(table[0]["nivcsw_per_step"]) == 1.0 and float(table[0]["load_1m"]) == 1.0
@@ -273,10 +273,10 @@ def test_a_point_beside_a_cpu_hog_is_marked_contended_and_alone_it_is_not(tmp_pa
             hog.kill()
             hog.wait()
         os.sched_setaffinity(0, before)
-    print("alone", alone["attempts"], "\nbusy", busy["attempts"], file=sys.stderr)
-    assert busy["contended"] is True and len(busy["attempts"]) == 2
-    assert all(a["ready_share"] < 0.6 for a in busy["attempts"])
-    best_alone = max(a["ready_share"] for a in alone["attempts"])
-    assert best_alone > max(a["ready_share"] for a in busy["attempts"]) + 0.2
-    if alone["attempts"][-1]["load_1m"] < len(before):
+    print("alone", alone["runs"], "\nbusy", busy["runs"], file=sys.stderr)
+    assert busy["contended"] is True and len(busy["runs"]) == 2
+    assert all(a["ready_share"] < 0.6 for a in busy["runs"])
+    best_alone = max(a["ready_share"] for a in alone["runs"])
+    assert best_alone > max(a["ready_share"] for a in busy["runs"]) + 0.2
+    if alone["runs"][-1]["load_1m"] < len(before):
         assert alone["contended"] is False  # after its rerun, if the first met a busy moment

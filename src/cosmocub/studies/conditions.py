@@ -21,7 +21,7 @@ CONDITION_COLUMNS = (
     "load_1m",
     "nivcsw_per_step",
     "contended",
-    "attempts",
+    "runs",
     "first_ready_share",
 )
 
@@ -64,12 +64,12 @@ def is_contended(conditions: Mapping[str, Any], threshold: float) -> bool:
 def condition_row(epochs: Sequence[Mapping[str, Any]], record: Mapping[str, Any]) -> dict:
     """The point's CONDITION_COLUMNS: the final run's conditions, the mark the runner gave it
     (point.json `contended`) and how many runs it took, with the first run's ready_share."""
-    attempts = record.get("attempts") or []
+    runs = record.get("runs") or []
     return {
         **point_conditions(epochs),
         "contended": record.get("contended"),
-        "attempts": len(attempts) or None,
-        "first_ready_share": attempts[0].get("ready_share") if len(attempts) > 1 else None,
+        "runs": len(runs) or None,
+        "first_ready_share": runs[0].get("ready_share") if len(runs) > 1 else None,
     }
 
 

@@ -186,18 +186,18 @@ def rerun_if_contended(
 ) -> tuple[int, dict[str, Any]]:
     """Judge the finished run by the conditions it recorded (cosmocub.studies.conditions); a
     contended run is moved aside (`<run>_contended`) and the point runs once more in a fresh
-    folder. The runner's report gains `contended` and every attempt's conditions."""
+    folder. The runner's report gains `contended` and `runs`, each run's conditions."""
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file():
         return 0, dict(extra)  # a runner that trained nothing here (a test's stand-in)
     first = point_conditions(read_jsonl(metrics))
     contended = is_contended(first, threshold)
-    attempts = [{**first, "contended": contended, "run": run_dir.name}]
+    runs = [{**first, "contended": contended, "run": run_dir.name}]
     if contended:
         aside = run_dir.with_name(f"{run_dir.name}_contended")
         shutil.rmtree(aside, ignore_errors=True)  # an earlier job's, of a run now redone
         run_dir.rename(aside)
-        attempts[0]["run"] = aside.name
+        runs[0]["run"] = aside.name
         print(
             f"study point {run_dir.parent.name}: contended (ready share "
             f"{first['ready_share']:.2f} < {threshold:g}, load {first['load_1m']:.2f}): "
@@ -209,5 +209,6 @@ def rerun_if_contended(
             return rc, dict(extra)
         second = point_conditions(read_jsonl(metrics))
         contended = is_contended(second, threshold)
-        attempts.append({**second, "contended": contended, "run": run_dir.name})
-    return 0, {**extra, "contended": contended, "attempts": attempts}
+        runs.append({**second, "contended": contended, "run": run_dir.name})
+    # `runs`, not `attempts`: that is the launcher's restarts within one run (emulated runner).
+    return 0, {**extra, "contended": contended, "runs": runs}
