@@ -48,6 +48,7 @@ from cosmocub.config.studies import (
     ScalingStudyConfig,
     StepTimePoint,
     StepTimeStudyConfig,
+    StudiesConfig,
 )
 from cosmocub.config.training import (
     ClusterConfig,
@@ -91,6 +92,7 @@ __all__ = [
     "SplitRatios",
     "StepTimePoint",
     "StepTimeStudyConfig",
+    "StudiesConfig",
     "TaskConfig",
     "TrackingConfig",
     "TrackingServerConfig",

@@ -39,6 +39,7 @@ from cosmocub.config.studies import (
     SampleSizeStudyConfig,
     ScalingStudyConfig,
     StepTimeStudyConfig,
+    StudiesConfig,
 )
 from cosmocub.config.training import (
     ClusterConfig,
@@ -75,6 +76,7 @@ class Config:
     step_time_study: StepTimeStudyConfig
     network_study: NetworkStudyConfig
     scaling_study: ScalingStudyConfig
+    studies: StudiesConfig
     perf_model: PerfModelConfig
     unet: UNetRunConfig
     # The resolved dict this was built from: for hashing, MLflow params and artifacts.
@@ -162,6 +164,7 @@ def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
             scaling_study=ScalingStudyConfig(
                 **_tuple_fields(ScalingStudyConfig, values["scaling_study"])
             ),
+            studies=StudiesConfig(**values["studies"]),
             perf_model=_perf_model(values["perf_model"]),
             unet=UNetRunConfig(**values["unet"]),
             values=values,

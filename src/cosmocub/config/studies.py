@@ -106,6 +106,13 @@ class NetworkStudyConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StudiesConfig:
+    """What every study does with its points' machine conditions (cosmocub.studies.conditions)."""
+
+    contended_ready_share: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class ScalingStudyConfig:
     bandwidth_mbit: float
     nproc_per_node: int

@@ -123,6 +123,7 @@ def validate(
         usable,
         write_results,
     )
+    from cosmocub.train.conditions import is_marked, kept
 
     cores = cfg.perf_model.cores or len(os.sched_getaffinity(0))
     fits = read_fits(fit_path)
@@ -130,11 +131,19 @@ def validate(
     # The first table is the one holding the calibration point; its scale applies to the others.
     scale = None
     results = []
+    left_out: dict[str, list[str]] = {}  # study -> its contended points (shown, not counted)
     for path in map(Path, points):
         rows = usable(read_points(path))
         predict = cpu_predictor(path.parent, fits, cores=cores)
+        if contended := [r["point"] for r in rows if is_marked(r)]:
+            left_out[path.parent.name] = contended
         if point and scale is None:
-            predict = calibrated(predict, rows, point)
+            if point in contended:
+                raise ValueError(
+                    f"{path}: calibration point {point!r} is marked contended (the machine was "
+                    "busy on both of its runs): rerun it, or calibrate on another point"
+                )
+            predict = calibrated(predict, kept(rows), point)
             scale = predict.scale
             rows = [r for r in rows if r["point"] != point]
         elif scale is not None:
@@ -151,8 +160,10 @@ def validate(
             100 * s["worst"],
             s["points"],
         )
+    for study, names in left_out.items():
+        log.info("%s: %d contended points left out of the errors: %s", study, len(names), names)
     summary = {part: error_summary(results, part) for part in ("step", "compute", "exchange")}
-    write_json(tsv.with_suffix(".json"), summary)
+    write_json(tsv.with_suffix(".json"), {**summary, "left_out_contended": left_out})
 
 
 def extrapolate(cfg: Config, *, model_config: str, out: Path) -> None:

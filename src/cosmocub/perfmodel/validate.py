@@ -25,6 +25,7 @@ from cosmocub.config import load_config
 from cosmocub.io import atomic_path, read_tsv
 from cosmocub.perfmodel.costs import AlphaBeta, Fit
 from cosmocub.perfmodel.model import DDP_OPTIMIZERS, Mesh, Network, StepPrediction, predict_step
+from cosmocub.train.conditions import is_marked
 
 MEASURED = ("step_s", "compute_s", "exchange_s", "momentum_sync_s")
 REQUIRED = ("point", "data", "step_s", "compute_s", "exchange_s", "momentum_sync_s")
@@ -142,6 +143,7 @@ def compare(rows: Sequence[Mapping[str, str]], predict: Predictor) -> list[dict[
             "predicted_optimizer_s": p.optimizer_s,
             "predicted_comm_bytes_per_step": p.comm_bytes_per_step,
             "measured_comm_bytes_per_step": float(row.get("comm_bytes_per_step") or "nan"),
+            "contended": is_marked(row),  # shown, left out of error_summary
         }
         out.append(result)
     return out
@@ -188,7 +190,9 @@ def _rel(predicted: float, measured: float) -> float:
 
 
 def error_summary(results: Sequence[Mapping[str, Any]], part: str = "step") -> dict[str, float]:
-    errors = np.abs([r[f"rel_error_{part}"] for r in results], dtype=float)
+    """Median and worst |relative error| of `part` over the points not marked contended (their
+    ranks waited for cores other processes held: the error would measure the neighbours)."""
+    errors = np.abs([r[f"rel_error_{part}"] for r in results if not is_marked(r)], dtype=float)
     errors = errors[np.isfinite(errors)]
     if not len(errors):
         return {"median": math.nan, "worst": math.nan, "points": 0}

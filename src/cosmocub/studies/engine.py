@@ -20,6 +20,7 @@ from typing import Any
 
 from cosmocub.config import Config, ConfigError, config_hash, deep_merge, derive
 from cosmocub.io import atomic_path, read_json, read_jsonl, write_json, write_tsv
+from cosmocub.studies.conditions import condition_row, conditions_note
 from cosmocub.studies.launch_plan import LaunchPlan, PointLaunch, plan_launch
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ STUDY_MODULES = {
 }
 # Sections a point may not override: every point trains on the base config's universes, writes
 # under the same results folder and logs to the same store, on the resources of the same profile.
-FIXED_SECTIONS = ("results", "universes", "simulate", "tracking", "cluster")
+FIXED_SECTIONS = ("results", "universes", "simulate", "tracking", "cluster", "studies")
 # What decides a point's shards: points that agree on these share one set.
 SHARD_SECTIONS = ("seed", "universes", "preprocess")
 POINT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -255,9 +256,10 @@ def gather(
     rows = defn.finish(rows, cfg) if defn.finish else rows
     write_tsv(rows, ("point", *defn.columns), out_tsv)
     defn.plot(rows, out_png)
+    note = conditions_note(rows, cfg.studies.contended_ready_share)
     text = format_study_section(
         title=f"Study `{study}`",
-        description=defn.description,
+        description=" ".join(filter(None, (defn.description, note))),
         rows=rows,
         columns=("point", *defn.columns),
         plot=out_png.name,
@@ -310,7 +312,8 @@ STEP_COLUMNS = {
 def training_row(outputs: PointOutputs) -> dict[str, Any]:
     """A point's training as one row: mesh, cores per rank, steps, and per-step means of the
     step's parts over the epochs after the first (which holds start-up costs) when there are
-    several, weighted by their steps; step_s is their sum (data loading excluded)."""
+    several, weighted by their steps; step_s is their sum (data loading excluded); then the
+    machine's conditions (cosmocub.studies.conditions.CONDITION_COLUMNS)."""
     summary, record = outputs.train_summary(), outputs.record()
     epochs = outputs.metrics()
     if not epochs:
@@ -329,7 +332,7 @@ def training_row(outputs: PointOutputs) -> dict[str, Any]:
         # A part the run did not time (no halo without a spatial split, say) took no time.
         row[name] = step_weighted_mean_after_first(epochs, key, missing=0.0)
     row["step_s"] = row["compute_s"] + row["exchange_s"] + row["momentum_sync_s"] + row["halo_s"]
-    return row
+    return row | condition_row(epochs, record)  # the CPU the ranks had, and the contended mark
 
 
 def point_record(plan: LaunchPlan, *, cores_per_rank: int, extra: Mapping[str, Any]) -> dict:

@@ -23,6 +23,7 @@ from typing import Any
 
 from cosmocub.config import Config, optimizer_variant
 from cosmocub.io import atomic_path
+from cosmocub.studies.conditions import CONDITION_COLUMNS
 from cosmocub.studies.engine import (
     Point,
     PointOutputs,
@@ -54,6 +55,7 @@ COLUMNS = (
     "time_to_target_s",
     "speedup_vs_reference",
     "reference_exchange_share",
+    *CONDITION_COLUMNS,
     "skipped",
 )
 

@@ -12,12 +12,16 @@ PointSkipped; `cosmocub study-point` then records the point as skipped (point.js
 
 from __future__ import annotations
 
+import functools
+import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from cosmocub.config import Config, write_config
+from cosmocub.config import Config, load_config, write_config
+from cosmocub.io import read_jsonl
+from cosmocub.studies.conditions import is_contended, point_conditions
 from cosmocub.studies.engine import (
     find_point,
     point_config,
@@ -142,23 +146,28 @@ def run_point(
     cpus_per_rank: int,
     max_restarts: int,
 ) -> int:
-    """`cosmocub study-point`: the plan beside the point's config run by its runner; point.json
-    in `out` when it succeeded or was skipped here."""
+    """`cosmocub study-point`: the plan beside the point's config run by its runner (once more
+    if the machine was busy: `rerun_if_contended`); point.json in `out` when it succeeded or was
+    skipped here."""
     plan = read_launch_plan(plan_path(point_config_path))
     if (plan.study, plan.name) != (study, point):
         raise ValueError(
             f"{plan_path(point_config_path)}: the plan of study {plan.study!r} point "
             f"{plan.name!r}, not of study {study!r} point {point!r}"
         )
+    attempt = functools.partial(
+        runner(plan.runner),
+        plan,
+        config_path=point_config_path,
+        shards_dir=shards_dir,
+        cpus_per_rank=cpus_per_rank,
+        max_restarts=max_restarts,
+    )
+    threshold = load_config(point_config_path).studies.contended_ready_share
     try:
-        rc, extra = runner(plan.runner)(
-            plan,
-            config_path=point_config_path,
-            shards_dir=shards_dir,
-            out_dir=out / "run",
-            cpus_per_rank=cpus_per_rank,
-            max_restarts=max_restarts,
-        )
+        rc, extra = attempt(out_dir=out / "run")
+        if rc == 0:
+            rc, extra = rerun_if_contended(attempt, extra, run_dir=out / "run", threshold=threshold)
     except PointSkipped as why:
         # One line; the study goes on and its table shows the point with blank measurements.
         print(f"emulated points skipped: {study} point {point}: {why}", file=sys.stderr)
@@ -166,3 +175,40 @@ def run_point(
     if rc == 0:
         write_point_record(point_record(plan, cores_per_rank=cpus_per_rank, extra=extra), out)
     return rc
+
+
+def rerun_if_contended(
+    attempt: Callable[..., tuple[int, Mapping[str, Any]]],
+    extra: Mapping[str, Any],
+    *,
+    run_dir: Path,
+    threshold: float,
+) -> tuple[int, dict[str, Any]]:
+    """Judge the finished run by the conditions it recorded (cosmocub.studies.conditions); a
+    contended run is moved aside (`<run>_contended`) and the point runs once more in a fresh
+    folder. The runner's report gains `contended` and `runs`, each run's conditions."""
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return 0, dict(extra)  # a runner that trained nothing here (a test's stand-in)
+    first = point_conditions(read_jsonl(metrics))
+    contended = is_contended(first, threshold)
+    runs = [{**first, "contended": contended, "run": run_dir.name}]
+    if contended:
+        aside = run_dir.with_name(f"{run_dir.name}_contended")
+        shutil.rmtree(aside, ignore_errors=True)  # an earlier job's, of a run now redone
+        run_dir.rename(aside)
+        runs[0]["run"] = aside.name
+        print(
+            f"study point {run_dir.parent.name}: contended (ready share "
+            f"{first['ready_share']:.2f} < {threshold:g}, load {first['load_1m']:.2f}): "
+            "running it once more",
+            file=sys.stderr,
+        )
+        rc, extra = attempt(out_dir=run_dir)
+        if rc != 0:
+            return rc, dict(extra)
+        second = point_conditions(read_jsonl(metrics))
+        contended = is_contended(second, threshold)
+        runs.append({**second, "contended": contended, "run": run_dir.name})
+    # `runs`, not `attempts`: that is the launcher's restarts within one run (emulated runner).
+    return 0, {**extra, "contended": contended, "runs": runs}

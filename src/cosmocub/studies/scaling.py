@@ -18,6 +18,7 @@ from typing import Any
 
 from cosmocub.config import Config
 from cosmocub.io import atomic_path
+from cosmocub.studies.conditions import CONDITION_COLUMNS
 from cosmocub.studies.engine import (
     Point,
     PointOutputs,
@@ -26,6 +27,7 @@ from cosmocub.studies.engine import (
     training_row,
 )
 from cosmocub.studies.launch_plan import PointLaunch
+from cosmocub.train.conditions import kept
 
 COLUMNS = (
     "mode",
@@ -51,6 +53,7 @@ COLUMNS = (
     "samples_per_core_s",
     "efficiency",
     "final_val_loss",
+    *CONDITION_COLUMNS,
     "skipped",
 )
 PARTS = ("compute_s", "halo_s", "exchange_s", "data_wait_s")
@@ -111,12 +114,13 @@ def rows(outputs: PointOutputs, cfg: Config) -> list[dict[str, Any]]:
 
 
 def finish(all_rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
+    # Points contended on both runs measured their neighbours: no efficiency, nor a reference.
     base = {
         r["mode"]: r["samples_per_core_s"]
-        for r in all_rows
+        for r in kept(all_rows)
         if not r.get("skipped") and r["data"] == 1 and r["spatial"] == 1
     }
-    for r in all_rows:
+    for r in kept(all_rows):
         if not r.get("skipped") and r["mode"] in base:
             r["efficiency"] = r["samples_per_core_s"] / base[r["mode"]]
     return all_rows

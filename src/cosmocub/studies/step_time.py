@@ -12,6 +12,7 @@ from typing import Any
 
 from cosmocub.config import Config, optimizer_variant
 from cosmocub.io import atomic_path
+from cosmocub.studies.conditions import CONDITION_COLUMNS
 from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition, training_row
 
 COLUMNS = (
@@ -29,6 +30,7 @@ COLUMNS = (
     "momentum_sync_s",
     "comm_bytes_per_step",
     "final_val_loss",
+    *CONDITION_COLUMNS,
 )
 PARTS = ("compute_s", "exchange_s", "momentum_sync_s")
 

@@ -31,6 +31,7 @@ from cosmocub.optim.schedule import EpochSchedule
 from cosmocub.parallel.mesh import ParallelDims
 from cosmocub.train.checkpoint import CheckpointManager
 from cosmocub.train.comm_meter import CommMeter
+from cosmocub.train.conditions import ConditionsMeter
 from cosmocub.train.data import ResumableSampler
 from cosmocub.train.grad_sync import GradientSync
 from cosmocub.train.tasks import Task
@@ -124,6 +125,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
     # when it logs or checkpoints, so a GPU is not made to wait at every step.
     pending: list[torch.Tensor] = []
     _sync(device)
+    conditions = ConditionsMeter(t.dims)  # CPU, waits for a core, load: what the steps were given
     start = time.perf_counter()
     batches = tqdm(
         t.train_loader,
@@ -192,6 +194,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
     return {
         "samples_per_s": samples / elapsed if steps_here else 0.0,
         "data_wait_share": data_wait / elapsed if steps_here else 0.0,
+        **conditions.metrics(),  # first: the wire meter's settling waits are not the steps'
         **meter.metrics(),
         **wire.metrics(steps_here),
     }

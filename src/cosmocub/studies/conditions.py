@@ -1,0 +1,96 @@
+"""Whether a study point was measured on a busy machine: its conditions over the measured epochs
+(cosmocub.train.conditions records them per epoch), the `contended` mark, and what is left out.
+
+A point is contended when its worst-served rank's ready_share (the share of the time its threads
+were ready to run that they ran) is below `studies.contended_ready_share`; the study-point runner
+runs it once more, and a point contended twice is left out of efficiencies, fits and model errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cosmocub.train.conditions import is_marked
+
+# The points.tsv columns beside a point's timings (blank for points measured before they were
+# recorded, or skipped).
+CONDITION_COLUMNS = (
+    "cpu_share",
+    "ready_share",
+    "load_1m",
+    "nivcsw_per_step",
+    "contended",
+    "runs",
+    "first_ready_share",
+)
+
+
+def measured_epochs(epochs: Sequence[Mapping[str, Any]]) -> list[tuple[int, Mapping[str, Any]]]:
+    """(steps, record) of the epochs after the first (start-up costs) that recorded conditions,
+    or of the first alone when no later one did."""
+    steps = [b["step"] - a for a, b in zip([0] + [e["step"] for e in epochs], epochs, strict=False)]
+    picked = [(steps[i], epochs[i]) for i in range(1, len(epochs)) if "cpu_share" in epochs[i]]
+    if not picked and epochs and "cpu_share" in epochs[0]:
+        picked = [(steps[0], epochs[0])]
+    return picked
+
+
+def point_conditions(epochs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Step-weighted shares, the highest 1-minute load seen and involuntary switches per step
+    (summed over ranks) of the measured epochs; {} when the run recorded none."""
+    picked = [(s, e) for s, e in measured_epochs(epochs) if s > 0]
+    if not picked:
+        return {}
+    steps = sum(s for s, _ in picked)
+    out = {
+        "cpu_share": sum(s * e["cpu_share"] for s, e in picked) / steps,
+        "load_1m": max(max(e["load_1m_start"], e["load_1m_end"]) for _, e in picked),
+        "nivcsw_per_step": sum(e["nivcsw"] for _, e in picked) / steps,
+    }
+    if all("ready_share" in e for _, e in picked):
+        out["ready_share"] = sum(s * e["ready_share"] for s, e in picked) / steps
+    return out
+
+
+def is_contended(conditions: Mapping[str, Any], threshold: float) -> bool:
+    """Below the threshold in ready_share. A run without the kernel's per-thread scheduler
+    counters (no /proc/self/task/*/schedstat) has no ready_share and cannot be judged: it is
+    not marked, and `conditions_note` says so."""
+    ready = conditions.get("ready_share")
+    return ready is not None and ready < threshold
+
+
+def condition_row(epochs: Sequence[Mapping[str, Any]], record: Mapping[str, Any]) -> dict:
+    """The point's CONDITION_COLUMNS: the final run's conditions, the mark the runner gave it
+    (point.json `contended`) and how many runs it took, with the first run's ready_share."""
+    runs = record.get("runs") or []
+    return {
+        **point_conditions(epochs),
+        "contended": record.get("contended"),
+        "runs": len(runs) or None,
+        "first_ready_share": runs[0].get("ready_share") if len(runs) > 1 else None,
+    }
+
+
+def conditions_note(rows: Sequence[Mapping[str, Any]], threshold: float) -> str:
+    """The report's sentence on the points left out (empty when every measured point is kept)."""
+    measured = [r for r in rows if r.get("contended") is not None]
+    out = [r["point"] for r in measured if is_marked(r)]
+    unjudged = [
+        r["point"] for r in rows if r.get("cpu_share") is not None and not r.get("ready_share")
+    ]
+    parts = []
+    if out:
+        parts.append(
+            f"{len(out)} of {len(measured)} points left out of efficiencies, fits and model "
+            f"errors as contended (their ranks ran < {threshold:g} of the time they were ready "
+            f"to, on the first run and on its rerun: other processes held their cores): "
+            f"{', '.join(out)}."
+        )
+    if unjudged:
+        parts.append(
+            f"{len(unjudged)} points had no scheduler counters (schedstat) and were not "
+            f"judged: {', '.join(unjudged)}."
+        )
+    return " ".join(parts)

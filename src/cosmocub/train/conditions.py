@@ -1,0 +1,184 @@
+"""What the machine gave each rank during an epoch's steps: CPU time beside wall time, threads,
+cores, time waiting for a core, the load average and involuntary switches, reduced over ranks.
+
+cpu_share = CPU time (user + sys, every thread) / (wall × min(torch threads, cores granted)): how
+much of the CPU its wall time allows a rank used. It also falls when a rank waits for its peers
+(a slow link, a straggler), so it cannot tell a busy machine from a slow network.
+ready_share = time its threads ran / (ran + waited runnable for a core) from the scheduler's own
+per-thread counters (/proc/self/task/*/schedstat): a blocked wait counts in neither, so only
+other processes on the same cores lower it. The studies mark a point contended on ready_share
+(`contended` in points.tsv); `kept` is what efficiencies, fits and model errors may use.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from cosmocub.parallel.mesh import ParallelDims
+
+TASKS = Path("/proc/self/task")
+# One rank's numbers in the order all_gather sends them.
+RANK_FIELDS = (
+    "cpu_s",
+    "wall_s",
+    "cpu_share",
+    "ready_share",
+    "nivcsw",
+    "load_1m_start",
+    "load_1m_end",
+    "torch_threads",
+    "cores_granted",
+)
+CONTENDED_COLUMN = "contended"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sample:
+    """One rank at one instant."""
+
+    wall_s: float
+    cpu_s: float  # user + sys of every thread of this process
+    nivcsw: int
+    load_1m: float
+    # thread id -> (ns on a core, ns runnable waiting for one); None where the kernel has none.
+    sched_ns: Mapping[int, tuple[int, int]] | None
+
+
+def parse_schedstat(text: str) -> tuple[int, int]:
+    """A schedstat line "<ns on cpu> <ns waiting on a runqueue> <timeslices>" → the first two."""
+    ran, waited, *_ = text.split()
+    return int(ran), int(waited)
+
+
+def read_sched_ns(tasks: Path = TASKS) -> dict[int, tuple[int, int]] | None:
+    """Every thread's (ran, waited) nanoseconds; None when the kernel keeps no schedstat."""
+    out = {}
+    try:
+        for task in tasks.iterdir():
+            try:
+                out[int(task.name)] = parse_schedstat((task / "schedstat").read_text())
+            except FileNotFoundError:
+                continue  # the thread ended while we looked
+    except OSError:
+        return None
+    return out or None
+
+
+def take_sample() -> Sample:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return Sample(
+        wall_s=time.perf_counter(),
+        cpu_s=usage.ru_utime + usage.ru_stime,
+        nivcsw=usage.ru_nivcsw,
+        load_1m=os.getloadavg()[0],
+        sched_ns=read_sched_ns(),
+    )
+
+
+def cpu_share(cpu_s: float, wall_s: float, *, threads: int, cores: int) -> float:
+    """CPU time over what the wall time allows: wall × min(threads, cores)."""
+    allowed = wall_s * min(threads, cores)
+    if allowed <= 0:
+        raise ValueError(f"cpu share: wall {wall_s} s × min({threads} threads, {cores} cores)")
+    return cpu_s / allowed
+
+
+def ready_share(ran_s: float, waited_s: float) -> float:
+    """Share of the runnable time its threads got a core (1: never waited for one)."""
+    total = ran_s + waited_s
+    return ran_s / total if total > 0 else 1.0
+
+
+def sched_delta_s(start: Sample, end: Sample) -> tuple[float, float] | None:
+    """(ran, waited) seconds between the samples, over the threads alive at the end (a thread
+    started in between counts from zero; one that ended takes its counts with it)."""
+    if start.sched_ns is None or end.sched_ns is None:
+        return None
+    ran = waited = 0
+    for tid, (r, w) in end.sched_ns.items():
+        r0, w0 = start.sched_ns.get(tid, (0, 0))
+        ran, waited = ran + r - r0, waited + w - w0
+    return ran / 1e9, waited / 1e9
+
+
+def rank_conditions(start: Sample, end: Sample, *, threads: int, cores: int) -> dict[str, float]:
+    """One rank's numbers between two samples (ready_share NaN without schedstat)."""
+    wall, cpu = end.wall_s - start.wall_s, end.cpu_s - start.cpu_s
+    sched = sched_delta_s(start, end)
+    return {
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "cpu_share": cpu_share(cpu, wall, threads=threads, cores=cores),
+        "ready_share": ready_share(*sched) if sched else math.nan,
+        "nivcsw": float(end.nivcsw - start.nivcsw),
+        "load_1m_start": start.load_1m,
+        "load_1m_end": end.load_1m,
+        "torch_threads": float(threads),
+        "cores_granted": float(cores),
+    }
+
+
+def reduce_over_ranks(ranks: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The epoch's record: the worst-served rank's shares, the sum of switches, the mean CPU
+    time, the longest wall, the highest load seen; ready_share absent if a rank had none."""
+    out = {
+        "cpu_s": sum(r["cpu_s"] for r in ranks) / len(ranks),
+        "wall_s": max(r["wall_s"] for r in ranks),
+        "cpu_share": min(r["cpu_share"] for r in ranks),
+        "nivcsw": sum(r["nivcsw"] for r in ranks),
+        "load_1m_start": max(r["load_1m_start"] for r in ranks),
+        "load_1m_end": max(r["load_1m_end"] for r in ranks),
+        "torch_threads": max(r["torch_threads"] for r in ranks),
+        "cores_granted": min(r["cores_granted"] for r in ranks),
+    }
+    ready = [r["ready_share"] for r in ranks]
+    if all(math.isfinite(v) for v in ready):
+        out["ready_share"] = min(ready)
+    return out
+
+
+def cores_granted(dims: ParallelDims) -> int:
+    """The cores this rank may run on: its affinity, fewer if the launcher granted fewer."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    granted = dims.env.cpus_per_rank
+    return min(cores or 1, granted) if granted else cores or 1
+
+
+class ConditionsMeter:
+    """Start right before the epoch's first step, `metrics()` right after its last (on every
+    rank: it gathers the ranks' numbers over the whole mesh)."""
+
+    def __init__(self, dims: ParallelDims) -> None:
+        self.dims = dims
+        self.threads, self.cores = torch.get_num_threads(), cores_granted(dims)
+        self.start = take_sample()
+
+    def metrics(self) -> dict[str, float]:
+        mine = rank_conditions(self.start, take_sample(), threads=self.threads, cores=self.cores)
+        vector = torch.tensor([mine[k] for k in RANK_FIELDS], dtype=torch.float64)
+        if self.dims.world_size == 1:
+            return reduce_over_ranks([mine])
+        vector = vector.to(self.dims.device)
+        gathered = [torch.empty_like(vector) for _ in range(self.dims.world_size)]
+        dist.all_gather(gathered, vector, group=self.dims.world_group)
+        ranks = [dict(zip(RANK_FIELDS, v.tolist(), strict=True)) for v in gathered]
+        return reduce_over_ranks(ranks)
+
+
+def is_marked(row: Mapping[str, object]) -> bool:
+    """A points.tsv row (as gathered, or read back as strings) marked contended."""
+    return row.get(CONTENDED_COLUMN) in (True, "True")
+
+
+def kept(rows: Sequence[Mapping[str, object]]) -> list:
+    """The rows not marked contended (the same objects, in order)."""
+    return [r for r in rows if not is_marked(r)]
