@@ -199,6 +199,35 @@ def test_the_bench_covers_every_study_rate_and_sizes_that_fit_the_rate() -> None
     assert buffer_elements("allgather", 1, 2) == 2
 
 
+def test_without_namespaces_the_bench_skips_the_emulated_links_saying_why(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from cosmocub.netemu import EmulationUnavailableError
+    from cosmocub.netemu import nodes as netemu_nodes
+    from cosmocub.perfmodel import bench_links
+    from cosmocub.perfmodel.microbench import read_samples, write_samples
+
+    def no_netns() -> None:
+        raise EmulationUnavailableError("network namespaces need root or CAP_NET_ADMIN (uid 1)")
+
+    def fake_launch(layout, args) -> int:  # the loopback ranks: what rank 0 would write
+        assert (layout.nodes, layout.tasks_per_node) == (1, 2)
+        assert args[:4] == ["perf-model", "bench-ranks", "--link", LOOPBACK]
+        loopback = {LOOPBACK: _synthetic_samples()[LOOPBACK]}
+        write_samples(loopback, Path(args[args.index("--out") + 1]))
+        return 0
+
+    monkeypatch.setattr(netemu_nodes, "check_privileges", no_netns)
+    monkeypatch.setattr(bench_links, "run_launch", fake_launch)
+    out = tmp_path / "perf" / "bench.tsv"
+    bench_links.bench_links(load_config(None), config_path=None, out=out)
+    assert capsys.readouterr().err.splitlines() == [
+        "emulated points skipped: perf-model bench emulated_unshaped, emulated_1000mbit, "
+        "emulated_100mbit, emulated_10mbit: network namespaces need root or CAP_NET_ADMIN (uid 1)"
+    ]
+    assert list(read_samples(out)) == [LOOPBACK]
+
+
 @pytest.mark.slow
 def test_the_bench_runs_on_loopback_and_an_emulated_link(tmp_path: Path) -> None:
     """`cosmocub perf-model bench` at one rate and two sizes, then the fit of both links."""
