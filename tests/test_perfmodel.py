@@ -1,18 +1,33 @@
-"""The performance model: the α–β fit, its byte counts against what the optimizers count on two
-gloo ranks, and the measured-vs-predicted validation."""
+"""The performance model: the α–β fit per link and kind and its lookup, its byte counts against
+what the optimizers count on two gloo ranks, the micro-benchmark on loopback and an emulated link,
+and the measured-vs-predicted validation."""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from cosmocub.config import load_config
 from cosmocub.launch import multirank
 from cosmocub.launch.torchrun import torchrun_argv
-from cosmocub.perfmodel.costs import AlphaBeta, Sample, fit_alpha_beta, fit_per_kind
+from cosmocub.perfmodel.costs import KINDS, AlphaBeta, Sample, fit_alpha_beta, fit_per_kind
+from cosmocub.perfmodel.links import (
+    LOOPBACK,
+    LinkFits,
+    emulated_link,
+    emulated_rate,
+    fit_per_link,
+    read_fits,
+    write_fits,
+)
 from cosmocub.perfmodel.model import Mesh, Network, predict_step
 
 TRUE = {"allreduce": (40e-6, 1 / 1.1e9), "alltoall": (90e-6, 1 / 0.7e9), "halo": (25e-6, 1e-9)}
@@ -49,6 +64,209 @@ def test_fit_needs_two_kinds_of_information() -> None:
     same = [Sample(kind="allreduce", nbytes=1e6, group_size=2, seconds=t) for t in (1e-3, 2e-3)]
     with pytest.raises(ValueError, match="same bytes per round"):
         fit_alpha_beta(same)
+
+
+# Per link and kind: (α s per round, β s per byte), loopback fast, the emulated links at about
+# their rates with gloo's larger per-call cost over veth and a bridge.
+TRUE_LINKS = {
+    "loopback": {"allreduce": (40e-6, 1 / 1.1e9), "allgather": (30e-6, 1 / 0.9e9),
+                 "alltoall": (35e-6, 1 / 0.8e9), "halo": (25e-6, 1e-9)},
+    "emulated_100mbit": {"allreduce": (0.9e-3, 8.4e-8), "allgather": (1.1e-3, 8.2e-8),
+                         "alltoall": (1.3e-3, 8.8e-8), "halo": (0.7e-3, 8.1e-8)},
+    "emulated_10mbit": {"allreduce": (1.6e-3, 8.1e-7), "allgather": (1.9e-3, 8.0e-7),
+                        "alltoall": (2.2e-3, 8.3e-7), "halo": (1.2e-3, 8.0e-7)},
+}  # fmt: skip
+# What the micro-benchmark sends: a few hundred bytes to several MB, Lion Cub's 4-48 kB among them.
+SIZES = (256, 1024, 4096, 16384, 49152, 262144, 1048576, 4194304)
+
+
+def _synthetic_samples(group_sizes=(2,)) -> dict[str, list[Sample]]:
+    rng = np.random.default_rng(1)
+    out: dict[str, list[Sample]] = {}
+    for link, kinds in TRUE_LINKS.items():
+        for kind, (alpha, beta) in kinds.items():
+            costs = AlphaBeta(alpha_s=alpha, beta_s_per_byte=beta)
+            for p in group_sizes:
+                for nbytes in SIZES:
+                    t = costs.time(kind, nbytes, p) * (1 + 0.03 * rng.standard_normal())
+                    sample = Sample(kind=kind, nbytes=nbytes, group_size=p, seconds=t)
+                    out.setdefault(link, []).append(sample)
+    return out
+
+
+def test_alpha_and_beta_are_recovered_per_link_and_kind(tmp_path: Path) -> None:
+    from cosmocub.perfmodel.microbench import read_samples, write_samples
+
+    # Two ranks, as the bench runs every link (one group size: α is the per-round intercept).
+    write_samples(_synthetic_samples(), tmp_path / "bench.tsv")
+    header = (tmp_path / "bench.tsv").read_text().splitlines()[0]
+    assert header.split("\t") == ["link", "kind", "group_size", "nbytes", "seconds"]
+    fits = fit_per_link(read_samples(tmp_path / "bench.tsv"))
+    write_fits(fits, tmp_path / "fit.tsv")
+    read = read_fits(tmp_path / "fit.tsv")
+    assert sorted(read.fits) == sorted(TRUE_LINKS)
+    for link, kinds in TRUE_LINKS.items():
+        assert sorted(read.fits[link]) == sorted(kinds), link
+        for kind, (alpha, beta) in kinds.items():
+            got = read.fits[link][kind]
+            assert got.costs.alpha_s == pytest.approx(alpha, rel=0.1), (link, kind)
+            assert got.costs.beta_s_per_byte == pytest.approx(beta, rel=0.05), (link, kind)
+            assert got.median_rel_error < 0.05, (link, kind)
+            # The smallest call's measured time (256 B: mostly gloo's per-call latency).
+            smallest = AlphaBeta(alpha_s=alpha, beta_s_per_byte=beta).time(kind, SIZES[0], 2)
+            assert got.call_latency_s == pytest.approx(smallest, rel=0.15), (link, kind)
+
+
+def test_the_lookup_picks_the_link_a_collective_crosses(caplog) -> None:
+    from cosmocub.perfmodel.validate import network_for
+
+    fits = LinkFits(fits=fit_per_link(_synthetic_samples()), source="fit.tsv")
+    assert (emulated_link(10), emulated_link(0), emulated_link(2.5)) == (
+        "emulated_10mbit",
+        "emulated_unshaped",
+        "emulated_2.5mbit",
+    )
+    assert [emulated_rate(n) for n in ("emulated_10mbit", "emulated_unshaped", LOOPBACK)] == [
+        10.0,
+        0.0,
+        None,
+    ]
+
+    def alpha(costs: AlphaBeta) -> float:
+        return costs.alpha_s
+
+    loop = TRUE_LINKS["loopback"]["allreduce"][0]
+    slow = TRUE_LINKS["emulated_10mbit"]["allreduce"][0]
+    # 2 nodes × 1 rank at 10 Mbit/s: the data group crosses the link, its fit; 2 ranks on one
+    # node: loopback.
+    two_nodes = {"point": "p", "data": "2", "world_size": "2", "nodes": "2", "bandwidth_mbit": "10"}
+    net = network_for(two_nodes, fits)
+    assert alpha(net.costs(2, 1, "allreduce")) == pytest.approx(slow, rel=0.1)
+    one_node = {"point": "q", "data": "2", "world_size": "2", "nodes": "1"}
+    net = network_for(one_node, fits)
+    assert alpha(net.costs(2, 1, "allreduce")) == pytest.approx(loop, rel=0.1)
+    with pytest.raises(ValueError, match="no alpha-beta of 'allreduce' between nodes"):
+        net.costs(4, 1, "allreduce")  # a one-node point has no inter-node fit to fall back on
+    # 4 ranks on 2 nodes: a spatial pair within a node, the data pair across.
+    mixed = {**two_nodes, "world_size": "4"}
+    net = network_for(mixed, fits)
+    assert alpha(net.costs(2, 1, "halo")) == pytest.approx(
+        TRUE_LINKS["loopback"]["halo"][0], rel=0.1
+    )
+    assert alpha(net.costs(2, 2, "alltoall")) == pytest.approx(
+        TRUE_LINKS["emulated_10mbit"]["alltoall"][0], rel=0.1
+    )
+    # A rate not measured: the nearest measured one's, with a note naming both.
+    with caplog.at_level(logging.WARNING, logger="cosmocub.perfmodel.validate"):
+        net = network_for({**two_nodes, "bandwidth_mbit": "20"}, fits)
+    assert alpha(net.costs(2, 1, "allreduce")) == pytest.approx(slow, rel=0.1)
+    assert "'emulated_20mbit' was not measured: using the fit of 'emulated_10mbit'" in caplog.text
+    assert fits.inter_node(1000)[0] == "emulated_100mbit"
+    assert fits.inter_node(0)[0] == "emulated_100mbit"  # unshaped: the fastest measured
+    # None measured: an error naming the link.
+    only_loopback = LinkFits(fits={LOOPBACK: fits.fits[LOOPBACK]}, source="fit.tsv")
+    with pytest.raises(
+        ValueError, match=r"no alpha-beta fit for link 'emulated_10mbit' \(measured: loopback\)"
+    ):
+        network_for(two_nodes, only_loopback)
+    no_loopback = LinkFits(fits={"emulated_10mbit": fits.fits["emulated_10mbit"]}, source="f")
+    with pytest.raises(ValueError, match="no alpha-beta fit for link 'loopback'"):
+        network_for(one_node, no_loopback)
+    with pytest.raises(ValueError, match="'p': 2 nodes but no bandwidth_mbit"):
+        network_for({**two_nodes, "bandwidth_mbit": ""}, fits)
+    partial = LinkFits(fits={LOOPBACK: {"allreduce": fits.fits[LOOPBACK]["allreduce"]}}, source="f")
+    with pytest.raises(
+        ValueError, match=r"link 'loopback' has no fit of \['allgather', 'alltoall', 'halo'\]"
+    ):
+        partial.costs(LOOPBACK)
+    assert sorted(KINDS) == sorted(TRUE_LINKS[LOOPBACK])
+
+
+def test_the_bench_covers_every_study_rate_and_sizes_that_fit_the_rate() -> None:
+    from cosmocub.perfmodel.bench_links import sizes_for_rate, study_rates
+    from cosmocub.perfmodel.microbench import buffer_elements
+
+    cfg = load_config(None)
+    assert study_rates(cfg) == (0, 1000, 100, 10)  # network_study's; scaling_study's 1000 again
+    # At 10 Mbit/s a 2 s call carries 2.5 MB: the halo swap of 1 MiB (2 MiB) fits, 4 MiB not.
+    assert sizes_for_rate(SIZES, 10, 2.0) == list(SIZES[:-1])
+    assert sizes_for_rate(SIZES, 0, 2.0) == list(SIZES)
+    with pytest.raises(ValueError, match=r"max_call_s': 0.001 s leaves 1 of the sizes"):
+        sizes_for_rate(SIZES, 10, 0.001)
+    # fp32 all-reduce, uint8 codes for Lion Cub's all-to-all and all-gather; whole shares.
+    assert buffer_elements("allreduce", 1000, 2) == 250
+    assert buffer_elements("alltoall", 1000, 3) == 999
+    assert buffer_elements("allgather", 1, 2) == 2
+
+
+def test_without_namespaces_the_bench_skips_the_emulated_links_saying_why(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    from cosmocub.netemu import EmulationUnavailableError
+    from cosmocub.netemu import nodes as netemu_nodes
+    from cosmocub.perfmodel import bench_links
+    from cosmocub.perfmodel.microbench import read_samples, write_samples
+
+    def no_netns() -> None:
+        raise EmulationUnavailableError("network namespaces need root or CAP_NET_ADMIN (uid 1)")
+
+    def fake_launch(layout, args) -> int:  # the loopback ranks: what rank 0 would write
+        assert (layout.nodes, layout.tasks_per_node) == (1, 2)
+        assert args[:4] == ["perf-model", "bench-ranks", "--link", LOOPBACK]
+        loopback = {LOOPBACK: _synthetic_samples()[LOOPBACK]}
+        write_samples(loopback, Path(args[args.index("--out") + 1]))
+        return 0
+
+    monkeypatch.setattr(netemu_nodes, "check_privileges", no_netns)
+    monkeypatch.setattr(bench_links, "run_launch", fake_launch)
+    out = tmp_path / "perf" / "bench.tsv"
+    bench_links.bench_links(load_config(None), config_path=None, out=out)
+    assert capsys.readouterr().err.splitlines() == [
+        "emulated points skipped: perf-model bench emulated_unshaped, emulated_1000mbit, "
+        "emulated_100mbit, emulated_10mbit: network namespaces need root or CAP_NET_ADMIN (uid 1)"
+    ]
+    assert list(read_samples(out)) == [LOOPBACK]
+
+
+@pytest.mark.slow
+def test_the_bench_runs_on_loopback_and_an_emulated_link(tmp_path: Path) -> None:
+    """`cosmocub perf-model bench` at one rate and two sizes, then the fit of both links."""
+    from cosmocub.netemu import EmulationUnavailableError
+    from cosmocub.netemu.nodes import check_privileges
+
+    try:
+        check_privileges()
+    except EmulationUnavailableError as err:
+        pytest.skip(f"emulated points skipped: {err}")
+    root = Path(__file__).resolve().parents[1]
+    values = yaml.safe_load((root / "config/test.yaml").read_text())
+    values["perf_model"]["bench"] = {"ranks": 2, "nodes": 2, "sizes_bytes": [1024, 262144],
+                                     "repeats": 2}  # fmt: skip
+    values["network_study"]["bandwidths_mbit"] = [10]
+    values["scaling_study"]["bandwidth_mbit"] = 10
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(values))
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    cli = [sys.executable, "-m", "cosmocub.cli", "perf-model"]
+    bench, fit = tmp_path / "bench.tsv", tmp_path / "fit.tsv"
+    proc = subprocess.run(
+        [*cli, "bench", "--config", str(config), "--out", str(bench)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.run(
+        [*cli, "fit", "--samples", str(bench), "--out", str(fit)],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    fits = read_fits(fit)
+    assert sorted(fits.fits) == ["emulated_10mbit", LOOPBACK]
+    for link in fits.fits:
+        assert sorted(fits.costs(link)) == sorted(KINDS), link
+    # 256 kB cross the 10 Mbit/s link in >= 0.15 s whatever the shaping's burst (64 KiB today):
+    # far slower than loopback.
+    slow, fast = (fits.fits[k]["allreduce"].costs for k in ("emulated_10mbit", LOOPBACK))
+    assert slow.time("allreduce", 262144, 2) > max(0.1, 5 * fast.time("allreduce", 262144, 2))
 
 
 VARIANTS = {

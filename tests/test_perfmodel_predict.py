@@ -13,6 +13,7 @@ from cosmocub.config import load_config, write_config
 from cosmocub.optim.collectives import ring_allreduce_bytes
 from cosmocub.perfmodel import compute, machines
 from cosmocub.perfmodel.costs import AlphaBeta, Fit
+from cosmocub.perfmodel.links import LinkFits
 from cosmocub.perfmodel.machines import Accelerator, fitted_network, this_cpu
 from cosmocub.perfmodel.model import Mesh, Network, parameter_sizes
 from cosmocub.perfmodel.overlap import exposed_allreduce, parameter_layers
@@ -26,15 +27,24 @@ LION_CUB = {"name": "lion_cub", "lion_cub": {"quantizer": "sign", "collective": 
 
 def _fit(alpha: float, beta: float) -> Fit:
     costs = AlphaBeta(alpha_s=alpha, beta_s_per_byte=beta)
-    return Fit(costs=costs, samples=8, median_rel_error=0.01, worst_rel_error=0.02)
+    return Fit(
+        costs=costs, samples=8, median_rel_error=0.01, worst_rel_error=0.02, call_latency_s=alpha
+    )
 
 
-FITS = {
-    "allreduce": _fit(60e-6, 1.2e-9),
-    "allgather": _fit(45e-6, 1.5e-9),
-    "alltoall": _fit(80e-6, 2e-9),
-    "halo": _fit(30e-6, 1e-9),
-}
+def _link(scale: float) -> dict[str, Fit]:
+    """A link's four kinds, `scale` times slower per byte than loopback's."""
+    return {
+        "allreduce": _fit(60e-6, 1.2e-9 * scale),
+        "allgather": _fit(45e-6, 1.5e-9 * scale),
+        "alltoall": _fit(80e-6, 2e-9 * scale),
+        "halo": _fit(30e-6, 1e-9 * scale),
+    }
+
+
+FITS = LinkFits(
+    fits={"loopback": _link(1.0), "emulated_10mbit": _link(700.0)}, source="synthetic fit.tsv"
+)
 
 
 def _timed_here(monkeypatch: pytest.MonkeyPatch, model_cfg) -> None:
@@ -84,9 +94,8 @@ def test_predict_equals_the_validation_path_for_the_same_point(
     measured_path, _ = cpu_predictor(tmp_path, FITS, cores=cores, repeats=1)(row)
 
     nodes, world = int(labels["nodes"]), int(labels["world_size"])
-    network = fitted_network(
-        FITS, rate_mbit=float(labels.get("bandwidth_mbit", 0)), ranks_per_node=world // nodes
-    )
+    rate = float(labels["bandwidth_mbit"]) if nodes > 1 else None
+    network = fitted_network(FITS, rate_mbit=rate, ranks_per_node=world // nodes)
     device = this_cpu(threads_per_rank=None, ranks_per_node=world // nodes, cores=cores // nodes)
     mesh = Mesh(data=int(labels["data"]), split=cfg.parallel.split_dhw)
     p = predict(Workload.of(cfg), mesh, network, device)

@@ -1,12 +1,14 @@
-# The performance model (`snakemake perf_model`): an α–β fit of the collectives timed here, the
-# step_time study's measured steps against the model's prediction, and the extrapolation of
-# perf_model.extrapolate.config to GPU clusters with its assumptions.
+# The performance model (`snakemake perf_model`): an α–β fit per link of the collectives timed
+# here, the step_time study's measured steps against the model's prediction, and the
+# extrapolation of perf_model.extrapolate.config to GPU clusters with its assumptions.
 
 PERF = f"{RESULTS}/perf_model"
 # A relative config path is the repository's (beside this workflow), not the working folder's.
 PERF_MODEL_CONFIG = os.path.join(workflow.basedir, CFG.perf_model.extrapolate.config)
 
 
+# On loopback (ranks of one node) and, as root, on the emulated link at every study rate (else
+# skipped with the reason, as the studies' emulated points are); fit.tsv has one fit per link.
 rule perf_model_bench:
     output:
         f"{PERF}/bench.tsv",
@@ -14,17 +16,16 @@ rule perf_model_bench:
         f"{PERF}/logs/bench.log",
     conda:
         "../../envs/cosmocub.yaml"
-    threads: CFG.perf_model.bench.ranks
+    threads: max(CFG.perf_model.bench.ranks, CFG.perf_model.bench.nodes)
     resources:
         mem_mb=CFG.cluster.small.mem_mb,
         runtime=CFG.cluster.small.runtime,
-        mpi="",  # `cosmocub launch` starts the ranks itself
+        mpi="",  # `cosmocub perf-model bench` starts the ranks itself
     params:
         settings=section("perf_model"),
-        ranks=CFG.perf_model.bench.ranks,
+        rates=[*CFG.network_study.bandwidths_mbit, CFG.scaling_study.bandwidth_mbit],
     shell:
-        "cosmocub launch --tasks-per-node {params.ranks} -- perf-model bench --out {output}"
-        " > {log} 2>&1"
+        "cosmocub perf-model bench --out {output} > {log} 2>&1"
 
 
 rule perf_model_fit:

@@ -1,5 +1,5 @@
-"""`cosmocub perf-model bench | fit | validate | predict | extrapolate`: the step-time performance
-model (its stages are cosmocub.perfmodel.stage's).
+"""`cosmocub perf-model bench | bench-ranks | fit | validate | predict | extrapolate`: the
+step-time performance model (its stages are cosmocub.perfmodel.stage's).
 """
 
 from __future__ import annotations
@@ -15,6 +15,19 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from cosmocub.perfmodel.stage import bench
 
     bench(args.config, Path(args.out))
+    return 0
+
+
+def _cmd_bench_ranks(args: argparse.Namespace) -> int:
+    from cosmocub.perfmodel.stage import bench_ranks
+
+    bench_ranks(
+        args.config,
+        link=args.link,
+        out=Path(args.out),
+        sizes_bytes=args.sizes,
+        repeats=args.repeats,
+    )
     return 0
 
 
@@ -96,11 +109,27 @@ def _cmd_extrapolate(args: argparse.Namespace) -> int:
 def add_perf_model(sub) -> None:
     p = sub.add_parser("perf-model", help="the step-time performance model (α–β + compute)")
     cmds = p.add_subparsers(dest="perf_command", required=True)
-    b = cmds.add_parser("bench", help="time collectives (run under `cosmocub launch`)")
+    b = cmds.add_parser(
+        "bench",
+        help="time collectives on loopback and, as root, on the emulated link at every study rate",
+    )
     b.set_defaults(handler=_cmd_bench)
-    b.add_argument("--out", required=True, help="samples TSV (kind, group_size, nbytes, seconds)")
+    b.add_argument(
+        "--out", required=True, help="samples TSV (link, kind, group_size, nbytes, seconds)"
+    )
     add_config(b)
-    f = cmds.add_parser("fit", help="α–β per collective kind from the samples")
+    r = cmds.add_parser(
+        "bench-ranks",
+        help="time collectives on one link, in the ranks a launcher started "
+        "(`cosmocub launch … -- perf-model bench-ranks`)",
+    )
+    r.set_defaults(handler=_cmd_bench_ranks)
+    r.add_argument("--link", required=True, help="the link's name in the samples (e.g. loopback)")
+    r.add_argument("--out", required=True, help="samples TSV, written by rank 0")
+    r.add_argument("--sizes", type=int, nargs="+", help="default: perf_model.bench.sizes_bytes")
+    r.add_argument("--repeats", type=int, help="default: perf_model.bench.repeats")
+    add_config(r)
+    f = cmds.add_parser("fit", help="α–β per link and collective kind from the samples")
     f.set_defaults(handler=_cmd_fit)
     f.add_argument("--samples", required=True)
     f.add_argument("--out", required=True)

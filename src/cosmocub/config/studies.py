@@ -144,8 +144,10 @@ class ScalingStudyConfig:
 @dataclass(frozen=True, kw_only=True)
 class BenchConfig:
     ranks: int
+    nodes: int
     sizes_bytes: tuple[int, ...]
     repeats: int
+    max_call_s: float
 
 
 @dataclass(frozen=True, kw_only=True)

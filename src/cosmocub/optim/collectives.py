@@ -71,21 +71,27 @@ def alltoall_bytes(send_bytes: float, group_size: int) -> float:
     return (group_size - 1) / group_size * send_bytes
 
 
-def vote_bytes_sent(collective: str, num_values: int, bits: int, group_size: int) -> float:
+def vote_phase_bytes(
+    collective: str, num_values: int, bits: int, group_size: int
+) -> dict[str, float]:
     """Bytes one rank sends to vote on `num_values` values (one bucket) with `collective`, at
-    `bits` per value on the wire: what the Collective classes below count, from the sizes alone
-    (padding included), for the performance model."""
+    `bits` per value on the wire, per phase, each named by the collective it runs (alltoall:
+    the all-to-all of the codes, then the all-gather of the 1-bit result; none for a group of
+    one): what the Collective classes below count, from the sizes alone (padding included), for
+    the performance model."""
     if group_size == 1:
-        return 0.0
+        return {}
     if collective == "allgather":
-        return allgather_bytes(_padded(num_values, 8) * bits // 8, group_size)
+        return {"allgather": allgather_bytes(_padded(num_values, 8) * bits // 8, group_size)}
     if collective == "alltoall":
         padded = _padded(num_values, 8 * group_size)
         result_bytes = padded // group_size // 8  # one bit per voted value of this rank's chunk
-        sent = alltoall_bytes(padded * bits // 8, group_size)
-        return sent + allgather_bytes(result_bytes, group_size)
+        return {
+            "alltoall": alltoall_bytes(padded * bits // 8, group_size),
+            "allgather": allgather_bytes(result_bytes, group_size),
+        }
     if collective == "allreduce":
-        return ring_allreduce_bytes(num_values, group_size)  # int8: one byte per value
+        return {"allreduce": ring_allreduce_bytes(num_values, group_size)}  # int8: 1 B a value
     raise ValueError(f"unknown collective {collective!r} ({', '.join(COLLECTIVES)})")
 
 

@@ -64,10 +64,14 @@ class Sample:
 
 @dataclass(frozen=True, kw_only=True)
 class Fit:
+    """α–β of one kind on one link, the fit's relative errors, and the measured time of the
+    smallest message at the smallest group (gloo's per-call latency there)."""
+
     costs: AlphaBeta
     samples: int
     median_rel_error: float
     worst_rel_error: float
+    call_latency_s: float
 
 
 def fit_alpha_beta(samples: Iterable[Sample]) -> Fit:
@@ -76,8 +80,8 @@ def fit_alpha_beta(samples: Iterable[Sample]) -> Fit:
     samples cannot determine both."""
     from scipy.optimize import nnls
 
-    rows = [(*rounds_and_bytes(s.kind, s.nbytes, s.group_size), s.seconds) for s in samples]
-    rows = [r for r in rows if r[0] > 0]
+    usable = [s for s in samples if s.group_size > 1]
+    rows = [(*rounds_and_bytes(s.kind, s.nbytes, s.group_size), s.seconds) for s in usable]
     if len(rows) < 2:
         raise ValueError(f"alpha-beta fit: {len(rows)} usable samples, need at least 2")
     a = np.array([[r[0], r[1]] for r in rows])
@@ -95,6 +99,7 @@ def fit_alpha_beta(samples: Iterable[Sample]) -> Fit:
         samples=len(rows),
         median_rel_error=float(np.median(rel)),
         worst_rel_error=float(rel.max()),
+        call_latency_s=min(usable, key=lambda s: (s.group_size, s.nbytes)).seconds,
     )
 
 

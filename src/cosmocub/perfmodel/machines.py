@@ -4,7 +4,7 @@ or this machine's CPU, timed here) and the links between ranks (assumed, or α�
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +15,8 @@ from cosmocub.perfmodel.compute import (
     measure_rank_layers,
     torch_threads,
 )
-from cosmocub.perfmodel.costs import AlphaBeta, Fit
+from cosmocub.perfmodel.costs import AlphaBeta
+from cosmocub.perfmodel.links import LOOPBACK, LinkFits
 from cosmocub.perfmodel.model import Network, parameter_sizes
 
 # The optimizer's update reads and writes parameters, gradients and its state in fp32: about
@@ -29,6 +30,8 @@ UPDATE_BYTES_PER_PARAM = {
     "lion_cub": 28,
 }
 THIS_CPU = "cpu"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,13 +139,14 @@ def assumed_network(
     return Network.uniform(inter, intra, ranks_per_node=ranks_per_node)
 
 
-def fitted_network(fits: Mapping[str, Fit], *, rate_mbit: float, ranks_per_node: int) -> Network:
-    """The α–β fitted here per kind within a node; between nodes, the same α and the link rate
-    (0 = unshaped: the fit's own β), as perf-model validate predicts a measured point."""
-    intra = {kind: fit.costs for kind, fit in fits.items()}
-    floor = 8 / (rate_mbit * 1e6) if rate_mbit else 0.0
-    inter = {
-        kind: AlphaBeta(alpha_s=ab.alpha_s, beta_s_per_byte=max(ab.beta_s_per_byte, floor))
-        for kind, ab in intra.items()
-    }
-    return Network(inter_node=inter, intra_node=intra, ranks_per_node=ranks_per_node)
+def fitted_network(fits: LinkFits, *, rate_mbit: float | None, ranks_per_node: int) -> Network:
+    """The fits of `perf-model fit`, as perf-model validate predicts a measured point: within a
+    node the loopback fit; between nodes the emulated link's at `rate_mbit` (0: unshaped), or
+    the nearest measured rate's with a warning naming both. `rate_mbit` None: every group stays
+    on its node, and a collective that leaves it is an error, not a guess."""
+    inter: dict[str, AlphaBeta] = {}
+    if rate_mbit is not None:
+        _, inter, note = fits.inter_node(rate_mbit)
+        if note:
+            log.warning("%s", note)
+    return Network(inter_node=inter, intra_node=fits.costs(LOOPBACK), ranks_per_node=ranks_per_node)

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cosmocub.config import ModelConfig, OptimizerConfig
-from cosmocub.optim.collectives import ring_allreduce_bytes, vote_bytes_sent
+from cosmocub.optim.collectives import ring_allreduce_bytes, vote_phase_bytes
 from cosmocub.optim.lion_cub import split_into_buckets
 from cosmocub.optim.momentum_sync import is_sync_step
 from cosmocub.optim.quantize import quantizer_levels, wire_bits
@@ -31,18 +31,13 @@ from cosmocub.perfmodel.costs import KINDS, AlphaBeta, rounds_and_bytes
 from cosmocub.perfmodel.overlap import ddp_buckets, exposed_allreduce, parameter_layers
 
 DDP_OPTIMIZERS = ("sgd", "adamw", "lion")
-# Lion Cub's collectives as phases of the α–β kinds (alltoall: the vote, then its 1-bit result).
-PHASES = {
-    "allgather": ("allgather",),
-    "alltoall": ("alltoall", "allgather"),
-    "allreduce": ("allreduce",),
-}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Network:
     """α–β per collective kind between nodes (per rank, at the node's link) and between ranks of
-    one node; a kind not given uses the all-reduce's."""
+    one node, each fitted where it runs (cosmocub.perfmodel.links); a kind the model asks for
+    and the mapping lacks is an error."""
 
     inter_node: Mapping[str, AlphaBeta]
     intra_node: Mapping[str, AlphaBeta]
@@ -67,14 +62,16 @@ class Network:
         node for an all-to-all."""
         k = self.ranks_per_node
         if not self.spans_nodes(group_size, stride):
-            return _pick(self.intra_node, kind)
-        inter = _pick(self.inter_node, kind)
+            return _pick(self.intra_node, kind, "within a node")
+        inter = _pick(self.inter_node, kind, "between nodes")
         sharing = k if kind == "alltoall" else min(stride, k)
         return AlphaBeta(alpha_s=inter.alpha_s, beta_s_per_byte=inter.beta_s_per_byte * sharing)
 
 
-def _pick(costs: Mapping[str, AlphaBeta], kind: str) -> AlphaBeta:
-    return costs.get(kind) or costs["allreduce"]
+def _pick(costs: Mapping[str, AlphaBeta], kind: str, where: str) -> AlphaBeta:
+    if kind not in costs:
+        raise ValueError(f"perf model: no alpha-beta of {kind!r} {where} (have {sorted(costs)})")
+    return costs[kind]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -200,19 +197,17 @@ def exchange(
     if p > 1:
         levels = quantizer_levels(quantizer, bits, p, collective=collective)
         wire = wire_bits(quantizer, levels)
-        costs = network.costs(p, mesh.spatial, PHASES[collective][0])
         cap = int(bucket_mb * 2**18)
-        # The optimizer's buckets, from its own function (sizes stand in for the tensors).
+        # The optimizer's buckets, from its own function (sizes stand in for the tensors); each
+        # phase (alltoall: the vote, then the all-gather of its 1-bit result) at its own fit.
         for bucket in split_into_buckets([_Sized(n) for n in sizes], cap):
             n = sum(t.numel() for t in bucket)
-            nbytes = vote_bytes_sent(collective, n, wire, p)
-            sent += nbytes
-            inter += nbytes if data_spans else 0.0
-            kinds = {"allgather": ("allgather",), "alltoall": ("alltoall", "allgather")}
-            rounds = sum(
-                rounds_and_bytes(k, 1.0, p)[0] for k in kinds.get(collective, (collective,))
-            )
-            seconds += costs.alpha_s * rounds + costs.beta_s_per_byte * nbytes
+            for phase, nbytes in vote_phase_bytes(collective, n, wire, p).items():
+                costs = network.costs(p, mesh.spatial, phase)
+                rounds = rounds_and_bytes(phase, 1.0, p)[0]
+                seconds += costs.alpha_s * rounds + costs.beta_s_per_byte * nbytes
+                sent += nbytes
+                inter += nbytes if data_spans else 0.0
     fraction = _sync_fraction(optimizer_cfg, steps)
     sync_s = sync_bytes = 0.0
     if fraction > 0 and p > 1:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from cosmocub.config import Config
-from cosmocub.perfmodel.costs import Fit
+from cosmocub.perfmodel.links import LinkFits
 from cosmocub.perfmodel.machines import (
     THIS_CPU,
     Accelerator,
@@ -62,9 +62,10 @@ def mesh_from_flags(
 def machine_from_flags(
     cfg: Config,
     accelerator: str | None,
-    fits: Mapping[str, Fit] | None,
+    fits: LinkFits | None,
     rates_mbit: Sequence[float] | None,
     *,
+    nodes: int,
     ranks_per_node: int,
 ) -> tuple[Accelerator | ThisCpu, list[Network], list[float]]:
     """(device, one network per link rate, the rates) of --accelerator, --fit (read: `fits`)
@@ -104,7 +105,11 @@ def machine_from_flags(
         need = ">= 0 (0: the fitted link)" if fits is not None else "> 0 (no --fit to take it from)"
         raise ValueError(f"--rate-mbit {bad[0]:g}: a link rate must be {need}")
     if fits is not None:
-        networks = [fitted_network(fits, rate_mbit=r, ranks_per_node=ranks_per_node) for r in rates]
+        # One node: no link between nodes to take a rate of (loopback only is enough).
+        networks = [
+            fitted_network(fits, rate_mbit=r if nodes > 1 else None, ranks_per_node=ranks_per_node)
+            for r in rates
+        ]
     else:
         spec = settings.accelerators[name]
         networks = [

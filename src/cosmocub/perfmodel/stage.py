@@ -1,104 +1,83 @@
-"""The stages of `cosmocub perf-model …`: bench (under `cosmocub launch`), fit, validate and
-extrapolate; cosmocub.cli.perf_model parses their arguments."""
+"""The stages of `cosmocub perf-model …`: bench (every link), bench-ranks (one link, under a
+launcher), fit, validate and extrapolate; cosmocub.cli.perf_model parses their arguments."""
 
 from __future__ import annotations
 
-import csv
 import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from cosmocub.config import Config, load_config
-from cosmocub.io import atomic_path, read_tsv, write_json
+from cosmocub.io import atomic_path, write_json
 
 log = logging.getLogger(__name__)
-FIT_COLUMNS = (
-    "kind",
-    "alpha_s",
-    "beta_s_per_byte",
-    "bandwidth_gbit",
-    "samples",
-    "median_rel_error",
-    "worst_rel_error",
-)
 
 
 def bench(config_path: str | None, out: Path) -> None:
+    """The micro-benchmark on loopback and on the emulated link at every study rate
+    (cosmocub.perfmodel.bench_links), one samples table at `out`."""
+    from cosmocub.perfmodel.bench_links import bench_links
+
+    bench_links(load_config(config_path), config_path=config_path, out=out)
+
+
+def bench_ranks(
+    config_path: str | None,
+    *,
+    link: str,
+    out: Path,
+    sizes_bytes: Sequence[int] | None = None,
+    repeats: int | None = None,
+) -> None:
     """Every rank runs the micro-benchmark in the process group the launcher set up; rank 0
-    writes the samples to `out`."""
+    writes the samples, named `link`, to `out`. Sizes and repeats: perf_model.bench's unless
+    given."""
     import torch.distributed as dist
 
     from cosmocub.perfmodel.microbench import run_microbench, write_samples
 
     if "RANK" not in os.environ:
         raise ValueError(
-            "perf-model bench: no launcher environment (RANK); run it as "
-            "`cosmocub launch --tasks-per-node N -- perf-model bench --out FILE`"
+            "perf-model bench-ranks: no launcher environment (RANK); run it as `cosmocub launch "
+            "--tasks-per-node N -- perf-model bench-ranks --link NAME --out FILE`, or "
+            "`cosmocub perf-model bench` for every link"
         )
-    cfg = load_config(config_path)
+    settings = load_config(config_path).perf_model.bench
     dist.init_process_group("gloo")
     try:
         samples = run_microbench(
-            sizes_bytes=cfg.perf_model.bench.sizes_bytes, repeats=cfg.perf_model.bench.repeats
+            sizes_bytes=sizes_bytes or settings.sizes_bytes,
+            repeats=repeats or settings.repeats,
         )
         if dist.get_rank() == 0:
-            write_samples(samples, out)
+            write_samples({link: samples}, out)
     finally:
         dist.destroy_process_group()
 
 
 def fit(samples: Path, out: Path) -> None:
-    """The α–β fit per collective kind of the bench's `samples`, as a TSV at `out`."""
-    from cosmocub.perfmodel.costs import fit_per_kind
+    """The α–β fit per link and collective kind of the bench's `samples`, as a TSV at `out`."""
+    from cosmocub.perfmodel.links import fit_per_link, write_fits
     from cosmocub.perfmodel.microbench import read_samples
 
-    fits = fit_per_kind(read_samples(samples))
-    with atomic_path(out) as tmp, open(tmp, "w", newline="") as f:
-        writer = csv.writer(f, delimiter="\t", lineterminator="\n")
-        writer.writerow(FIT_COLUMNS)
-        for kind, r in fits.items():
+    fits = fit_per_link(read_samples(samples))
+    write_fits(fits, out)
+    for link, by_kind in fits.items():
+        for kind, r in by_kind.items():
             c = r.costs
-            writer.writerow(
-                [
-                    kind,
-                    f"{c.alpha_s:.6g}",
-                    f"{c.beta_s_per_byte:.6g}",
-                    f"{c.bandwidth_gbit:.4g}",
-                    r.samples,
-                    f"{r.median_rel_error:.3g}",
-                    f"{r.worst_rel_error:.3g}",
-                ]
-            )
             log.info(
-                "%s: alpha %.1f us, beta %.3g s/B (%.2f Gbit/s); fit error median %.1f %%, "
-                "worst %.1f %%",
+                "%s %s: alpha %.1f us, beta %.3g s/B (%.3g Gbit/s), smallest call %.1f us; fit "
+                "error median %.1f %%, worst %.1f %%",
+                link,
                 kind,
                 1e6 * c.alpha_s,
                 c.beta_s_per_byte,
                 c.bandwidth_gbit,
+                1e6 * r.call_latency_s,
                 100 * r.median_rel_error,
                 100 * r.worst_rel_error,
             )
-
-
-def read_fits(path: Path):
-    from cosmocub.perfmodel.costs import AlphaBeta, Fit
-
-    rows = read_tsv(path, not_found="alpha-beta fit not found (cosmocub perf-model fit)")
-    if not rows or "allreduce" not in {r["kind"] for r in rows}:
-        raise ValueError(f"{path}: needs an 'allreduce' row (kinds: {[r['kind'] for r in rows]})")
-    return {
-        r["kind"]: Fit(
-            costs=AlphaBeta(
-                alpha_s=float(r["alpha_s"]), beta_s_per_byte=float(r["beta_s_per_byte"])
-            ),
-            samples=int(r["samples"]),
-            median_rel_error=float(r["median_rel_error"]),
-            worst_rel_error=float(r["worst_rel_error"]),
-        )
-        for r in rows
-    }
 
 
 def validate(
@@ -112,6 +91,7 @@ def validate(
 ) -> None:
     """Measured (the studies' `points` tables) against predicted: the TSV, its plot and the
     error summary beside the TSV (.json)."""
+    from cosmocub.perfmodel.links import read_fits
     from cosmocub.perfmodel.validate import (
         calibrated,
         compare,
@@ -238,6 +218,7 @@ def predict(
     import dataclasses
     import json
 
+    from cosmocub.perfmodel.links import read_fits
     from cosmocub.perfmodel.model import DDP_OPTIMIZERS
     from cosmocub.perfmodel.predict import Workload, format_table, lion_reference, predict
     from cosmocub.perfmodel.predict_args import (
@@ -249,7 +230,7 @@ def predict(
     mesh = mesh_from_flags(cfg, data, spatial, split, nodes=nodes, ranks_per_node=ranks_per_node)
     fits = None if fit_path is None else read_fits(fit_path)
     device, networks, rates = machine_from_flags(
-        cfg, accelerator, fits, rates_mbit, ranks_per_node=ranks_per_node
+        cfg, accelerator, fits, rates_mbit, nodes=nodes, ranks_per_node=ranks_per_node
     )
     samples, note = samples_from_flags(cfg, train_samples, epochs)
     work = Workload.of(cfg)

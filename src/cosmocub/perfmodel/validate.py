@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import logging
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -23,10 +24,12 @@ import numpy as np
 
 from cosmocub.config import load_config
 from cosmocub.io import atomic_path, read_tsv
-from cosmocub.perfmodel.costs import AlphaBeta, Fit
+from cosmocub.perfmodel.links import LinkFits
+from cosmocub.perfmodel.machines import fitted_network
 from cosmocub.perfmodel.model import DDP_OPTIMIZERS, Mesh, Network, StepPrediction, predict_step
 from cosmocub.train.conditions import is_marked
 
+log = logging.getLogger(__name__)
 MEASURED = ("step_s", "compute_s", "exchange_s", "momentum_sync_s")
 REQUIRED = ("point", "data", "step_s", "compute_s", "exchange_s", "momentum_sync_s")
 PARTS = ("step", "compute", "exchange", "momentum_sync")
@@ -41,31 +44,27 @@ def read_points(path: Path) -> list[dict[str, str]]:
     return rows
 
 
-def network_for(row: Mapping[str, str], fits: Mapping[str, Fit]) -> Network:
-    """The loopback fit within a node; between nodes, the same α and the row's link rate
-    (bandwidth_mbit; 0 or absent = unshaped, the fit's own β)."""
-    intra = {kind: fit.costs for kind, fit in fits.items()}
-    mbit = float(row.get("bandwidth_mbit") or 0)
-    inter = {
-        kind: AlphaBeta(
-            alpha_s=ab.alpha_s,
-            beta_s_per_byte=max(ab.beta_s_per_byte, 8 / (mbit * 1e6))
-            if mbit
-            else ab.beta_s_per_byte,
-        )
-        for kind, ab in intra.items()
-    }
+def network_for(row: Mapping[str, str], fits: LinkFits) -> Network:
+    """The network a measured point ran on (`machines.fitted_network`): loopback within a node,
+    between nodes the emulated link at the row's bandwidth_mbit (0: unshaped)."""
     world = int(row.get("world_size") or row["data"])
     nodes = int(row.get("nodes") or 1)
-    return Network(inter_node=inter, intra_node=intra, ranks_per_node=max(1, world // nodes))
+    rate = None
+    if nodes > 1:
+        mbit = row.get("bandwidth_mbit")
+        if mbit in (None, ""):
+            raise ValueError(
+                f"point {row['point']!r}: {nodes} nodes but no bandwidth_mbit, so the link its "
+                "collectives crossed is unknown"
+            )
+        rate = float(mbit)
+    return fitted_network(fits, rate_mbit=rate, ranks_per_node=max(1, world // nodes))
 
 
 Predictor = Callable[[Mapping[str, str]], tuple[StepPrediction, str]]
 
 
-def cpu_predictor(
-    study_dir: Path, fits: Mapping[str, Fit], *, cores: int, repeats: int = 5
-) -> Predictor:
+def cpu_predictor(study_dir: Path, fits: LinkFits, *, cores: int, repeats: int = 5) -> Predictor:
     """Predict a row on this CPU: layer times measured here at the point's local batch and split
     (in its cores per rank), plus the unsplit model's step overhead (loss, autograd glue),
     scaled by ranks × threads / cores where the ranks oversubscribe the machine."""
