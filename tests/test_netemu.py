@@ -12,9 +12,11 @@ Wire/counted tolerance, per epoch of steps (the interface's tx bytes: payload pl
   per-message headers, each a small segment with its own headers and ACK): allowed 1500 bytes.
 So 1.0 <= wire / counted <= 1 + 2 * 66 / 1448 + 1500 / counted. Measured here over several runs:
 DDP fp32 1.05-1.08 at 10 Mbit/s (~1.01 unshaped), Lion Cub 1-bit all-to-all 1.19-1.21 of its
-8.8 kB (its bound: 1.26). A counter off by the 2(P-1)/P ring factor, by fp32 against bits, or by
-a missing phase falls far outside. (At 10 Mbit/s the tbf queue dropped nothing and TCP
-retransmitted nothing: `tc -s qdisc`, /proc/net/netstat; the excess is headers and ACKs.)
+8.8 kB (its bound: 1.26), when the links carried GSO packets; on MTU-sized packets, each counted
+with its headers, one run measured 1.078 and 1.222. A counter off by the 2(P-1)/P ring factor,
+by fp32 against bits, or by a missing phase falls far outside. (At 10 Mbit/s the tbf queue
+dropped nothing and TCP retransmitted nothing: `tc -s qdisc`, /proc/net/netstat; the excess is
+headers and ACKs.)
 """
 
 from __future__ import annotations
@@ -225,11 +227,11 @@ def test_a_message_after_a_pause_crosses_at_the_link_rate(rate_mbit: int) -> Non
     stalled by a loaded machine does not fail it; a broken link is slow every time)."""
     sizes = [16 * 1024, 64 * 1024, 256 * 1024, 1024 * 1024]
     with emulated_nodes(nodes=2, bandwidth_mbit=rate_mbit, prefix=PREFIX) as net:
-        crossings = time_messages(net, sizes=sizes, repeats=3, gap_s=0.25)
+        crossings = time_messages(net, sizes=sizes, repeats=5, gap_s=0.25)
     assert list_namespaces(PREFIX) == [] and _probe_children() == []
     for c in crossings:
         print(f"{rate_mbit} Mbit/s {c.size_bytes} B: {c.seconds * 1e3:.2f} ms, x{c.ratio:.3f}")
-    assert sorted({c.size_bytes for c in crossings}) == sizes and len(crossings) == 3 * len(sizes)
+    assert sorted({c.size_bytes for c in crossings}) == sizes and len(crossings) == 5 * len(sizes)
     too_fast = [(c.size_bytes, round(c.ratio, 3)) for c in crossings if c.ratio < 0.85]
     assert too_fast == []
     best = {size: min(c.ratio for c in crossings if c.size_bytes == size) for size in sizes}
