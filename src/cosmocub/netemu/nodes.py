@@ -3,7 +3,8 @@
 `emulated_nodes(nodes=N, bandwidth_mbit=R)` makes N "node" namespaces and one "switch" namespace
 holding a bridge; node k joins the bridge by a veth pair (`node{k}` in its namespace, `port{k}` on
 the switch) and gets 10.77.0.(k+1)/24. With R > 0 both ends of every link carry a `tbf` qdisc at
-R Mbit/s: what a node sends and what the switch sends it, as on a full-duplex cluster link.
+R Mbit/s: what a node sends and what the switch sends it, as on a full-duplex cluster link; MTU-
+sized packets and a bucket of one of them, so every message crosses at R, also after a pause.
 `netem` is not in this kernel, so the links have a rate only, no added latency or loss.
 
 Nothing is created in the machine's own namespace (each veth is made inside the switch namespace
@@ -30,6 +31,9 @@ from dataclasses import dataclass
 DEFAULT_PREFIX = "ccub-"
 SUBNET = "10.77.0"  # private; each emulation has its own switch, so runs never share it
 CAP_NET_ADMIN = 12
+# A shaped link's token bucket: one 1514-byte frame (a 1500-byte MTU and its Ethernet header, as
+# tbf counts it) with room for tc's rounding; see _shape.
+BURST_BYTES = 2048
 
 
 class EmulationUnavailableError(RuntimeError):
@@ -151,15 +155,24 @@ def _build(net: EmulatedNetwork) -> None:
 
 
 def _shape(netns: str, interface: str, mbit: float) -> None:
-    """tbf at `mbit`: a burst of 10 ms of traffic (at least 64 KiB, so a 64 KiB GSO packet passes
-    whole instead of being cut into MTU segments), and a queue of 1 s of traffic (at least 4 MiB)
-    so that TCP is slowed by the rate, not by drops and retransmits."""
+    """Make `interface` a link of `mbit` on which any message, after any pause, crosses at the
+    rate. Two things let bytes through faster, and both go:
+    - a GSO packet: TCP hands a veth up to 64 KiB as one packet, which tbf lets pass at once when
+      its bucket holds it; `gso_max_segs 1` makes TCP send MTU-sized packets, as a NIC puts them
+      on the wire after TSO;
+    - the bucket itself: whatever it holds after a pause crosses at memory speed (a 64 KiB bucket
+      let a 48 kB message cross "10 Mbit/s" in 0.3 ms, where the wire needs 38 ms). It holds
+      BURST_BYTES: one MTU-sized frame (tbf drops a packet larger than its bucket) and room for
+      tc's rounding of the bucket into clock ticks, ~12 % of a 16 KiB message (the frames' own
+      headers add 4.6 % back).
+    The queue holds 1 s of traffic (at least 4 MiB) so that TCP is slowed by the rate, not by
+    drops and retransmits."""
     bytes_per_s = mbit * 1e6 / 8
-    burst = max(64 * 1024, int(bytes_per_s / 100))
     limit = max(4 * 1024 * 1024, int(bytes_per_s))
+    _ip(["-n", netns, "link", "set", interface, "gso_max_segs", "1"])
     _ip(
         ["netns", "exec", netns, "tc", "qdisc", "add", "dev", interface, "root", "tbf",
-         "rate", f"{mbit}mbit", "burst", str(burst), "limit", str(limit)]
+         "rate", f"{mbit}mbit", "burst", str(BURST_BYTES), "limit", str(limit)]
     )  # fmt: skip
 
 
