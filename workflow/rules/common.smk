@@ -56,6 +56,16 @@ def universe_files(wildcards=None):
     return expand(f"{RESULTS}/universes/{{universe}}.hdf5", universe=UNIVERSE_IDS)
 
 
+def invocation_targets():
+    """What this invocation makes, as Snakemake itself decides it (Workflow.execute): the
+    command line's targets (rules or files), else the default target (rule `all`); [] only
+    where neither is known (the parent run is then named workflow-<date>)."""
+    given = sorted(workflow.dag_settings.targets)
+    if given:
+        return given
+    return [workflow.default_target] if workflow.default_target else []
+
+
 def tracking_env(rule_name):
     """Environment that tags a job's MLflow child run with its rule and wildcards."""
 
