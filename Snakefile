@@ -19,10 +19,11 @@ include: "workflow/rules/unet.smk"
 include: "workflow/rules/perf_model.smk"
 
 
-# The resolved config and the MLflow parent run exist before any job starts.
+# The resolved config and the MLflow parent run, named after the targets, exist before any
+# job starts.
 onstart:
     write_resolved_config(CFG, RESOLVED_CONFIG)
-    start_tracking(CFG)
+    start_tracking(CFG, invocation_targets())
 
 
 # The last line of the log: where the runs are in the MLflow UI (its runs view, see README).

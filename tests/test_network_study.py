@@ -1,5 +1,7 @@
 """The network and scaling studies' own arithmetic (time to target, speedup beside the reference's
-exchange share, efficiency per core-second) and a study whose emulated points were skipped."""
+exchange share, efficiency per core-second), the scaling study's cores per rank (the same for
+every point; oversubscribed meshes marked, without efficiency) and a study whose emulated points
+were skipped."""
 
 from __future__ import annotations
 
@@ -8,8 +10,11 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from study_outputs import point_times, write_scaling_outputs
 
 from cosmocub.config import load_config
+from cosmocub.launch.resources import study_cpus_per_rank
+from cosmocub.netemu.runner import NodesRunResult, split_cores
 from cosmocub.studies import network, scaling
 from cosmocub.studies.engine import gather, plan, point_record, write_point_record
 from cosmocub.studies.runners import PointSkipped, run_emulated
@@ -118,6 +123,104 @@ def test_scaling_efficiency_is_per_core_second_against_the_same_modes_1x1() -> N
     ]
     out = scaling.finish(rows, None)
     assert [r.get("efficiency") for r in out] == [1.0, 0.75, 1.0, 0.5, None]
+
+
+def test_oversubscribed_points_get_no_efficiency_and_are_no_reference() -> None:
+    rows = [
+        {"mode": "strong", "data": 1, "spatial": 1, "samples_per_core_s": 4.0},
+        {"mode": "strong", "data": 2, "spatial": 2, "samples_per_core_s": 1.0,
+         "oversubscribed": "4 ranks of 1 thread(s) on 2 core(s)"},
+        {"mode": "weak", "data": 1, "spatial": 1, "samples_per_core_s": 2.0,
+         "oversubscribed": "1 ranks of 4 thread(s) on 2 core(s)"},
+        {"mode": "weak", "data": 2, "spatial": 1, "samples_per_core_s": 1.0},
+    ]  # fmt: skip
+    out = scaling.finish(rows, None)
+    assert [r.get("efficiency") for r in out] == [1.0, None, None, None]
+
+
+def test_every_rank_of_a_study_gets_the_machines_share_of_its_largest_mesh() -> None:
+    cfg = load_config(REPO / "config" / "config.yaml")
+    per_rank = cfg.cluster.train.cpus_per_rank
+    assert per_rank >= 4
+    # This machine's 2 cores, meshes of up to 4 ranks: one core each, the 2x2 mesh shares them.
+    assert study_cpus_per_rank(cfg, largest_ranks=4, machine_cores=2) == 1
+    assert study_cpus_per_rank(cfg, largest_ranks=4, machine_cores=17) == 4
+    assert study_cpus_per_rank(cfg, largest_ranks=1, machine_cores=512) == per_rank
+    # On a cluster each point has its own allocation: cluster.train.cpus_per_rank per rank.
+    assert study_cpus_per_rank(cfg, largest_ranks=4, machine_cores=None) == per_rank
+    with pytest.raises(ValueError, match="machine_cores 0"):
+        study_cpus_per_rank(cfg, largest_ranks=4, machine_cores=0)
+
+
+def test_ranks_get_cores_of_their_own_when_all_fit_else_they_share() -> None:
+    # 1 thread a rank on 4 cores: the 1x1 point runs on one core, as each rank of a 2x1.
+    assert split_cores(range(4), 1, 1, cpus_per_rank=1) == ([[0]], 1.0)
+    assert split_cores(range(4), 2, 1, cpus_per_rank=1) == ([[0], [1]], 1.0)
+    assert split_cores(range(8), 2, 2, cpus_per_rank=2) == ([[0, 1, 2, 3], [4, 5, 6, 7]], 2.0)
+    # 4 ranks of one thread on 2 cores: shared, half a core each (oversubscribed).
+    assert split_cores([0, 1], 4, 1, cpus_per_rank=1) == ([[0, 1]] * 4, 0.5)
+    assert split_cores(range(3), 2, 2, cpus_per_rank=1) == ([[0], [1]], 0.5)
+
+
+def test_the_emulated_runner_gives_each_rank_its_cores_and_records_sharing(
+    monkeypatch, tmp_path
+) -> None:
+    from cosmocub.netemu import runner as netemu_runner
+
+    asked = {}
+
+    def fake(**kwargs):
+        asked.update(kwargs)
+        node_cores, cores_per_rank = split_cores([0, 1], kwargs["nodes"], 1, 1)
+        return NodesRunResult(
+            returncode=0, nodes=kwargs["nodes"], nproc_per_node=1, bandwidth_mbit=10.0,
+            node_cores=node_cores, cores_per_rank=cores_per_rank, threads_per_rank=1,
+            attempts=1, wall_s=1.0, node_tx_bytes=[0] * kwargs["nodes"],
+        )  # fmt: skip
+
+    monkeypatch.setattr(netemu_runner, "run_training_on_nodes", fake)
+    cfg = load_config(REPO / "config" / "config.yaml")
+    points = {p.point.name: p.launch for p in plan(cfg, "scaling")}
+    args = {"config_path": tmp_path, "shards_dir": tmp_path, "out_dir": tmp_path}
+    rc, record = run_emulated(points["strong_2x2"], cpus_per_rank=1, max_restarts=0, **args)
+    assert rc == 0 and asked["cpus_per_rank"] == 1 and asked["nodes"] == 4
+    assert (record["cores_per_rank"], record["threads_per_rank"]) == (0.5, 1)
+    assert record["oversubscribed"] is True
+    rc, record = run_emulated(points["strong_2x1"], cpus_per_rank=1, max_restarts=0, **args)
+    assert (record["cores_per_rank"], record["oversubscribed"]) == (1.0, False)
+
+
+def test_a_scaling_study_marks_oversubscribed_meshes_and_leaves_their_efficiency_empty(
+    tmp_path,
+) -> None:
+    cfg = load_config(REPO / "config" / "config.yaml")
+    assert [p.name for p in scaling.points(cfg)] == [
+        f"{mode}_{mesh}" for mode in ("strong", "weak") for mesh in ("1x1", "2x1", "1x2", "2x2")
+    ]
+    write_scaling_outputs(cfg, tmp_path, oversubscribed={"strong_2x2", "weak_2x2"})
+    gather(
+        cfg, "scaling", folder=tmp_path, out_tsv=tmp_path / "points.tsv",
+        out_png=tmp_path / "scaling.png", out_summary=tmp_path / "summary.md",
+        tracker=_NoTracking(),
+    )  # fmt: skip
+    with open(tmp_path / "points.tsv") as f:
+        table = {r["point"]: r for r in csv.DictReader(f, delimiter="\t")}
+    assert table["strong_2x2"]["oversubscribed"] == "4 ranks of 1 thread(s) on 2 core(s)"
+    assert table["strong_2x2"]["step_s"] != "" and table["strong_2x2"]["efficiency"] == ""
+    assert all(table[p]["oversubscribed"] == "" for p in ("strong_1x1", "weak_2x1"))
+
+    def per_core(data, spatial, local, global_batch):
+        return global_batch / (sum(point_times(data, spatial, local).values()) * data * spatial)
+
+    # Strong: a global batch of 4 (local 4, 2, 4 on 1x1, 2x1, 1x2); weak: 2 per data rank.
+    assert float(table["strong_2x1"]["efficiency"]) == pytest.approx(
+        per_core(2, 1, 2, 4) / per_core(1, 1, 4, 4), rel=1e-5
+    )
+    assert float(table["weak_1x2"]["efficiency"]) == pytest.approx(
+        per_core(1, 2, 2, 2) / per_core(1, 1, 2, 2), rel=1e-5
+    )
+    summary = (tmp_path / "summary.md").read_text()
+    assert "its efficiency is left empty" in summary
 
 
 def test_without_cap_net_admin_the_emulated_runner_skips(monkeypatch, tmp_path) -> None:

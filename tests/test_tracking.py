@@ -35,6 +35,7 @@ from cosmocub.tracking.store import (
     tracking_uri,
 )
 from cosmocub.tracking.tracker import NullTracker, Tracker
+from cosmocub.tracking.workflow import TARGETS_TAG, finish_tracking, start_tracking
 
 JOB_ENVS = (
     "COSMOCUB_PARENT_RUN_ID",
@@ -153,6 +154,70 @@ def test_parent_and_child_runs_read_back(store, tmp_path, monkeypatch):
         [run.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'"
     )
     assert [r.info.run_id for r in children] == [child]
+
+
+def test_a_studys_points_are_children_of_its_gather_run_under_the_named_workflow_run(
+    store, tmp_path, monkeypatch
+):
+    from study_outputs import write_scaling_outputs
+
+    from cosmocub.studies.stage import gather_study
+
+    cfg = load_config(
+        None,
+        overrides={
+            "results": str(tmp_path / "results"),
+            "tracking": {"system_metrics": False},
+            "scaling_study": {"meshes": [[1, 1], [2, 1]], "modes": ["strong"]},
+        },
+    )
+    monkeypatch.setenv(PARENT_RUN_ENV, "")  # start_tracking sets it; restored after the test
+    start_tracking(cfg, ["scaling_study"])  # what the Snakefile's onstart does
+    workflow_run = os.environ[PARENT_RUN_ENV]
+    points = {}
+    for name in ("strong_1x1", "strong_2x1"):  # each point's training, in its study_point job
+        monkeypatch.setenv("COSMOCUB_RULE", "study_point")
+        monkeypatch.setenv("COSMOCUB_WILDCARDS", f"study=scaling,point={name}")
+        with job_run(cfg, stage="train") as tracker:
+            points[name] = tracker.run_id
+    folder = tmp_path / "results" / "studies" / "scaling"
+    write_scaling_outputs(cfg, folder, run_ids=points)
+    monkeypatch.setenv("COSMOCUB_RULE", "study_gather")
+    monkeypatch.setenv("COSMOCUB_WILDCARDS", "study=scaling")
+    gather_study(cfg, "scaling", folder=folder)
+    finish_tracking(cfg, "FINISHED")
+
+    client = client_for(cfg)
+    parent = client.get_run(workflow_run)
+    assert parent.info.run_name == "scaling_study"
+    assert parent.data.tags[TARGETS_TAG] == "scaling_study"
+    assert "mlflow.parentRunId" not in parent.data.tags
+    experiment = [parent.info.experiment_id]
+    (gather_run,) = client.search_runs(experiment, filter_string="tags.rule = 'study_gather'")
+    assert gather_run.info.run_name == "study_gather[study=scaling]"
+    assert gather_run.data.tags["mlflow.parentRunId"] == workflow_run
+    children = client.search_runs(
+        experiment, filter_string=f"tags.mlflow.parentRunId = '{gather_run.info.run_id}'"
+    )
+    assert sorted(r.info.run_id for r in children) == sorted(points.values())
+    for name, run_id in points.items():
+        tags = client.get_run(run_id).data.tags
+        assert (tags["cosmocub.study"], tags["cosmocub.point"]) == ("scaling", name)
+    rows = {r["point"]: r for r in csv_rows(folder / "points.tsv")}
+    step = client.get_run(points["strong_2x1"]).data.metrics["study.step_s"]
+    assert step == pytest.approx(float(rows["strong_2x1"]["step_s"]), rel=1e-5)
+    # The workflow's own children: the two trainings moved under the gather run.
+    direct = client.search_runs(
+        experiment, filter_string=f"tags.mlflow.parentRunId = '{workflow_run}'"
+    )
+    assert [r.info.run_id for r in direct] == [gather_run.info.run_id]
+
+
+def csv_rows(path):
+    import csv
+
+    with open(path) as f:
+        return list(csv.DictReader(f, delimiter="\t"))
 
 
 def test_failing_job_marks_child_failed_and_reraises(store, tmp_path):

@@ -125,7 +125,7 @@ def test_jobs_log_over_http_to_the_server_the_workflow_starts(tmp_path, monkeypa
     assert tracking_uri(cfg) == f"http://127.0.0.1:{port}"
     monkeypatch.delenv(PARENT_RUN_ENV, raising=False)
     monkeypatch.delenv(SERVER_PID_ENV, raising=False)
-    start_tracking(cfg)  # what the Snakefile's onstart does
+    start_tracking(cfg, ["all"])  # what the Snakefile's onstart does
     pid = int(os.environ[SERVER_PID_ENV])
     parent = os.environ[PARENT_RUN_ENV]
     try:

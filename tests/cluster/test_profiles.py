@@ -1,5 +1,6 @@
 """Every executor profile parses and plans the workflow (`snakemake -n --profile …`), and the
-training job's request, derived from the config, reaches each scheduler's submit command."""
+training job's and a study point's request, derived from the config, reach each scheduler's
+submit command."""
 
 from __future__ import annotations
 
@@ -28,14 +29,19 @@ BIG = {
         }
     },
 }
+# The network study's points on 2 nodes × 2 ranks, each rank as BIG's.
+STUDY = {**BIG, "network_study": {"nodes": 2, "nproc_per_node": 2}}
 
 
-def dry_run(profile: str, tmp_path: Path) -> dict[str, dict[str, str]]:
+def dry_run(
+    profile: str, tmp_path: Path, *, config: dict = BIG, targets: tuple[str, ...] = ()
+) -> dict[str, dict[str, str]]:
     """Rule → its resources as the dry run prints them."""
-    (tmp_path / "big.yaml").write_text(yaml.safe_dump(BIG))
+    (tmp_path / "big.yaml").write_text(yaml.safe_dump(config))
     proc = subprocess.run(
         [
             str(SNAKEMAKE),
+            *targets,  # before --configfile, which takes every word after it
             "-n",
             "-s",
             str(REPO / "Snakefile"),
@@ -123,3 +129,26 @@ def test_slurm_profile_maps_the_training_request(tmp_path) -> None:
     cmd = get_submit_command(job, params)
     for part in ("--nodes=2", "--mem 24000", "-t 90", "--ntasks-per-gpu=1", "--cpus-per-task=8"):
         assert part in cmd, cmd
+
+
+@pytest.mark.slow
+def test_a_study_point_asks_for_its_nodes_ranks_cores_and_gpus(tmp_path) -> None:
+    import snakemake_executor_plugin_slurm  # noqa: F401  (a declared test dependency)
+
+    jobs = dry_run("slurm", tmp_path, config=STUDY, targets=("network_study",))
+    point = jobs["study_point"]
+    assert (point["nodes"], point["tasks"], point["cpus_per_task"]) == ("2", "4", "8")
+    assert (point["gres"], point["mem_mb"], point["runtime"]) == ("gpu:2", "12000", "90")
+    assert (point["gpus_per_task"], point["cpus_per_node"], point["cpus_total"]) == (
+        "1",
+        "16",
+        "32",
+    )
+    assert point["mpi"] in ("", "''", '""')  # the point's launcher starts its ranks itself
+    # The same request in Flux's and LSF's terms (their profiles' site settings left empty).
+    flux = submit_command("flux", {**point, "flux_extra": ""}, "study_point")
+    for part in ("--nodes=2", "--ntasks=4", "--cores-per-task=8", "--gpus-per-task=1"):
+        assert part in flux, flux
+    lsf = submit_command("lsf", {**point, "lsf_extra": ""}, "study_point")
+    for part in ("-n 32", "span[ptile=16]", "rusage[mem=12000]", "-W 90"):
+        assert part in lsf, lsf

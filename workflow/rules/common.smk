@@ -8,7 +8,11 @@ from cosmocub.config import coerce_cli_strings, from_values
 from cosmocub.data.naming import universe_ids
 from cosmocub.fields.run_config import unet_world_size
 from cosmocub.launch.resources import (
+    node_cpus,
+    node_gres,
+    node_mem_mb,
     num_preprocess_groups,
+    study_cpus_per_rank,
     train_gres,
     train_threads,
     train_world_size,
@@ -52,6 +56,16 @@ def universe_files(wildcards=None):
     return expand(f"{RESULTS}/universes/{{universe}}.hdf5", universe=UNIVERSE_IDS)
 
 
+def invocation_targets():
+    """What this invocation makes, as Snakemake itself decides it (Workflow.execute): the
+    command line's targets (rules or files), else the default target (rule `all`); [] only
+    where neither is known (the parent run is then named workflow-<date>)."""
+    given = sorted(workflow.dag_settings.targets)
+    if given:
+        return given
+    return [workflow.default_target] if workflow.default_target else []
+
+
 def tracking_env(rule_name):
     """Environment that tags a job's MLflow child run with its rule and wildcards."""
 
@@ -91,19 +105,36 @@ def study_point_manifest(wildcards):
     return f"{study_point_plan(wildcards).shards}/manifest.json"
 
 
-def study_point_ranks(wildcards):
-    """Ranks one point starts on this node (emulated nodes share it)."""
-    return study_point_plan(wildcards).ranks
+def study_point_launch(wildcards):
+    """The point's launch plan: its nodes, ranks per node and runner."""
+    return study_point_plan(wildcards).launch
+
+
+def machine_cores():
+    """The cores of the one machine a local run has (--cores); None where jobs run on a
+    cluster's nodes (in the job there, and where it is submitted). A dry run counts as local
+    whatever its profile, so only the rules' resources, never threads or params, may show a
+    cluster's request there."""
+    return workflow.cores if workflow.local_exec else None
+
+
+def study_cpus(wildcards):
+    """Cores per rank, the same for every point of the study (launch.resources): what the
+    point's ranks run with (the request to a scheduler is cluster.train.cpus_per_rank, this
+    value on a cluster)."""
+    largest = max(p.ranks for p in study_plan(wildcards.study).values())
+    cores = machine_cores()
+    return study_cpus_per_rank(CFG, largest_ranks=largest, machine_cores=cores)
 
 
 def study_point_threads(wildcards):
-    """Like `train`, every rank asks for cluster.train.cpus_per_rank; an emulated point's nodes
-    are pinned over all the cores this machine gives the workflow, so it claims them all and no
-    other job runs beside it (that would slow its ranks and falsify its times)."""
-    planned = study_point_plan(wildcards)
-    threads = planned.ranks * CFG.cluster.train.cpus_per_rank
-    cores = workflow.cores if isinstance(workflow.cores, int) else 0
-    return max(threads, cores) if planned.point.runner == "emulated" else threads
+    """Like `train`: the point's ranks on one node × cores per rank. Locally an emulated point
+    pins its nodes to this machine's cores from the first, so it claims all the workflow's cores
+    and no other job runs beside it (its ranks would slow down and its times lie)."""
+    launch = study_point_launch(wildcards)
+    if launch.runner == "emulated" and machine_cores() is not None:
+        return machine_cores()
+    return launch.nproc_per_node * study_cpus(wildcards)
 
 
 def study_shard_config(wildcards):

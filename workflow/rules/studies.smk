@@ -126,14 +126,26 @@ rule study_point:
         "../../envs/cosmocub.yaml"
     # Snakemake caps at --cores; see study_point_threads.
     threads: study_point_threads
+    # A scheduler is asked for the point's own allocation, as rule train asks for training's:
+    # its nodes, ranks and cluster.train's cores and GPUs per rank (locally only threads count).
     resources:
-        mem_mb=lambda w: study_point_ranks(w) * CFG.cluster.train.mem_mb_per_rank,
+        nodes=lambda w: study_point_launch(w).nodes,
+        tasks=lambda w: study_point_launch(w).ranks,
+        cpus_per_task=CFG.cluster.train.cpus_per_rank,
+        mem_mb=lambda w: node_mem_mb(CFG, study_point_launch(w).nproc_per_node),
         runtime=CFG.cluster.train.runtime,
+        gres=lambda w: node_gres(CFG, study_point_launch(w).nproc_per_node),
+        tasks_per_gpu=1,
+        # The same request in the terms of Flux and LSF (profiles/flux, profiles/lsf).
+        gpus_per_task=CFG.cluster.train.gpus_per_rank,
+        cpus_per_node=lambda w: node_cpus(CFG, study_point_launch(w).nproc_per_node),
+        cpus_total=lambda w: node_cpus(CFG, study_point_launch(w).ranks),
         mpi="",  # see rule train: `cosmocub launch` starts the ranks itself
     params:
         shards=lambda w, input: os.path.dirname(input.manifest),
         out=lambda w, output: os.path.dirname(output.record),
-        cpus=lambda w, threads: max(1, threads // study_point_ranks(w)),  # as granted
+        # The same for every point of the study, so they compare like with like.
+        cpus=study_cpus,
         max_restarts=CFG.train.max_restarts,
         env=tracking_env("study_point"),
     shell:

@@ -46,7 +46,8 @@ class NodesRunResult:
     nproc_per_node: int
     bandwidth_mbit: float
     node_cores: list[list[int]]  # the cores node k's ranks were pinned to
-    cores_per_rank: float  # < 1: ranks share cores (oversubscribed)
+    cores_per_rank: float  # below threads_per_rank: ranks share cores (oversubscribed)
+    threads_per_rank: int  # each rank's torch threads
     attempts: int  # 1 + restarts the launcher made
     wall_s: float
     node_tx_bytes: list[int]  # per node, over the whole run (start-up and every attempt)
@@ -54,13 +55,24 @@ class NodesRunResult:
     summary: dict[str, Any] | None = None  # train_summary.json
     logs: list[Path] = field(default_factory=list)  # one per node
 
+    @property
+    def oversubscribed(self) -> bool:
+        """The ranks had fewer cores than threads: they shared cores."""
+        return self.cores_per_rank < self.threads_per_rank
+
 
 def split_cores(
-    cores: Sequence[int], nodes: int, nproc_per_node: int
+    cores: Sequence[int], nodes: int, nproc_per_node: int, cpus_per_rank: int | None = None
 ) -> tuple[list[list[int]], float]:
-    """Node k's cores and the cores per rank: disjoint equal blocks when there are at least as
-    many cores as nodes, else every node on all cores (shared: cores / ranks each)."""
+    """Node k's cores and the cores per rank. With `cpus_per_rank`, when every rank's share fits:
+    node k a disjoint block of nproc_per_node × cpus_per_rank cores (any others stay idle, so
+    that every point of a study has the same cores per rank). Otherwise all of them shared out:
+    disjoint equal blocks when there are at least as many cores as nodes, else every node on all
+    cores (cores / ranks each)."""
     cores = sorted(cores)
+    if cpus_per_rank is not None and nodes * nproc_per_node * cpus_per_rank <= len(cores):
+        size = nproc_per_node * cpus_per_rank
+        return [cores[k * size : (k + 1) * size] for k in range(nodes)], float(cpus_per_rank)
     if len(cores) >= nodes:
         size = len(cores) // nodes
         blocks = [cores[k * size : (k + 1) * size] for k in range(nodes)]
@@ -77,6 +89,7 @@ def run_training_on_nodes(
     nproc_per_node: int,
     bandwidth_mbit: float,
     cores: Sequence[int] | None = None,
+    cpus_per_rank: int | None = None,
     max_restarts: int = 0,
     prefix: str = DEFAULT_PREFIX,
     python: str = sys.executable,
@@ -84,18 +97,23 @@ def run_training_on_nodes(
 ) -> NodesRunResult:
     """Train `cosmocub train --config … --shards … --out out_dir` on `nodes` emulated nodes of
     `nproc_per_node` ranks, links at bandwidth_mbit (0 = unshaped). `cores`: the CPUs to share
-    out (default: this process's affinity). `during(network)` runs in a thread while training
-    (e.g. to cut a link). Raises EmulationUnavailableError without CAP_NET_ADMIN."""
+    out (default: this process's affinity); `cpus_per_rank`: each rank's threads and, where they
+    fit, its own cores (`split_cores`; None: all the cores shared out). `during(network)` runs in
+    a thread while training (e.g. to cut a link). Raises EmulationUnavailableError without
+    CAP_NET_ADMIN."""
     out_dir = Path(out_dir)
     log_dir = out_dir / "node_logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     node_cores, cores_per_rank = split_cores(
-        cores if cores is not None else os.sched_getaffinity(0), nodes, nproc_per_node
+        cores if cores is not None else os.sched_getaffinity(0),
+        nodes,
+        nproc_per_node,
+        cpus_per_rank,
     )
     layout = RankLayout(
         nodes=nodes,
         tasks_per_node=nproc_per_node,
-        cpus_per_rank=max(1, int(cores_per_rank)),
+        cpus_per_rank=max(1, int(cores_per_rank)) if cpus_per_rank is None else cpus_per_rank,
         max_restarts=max_restarts,
     )
     train_args = ["train", "--config", str(config_path), "--shards", str(shards_dir)]
@@ -163,6 +181,7 @@ def run_training_on_nodes(
         bandwidth_mbit=bandwidth_mbit,
         node_cores=node_cores,
         cores_per_rank=cores_per_rank,
+        threads_per_rank=layout.cpus_per_rank,
         attempts=len(attempts),
         wall_s=time.perf_counter() - started,
         node_tx_bytes=[end - start for start, end in zip(tx_start, tx_end, strict=True)],

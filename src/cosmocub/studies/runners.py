@@ -84,8 +84,9 @@ def run_emulated(
 ) -> tuple[int, Mapping[str, Any]]:
     """The point on `plan.nodes` emulated nodes (cosmocub.netemu) of plan.nproc_per_node ranks
     each, links at `plan.bandwidth_mbit` (0: unshaped, but still on the
-    emulated network, so its bytes on the wire are counted). The nodes share this job's cores
-    (cpus_per_rank is what the scheduler granted; the cores each rank really had are recorded)."""
+    emulated network, so its bytes on the wire are counted). Each rank runs cpus_per_rank
+    threads on cores of its own where the job's cores hold them all, else the ranks share the
+    cores (recorded: `oversubscribed`, and the cores each rank really had)."""
     from cosmocub.netemu import EmulationUnavailableError
     from cosmocub.netemu.runner import run_training_on_nodes
 
@@ -98,6 +99,7 @@ def run_emulated(
             nodes=nodes,
             nproc_per_node=nproc_per_node,
             bandwidth_mbit=bandwidth,
+            cpus_per_rank=cpus_per_rank,
             max_restarts=max_restarts,
         )
     except EmulationUnavailableError as err:
@@ -109,6 +111,8 @@ def run_emulated(
         "nproc_per_node": nproc_per_node,
         "bandwidth_mbit": bandwidth,
         "cores_per_rank": result.cores_per_rank,
+        "threads_per_rank": result.threads_per_rank,
+        "oversubscribed": result.oversubscribed,
         "node_cores": result.node_cores,
         "node_tx_bytes": tx,
         # Over the whole run (start-up, validation, every attempt): mean over nodes per step.

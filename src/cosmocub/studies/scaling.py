@@ -5,9 +5,11 @@ Points are `<mode>_<data>x<spatial>`. The breakdown per step (means after the fi
 compute (forward, backward and the optimizer's arithmetic: the optimizer is not timed apart),
 halo (the spatial layers' halo swaps), exchange (the gradient all-reduce, timed by a blocking DDP
 hook), data wait (waiting for the next batch), plus cores per rank and rank 0's peak resident
-memory. On a machine with fewer cores than ranks the ranks share cores (cores_per_rank < 1):
-the step time then grows with the ranks by construction, so efficiency is per core-second —
-samples per second per core the ranks had, relative to the same mode's 1x1 point.
+memory. Every rank of every point runs the same threads on cores of its own (the workflow's
+`--cpus-per-rank`, one number per study), so the 1x1 reference runs as each rank of the others;
+a mesh whose ranks need more cores than there are shares them, is marked `oversubscribed`, and
+gets no efficiency. Efficiency is per core-second: samples per second per core the ranks had,
+relative to the same mode's 1x1 point.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ COLUMNS = (
     "nproc_per_node",
     "bandwidth_mbit",
     "cores_per_rank",
+    "oversubscribed",
     "local_batch_size",
     "global_batch_size",
     "steps",
@@ -96,8 +99,25 @@ def points(cfg: Config) -> list[Point]:
     return out
 
 
+def oversubscription(row: Mapping[str, Any], outputs: PointOutputs) -> str | None:
+    """Why the point's ranks shared cores ("4 ranks of 1 thread(s) on 2 core(s)"), from what its
+    runner recorded; None when each had cores of its own."""
+    record = outputs.record()
+    if "oversubscribed" not in record:
+        raise ValueError(
+            f"{outputs.folder / 'point.json'}: no 'oversubscribed' (written by an older "
+            "cosmocub: run the point again)"
+        )
+    if not record["oversubscribed"]:
+        return None
+    cores = row["cores_per_rank"] * row["world_size"]
+    threads = record["threads_per_rank"]
+    return f"{row['world_size']} ranks of {threads} thread(s) on {cores:g} core(s)"
+
+
 def rows(outputs: PointOutputs, cfg: Config) -> list[dict[str, Any]]:
     row = training_row(outputs)
+    row["oversubscribed"] = oversubscription(row, outputs)
     epochs = outputs.metrics()
     # data_wait_share is of the epoch's wall time, samples_per_s its global samples per second:
     # seconds per step waiting = share x (global batch / samples per second).
@@ -113,15 +133,21 @@ def rows(outputs: PointOutputs, cfg: Config) -> list[dict[str, Any]]:
     return [row]
 
 
+def comparable(row: Mapping[str, Any]) -> bool:
+    """Measured on cores of its own: a skipped or oversubscribed point has no efficiency (its
+    ranks shared cores, so its times measure the sharing) and is no 1x1 reference."""
+    return not row.get("skipped") and not row.get("oversubscribed")
+
+
 def finish(all_rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
     # Points contended on both runs measured their neighbours: no efficiency, nor a reference.
     base = {
         r["mode"]: r["samples_per_core_s"]
         for r in kept(all_rows)
-        if not r.get("skipped") and r["data"] == 1 and r["spatial"] == 1
+        if comparable(r) and r["data"] == 1 and r["spatial"] == 1
     }
     for r in kept(all_rows):
-        if not r.get("skipped") and r["mode"] in base:
+        if comparable(r) and r["mode"] in base:
             r["efficiency"] = r["samples_per_core_s"] / base[r["mode"]]
     return all_rows
 
@@ -188,8 +214,11 @@ STUDY = StudyDefinition(
         "the halo swaps; exchange_s the gradient all-reduce (blocking DDP hook); data_wait_s "
         "waiting for batches (not in step_s, the sum of the others). peak_rss_mb is rank 0's "
         "peak resident memory. "
-        "Where cores_per_rank < 1 the ranks share (oversubscribe) the machine's cores, so step "
-        "time grows with ranks by construction: efficiency is samples per core-second relative "
-        "to the same mode's 1x1 point."
+        "Every rank of every point runs the same threads (cores per rank) on cores of its own, "
+        "the 1x1 reference included; efficiency is samples per core-second relative to the same "
+        "mode's 1x1 point. A point whose oversubscribed cell is set (why: its ranks, threads "
+        "and the cores there were) needed more cores than there were, so its ranks shared them "
+        "(cores_per_rank is what each had): it is measured, but its efficiency is left empty, "
+        "since its times measure the sharing."
     ),
 )

@@ -40,8 +40,11 @@ SCHEDULER_JOB_ENVS = {
 RUN_STATUSES = ("FINISHED", "FAILED", "KILLED")
 
 
-def start_workflow_run(cfg: Config, *, name: str | None = None) -> str:
-    """Open the parent run of one workflow invocation; return its id ("" if tracking is off)."""
+def start_workflow_run(
+    cfg: Config, *, name: str | None = None, tags: Mapping[str, str] | None = None
+) -> str:
+    """Open the parent run of one workflow invocation, named `name` (default workflow-<date>)
+    with `tags` beside the common ones; return its id ("" if tracking is off)."""
     if not cfg.tracking.enabled:
         return ""
     from mlflow.tracking import MlflowClient
@@ -49,7 +52,12 @@ def start_workflow_run(cfg: Config, *, name: str | None = None) -> str:
     experiment_id = init_store(cfg)
     uri = tracking_uri(cfg)
     client = MlflowClient(tracking_uri=uri)
-    tags = {**_common_tags(cfg), "cosmocub.kind": "workflow", "mlflow.source.name": "snakemake"}
+    tags = {
+        **_common_tags(cfg),
+        **(tags or {}),
+        "cosmocub.kind": "workflow",
+        "mlflow.source.name": "snakemake",
+    }
     run_name = name or time.strftime("workflow-%Y%m%d-%H%M%S")
     run = client.create_run(experiment_id, tags=tags, run_name=run_name)
     run_id = run.info.run_id

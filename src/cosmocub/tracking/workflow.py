@@ -5,6 +5,7 @@ the parent run (and the server the invocation starts), and the link to the runs 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from cosmocub.config import Config, write_config
@@ -15,6 +16,9 @@ from cosmocub.tracking.server import SERVER_PID_ENV, start_server, stop_server
 # MLflow 3 opens an experiment in its GenAI view in a fresh browser, whatever the experiment's
 # tags (the UI keeps the mode per browser); this query after the hash route opens the runs view.
 RUNS_VIEW_QUERY = "workflowType=machine_learning"
+# MLflow keeps a run name in 250 characters; longer target lists are cut to what fits.
+MAX_RUN_NAME = 200
+TARGETS_TAG = "cosmocub.targets"
 
 
 def resolved_config_path(cfg: Config) -> str:
@@ -28,15 +32,31 @@ def write_resolved_config(cfg: Config, path: str) -> None:
         write_config(cfg.values, path)
 
 
-def start_tracking(cfg: Config) -> None:
-    """Create the store once, before jobs fan out, and open this invocation's parent run."""
+def workflow_run_name(targets: Sequence[str]) -> str | None:
+    """The parent run's name: the invocation's targets as given ("network_study", "all",
+    "network_study scaling_study"), the first of them and "+N more" where all would not fit in
+    MAX_RUN_NAME characters; None without any (start_workflow_run then names it workflow-<date>)."""
+    name = " ".join(targets)
+    if not targets or len(name) <= MAX_RUN_NAME:
+        return name or None
+    for kept in range(len(targets) - 1, 0, -1):
+        short = f"{' '.join(targets[:kept])} +{len(targets) - kept} more"
+        if len(short) <= MAX_RUN_NAME:
+            return short
+    return name[:MAX_RUN_NAME]  # the first target alone is too long: the names' start
+
+
+def start_tracking(cfg: Config, targets: Sequence[str]) -> None:
+    """Create the store once, before jobs fan out, and open this invocation's parent run, named
+    after its `targets` (workflow_run_name) and tagged with them all."""
     if not cfg.tracking.enabled:
         return
     if cfg.tracking.server.start:
         os.environ[SERVER_PID_ENV] = str(start_server(cfg).pid)
     # start_workflow_run creates the store and experiment first. Jobs are child processes of
     # this one (locally) or inherit its environment (srun/sbatch).
-    os.environ[PARENT_RUN_ENV] = start_workflow_run(cfg)
+    tags = {TARGETS_TAG: " ".join(targets)} if targets else {}
+    os.environ[PARENT_RUN_ENV] = start_workflow_run(cfg, name=workflow_run_name(targets), tags=tags)
 
 
 def finish_tracking(cfg: Config, status: str) -> None:
