@@ -4,7 +4,7 @@ import os
 
 from snakemake.utils import validate
 
-from cosmocub.config import coerce_cli_strings, from_values
+from cosmocub.config import CONFIG_ENV, coerce_cli_strings, from_values
 from cosmocub.data.naming import universe_ids
 from cosmocub.fields.run_config import unet_world_size
 from cosmocub.launch.resources import (
@@ -19,7 +19,6 @@ from cosmocub.launch.resources import (
 )
 from cosmocub.studies import engine as study_engine
 from cosmocub.tracking.workflow import (
-    CONFIG_ENV,
     finish_tracking,
     mlflow_runs_link,
     resolved_config_path,
