@@ -11,13 +11,14 @@ from cosmocub.cli.common import add_config, add_stage
 from cosmocub.config import load_config
 
 
-def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from cosmocub.evaluation.stage import evaluate
+def _run_evaluation(args: argparse.Namespace, stage: str, evaluate_stage) -> int:
+    """`evaluate_stage(cfg, shards_dir=, run_dir=, out_dir=, tracker=)` inside the job's MLflow
+    run: the one shape of both evaluate commands."""
     from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
-    with job_run(cfg, stage="evaluate") as tracker:
-        evaluate(
+    with job_run(cfg, stage=stage) as tracker:
+        evaluate_stage(
             cfg,
             shards_dir=Path(args.shards),
             run_dir=Path(args.run_dir),
@@ -25,22 +26,18 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             tracker=tracker,
         )
     return 0
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from cosmocub.evaluation.stage import evaluate
+
+    return _run_evaluation(args, "evaluate", evaluate)
 
 
 def _cmd_evaluate_fields(args: argparse.Namespace) -> int:
     from cosmocub.fields.evaluate import evaluate_fields
-    from cosmocub.tracking.runs import job_run
 
-    cfg = load_config(args.config)
-    with job_run(cfg, stage="evaluate_fields") as tracker:
-        evaluate_fields(
-            cfg,
-            shards_dir=Path(args.shards),
-            run_dir=Path(args.run_dir),
-            out_dir=Path(args.out),
-            tracker=tracker,
-        )
-    return 0
+    return _run_evaluation(args, "evaluate_fields", evaluate_fields)
 
 
 def _cmd_summarize(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ import numpy as np
 from cosmocub.config import load_config
 from cosmocub.io import atomic_path, read_tsv
 from cosmocub.perfmodel.links import LinkFits
-from cosmocub.perfmodel.machines import fitted_network
+from cosmocub.perfmodel.machines import ThisCpu, fitted_network
 from cosmocub.perfmodel.model import DDP_OPTIMIZERS, Mesh, Network, StepPrediction, predict_step
 from cosmocub.train.conditions import is_marked
 
@@ -68,37 +68,22 @@ def cpu_predictor(study_dir: Path, fits: LinkFits, *, cores: int, repeats: int =
     """Predict a row on this CPU: layer times measured here at the point's local batch and split
     (in its cores per rank), plus the unsplit model's step overhead (loss, autograd glue),
     scaled by ranks × threads / cores where the ranks oversubscribe the machine."""
-    import torch
-
-    from cosmocub.perfmodel.compute import measure_layers, measure_optimizer_step
-
-    cache: dict[Any, tuple[dict[str, float], float]] = {}
+    # One device per thread count: each times a layout and an optimizer once (machines.ThisCpu,
+    # as perf-model predict times them); the oversubscription slowdown is the row's own.
+    devices: dict[int, ThisCpu] = {}
 
     def predict(row: Mapping[str, str]) -> tuple[StepPrediction, str]:
         cfg = load_config(study_dir / row["point"] / "config.yaml")
         # Ranks sharing cores (cores_per_rank < 1) run one thread each; the slowdown below
         # accounts for the sharing.
         threads = max(1, round(float(row.get("cores_per_rank") or 1)))
-        batch, split = cfg.train.local_batch_size, cfg.parallel.split_dhw
-        key = (cfg.model, cfg.optimizer, batch, split, threads)
-        if key not in cache:
-            previous = torch.get_num_threads()
-            torch.set_num_threads(threads)
-            try:
-                layers = measure_layers(
-                    cfg.model,
-                    batch=batch,
-                    split=split,
-                    repeats=repeats,
-                )
-                if "overhead" not in layers:  # split: the unsplit model's loss and glue
-                    whole = measure_layers(cfg.model, batch=batch, repeats=repeats)
-                    layers["overhead"] = whole["overhead"]
-                optimizer_s = measure_optimizer_step(cfg.model, cfg.optimizer, repeats=repeats)
-            finally:
-                torch.set_num_threads(previous)
-            cache[key] = layers, optimizer_s
-        layers, optimizer_s = cache[key]
+        device = devices.setdefault(
+            threads, ThisCpu(threads=threads, slowdown=1.0, repeats=repeats)
+        )
+        layers = device.layer_seconds(
+            cfg.model, batch=cfg.train.local_batch_size, split=cfg.parallel.split_dhw
+        )
+        optimizer_s = device.optimizer_seconds(cfg.model, cfg.optimizer)
         world = int(row.get("world_size") or row["data"])
         slowdown = max(1.0, world * threads / cores)
         prediction = predict_step(
