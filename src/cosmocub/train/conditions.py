@@ -7,7 +7,8 @@ much of the CPU its wall time allows a rank used. It also falls when a rank wait
 ready_share = time its threads ran / (ran + waited runnable for a core) from the scheduler's own
 per-thread counters (/proc/self/task/*/schedstat): a blocked wait counts in neither, so only
 other processes on the same cores lower it. The studies mark a point contended on ready_share
-(`contended` in points.tsv); `kept` is what efficiencies, fits and model errors may use.
+(`contended` in points.tsv); `kept` is what efficiencies, fits and model errors may use. Pure: the
+studies and the Snakefile read these without torch (train/conditions_meter.py measures).
 """
 
 from __future__ import annotations
@@ -19,11 +20,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-import torch.distributed as dist
-
-from cosmocub.parallel.mesh import ParallelDims
 
 TASKS = Path("/proc/self/task")
 # One rank's numbers in the order all_gather sends them.
@@ -144,34 +140,6 @@ def reduce_over_ranks(ranks: Sequence[Mapping[str, float]]) -> dict[str, float]:
     if all(math.isfinite(v) for v in ready):
         out["ready_share"] = min(ready)
     return out
-
-
-def cores_granted(dims: ParallelDims) -> int:
-    """The cores this rank may run on: its affinity, fewer if the launcher granted fewer."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    granted = dims.env.cpus_per_rank
-    return min(cores or 1, granted) if granted else cores or 1
-
-
-class ConditionsMeter:
-    """Start right before the epoch's first step, `metrics()` right after its last (on every
-    rank: it gathers the ranks' numbers over the whole mesh)."""
-
-    def __init__(self, dims: ParallelDims) -> None:
-        self.dims = dims
-        self.threads, self.cores = torch.get_num_threads(), cores_granted(dims)
-        self.start = take_sample()
-
-    def metrics(self) -> dict[str, float]:
-        mine = rank_conditions(self.start, take_sample(), threads=self.threads, cores=self.cores)
-        vector = torch.tensor([mine[k] for k in RANK_FIELDS], dtype=torch.float64)
-        if self.dims.world_size == 1:
-            return reduce_over_ranks([mine])
-        vector = vector.to(self.dims.device)
-        gathered = [torch.empty_like(vector) for _ in range(self.dims.world_size)]
-        dist.all_gather(gathered, vector, group=self.dims.world_group)
-        ranks = [dict(zip(RANK_FIELDS, v.tolist(), strict=True)) for v in gathered]
-        return reduce_over_ranks(ranks)
 
 
 def is_marked(row: Mapping[str, object]) -> bool:

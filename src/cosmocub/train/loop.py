@@ -31,7 +31,7 @@ from cosmocub.optim.schedule import EpochSchedule
 from cosmocub.parallel.mesh import ParallelDims
 from cosmocub.train.checkpoint import CheckpointManager
 from cosmocub.train.comm_meter import CommMeter
-from cosmocub.train.conditions import ConditionsMeter
+from cosmocub.train.conditions_meter import ConditionsMeter
 from cosmocub.train.data import ResumableSampler
 from cosmocub.train.grad_sync import GradientSync
 from cosmocub.train.tasks import Task
