@@ -2,9 +2,7 @@
 import functools
 import os
 
-from snakemake.utils import validate
-
-from cosmocub.config import CONFIG_ENV, coerce_cli_strings, from_values
+from cosmocub.config import CONFIG_ENV, coerce_cli_strings, from_values, resolve
 from cosmocub.data.naming import universe_ids
 from cosmocub.fields.run_config import unet_world_size
 from cosmocub.launch.resources import (
@@ -27,7 +25,9 @@ from cosmocub.tracking.workflow import (
 )
 
 coerce_cli_strings(config)  # nested --config values arrive as strings
-validate(config, "../schemas/config.schema.yaml")
+# The package's own validation (the one `cosmocub` runs by hand): one line naming the file and the
+# key, and the schema read once (Snakemake's validate would read and check it a second time).
+config.update(resolve(config, source=" + ".join(map(str, workflow.configfiles)) or "config"))
 CFG = from_values(config, source="snakemake config")
 # Which config is in effect, in every invocation's output (dry runs too): the files given, or the
 # embedded default, plus the schema's defaults; the hash names the resolved file jobs read.

@@ -5,6 +5,7 @@ fill defaults, coerce CLI strings, hash, flatten and merge resolved dicts.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -38,9 +39,17 @@ def _validator_filling_defaults():
     return jsonschema.validators.extend(base, {"properties": set_defaults})
 
 
-def load_schema() -> dict[str, Any]:
+@functools.cache
+def _parsed_schema() -> dict[str, Any]:
+    # libyaml's loader where PyYAML has it (10x faster on this 32 kB file, read by every
+    # config load and every Snakefile parse); each caller gets its own copy.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with open(SCHEMA_PATH) as f:
-        return yaml.safe_load(f)
+        return yaml.load(f, Loader=loader)
+
+
+def load_schema() -> dict[str, Any]:
+    return copy.deepcopy(_parsed_schema())
 
 
 def resolve(raw: dict[str, Any] | None, *, source: str = "<config>") -> dict[str, Any]:
