@@ -19,6 +19,18 @@ include: "workflow/rules/unet.smk"
 include: "workflow/rules/perf_model.smk"
 
 
+# Rules that only write a small file (a plan, a link, a resolved config, the report) run where
+# Snakemake runs: under a cluster profile each would otherwise wait in the queue, and start a
+# Snakemake of its own inside its job, for a second of work.
+localrules:
+    link_universe,
+    preprocess_plan,
+    study_point_config,
+    study_preprocess_plan,
+    unet_config,
+    summary_report,
+
+
 # The resolved config and the MLflow parent run, named after the targets, exist before any
 # job starts.
 onstart:

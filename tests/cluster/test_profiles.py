@@ -98,7 +98,7 @@ def test_lsf_profile_maps_the_training_request(tmp_path) -> None:
     # 2 hosts × 32 cores; LSF's memory unit is the site's (LSF_UNIT_FOR_LIMITS), MB here.
     for part in ("-n 64", "span[ptile=32]", "rusage[mem=24000]", "-W 90"):
         assert part in cmd, cmd
-    assert "-n 1 " in submit_command("lsf", jobs["preprocess_plan"], "preprocess_plan")
+    assert "-n 1 " in submit_command("lsf", jobs["simulate"], "simulate")
 
 
 @pytest.mark.slow
