@@ -137,18 +137,19 @@ def test_a_study_point_asks_for_its_nodes_ranks_cores_and_gpus(tmp_path) -> None
 
     jobs = dry_run("slurm", tmp_path, config=STUDY, targets=("network_study",))
     point = jobs["study_point"]
-    assert (point["nodes"], point["tasks"], point["cpus_per_task"]) == ("2", "4", "8")
-    assert (point["gres"], point["mem_mb"], point["runtime"]) == ("gpu:2", "12000", "90")
+    # 2 emulated nodes × 2 ranks: namespaces of one machine, so one node with all 4 ranks.
+    assert (point["nodes"], point["tasks"], point["cpus_per_task"]) == ("1", "4", "8")
+    assert (point["gres"], point["mem_mb"], point["runtime"]) == ("gpu:4", "24000", "90")
     assert (point["gpus_per_task"], point["cpus_per_node"], point["cpus_total"]) == (
         "1",
-        "16",
+        "32",
         "32",
     )
     assert point["mpi"] in ("", "''", '""')  # the point's launcher starts its ranks itself
     # The same request in Flux's and LSF's terms (their profiles' site settings left empty).
     flux = submit_command("flux", {**point, "flux_extra": ""}, "study_point")
-    for part in ("--nodes=2", "--ntasks=4", "--cores-per-task=8", "--gpus-per-task=1"):
+    for part in ("--nodes=1", "--ntasks=4", "--cores-per-task=8", "--gpus-per-task=1"):
         assert part in flux, flux
     lsf = submit_command("lsf", {**point, "lsf_extra": ""}, "study_point")
-    for part in ("-n 32", "span[ptile=16]", "rusage[mem=12000]", "-W 90"):
+    for part in ("-n 32", "span[ptile=32]", "rusage[mem=24000]", "-W 90"):
         assert part in lsf, lsf

@@ -127,18 +127,19 @@ rule study_point:
     # Snakemake caps at --cores; see study_point_threads.
     threads: study_point_threads
     # A scheduler is asked for the point's own allocation, as rule train asks for training's:
-    # its nodes, ranks and cluster.train's cores and GPUs per rank (locally only threads count).
+    # its ranks with cluster.train's cores and GPUs per rank, on its nodes (one node for
+    # emulated ones, which share one machine); locally only threads count.
     resources:
-        nodes=lambda w: study_point_launch(w).nodes,
+        nodes=lambda w: study_point_launch(w).allocated_nodes,
         tasks=lambda w: study_point_launch(w).ranks,
         cpus_per_task=CFG.cluster.train.cpus_per_rank,
-        mem_mb=lambda w: node_mem_mb(CFG, study_point_launch(w).nproc_per_node),
+        mem_mb=lambda w: node_mem_mb(CFG, study_point_launch(w).ranks_per_allocated_node),
         runtime=CFG.cluster.train.runtime,
-        gres=lambda w: node_gres(CFG, study_point_launch(w).nproc_per_node),
+        gres=lambda w: node_gres(CFG, study_point_launch(w).ranks_per_allocated_node),
         tasks_per_gpu=1,
         # The same request in the terms of Flux and LSF (profiles/flux, profiles/lsf).
         gpus_per_task=CFG.cluster.train.gpus_per_rank,
-        cpus_per_node=lambda w: node_cpus(CFG, study_point_launch(w).nproc_per_node),
+        cpus_per_node=lambda w: node_cpus(CFG, study_point_launch(w).ranks_per_allocated_node),
         cpus_total=lambda w: node_cpus(CFG, study_point_launch(w).ranks),
         mpi="",  # see rule train: `cosmocub launch` starts the ranks itself
     params:

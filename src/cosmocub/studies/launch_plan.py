@@ -49,6 +49,16 @@ class LaunchPlan:
         """Ranks on this machine (emulated nodes share its cores)."""
         return self.nodes * self.nproc_per_node
 
+    @property
+    def allocated_nodes(self) -> int:
+        """Nodes to ask a scheduler for: emulated nodes are namespaces of the one machine the
+        point's job runs on, so asking for `nodes` would leave all but one of them idle."""
+        return 1 if self.runner == "emulated" else self.nodes
+
+    @property
+    def ranks_per_allocated_node(self) -> int:
+        return self.ranks // self.allocated_nodes
+
 
 def plan_launch(
     *,
