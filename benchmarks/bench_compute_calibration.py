@@ -45,8 +45,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", help="default: calibration.threads")
     parser.add_argument("--out", default="/tmp/cosmocub-calibration.json")
     parser.add_argument("--repeats", type=int, default=5, help="direct timings per layer")
+    parser.add_argument("--calibration-repeats", type=int, help="default: calibration.repeats")
     args = parser.parse_args()
-    overrides = {"perf_model": {"calibration": {"threads": args.threads}}} if args.threads else {}
+    settings = {"threads": args.threads, "repeats": args.calibration_repeats}
+    settings = {k: v for k, v in settings.items() if v is not None}
+    overrides = {"perf_model": {"calibration": settings}}
     cfg = load_config(args.config, overrides=overrides)
     cores = cfg.perf_model.cores or torch.get_num_threads()
     print(f"before: {uptime()}")
@@ -56,7 +59,7 @@ def main() -> None:
     print(cpu_model.describe(cal))
     print("\n| point | threads | layer | predicted ms | measured ms | error |")
     print("|---|---|---|---|---|---|")
-    errors = []
+    errors: dict[str, list[float]] = {}
     for label, changes, batch, split in POINTS:
         model = dataclasses.replace(cfg.model, **changes)
         fmt = training_memory_format(split)
@@ -69,19 +72,23 @@ def main() -> None:
                 measured = measure_layers(
                     model, batch=batch, split=split, repeats=args.repeats, memory_format=layout
                 )
-            for layer, seconds in measured.items():
+            rows = [(layer, predicted[layer], measured[layer]) for layer in measured]
+            if "overhead" in measured:  # unsplit: the whole step, glue included
+                rows.append(("step", sum(predicted.values()), sum(measured.values())))
+            for layer, guess, seconds in rows:
                 if layer == "overhead":
                     continue
-                error = (predicted[layer] - seconds) / seconds
-                errors.append(abs(error))
+                error = (guess - seconds) / seconds
+                errors.setdefault("step" if layer == "step" else "layer", []).append(abs(error))
                 print(
                     f"| {label} (batch {batch}) | {threads} | {layer} | "
-                    f"{1e3 * predicted[layer]:.3f} | {1e3 * seconds:.3f} | {100 * error:+.0f} % |"
+                    f"{1e3 * guess:.3f} | {1e3 * seconds:.3f} | {100 * error:+.0f} % |"
                 )
-    print(
-        f"\n|error| over {len(errors)} layers: median {100 * statistics.median(errors):.0f} %, "
-        f"worst {100 * max(errors):.0f} %"
-    )
+    for what, values in errors.items():
+        print(
+            f"\n|error| over {len(values)} {what}s: median {100 * statistics.median(values):.0f} "
+            f"%, worst {100 * max(values):.0f} %"
+        )
     print(f"after: {uptime()}")
 
 

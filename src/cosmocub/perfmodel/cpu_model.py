@@ -179,7 +179,9 @@ def calibrate(settings: CalibrationConfig, *, cores: int) -> Calibration:
 
 def _measure_glue(partial: Calibration, settings: CalibrationConfig) -> dict[str, float]:
     """Per memory format and threads: the whole model's training step (zero_grad, forward, loss,
-    backward) less its layers' fitted seconds, the median over GLUE_MODELS × batches, ≥ 0."""
+    backward) less its layers' fitted seconds, the median over GLUE_MODELS × batches. Negative
+    where each layer timed alone (its own zero_grad, sum and backward call) costs more glue than
+    the step has: the layers' sum is then too high by that much."""
     from torch import nn
 
     from cosmocub.models.cosmoflow import CosmoFlow
@@ -206,7 +208,7 @@ def _measure_glue(partial: Calibration, settings: CalibrationConfig) -> dict[str
                         whole = fastest_time(step, settings.repeats)
                         layers = _layers_only(partial, cfg, batch, t, fmt)
                         residues.append(whole - sum(layers.values()))
-                out[f"{fmt}@{t}"] = max(0.0, statistics.median(residues))
+                out[f"{fmt}@{t}"] = statistics.median(residues)
     return out
 
 
