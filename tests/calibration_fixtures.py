@@ -34,8 +34,13 @@ def synthetic_calibration(threads: tuple[int, ...] = (1, 2)) -> cpu_model.Calibr
                 seconds_per_unit=head, samples=12, median_rel_error=0, worst_rel_error=0
             )
     updates = {
-        f"{name}@{t}": grid.UpdateFit(per_tensor_s=2e-5 / t, per_element_s=(i + 1) * 1e-9 / t)
-        for name, i in zip(grid.UPDATE_OPTIMIZERS, range(9), strict=False)
+        f"{name}@{t}": RateFit(
+            seconds_per_unit={"tensors": 2e-5 / t, "elements": (i + 1) * 1e-9 / t},
+            samples=4,
+            median_rel_error=0,
+            worst_rel_error=0,
+        )
+        for i, name in enumerate(grid.UPDATE_OPTIMIZERS)
         for t in threads
     }
     glue = {f"{fmt}@{t}": 1e-3 / t for fmt in grid.FORMATS for t in threads}

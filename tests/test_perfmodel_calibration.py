@@ -42,6 +42,15 @@ def test_the_rate_fit_recovers_a_known_rate_curve_from_noisy_timings() -> None:
     small, big = works[12], works[-1]
     assert fit.efficiency(small) < fit.efficiency(big) < 1
     assert fit.efficiency(big) == pytest.approx(truth.efficiency(big), rel=0.05)
+    # The update: 30 us per tensor and 1.5 ns per element, recovered the same way.
+    rows = [
+        {"optimizer": "lion", "threads": 1, "tensors": n, "elements": e,
+         "seconds": (30e-6 * n + 1.5e-9 * e) * (1 + 0.01 * rng.standard_normal())}
+        for n, e in grid.UPDATE_GRID
+    ]  # fmt: skip
+    per = grid.fit_updates(rows)["lion@1"].seconds_per_unit
+    assert per["tensors"] == pytest.approx(30e-6, rel=0.05)
+    assert per["elements"] == pytest.approx(1.5e-9, rel=0.05)
 
 
 def test_a_rate_fit_that_cannot_be_pinned_down_or_misses_is_refused() -> None:
@@ -78,6 +87,16 @@ def test_layer_times_follow_from_the_fits_at_the_points_shape() -> None:
     assert got["overhead"] == pytest.approx(1e-3)
     with pytest.raises(ValueError, match=r"3 threads per rank not calibrated \(have \[1, 2\]"):
         cal.layer_seconds(m, batch=4, split=(1, 1, 1), threads=3, memory_format="contiguous")
+    with pytest.raises(
+        ValueError, match=r"'model.kernel_size': 5; the compute calibration timed 3"
+    ):
+        cal.layer_seconds(
+            dataclasses.replace(m, kernel_size=5),
+            batch=4,
+            split=(1, 1, 1),
+            threads=1,
+            memory_format="contiguous",
+        )
     sizes = [10, 20]
     assert cal.optimizer_seconds(sizes, cfg.optimizer, threads=2) == pytest.approx(
         2 * 1e-5 + 30 * 1e-9 / 2  # adamw: the first update entry

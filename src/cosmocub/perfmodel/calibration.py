@@ -10,7 +10,6 @@ import functools
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,6 +21,8 @@ from cosmocub.perfmodel.compute import TRAIN_FLOPS_FACTOR, fastest_time, torch_t
 from cosmocub.perfmodel.rates import RateFit, fit_rates
 
 FORMATS = {"contiguous": torch.contiguous_format, "channels_last_3d": torch.channels_last_3d}
+# The grid's convolutions are 3³ (every shipped config's model.kernel_size).
+KERNEL = 3
 # Dense heads of the grid: (features, dense sizes); six shapes per batch for 3 unknowns.
 HEAD_GRID = (
     (64, (16,)),
@@ -89,8 +90,8 @@ def grid_threads(settings: CalibrationConfig, cores: int) -> tuple[int, ...]:
 
 
 def batch_class(batch: int) -> str:
-    """oneDNN runs a batch of one on other kernels (a 16³ conv of 16 → 32 channels: forward as
-    slow at batch 1 as at 4 here), so batch 1 is fitted apart from the larger batches."""
+    """oneDNN runs a batch of one on other kernels (a 16³ conv of 16 → 32 channels: forward
+    slower at batch 1 than at 4 here), so batch 1 is fitted apart from the larger batches."""
     return "batch1" if batch == 1 else "batch2+"
 
 
@@ -114,7 +115,7 @@ def base_model() -> ModelConfig:
 
 
 def measure_grid(
-    settings: CalibrationConfig, *, threads: Sequence[int], kernel: int = 3
+    settings: CalibrationConfig, *, threads: Sequence[int], kernel: int = KERNEL
 ) -> list[dict[str, Any]]:
     """One row per timing: kind, threads, the work's shape and its seconds (the fastest of
     settings.repeats after a warm-up)."""
@@ -169,7 +170,7 @@ def _head_of(cfg: ModelConfig, features: int) -> nn.Module:
     return CosmoFlow(one_block).head
 
 
-def row_work(row: Mapping[str, Any], *, kernel: int = 3) -> dict[str, float]:
+def row_work(row: Mapping[str, Any], *, kernel: int = KERNEL) -> dict[str, float]:
     if row["kind"] == "head":
         return head_work(batch=row["batch"], widths=row["widths"])
     shape = (row["size"],) * 3
@@ -223,35 +224,25 @@ def measure_updates(*, threads: Sequence[int], repeats: int) -> list[dict[str, A
     return rows
 
 
-@dataclass(frozen=True, kw_only=True)
-class UpdateFit:
-    """An optimizer step's seconds: per parameter tensor plus per element."""
-
-    per_tensor_s: float
-    per_element_s: float
-
-    def seconds(self, tensors: int, elements: int) -> float:
-        return self.per_tensor_s * tensors + self.per_element_s * elements
+def update_work(tensors: int, elements: int) -> dict[str, float]:
+    """An update's work: a Python loop over its tensors (a fixed cost each), and its elements."""
+    return {"tensors": float(tensors), "elements": float(elements)}
 
 
-def fit_updates(rows: Sequence[Mapping[str, Any]]) -> dict[str, UpdateFit]:
-    """A per-tensor and per-element cost per "optimizer@threads" (non-negative least squares on
-    relative residuals, as the layers')."""
-    import numpy as np
-    from scipy.optimize import nnls
-
+def fit_updates(rows: Sequence[Mapping[str, Any]]) -> dict[str, RateFit]:
+    """A per-tensor and per-element cost per "optimizer@threads" (perfmodel.rates' fit, as the
+    layers')."""
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
         groups.setdefault(f"{row['optimizer']}@{row['threads']}", []).append(row)
-    out = {}
-    for key, group in groups.items():
-        t = np.array([r["seconds"] for r in group])
-        a = np.array([[r["tensors"], r["elements"]] for r in group], dtype=float) / t[:, None]
-        norms = np.linalg.norm(a, axis=0)
-        solution, _ = nnls(a / norms, np.ones(len(t)))
-        per_tensor, per_element = solution / norms
-        out[key] = UpdateFit(per_tensor_s=float(per_tensor), per_element_s=float(per_element))
-    return out
+    return {
+        key: fit_rates(
+            [update_work(r["tensors"], r["elements"]) for r in group],
+            [r["seconds"] for r in group],
+            what=f"update calibration {key}",
+        )
+        for key, group in groups.items()
+    }
 
 
 def update_key(optimizer_cfg: OptimizerConfig) -> str:

@@ -25,7 +25,7 @@ from cosmocub.perfmodel import calibration as grid
 from cosmocub.perfmodel.rates import RateFit
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 # The models whose whole step, less their layers' fitted sum, is the step's glue (loss,
 # zero_grad, autograd between layers): test.yaml's and one twice its side.
 GLUE_MODELS = ({"input_size": 8, "base_filters": 4}, {"input_size": 16, "base_filters": 8})
@@ -72,7 +72,7 @@ class Calibration:
     grid: Mapping[str, Any]
     layers: Mapping[str, RateFit]
     glue_s: Mapping[str, float]
-    updates: Mapping[str, grid.UpdateFit]
+    updates: Mapping[str, RateFit]
     timings: Sequence[Mapping[str, Any]] = field(default=(), repr=False)
     wall_s: float = 0.0
     load_1m: tuple[float, float] = (math.nan, math.nan)
@@ -100,6 +100,16 @@ class Calibration:
         """Forward + backward seconds of each conv block on one rank's block, of the head (on
         the gathered features) and the step's glue ("overhead"), from the fits."""
         self._check_threads(threads)
+        if model_cfg.name != "cosmoflow":
+            raise ValueError(
+                f"key 'model.name': {model_cfg.name!r}; the compute calibration costs CosmoFlow's "
+                "conv blocks and dense head only"
+            )
+        if model_cfg.kernel_size != grid.KERNEL:
+            raise ValueError(
+                f"key 'model.kernel_size': {model_cfg.kernel_size}; the compute calibration "
+                f"timed {grid.KERNEL}^3 convolutions only"
+            )
         kind = grid.conv_kind(batch_norm=model_cfg.batch_norm, memory_format=memory_format)
         conv = self.layers[grid.fit_key(kind, threads, batch)]
         shape = [model_cfg.input_size // s for s in split]
@@ -124,7 +134,7 @@ class Calibration:
         """The update of parameters of `sizes` elements (one rank, no wire)."""
         self._check_threads(threads)
         fit = self.updates[f"{grid.update_key(optimizer_cfg)}@{threads}"]
-        return fit.seconds(len(sizes), sum(sizes))
+        return fit.seconds(grid.update_work(len(sizes), sum(sizes)))
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -135,7 +145,7 @@ class Calibration:
             "load_1m": list(self.load_1m),
             "layers": {k: f.as_dict() for k, f in self.layers.items()},
             "glue_s": dict(self.glue_s),
-            "updates": {k: dataclasses.asdict(u) for k, u in self.updates.items()},
+            "updates": {k: u.as_dict() for k, u in self.updates.items()},
             "timings": list(self.timings),
         }
 
@@ -146,7 +156,7 @@ class Calibration:
             grid=d["grid"],
             layers={k: RateFit.from_dict(v) for k, v in d["layers"].items()},
             glue_s=d["glue_s"],
-            updates={k: grid.UpdateFit(**v) for k, v in d["updates"].items()},
+            updates={k: RateFit.from_dict(v) for k, v in d["updates"].items()},
             timings=d.get("timings", ()),
             wall_s=d.get("wall_s", 0.0),
             load_1m=tuple(d.get("load_1m", (math.nan, math.nan))),  # type: ignore[arg-type]
@@ -250,9 +260,10 @@ def describe(cal: Calibration) -> str:
             f"{fit.samples}"
         )
     for key, u in cal.updates.items():
+        per = u.seconds_per_unit
         lines.append(
-            f"  update {key}: {1e9 * u.per_element_s:.3g} ns per element + "
-            f"{1e6 * u.per_tensor_s:.3g} us per tensor"
+            f"  update {key}: {1e9 * per['elements']:.3g} ns per element + "
+            f"{1e6 * per['tensors']:.3g} us per tensor"
         )
     lines.append(
         f"  step glue: {', '.join(f'{k} {1e3 * v:.3g} ms' for k, v in cal.glue_s.items())}"

@@ -41,13 +41,14 @@ class RateFit:
     @property
     def peak_flops(self) -> float:
         """FLOP/s when the call's cost and the memory traffic are negligible."""
-        per_flop = self.seconds_per_unit["flops"]
+        per_flop = self.seconds_per_unit.get("flops", 0.0)
         return math.inf if per_flop == 0 else 1 / per_flop
 
     def efficiency(self, work: Mapping[str, float]) -> float:
         """Share of the peak rate that `work` runs at: (flops / peak) / time."""
         total = self.seconds(work)
-        return 0.0 if total == 0 else self.seconds_per_unit["flops"] * work["flops"] / total
+        flops = self.seconds_per_unit.get("flops", 0.0) * work.get("flops", 0.0)
+        return 0.0 if total == 0 else flops / total
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -76,8 +77,8 @@ def fit_rates(
     what: str,
     max_median_rel_error: float = MAX_MEDIAN_REL_ERROR,
 ) -> RateFit:
-    """The non-negative seconds per unit of the works' terms (every work has the same keys, one
-    of them "flops") that best meet `seconds` in relative terms; a ValueError naming `what` when
+    """The non-negative seconds per unit of the works' terms (every work has the same keys) that
+    best meet `seconds` in relative terms; a ValueError naming `what` when
     the timings cannot pin them down (too few, a term that does not vary apart from the others,
     a non-positive timing) or the form misses their median by more than
     `max_median_rel_error`."""
