@@ -356,7 +356,13 @@ def test_model_bytes_equal_what_the_optimizers_count(tmp_path: Path) -> None:
 
 def test_validation_compares_each_part_and_reports_errors(tmp_path: Path) -> None:
     from cosmocub.perfmodel.model import StepPrediction
-    from cosmocub.perfmodel.validate import compare, error_summary, plot_results, write_results
+    from cosmocub.perfmodel.validate import (
+        compare,
+        error_summary,
+        plot_results,
+        set_summaries,
+        write_results,
+    )
 
     def prediction(compute: float, exchange: float) -> StepPrediction:
         return StepPrediction(
@@ -380,8 +386,9 @@ def test_validation_compares_each_part_and_reports_errors(tmp_path: Path) -> Non
         {"point": "b", "data": "2", "step_s": "0.025", "compute_s": "0.015", "exchange_s": "0.010",
          "momentum_sync_s": "0", "comm_bytes_per_step": "100"},
     ]  # fmt: skip
-    results = compare(rows, lambda row: predicted[row["point"]])
+    results = compare(rows, lambda row: predicted[row["point"]], study="s", fit_set=("s/a",))
     a, b = results
+    assert (a["set"], b["set"]) == ("fit", "held-out")
     assert a["predicted_compute_s"] == pytest.approx(0.016)  # 10 + 1 + 1 + the hidden 4 ms
     assert a["predicted_exchange_s"] == 0.0 and a["rel_error_step"] == pytest.approx(0.0)
     assert b["predicted_step_s"] == pytest.approx(0.020)
@@ -390,10 +397,15 @@ def test_validation_compares_each_part_and_reports_errors(tmp_path: Path) -> Non
     assert b["rel_error_exchange"] == pytest.approx(-0.2)
     summary = error_summary(results)
     assert summary == {"median": pytest.approx(0.1), "worst": pytest.approx(0.2), "points": 2}
+    sets = set_summaries(results)
+    assert sets["held-out"]["step"]["worst"] == pytest.approx(0.2)
+    # Exchange is 40 % of b's step (counted), 0 of a's (not: under 10 % of its step).
+    assert sets["held-out"]["exchange"]["points"] == 1 and sets["fit"]["exchange"]["points"] == 0
+    assert sets["fit"]["compute"]["median"] == pytest.approx(0.0)
     write_results(results, tmp_path / "v.tsv")
     plot_results(results, tmp_path / "v.png")
     header = (tmp_path / "v.tsv").read_text().splitlines()[0].split("\t")
-    assert header[:4] == ["point", "optimizer", "measured_step_s", "predicted_step_s"]
+    assert header[:4] == ["point", "set", "optimizer", "measured_step_s"]
     assert (tmp_path / "v.png").stat().st_size > 10_000
 
 
@@ -437,9 +449,9 @@ def test_extrapolation_rows_and_headline() -> None:
     assert cub["comm_bytes_per_step"] < lion["comm_bytes_per_step"] / 8  # 1 bit (+1) against 32
 
 
-def test_calibration_scales_the_work_on_the_cores_only() -> None:
+def test_the_cores_speed_is_fitted_on_the_fit_set_and_scales_the_cores_work_only() -> None:
     from cosmocub.perfmodel.model import StepPrediction
-    from cosmocub.perfmodel.validate import calibrated
+    from cosmocub.perfmodel.validate import fit_correction, scaled_predictor, skip_reason
 
     def stub(row):
         p = StepPrediction(
@@ -455,15 +467,21 @@ def test_calibration_scales_the_work_on_the_cores_only() -> None:
 
     rows = [
         {"point": "one", "optimizer": "adamw", "data": "1", "compute_s": "0.024"},
+        {"point": "two", "optimizer": "lion", "data": "1", "compute_s": "0.030"},
         {"point": "cub", "optimizer": "lion_cub", "data": "4", "compute_s": "0.05"},
     ]
-    p, _ = calibrated(stub, rows, "one")(rows[1])  # cores ran at half the speed: × 2
-    assert (p.compute_s, p.optimizer_s) == (pytest.approx(0.020), pytest.approx(0.002))
+    scale = fit_correction(stub, rows[:2])  # ran at 2x and 2.5x the calibration's time
+    assert scale == pytest.approx(2.25)
+    p, _ = scaled_predictor(stub, scale)(rows[2])
+    assert (p.compute_s, p.optimizer_s) == (pytest.approx(0.0225), pytest.approx(0.00225))
     assert (p.halo_s, p.exchange_s) == (0.001, 0.008)  # the network is not the cores
-    with pytest.raises(ValueError, match="'cub': needs one rank with a DDP optimizer"):
-        calibrated(stub, rows, "cub")
-    with pytest.raises(ValueError, match=r"'x' not in the table \(\['one', 'cub'\]\)"):
-        calibrated(stub, rows, "x")
+    with pytest.raises(ValueError, match="'cub' has 4 ranks; the correction is fitted on one-rank"):
+        fit_correction(stub, rows)
+    with pytest.raises(ValueError, match="no measured point of the tables is named in it"):
+        fit_correction(stub, [])
+    assert skip_reason({"contended": "True"}) == "contended"
+    assert skip_reason({"contended": "False", "oversubscribed": "True"}) == "oversubscribed"
+    assert skip_reason({"contended": "False", "oversubscribed": "False"}) is None
 
 
 def test_an_optimizer_without_an_update_cost_is_an_error_naming_it() -> None:

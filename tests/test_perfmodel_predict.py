@@ -4,19 +4,18 @@ that sums to the step, Lion Cub against Lion by link rate, DDP's overlap, and on
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 
 from cosmocub.config import load_config, write_config
 from cosmocub.optim.collectives import ring_allreduce_bytes
-from cosmocub.perfmodel import compute, machines
+from cosmocub.perfmodel import machines
 from cosmocub.perfmodel.costs import AlphaBeta, Fit
 from cosmocub.perfmodel.links import LinkFits
 from cosmocub.perfmodel.machines import Accelerator, fitted_network, this_cpu
 from cosmocub.perfmodel.model import Mesh, Network, parameter_sizes
-from cosmocub.perfmodel.overlap import exposed_allreduce, parameter_layers
+from cosmocub.perfmodel.overlap import exposed_allreduce
 from cosmocub.perfmodel.predict import PARTS, Workload, lion_reference, predict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,22 +46,12 @@ FITS = LinkFits(
 )
 
 
-def _timed_here(monkeypatch: pytest.MonkeyPatch, model_cfg) -> None:
-    """Layer and update times as fixed numbers (what the CPU would measure), so that two paths
-    that time them agree to the last digit."""
-    layers = list(dict.fromkeys(layer for layer, _ in parameter_layers(model_cfg)))
+def _calibration():
+    """A calibration of this machine with fixed rates (what the grid would fit), so that two
+    paths that use it agree to the last digit."""
+    from calibration_fixtures import synthetic_calibration
 
-    def measure_layers(model_cfg, *, batch, split=(1, 1, 1), repeats=3):
-        spatial = math.prod(split)
-        out = {name: 1e-3 * (i + 2) * batch / spatial for i, name in enumerate(layers)}
-        return out | ({"overhead": 2.5e-3} if spatial == 1 else {})
-
-    def measure_optimizer_step(model_cfg, optimizer_cfg, *, repeats=3):
-        return {"adamw": 1.1e-3, "lion": 0.9e-3, "lion_cub": 1.7e-3}[optimizer_cfg.name]
-
-    monkeypatch.setattr(compute, "measure_layers", measure_layers)
-    monkeypatch.setattr(compute, "measure_optimizer_step", measure_optimizer_step)
-    monkeypatch.setattr(machines, "measure_optimizer_step", measure_optimizer_step)
+    return synthetic_calibration((1, 2))
 
 
 POINTS = {
@@ -80,23 +69,23 @@ POINTS = {
 
 
 @pytest.mark.parametrize("point", sorted(POINTS))
-def test_predict_equals_the_validation_path_for_the_same_point(
-    point: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_predict_equals_the_validation_path_for_the_same_point(point: str, tmp_path: Path) -> None:
     from cosmocub.perfmodel.validate import cpu_predictor
 
     overrides, labels = POINTS[point]
     cfg = load_config(TEST_CONFIG, overrides=overrides)
     write_config(cfg.values, tmp_path / point / "config.yaml")
-    _timed_here(monkeypatch, cfg.model)
+    cal = _calibration()
     cores = 2  # this machine's, shared by the emulated nodes' ranks
     row = {"point": point, "cores_per_rank": "1", "steps": "1000", **labels}
-    measured_path, _ = cpu_predictor(tmp_path, FITS, cores=cores, repeats=1)(row)
+    measured_path, _ = cpu_predictor(tmp_path, FITS, cores=cores, calibration=cal)(row)
 
     nodes, world = int(labels["nodes"]), int(labels["world_size"])
     rate = float(labels["bandwidth_mbit"]) if nodes > 1 else None
     network = fitted_network(FITS, rate_mbit=rate, ranks_per_node=world // nodes)
-    device = this_cpu(threads_per_rank=None, ranks_per_node=world // nodes, cores=cores // nodes)
+    device = this_cpu(
+        threads_per_rank=None, ranks_per_node=world // nodes, cores=cores // nodes, calibration=cal
+    )
     mesh = Mesh(data=int(labels["data"]), split=cfg.parallel.split_dhw)
     p = predict(Workload.of(cfg), mesh, network, device)
     assert p.step == measured_path
@@ -228,3 +217,63 @@ def test_an_extrapolation_row_is_the_prediction_of_its_case() -> None:
     p = predict(work, Mesh(data=4, split=(2, 1, 1)), network, v100)
     assert row["step_s"] == p.step.step_s and row["memory_gb"] == p.memory_bytes / 1e9
     assert row["exchange_s"] == p.step.exchange_s and row["nodes"] == 2
+
+
+def test_validate_holds_out_all_but_the_fit_set_and_skips_busy_points(tmp_path: Path) -> None:
+    from cosmocub.io import write_json, write_tsv
+    from cosmocub.perfmodel.links import write_fits
+    from cosmocub.perfmodel.stage import validate
+
+    cfg = load_config(TEST_CONFIG)
+    cal = _calibration()
+    write_json(tmp_path / "calibration.json", cal.as_dict())
+    write_fits(FITS.fits, tmp_path / "fit.tsv")
+    columns = ["point", "data", "world_size", "nodes", "bandwidth_mbit", "cores_per_rank",
+               "steps", "step_s", "compute_s", "exchange_s", "momentum_sync_s", "contended",
+               "oversubscribed"]  # fmt: skip
+    tables = {
+        "step_time": [("dp1", {}, "1", "1", "", "2", False, False)],
+        "network": [
+            ("cub", {"optimizer": LION_CUB}, "2", "2", "10", "1", False, False),
+            ("busy", {"optimizer": LION_CUB}, "2", "2", "10", "1", True, False),
+            ("shared", {}, "2", "1", "", "0.5", False, True),
+        ],
+    }
+    paths = []
+    for study, points in tables.items():
+        rows = []
+        for name, overrides, world, nodes, mbit, cores, contended, over in points:
+            point_cfg = load_config(TEST_CONFIG, overrides=overrides)
+            write_config(point_cfg.values, tmp_path / study / name / "config.yaml")
+            rows.append(
+                dict(zip(columns, [name, world, world, nodes, mbit, cores, 1000, 0.05, 0.04,
+                                   0.01, 0.0, contended, over], strict=True))
+            )  # fmt: skip
+        write_tsv(rows, columns, tmp_path / study / "points.tsv")
+        paths.append(tmp_path / study / "points.tsv")
+    tsv = tmp_path / "validation.tsv"
+    validate(
+        cfg,
+        points=paths,
+        fit_path=tmp_path / "fit.tsv",
+        tsv=tsv,
+        plot=tmp_path / "validation.png",
+        calibration=tmp_path / "calibration.json",
+        fit_set=["step_time/dp1"],
+    )
+    from cosmocub.io import read_json, read_tsv
+
+    got = {r["point"]: r["set"] for r in read_tsv(tsv)}
+    assert got == {"dp1": "fit", "cub": "held-out"}
+    summary = read_json(tsv.with_suffix(".json"))
+    assert summary["skipped"] == {
+        "network": {
+            "contended": {"count": 1, "points": ["busy"]},
+            "oversubscribed": {"count": 1, "points": ["shared"]},
+        }
+    }
+    assert summary["sets"]["fit"]["step"]["points"] == 1
+    assert summary["sets"]["held-out"]["step"]["points"] == 1
+    # The cores' speed is fitted on dp1: its measured compute is met exactly.
+    assert summary["sets"]["fit"]["compute"]["median"] == pytest.approx(0.0, abs=1e-9)
+    assert summary["cpu_speed_correction"] > 0 and summary["fit_points"] == 1

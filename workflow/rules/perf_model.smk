@@ -5,6 +5,7 @@
 PERF = f"{RESULTS}/perf_model"
 # A relative config path is the repository's (beside this workflow), not the working folder's.
 PERF_MODEL_CONFIG = os.path.join(workflow.basedir, CFG.perf_model.extrapolate.config)
+CALIBRATION = CFG.perf_model.calibration.path or f"{PERF}/calibration.json"
 
 
 # On loopback (ranks of one node) and, as root, on the emulated link at every study rate (else
@@ -45,10 +46,30 @@ rule perf_model_fit:
         "cosmocub perf-model fit --samples {input} --out {output} > {log} 2>&1"
 
 
+# This CPU's compute rates over a small grid (conv blocks, dense heads, updates), every core
+# held so that nothing runs beside the timings; the cache is refused on another machine.
+rule perf_model_calibrate:
+    output:
+        CALIBRATION,
+    log:
+        f"{PERF}/logs/calibrate.log",
+    conda:
+        "../../envs/cosmocub.yaml"
+    threads: os.cpu_count() or 1
+    resources:
+        mem_mb=CFG.cluster.small.mem_mb,
+        runtime=CFG.cluster.small.runtime,
+    params:
+        settings=lambda w: config["perf_model"]["calibration"],
+    shell:
+        "cosmocub perf-model calibrate --out {output} > {log} 2>&1"
+
+
 rule perf_model_validate:
     input:
         points=perf_model_tables,
         fit=rules.perf_model_fit.output,
+        calibration=rules.perf_model_calibrate.output,
     output:
         tsv=report(
             f"{PERF}/validation.tsv",
@@ -73,7 +94,8 @@ rule perf_model_validate:
         settings=section("perf_model"),
     shell:
         "cosmocub perf-model validate --points {input.points} --fit {input.fit}"
-        " --tsv {output.tsv} --plot {output.plot} > {log} 2>&1"
+        " --calibration {input.calibration} --tsv {output.tsv} --plot {output.plot}"
+        " > {log} 2>&1"
 
 
 rule perf_model_extrapolate:

@@ -1,5 +1,5 @@
-"""`cosmocub perf-model bench | bench-ranks | fit | validate | predict | extrapolate`: the
-step-time performance model (its stages are cosmocub.perfmodel.stage's).
+"""`cosmocub perf-model bench | bench-ranks | fit | calibrate | validate | predict |
+extrapolate`: the step-time performance model (its stages are cosmocub.perfmodel.stage's).
 """
 
 from __future__ import annotations
@@ -9,6 +9,11 @@ from pathlib import Path
 
 from cosmocub.cli.common import add_config
 from cosmocub.config import load_config
+
+CALIBRATION_HELP = (
+    "this CPU's compute calibration (JSON; measured and written where there is none; default: "
+    "perf_model.calibration.path, else {results}/perf_model/calibration.json)"
+)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -47,8 +52,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         fit_path=Path(args.fit),
         tsv=Path(args.tsv),
         plot=Path(args.plot),
-        calibrate_on=args.calibrate_on,
+        calibration=None if args.calibration is None else Path(args.calibration),
+        fit_set=args.fit_set,
     )
+    return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from cosmocub.perfmodel.stage import calibrate
+
+    calibrate(load_config(args.config), out=None if args.out is None else Path(args.out))
     return 0
 
 
@@ -95,6 +108,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         train_samples=args.train_samples,
         as_json=args.json,
+        calibration=None if args.calibration is None else Path(args.calibration),
     )
     return 0
 
@@ -145,11 +159,21 @@ def add_perf_model(sub) -> None:
     v.add_argument("--tsv", required=True)
     v.add_argument("--plot", required=True)
     v.add_argument(
-        "--calibrate-on",
-        help="a one-rank point whose measured compute sets this machine's speed (left out of "
-        "the errors); default: perf_model.calibrate_on",
+        "--fit-set",
+        nargs="*",
+        help="one-rank points (name or study/point) the cores' speed is fitted on, reported as "
+        "set fit; every other point is held out (default: perf_model.fit_set; none: no fit)",
     )
+    v.add_argument("--calibration", help=CALIBRATION_HELP)
     add_config(v)
+    c = cmds.add_parser(
+        "calibrate",
+        help="time conv blocks, dense heads and updates over a small grid on this CPU and fit "
+        "their rates (the compute model of --accelerator cpu)",
+    )
+    c.set_defaults(handler=_cmd_calibrate)
+    c.add_argument("--out", help=CALIBRATION_HELP + "; replaced")
+    add_config(c)
     r = cmds.add_parser(
         "predict",
         help="a config's step on a mesh of nodes x ranks: its parts, bytes per link, epochs, "
@@ -177,6 +201,7 @@ def add_perf_model(sub) -> None:
         "here (default with --fit)",
     )
     r.add_argument("--fit", help="the alpha-beta fit (perf-model fit) for the links")
+    r.add_argument("--calibration", help=CALIBRATION_HELP + " (with --accelerator cpu)")
     r.add_argument("--epochs", type=_positive, help="epochs to time (default: train.epochs)")
     r.add_argument(
         "--train-samples",

@@ -40,6 +40,7 @@ from cosmocub.config.sections import (
 from cosmocub.config.studies import (
     AcceleratorConfig,
     BenchConfig,
+    CalibrationConfig,
     ExtrapolateConfig,
     NetworkStudyConfig,
     OptimizerVariant,
@@ -70,6 +71,7 @@ __all__ = [
     "SCHEMA_PATH",
     "AcceleratorConfig",
     "BenchConfig",
+    "CalibrationConfig",
     "ClusterConfig",
     "Config",
     "ConfigError",

@@ -33,6 +33,7 @@ from cosmocub.config.sections import (
 )
 from cosmocub.config.studies import (
     BenchConfig,
+    CalibrationConfig,
     ExtrapolateConfig,
     NetworkStudyConfig,
     PerfModelConfig,
@@ -181,7 +182,8 @@ def _perf_model(section: dict[str, Any]) -> PerfModelConfig:
     return PerfModelConfig(
         bench=bench,
         cores=section["cores"],
-        calibrate_on=section["calibrate_on"],
+        fit_set=tuple(section["fit_set"]),
+        calibration=CalibrationConfig(**_tuple_fields(CalibrationConfig, section["calibration"])),
         extrapolate=extrapolate,
     )
 

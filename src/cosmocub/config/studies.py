@@ -184,8 +184,22 @@ class ExtrapolateConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CalibrationConfig:
+    path: str | None
+    repeats: int
+    threads: tuple[int, ...] | None
+    batches: tuple[int, ...]
+    sizes: tuple[int, ...]
+    channels: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "channels", tuple(tuple(c) for c in self.channels))
+
+
+@dataclass(frozen=True, kw_only=True)
 class PerfModelConfig:
     bench: BenchConfig
     cores: int | None
-    calibrate_on: str | None
+    fit_set: tuple[str, ...]
+    calibration: CalibrationConfig
     extrapolate: ExtrapolateConfig

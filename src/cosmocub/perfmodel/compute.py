@@ -1,6 +1,6 @@
-"""Compute per layer: measured here (forward + backward of each conv block and the dense head on
-this CPU, at one rank's block of a split sample), or, for an accelerator, FLOPs at a peak rate ×
-an efficiency from the config. And the optimizer's own arithmetic per step, measured here.
+"""Compute per layer: measured directly here (forward + backward of each conv block and the dense
+head on this CPU, at one rank's block of a split sample: what the calibration's fits are checked
+against), or, for an accelerator, FLOPs at a peak rate × an efficiency from the config.
 """
 
 from __future__ import annotations
@@ -21,14 +21,16 @@ from cosmocub.models.summary import summarize
 TRAIN_FLOPS_FACTOR = 3
 
 
-def _median_time(fn: Callable[[], None], repeats: int) -> float:
-    fn()  # warm-up: allocations, kernel selection
+def fastest_time(fn: Callable[[], None], repeats: int) -> float:
+    """The fastest of `repeats` calls after a warm-up (allocations, oneDNN's kernel choice):
+    other processes on the cores only ever add time, so the fastest is the work's own."""
+    fn()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    return min(times)
 
 
 def local_shape(model_cfg: ModelConfig, split: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -41,13 +43,15 @@ def measure_layers(
     batch: int,
     split: tuple[int, int, int] = (1, 1, 1),
     repeats: int = 3,
+    memory_format: torch.memory_format = torch.contiguous_format,
 ) -> dict[str, float]:
     """Seconds of forward + backward of each conv block (on one rank's block: a spatial layer
     convolves the same output voxels, its halo planes in place of zero padding) and of the head
     (on the gathered features), in this process's torch threads; unsplit, also "overhead": the
     whole model's training forward + backward less the layers' sum (loss, autograd glue)."""
-    model = CosmoFlow(model_cfg).train()
+    model = CosmoFlow(model_cfg).train().to(memory_format=memory_format)
     x = torch.randn(batch, model_cfg.in_channels, *local_shape(model_cfg, split))
+    x = x.to(memory_format=memory_format)
     out: dict[str, float] = {}
     for name, block in model.conv_blocks.named_children():
         x_in = x.detach().requires_grad_(True)
@@ -56,7 +60,7 @@ def measure_layers(
             block.zero_grad(set_to_none=True)
             block(x_in).sum().backward()
 
-        out[name] = _median_time(run, repeats)
+        out[name] = fastest_time(run, repeats)
         with torch.no_grad():
             x = block(x)
     final = model_cfg.input_size // 2**model_cfg.num_conv_blocks
@@ -66,18 +70,19 @@ def measure_layers(
         model.head.zero_grad(set_to_none=True)
         model.head(whole).sum().backward()
 
-    out["head"] = _median_time(run_head, repeats)
+    out["head"] = fastest_time(run_head, repeats)
     if split == (1, 1, 1):
         # What the layers leave out of a training step: the loss, zero_grad, autograd's glue
         # between the layers; measured as the whole model's forward + backward less their sum.
         x0 = torch.randn(batch, model_cfg.in_channels, *local_shape(model_cfg, split))
+        x0 = x0.to(memory_format=memory_format)
         y0 = torch.zeros(batch, model_cfg.num_outputs)
 
         def run_model() -> None:
             model.zero_grad(set_to_none=True)
             nn.functional.mse_loss(model(x0), y0).backward()
 
-        out["overhead"] = max(0.0, _median_time(run_model, repeats) - sum(out.values()))
+        out["overhead"] = max(0.0, fastest_time(run_model, repeats) - sum(out.values()))
     return out
 
 
@@ -104,18 +109,6 @@ def accelerator_seconds(
     }
 
 
-def measure_optimizer_step(model_cfg: ModelConfig, optimizer_cfg, *, repeats: int = 3) -> float:
-    """Seconds of one optimizer step over the model's parameters on one rank (no exchange: a
-    data group of one), after a backward so that every parameter has a gradient."""
-    from cosmocub.optim.factory import build_optimizer
-
-    model = CosmoFlow(model_cfg)
-    for p in model.parameters():
-        p.grad = torch.randn_like(p)
-    optimizer = build_optimizer(model.named_parameters(), optimizer_cfg, global_batch=1)
-    return _median_time(optimizer.step, repeats)
-
-
 @contextlib.contextmanager
 def torch_threads(threads: int) -> Iterator[None]:
     """torch's intra-op threads set to `threads` inside, restored after."""
@@ -125,15 +118,3 @@ def torch_threads(threads: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
-
-
-def measure_rank_layers(
-    model_cfg: ModelConfig, *, batch: int, split: tuple[int, int, int], threads: int, repeats: int
-) -> dict[str, float]:
-    """measure_layers on one rank's block in `threads` threads, with the unsplit model's step
-    overhead (loss, autograd glue) where the sample is split."""
-    with torch_threads(threads):
-        layers = measure_layers(model_cfg, batch=batch, split=split, repeats=repeats)
-        if "overhead" not in layers:
-            layers["overhead"] = measure_layers(model_cfg, batch=batch, repeats=repeats)["overhead"]
-    return layers

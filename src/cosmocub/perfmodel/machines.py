@@ -1,21 +1,18 @@
 """The machine a prediction is for: what a rank computes on (an accelerator at peak × efficiency,
-or this machine's CPU, timed here) and the links between ranks (assumed, or α–β fitted here).
+or this machine's CPU from its calibrated rates) and the links between ranks (assumed, or α–β
+fitted here).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any
+import math
+from dataclasses import dataclass
 
 from cosmocub.config import AcceleratorConfig, ExtrapolateConfig, ModelConfig, OptimizerConfig
-from cosmocub.perfmodel.compute import (
-    accelerator_seconds,
-    measure_optimizer_step,
-    measure_rank_layers,
-    torch_threads,
-)
+from cosmocub.perfmodel.compute import accelerator_seconds
 from cosmocub.perfmodel.costs import AlphaBeta
+from cosmocub.perfmodel.cpu_model import Calibration
 from cosmocub.perfmodel.links import LOOPBACK, LinkFits
 from cosmocub.perfmodel.model import Network, parameter_sizes
 
@@ -79,49 +76,64 @@ class Accelerator:
 
 @dataclass(frozen=True, kw_only=True)
 class ThisCpu:
-    """This machine's cores as one node: layers and the update timed here in `threads` threads
-    per rank, × `slowdown` where the node's ranks oversubscribe its cores (fp32 activations)."""
+    """This machine's cores as one node: layers and the update from its calibration (the grid's
+    rate fits) at `threads` threads per rank, × `slowdown` where the node's ranks
+    oversubscribe its cores (fp32 activations)."""
 
     threads: int
     slowdown: float
-    repeats: int = 5
+    calibration: Calibration
     name: str = THIS_CPU
     bytes_per_value: int = 4
     memory_bytes: float | None = None
-    # Timings already taken, by what was timed: one measurement per layout and optimizer.
-    timed: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def layer_seconds(
         self, model_cfg: ModelConfig, *, batch: int, split: tuple[int, int, int]
     ) -> dict[str, float]:
-        key = (model_cfg, batch, split)
-        if key not in self.timed:
-            self.timed[key] = measure_rank_layers(
-                model_cfg, batch=batch, split=split, threads=self.threads, repeats=self.repeats
-            )
-        return {k: v * self.slowdown for k, v in self.timed[key].items()}
+        layers = self.calibration.layer_seconds(
+            model_cfg,
+            batch=batch,
+            split=split,
+            threads=self.threads,
+            memory_format=training_memory_format(split),
+        )
+        return {k: v * self.slowdown for k, v in layers.items()}
 
     def optimizer_seconds(self, model_cfg: ModelConfig, optimizer_cfg: OptimizerConfig) -> float:
-        key = (model_cfg, optimizer_cfg)
-        if key not in self.timed:
-            with torch_threads(self.threads):
-                self.timed[key] = measure_optimizer_step(
-                    model_cfg, optimizer_cfg, repeats=self.repeats
-                )
-        return self.slowdown * self.timed[key]
+        sizes = parameter_sizes(model_cfg)
+        update = self.calibration.optimizer_seconds(sizes, optimizer_cfg, threads=self.threads)
+        return self.slowdown * update
 
     def describe(self) -> str:
+        cal = self.calibration
         return (
-            f"{self.name}: this machine's cores, layers timed here in {self.threads} threads per "
-            f"rank, x {self.slowdown:g} for oversubscription"
+            f"{self.name}: this machine's cores ({cal.machine['cpu_model']}), layers from its "
+            f"calibration ({len(cal.timings)} timings, load {cal.load_1m[0]:.2f}) at "
+            f"{self.threads} threads per rank, x {self.slowdown:g} for oversubscription"
         )
 
 
-def this_cpu(*, threads_per_rank: int | None, ranks_per_node: int, cores: int) -> ThisCpu:
+def training_memory_format(split: tuple[int, int, int]) -> str:
+    """The activations' layout training uses on a CPU (models.memory_layout), by name."""
+    import torch
+
+    from cosmocub.models.memory_layout import memory_format
+
+    layout = memory_format(torch.device("cpu"), spatial=math.prod(split))
+    return "channels_last_3d" if layout == torch.channels_last_3d else "contiguous"
+
+
+def this_cpu(
+    *, threads_per_rank: int | None, ranks_per_node: int, cores: int, calibration: Calibration
+) -> ThisCpu:
     """A node of this machine's `cores`: threads as training sets them (train.threads_per_rank,
     else the cores shared evenly by the node's ranks), slowed where ranks × threads > cores."""
     threads = threads_per_rank or max(1, cores // ranks_per_node)
-    return ThisCpu(threads=threads, slowdown=max(1.0, ranks_per_node * threads / cores))
+    return ThisCpu(
+        threads=threads,
+        slowdown=max(1.0, ranks_per_node * threads / cores),
+        calibration=calibration,
+    )
 
 
 def assumed_network(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from cosmocub.config import Config
 from cosmocub.perfmodel.links import LinkFits
@@ -67,9 +68,10 @@ def machine_from_flags(
     *,
     nodes: int,
     ranks_per_node: int,
+    calibration: Path | None = None,
 ) -> tuple[Accelerator | ThisCpu, list[Network], list[float]]:
-    """(device, one network per link rate, the rates) of --accelerator, --fit (read: `fits`)
-    and --rate-mbit."""
+    """(device, one network per link rate, the rates) of --accelerator, --fit (read: `fits`),
+    --calibration (this CPU's: measured now where there is none) and --rate-mbit."""
     settings = cfg.perf_model.extrapolate
     known = ", ".join(settings.accelerators)
     name = accelerator or (THIS_CPU if fits is not None else None)
@@ -84,9 +86,15 @@ def machine_from_flags(
                 f"--accelerator {THIS_CPU}: needs --fit FILE (this machine's alpha-beta fit: "
                 "cosmocub perf-model fit)"
             )
+        from cosmocub.perfmodel.cpu_model import calibration_path, load_or_calibrate
+
         cores = cfg.perf_model.cores or len(os.sched_getaffinity(0))
+        path = calibration_path(cfg, calibration)
         device = this_cpu(
-            threads_per_rank=cfg.train.threads_per_rank, ranks_per_node=ranks_per_node, cores=cores
+            threads_per_rank=cfg.train.threads_per_rank,
+            ranks_per_node=ranks_per_node,
+            cores=cores,
+            calibration=load_or_calibrate(path, cfg.perf_model.calibration, cores=cores),
         )
     elif name in settings.accelerators:
         device = Accelerator(

@@ -80,6 +80,23 @@ def fit(samples: Path, out: Path) -> None:
             )
 
 
+def calibrate(cfg: Config, *, out: Path | None) -> None:
+    """Time the compute calibration grid on this machine and write it to `out` (default:
+    perf_model.calibration.path, else {results}/perf_model/calibration.json), replacing one
+    there."""
+    from cosmocub.perfmodel.cpu_model import calibrate as measure
+    from cosmocub.perfmodel.cpu_model import calibration_path, describe
+
+    path = calibration_path(cfg, out)
+    cal = measure(cfg.perf_model.calibration, cores=_cores(cfg))
+    write_json(path, cal.as_dict())
+    log.info("%s\n%s", path, describe(cal))
+
+
+def _cores(cfg: Config) -> int:
+    return cfg.perf_model.cores or len(os.sched_getaffinity(0))
+
+
 def validate(
     cfg: Config,
     *,
@@ -87,63 +104,110 @@ def validate(
     fit_path: Path,
     tsv: Path,
     plot: Path,
-    calibrate_on: str | None = None,
+    calibration: Path | None = None,
+    fit_set: Sequence[str] | None = None,
 ) -> None:
-    """Measured (the studies' `points` tables) against predicted: the TSV, its plot and the
-    error summary beside the TSV (.json)."""
+    """Measured (the studies' `points` tables) against predicted from the compute calibration
+    (measured now where there is none) and the links' fit: the TSV (column `set`: fit or
+    held-out), its plot and the error summary per set beside the TSV (.json). Contended and
+    oversubscribed points are skipped and counted; with a fit set, the cores' speed is fitted on
+    its points and applied to all."""
+    from cosmocub.perfmodel.cpu_model import calibration_path, load_or_calibrate
     from cosmocub.perfmodel.links import read_fits
     from cosmocub.perfmodel.validate import (
-        calibrated,
+        HELD_OUT,
         compare,
         cpu_predictor,
-        error_summary,
         plot_results,
         read_points,
         scaled_predictor,
+        set_summaries,
+        skip_reason,
         usable,
         write_results,
     )
-    from cosmocub.train.conditions import is_marked, kept
 
-    cores = cfg.perf_model.cores or len(os.sched_getaffinity(0))
+    cores = _cores(cfg)
     fits = read_fits(fit_path)
-    point = calibrate_on or cfg.perf_model.calibrate_on
-    # The first table is the one holding the calibration point; its scale applies to the others.
-    scale = None
-    results = []
-    left_out: dict[str, list[str]] = {}  # study -> its contended points (shown, not counted)
+    cal_path = calibration_path(cfg, calibration)
+    cal = load_or_calibrate(cal_path, cfg.perf_model.calibration, cores=cores)
+    names = tuple(cfg.perf_model.fit_set if fit_set is None else fit_set)
+    tables = []
+    skipped: dict[str, dict[str, list[str]]] = {}  # study -> reason -> points
     for path in map(Path, points):
-        rows = usable(read_points(path))
-        predict = cpu_predictor(path.parent, fits, cores=cores)
-        if contended := [r["point"] for r in rows if is_marked(r)]:
-            left_out[path.parent.name] = contended
-        if point and scale is None:
-            if point in contended:
-                raise ValueError(
-                    f"{path}: calibration point {point!r} is marked contended (the machine was "
-                    "busy on both of its runs): rerun it, or calibrate on another point"
-                )
-            predict = calibrated(predict, kept(rows), point)
-            scale = predict.scale
-            rows = [r for r in rows if r["point"] != point]
-        elif scale is not None:
-            predict = scaled_predictor(predict, scale)
-        results += [{"study": path.parent.name, **r} for r in compare(rows, predict)]
+        study = path.parent.name
+        rows = []
+        for row in usable(read_points(path)):
+            if reason := skip_reason(row):
+                skipped.setdefault(study, {}).setdefault(reason, []).append(row["point"])
+            else:
+                rows.append(row)
+        tables.append((study, rows, cpu_predictor(path.parent, fits, cores=cores, calibration=cal)))
+    scale = 1.0
+    if names:
+        scale = _fit_scale(tables, names)
+    results = []
+    for study, rows, predict in tables:
+        predict = scaled_predictor(predict, scale) if names else predict
+        results += [
+            {"study": study, **r} for r in compare(rows, predict, study=study, fit_set=names)
+        ]
+    if not results:
+        raise ValueError(f"{', '.join(map(str, points))}: no point left to validate on")
     write_results(results, tsv)
     plot_results(results, plot)
-    for part in ("step", "compute", "exchange"):
-        s = error_summary(results, part)
-        log.info(
-            "%s time: median |error| %.1f %%, worst %.1f %% over %d points",
-            part,
-            100 * s["median"],
-            100 * s["worst"],
-            s["points"],
-        )
-    for study, names in left_out.items():
-        log.info("%s: %d contended points left out of the errors: %s", study, len(names), names)
-    summary = {part: error_summary(results, part) for part in ("step", "compute", "exchange")}
-    write_json(tsv.with_suffix(".json"), {**summary, "left_out_contended": left_out})
+    summaries = set_summaries(results)
+    for name, parts in summaries.items():
+        for part, s in parts.items():
+            if s["points"]:
+                log.info(
+                    "%s %s: median |error| %.1f %%, worst %.1f %% over %d points",
+                    name,
+                    part,
+                    100 * s["median"],
+                    100 * s["worst"],
+                    s["points"],
+                )
+    for study, reasons in skipped.items():
+        for reason, skipped_points in reasons.items():
+            log.info(
+                "%s: %d %s points skipped: %s", study, len(skipped_points), reason, skipped_points
+            )
+    held = sum(r["set"] == HELD_OUT for r in results)
+    write_json(
+        tsv.with_suffix(".json"),
+        {
+            "sets": summaries,
+            "held_out_points": held,
+            "fit_points": len(results) - held,
+            "fit_set": list(names),
+            "cpu_speed_correction": scale,
+            "skipped": {
+                study: {reason: {"count": len(p), "points": p} for reason, p in reasons.items()}
+                for study, reasons in skipped.items()
+            },
+            "calibration": {
+                "path": str(cal_path),
+                "timings": len(cal.timings),
+                "wall_s": cal.wall_s,
+                "load_1m": list(cal.load_1m),
+            },
+            "part_share": "a part's errors: over the points where it is >= 10 % of the step",
+        },
+    )
+
+
+def _fit_scale(tables, names: Sequence[str]) -> float:
+    """The cores' speed correction fitted on the fit set's points, across the tables."""
+    from cosmocub.perfmodel.validate import fit_correction, in_fit_set
+
+    fit_rows, predictors = [], {}
+    for study, rows, predict in tables:
+        for row in rows:
+            if in_fit_set(study, row["point"], names):
+                fit_rows.append(row)
+                predictors[id(row)] = predict
+    return fit_correction(lambda r: predictors[id(r)](r), fit_rows)
 
 
 def extrapolate(cfg: Config, *, model_config: str, out: Path) -> None:
@@ -212,6 +276,7 @@ def predict(
     epochs: int | None,
     train_samples: int | None,
     as_json: bool,
+    calibration: Path | None = None,
 ) -> None:
     """Print the step of `cfg` on a data × spatial mesh of nodes × ranks_per_node, one column per
     link rate (a table, or JSON); the arguments are `perf-model predict`'s flags."""
@@ -230,7 +295,13 @@ def predict(
     mesh = mesh_from_flags(cfg, data, spatial, split, nodes=nodes, ranks_per_node=ranks_per_node)
     fits = None if fit_path is None else read_fits(fit_path)
     device, networks, rates = machine_from_flags(
-        cfg, accelerator, fits, rates_mbit, nodes=nodes, ranks_per_node=ranks_per_node
+        cfg,
+        accelerator,
+        fits,
+        rates_mbit,
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        calibration=calibration,
     )
     samples, note = samples_from_flags(cfg, train_samples, epochs)
     work = Workload.of(cfg)

@@ -7,6 +7,10 @@ optimizer's timed exchange and momentum sync, so it holds compute, halo swaps, t
 arithmetic and (for DDP, which overlaps backward and is not timed apart) the gradient all-reduce.
 Where a table times DDP's exchange apart (exchange_s > 0 for a DDP optimizer), it is compared
 as exchange instead.
+
+The fit is the compute calibration and the links' α–β; every measured point is held out, except
+those named in the fit set, on which the one optional correction (the cores' speed during the
+measurements) is fitted. Contended and oversubscribed points are skipped and counted.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+import statistics
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +29,7 @@ import numpy as np
 
 from cosmocub.config import load_config
 from cosmocub.io import atomic_path, read_tsv
+from cosmocub.perfmodel.cpu_model import Calibration
 from cosmocub.perfmodel.links import LinkFits
 from cosmocub.perfmodel.machines import ThisCpu, fitted_network
 from cosmocub.perfmodel.model import DDP_OPTIMIZERS, Mesh, Network, StepPrediction, predict_step
@@ -33,6 +39,9 @@ log = logging.getLogger(__name__)
 MEASURED = ("step_s", "compute_s", "exchange_s", "momentum_sync_s")
 REQUIRED = ("point", "data", "step_s", "compute_s", "exchange_s", "momentum_sync_s")
 PARTS = ("step", "compute", "exchange", "momentum_sync")
+FIT, HELD_OUT = "fit", "held-out"
+# A part's errors are summarised over the points where it is at least this share of the step.
+PART_SHARE = 0.1
 
 
 def read_points(path: Path) -> list[dict[str, str]]:
@@ -64,12 +73,14 @@ def network_for(row: Mapping[str, str], fits: LinkFits) -> Network:
 Predictor = Callable[[Mapping[str, str]], tuple[StepPrediction, str]]
 
 
-def cpu_predictor(study_dir: Path, fits: LinkFits, *, cores: int, repeats: int = 5) -> Predictor:
-    """Predict a row on this CPU: layer times measured here at the point's local batch and split
-    (in its cores per rank), plus the unsplit model's step overhead (loss, autograd glue),
-    scaled by ranks × threads / cores where the ranks oversubscribe the machine."""
-    # One device per thread count: each times a layout and an optimizer once (machines.ThisCpu,
-    # as perf-model predict times them); the oversubscription slowdown is the row's own.
+def cpu_predictor(
+    study_dir: Path, fits: LinkFits, *, cores: int, calibration: Calibration
+) -> Predictor:
+    """Predict a row on this CPU: layer and update times from the calibration at the point's
+    local batch, split and cores per rank, scaled by ranks × threads / cores where the ranks
+    oversubscribe the machine."""
+    # One device per thread count (machines.ThisCpu, as perf-model predict builds it); the
+    # oversubscription slowdown is the row's own.
     devices: dict[int, ThisCpu] = {}
 
     def predict(row: Mapping[str, str]) -> tuple[StepPrediction, str]:
@@ -78,7 +89,7 @@ def cpu_predictor(study_dir: Path, fits: LinkFits, *, cores: int, repeats: int =
         # accounts for the sharing.
         threads = max(1, round(float(row.get("cores_per_rank") or 1)))
         device = devices.setdefault(
-            threads, ThisCpu(threads=threads, slowdown=1.0, repeats=repeats)
+            threads, ThisCpu(threads=threads, slowdown=1.0, calibration=calibration)
         )
         layers = device.layer_seconds(
             cfg.model, batch=cfg.train.local_batch_size, split=cfg.parallel.split_dhw
@@ -101,8 +112,30 @@ def cpu_predictor(study_dir: Path, fits: LinkFits, *, cores: int, repeats: int =
     return predict
 
 
-def compare(rows: Sequence[Mapping[str, str]], predict: Predictor) -> list[dict[str, Any]]:
-    """One row per point: measured and predicted step and parts, and their relative errors."""
+def skip_reason(row: Mapping[str, object]) -> str | None:
+    """Why a measured point cannot test the model: its ranks waited for cores other processes
+    held (contended), or shared cores among themselves (oversubscribed); None if it can."""
+    if is_marked(row):
+        return "contended"
+    if row.get("oversubscribed") in (True, "True"):
+        return "oversubscribed"
+    return None
+
+
+def in_fit_set(study: str, point: str, fit_set: Collection[str]) -> bool:
+    """Whether a point is named in the fit set, by its name or as study/point."""
+    return point in fit_set or f"{study}/{point}" in fit_set
+
+
+def compare(
+    rows: Sequence[Mapping[str, str]],
+    predict: Predictor,
+    *,
+    study: str = "",
+    fit_set: Collection[str] = (),
+) -> list[dict[str, Any]]:
+    """One row per point: its set (fit or held-out), measured and predicted step and parts, and
+    their relative errors."""
     out = []
     for row in rows:
         p, optimizer = predict(row)
@@ -117,7 +150,11 @@ def compare(rows: Sequence[Mapping[str, str]], predict: Predictor) -> list[dict[
             "exchange": 0.0 if ddp_hidden else p.exchange_s,
             "momentum_sync": p.momentum_sync_s,
         }
-        result: dict[str, Any] = {"point": row["point"], "optimizer": optimizer}
+        result: dict[str, Any] = {
+            "point": row["point"],
+            "set": FIT if in_fit_set(study, row["point"], fit_set) else HELD_OUT,
+            "optimizer": optimizer,
+        }
         for part in PARTS:
             result[f"measured_{part}_s"] = measured[part]
             result[f"predicted_{part}_s"] = predicted[part]
@@ -127,38 +164,39 @@ def compare(rows: Sequence[Mapping[str, str]], predict: Predictor) -> list[dict[
             "predicted_optimizer_s": p.optimizer_s,
             "predicted_comm_bytes_per_step": p.comm_bytes_per_step,
             "measured_comm_bytes_per_step": float(row.get("comm_bytes_per_step") or "nan"),
-            "contended": is_marked(row),  # shown, left out of error_summary
         }
         out.append(result)
     return out
 
 
-def calibrated(predict: Predictor, rows: Sequence[Mapping[str, str]], point: str) -> Predictor:
-    """The predictor with its on-CPU work (compute, halo, optimizer) scaled so that `point`'s
-    measured compute is met: one number for how fast this machine's cores ran during the
-    measurements (on a shared machine, other jobs slow them), fitted on one point and tested on
-    the others."""
-    row = next((r for r in rows if r["point"] == point), None)
-    if row is None:
-        raise ValueError(
-            f"calibration point {point!r} not in the table ({[r['point'] for r in rows]})"
-        )
-    p, optimizer = predict(row)
-    if optimizer not in DDP_OPTIMIZERS or int(row["data"]) * int(row.get("spatial") or 1) != 1:
-        raise ValueError(f"calibration point {point!r}: needs one rank with a DDP optimizer")
-    scale = float(row["compute_s"]) / (p.compute_s + p.halo_s + p.optimizer_s)
-    return scaled_predictor(predict, scale)
+def fit_correction(predict: Predictor, rows: Sequence[Mapping[str, str]]) -> float:
+    """How fast this machine's cores ran during the measurements against the calibration: the
+    median over `rows` (the fit set; one-rank points, whose measured compute is all on-CPU
+    work) of measured compute / predicted compute + halo + update."""
+    if not rows:
+        raise ValueError("perf_model.fit_set: no measured point of the tables is named in it")
+    ratios = []
+    for row in rows:
+        world = int(row.get("world_size") or int(row["data"]) * int(row.get("spatial") or 1))
+        if world != 1:
+            raise ValueError(
+                f"perf_model.fit_set: point {row['point']!r} has {world} ranks; the correction "
+                "is fitted on one-rank points (their measured compute holds no network)"
+            )
+        p, _ = predict(row)
+        ratios.append(float(row["compute_s"]) / (p.compute_s + p.halo_s + p.optimizer_s))
+    return statistics.median(ratios)
 
 
 def scaled_predictor(predict: Predictor, scale: float) -> Predictor:
-    """`predict` with its on-CPU work scaled by `scale` (another table's calibration)."""
+    """`predict` with its on-CPU work (compute, update) scaled by `scale`; the network's parts
+    are not the cores'."""
 
     def scaled(r: Mapping[str, str]) -> tuple[StepPrediction, str]:
         q, name = predict(r)
         work = {"compute_s": q.compute_s * scale, "optimizer_s": q.optimizer_s * scale}
         return dataclasses.replace(q, **work), name
 
-    scaled.scale = scale  # type: ignore[attr-defined]
     return scaled
 
 
@@ -173,14 +211,34 @@ def _rel(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured
 
 
-def error_summary(results: Sequence[Mapping[str, Any]], part: str = "step") -> dict[str, float]:
-    """Median and worst |relative error| of `part` over the points not marked contended (their
-    ranks waited for cores other processes held: the error would measure the neighbours)."""
-    errors = np.abs([r[f"rel_error_{part}"] for r in results if not is_marked(r)], dtype=float)
+def error_summary(
+    results: Sequence[Mapping[str, Any]], part: str = "step", *, min_share: float = 0.0
+) -> dict[str, float]:
+    """Median and worst |relative error| of `part` over the points not marked contended (skipped
+    before they get here; a marked one would measure the neighbours) and, with `min_share`,
+    where `part` measured at least that share of the step."""
+    kept = [r for r in results if not is_marked(r)]
+    if min_share > 0:
+        kept = [r for r in kept if r[f"measured_{part}_s"] >= min_share * r["measured_step_s"]]
+    errors = np.abs([r[f"rel_error_{part}"] for r in kept], dtype=float)
     errors = errors[np.isfinite(errors)]
     if not len(errors):
         return {"median": math.nan, "worst": math.nan, "points": 0}
     return {"median": float(np.median(errors)), "worst": float(errors.max()), "points": len(errors)}
+
+
+def set_summaries(results: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per set (fit, held-out): the step's errors, and each part's over the points where it is
+    at least PART_SHARE of the step."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in (FIT, HELD_OUT):
+        members = [r for r in results if r["set"] == name]
+        if members:
+            out[name] = {
+                part: error_summary(members, part, min_share=0.0 if part == "step" else PART_SHARE)
+                for part in PARTS
+            }
+    return out
 
 
 def write_results(results: Sequence[Mapping[str, Any]], path: Path) -> None:
@@ -193,7 +251,8 @@ def write_results(results: Sequence[Mapping[str, Any]], path: Path) -> None:
 
 
 def plot_results(results: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
-    """Predicted against measured step time (log-log), the ±20 % band shaded."""
+    """Predicted against measured step time (log-log), the ±20 % band shaded; held-out points
+    filled circles, fit-set points open squares."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -207,13 +266,21 @@ def plot_results(results: Sequence[Mapping[str, Any]], path: str | os.PathLike) 
     ax.plot(line, line, "k-", lw=1)
     ax.fill_between(line, line / 1.2, line * 1.2, color="0.85", label="±20 %")
     for r, x, y in zip(results, measured, predicted, strict=True):
-        ax.plot(x, y, "o", label=f"{r['point']} ({r['optimizer']})")
-    s = error_summary(results)
+        held_out = r["set"] == HELD_OUT
+        ax.plot(
+            x,
+            y,
+            "o" if held_out else "s",
+            mfc=None if held_out else "none",
+            label=f"{r['point']} ({r['optimizer']}, {r['set']})",
+        )
+    s = error_summary([r for r in results if r["set"] == HELD_OUT])
     ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi))
     ax.set_xlabel("measured step (ms)")
     ax.set_ylabel("predicted step (ms)")
     ax.set_title(
-        f"step time: median |error| {100 * s['median']:.0f} %, worst {100 * s['worst']:.0f} %"
+        f"held-out step: median |error| {100 * s['median']:.0f} %, worst "
+        f"{100 * s['worst']:.0f} % ({s['points']} points)"
     )
     ax.legend(fontsize=7)
     with atomic_path(path) as tmp:

@@ -1,0 +1,260 @@
+"""This CPU's compute rates: forward + backward of conv blocks and dense heads timed over a small
+grid (threads, batch, voxels, channels, memory format), fitted per layer kind (perfmodel.rates),
+and the optimizer's update per element; any point's layer times then come from the fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from cosmocub.config import CalibrationConfig, ModelConfig, OptimizerConfig, load_config
+from cosmocub.models.cosmoflow import CosmoFlow, conv_block
+from cosmocub.perfmodel.compute import TRAIN_FLOPS_FACTOR, fastest_time, torch_threads
+from cosmocub.perfmodel.rates import RateFit, fit_rates
+
+FORMATS = {"contiguous": torch.contiguous_format, "channels_last_3d": torch.channels_last_3d}
+# The grid's convolutions are 3³ (every shipped config's model.kernel_size).
+KERNEL = 3
+# Dense heads of the grid: (features, dense sizes); six shapes per batch for 3 unknowns.
+HEAD_GRID = (
+    (64, (16,)),
+    (256, (128,)),
+    (1024, (128, 64)),
+    (2048, (16,)),
+    (8192, (128,)),
+    (8192, (64, 32)),
+)
+# The update's grid: (tensors, elements); its time is per tensor (Python's loop) + per element.
+UPDATE_GRID = ((4, 1 << 12), (4, 1 << 18), (32, 1 << 14), (32, 1 << 19))
+UPDATE_OPTIMIZERS = {
+    "adamw": {"name": "adamw"},
+    "lion": {"name": "lion"},
+    "sgd": {"name": "sgd"},
+    "lion_cub": {"name": "lion_cub", "lion_cub": {"quantizer": "sign", "collective": "alltoall"}},
+    # A scaled quantizer (l1, linf, l0): its per-tensor scales and levels besides the sign's work.
+    "lion_cub_scaled": {"name": "lion_cub", "lion_cub": {"quantizer": "l1", "bits": 4}},
+}
+
+
+def conv_kind(*, batch_norm: bool, memory_format: str) -> str:
+    return f"conv{'_bn' if batch_norm else ''}/{memory_format}"
+
+
+def conv_work(
+    *, batch: int, cin: int, cout: int, shape: Sequence[int], kernel: int
+) -> dict[str, float]:
+    """A conv block's work: one call, its training FLOPs, the bytes of its output activations
+    (conv, norm, activation, pool passes over them) and of its input unfolded over the kernel
+    (what a convolution on few channels spends its time moving), fp32."""
+    voxels = batch * math.prod(shape)
+    return {
+        "call": 1.0,
+        "flops": TRAIN_FLOPS_FACTOR * 2.0 * voxels * cin * cout * kernel**3,
+        "out_bytes": 4.0 * voxels * cout,
+        "unfold_bytes": 4.0 * voxels * cin * kernel**3,
+    }
+
+
+def head_work(*, batch: int, widths: Sequence[int]) -> dict[str, float]:
+    """A dense head's work (widths: features, the dense sizes, the outputs): a call per layer,
+    training FLOPs, and bytes of weights and activations."""
+    weights = sum(a * b for a, b in itertools.pairwise(widths))
+    return {
+        "call": float(len(widths) - 1),
+        "flops": TRAIN_FLOPS_FACTOR * 2.0 * batch * weights,
+        "bytes": 4.0 * (weights + batch * sum(widths)),
+    }
+
+
+def head_widths(model_cfg: ModelConfig, features: int) -> list[int]:
+    from cosmocub.models.heads import outputs_per_parameter
+
+    outputs = model_cfg.num_outputs * outputs_per_parameter(model_cfg)
+    return [features, *model_cfg.dense_sizes, outputs]
+
+
+def grid_threads(settings: CalibrationConfig, cores: int) -> tuple[int, ...]:
+    """calibration.threads, else 1, 2, 4, … up to the cores and the cores themselves."""
+    if settings.threads:
+        return tuple(settings.threads)
+    powers = [2**i for i in range(int(math.log2(cores)) + 1)]
+    return tuple(sorted({*powers, cores}))
+
+
+def batch_class(batch: int) -> str:
+    """oneDNN runs a batch of one on other kernels (a 16³ conv of 16 → 32 channels: forward
+    slower at batch 1 than at 4 here), so batch 1 is fitted apart from the larger batches."""
+    return "batch1" if batch == 1 else "batch2+"
+
+
+def fit_key(kind: str, threads: int, batch: int) -> str:
+    return f"{kind}@{threads}/{batch_class(batch)}"
+
+
+def _time_train(module: nn.Module, x: torch.Tensor, repeats: int) -> float:
+    x = x.requires_grad_(True)
+
+    def run() -> None:
+        module.zero_grad(set_to_none=True)
+        module(x).sum().backward()
+
+    return fastest_time(run, repeats)
+
+
+@functools.cache
+def base_model() -> ModelConfig:
+    return load_config(None).model
+
+
+def measure_grid(
+    settings: CalibrationConfig, *, threads: Sequence[int], kernel: int = KERNEL
+) -> list[dict[str, Any]]:
+    """One row per timing: kind, threads, the work's shape and its seconds (the fastest of
+    settings.repeats after a warm-up)."""
+    rows: list[dict[str, Any]] = []
+    base = base_model()
+    for t in threads:
+        with torch_threads(t):
+            for batch_norm in (False, True):
+                for fmt, layout in FORMATS.items():
+                    kind = conv_kind(batch_norm=batch_norm, memory_format=fmt)
+                    for (cin, cout), size, batch in _conv_points(settings):
+                        block = conv_block(
+                            cin, cout, kernel_size=kernel, batch_norm=batch_norm, slope=0.3
+                        ).to(memory_format=layout)
+                        x = torch.randn(batch, cin, size, size, size).to(memory_format=layout)
+                        seconds = _time_train(block.train(), x, settings.repeats)
+                        shape = {"batch": batch, "cin": cin, "cout": cout, "size": size}
+                        rows.append({"kind": kind, "threads": t, **shape, "seconds": seconds})
+            for features, dense in HEAD_GRID:
+                for batch in settings.batches:
+                    cfg = dataclasses.replace(base, dense_sizes=dense, dropout=0.0)
+                    head = _head_of(cfg, features)
+                    seconds = _time_train(
+                        head.train(), torch.randn(batch, features), settings.repeats
+                    )
+                    widths = head_widths(cfg, features)
+                    rows.append(
+                        {"kind": "head", "threads": t, "batch": batch, "widths": widths,
+                         "seconds": seconds}
+                    )  # fmt: skip
+    return rows
+
+
+def _conv_points(settings: CalibrationConfig):
+    for channels in settings.channels:
+        for size in settings.sizes:
+            for batch in settings.batches:
+                yield tuple(channels), size, batch
+
+
+def _head_of(cfg: ModelConfig, features: int) -> nn.Module:
+    """CosmoFlow's own head at `features` inputs (a one-block model whose pooled output has
+    that many: its conv is never run)."""
+    side = round((features / cfg.base_filters) ** (1 / 3))
+    if cfg.base_filters * side**3 != features:
+        side, filters = 1, features
+    else:
+        filters = cfg.base_filters
+    one_block = dataclasses.replace(
+        cfg, input_size=2 * side, num_conv_blocks=1, base_filters=filters
+    )
+    return CosmoFlow(one_block).head
+
+
+def row_work(row: Mapping[str, Any], *, kernel: int = KERNEL) -> dict[str, float]:
+    if row["kind"] == "head":
+        return head_work(batch=row["batch"], widths=row["widths"])
+    shape = (row["size"],) * 3
+    return conv_work(
+        batch=row["batch"], cin=row["cin"], cout=row["cout"], shape=shape, kernel=kernel
+    )
+
+
+def fit_grid(rows: Sequence[Mapping[str, Any]]) -> dict[str, RateFit]:
+    """One rate fit per fit_key (kind, threads, batch class) of the timings."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(fit_key(row["kind"], row["threads"], row["batch"]), []).append(row)
+    return {
+        key: fit_rates(
+            [row_work(r) for r in group],
+            [r["seconds"] for r in group],
+            what=f"compute calibration {key}",
+        )
+        for key, group in groups.items()
+    }
+
+
+def update_parameters(tensors: int, elements: int) -> list[tuple[str, nn.Parameter]]:
+    per = elements // tensors
+    out = []
+    for i in range(tensors):
+        p = nn.Parameter(torch.randn(per))
+        p.grad = torch.randn(per)
+        out.append((f"p{i}", p))
+    return out
+
+
+def measure_updates(*, threads: Sequence[int], repeats: int) -> list[dict[str, Any]]:
+    """The optimizer step (a data group of one: Lion Cub's interpolation, quantize and local
+    vote, no wire) over UPDATE_GRID's parameters, per optimizer and thread count."""
+    from cosmocub.optim.factory import build_optimizer
+
+    rows = []
+    for t in threads:
+        with torch_threads(t):
+            for name, section in UPDATE_OPTIMIZERS.items():
+                cfg = load_config(None, overrides={"optimizer": section}).optimizer
+                for tensors, elements in UPDATE_GRID:
+                    optimizer = build_optimizer(update_parameters(tensors, elements), cfg, 1)
+                    seconds = fastest_time(optimizer.step, repeats)
+                    rows.append(
+                        {"optimizer": name, "threads": t, "tensors": tensors,
+                         "elements": elements, "seconds": seconds}
+                    )  # fmt: skip
+    return rows
+
+
+def update_work(tensors: int, elements: int) -> dict[str, float]:
+    """An update's work: a Python loop over its tensors (a fixed cost each), and its elements."""
+    return {"tensors": float(tensors), "elements": float(elements)}
+
+
+def fit_updates(rows: Sequence[Mapping[str, Any]]) -> dict[str, RateFit]:
+    """A per-tensor and per-element cost per "optimizer@threads" (perfmodel.rates' fit, as the
+    layers')."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(f"{row['optimizer']}@{row['threads']}", []).append(row)
+    return {
+        key: fit_rates(
+            [update_work(r["tensors"], r["elements"]) for r in group],
+            [r["seconds"] for r in group],
+            what=f"update calibration {key}",
+        )
+        for key, group in groups.items()
+    }
+
+
+def update_key(optimizer_cfg: OptimizerConfig) -> str:
+    """The UPDATE_OPTIMIZERS entry that costs `optimizer_cfg`'s step."""
+    name = optimizer_cfg.name
+    lc = optimizer_cfg.lion_cub
+    if name in ("lion_cub", "distributed_lion"):
+        sign = name == "distributed_lion" or (lc is not None and lc.quantizer == "sign")
+        return "lion_cub" if sign else "lion_cub_scaled"
+    if name not in UPDATE_OPTIMIZERS:
+        raise ValueError(
+            f"key 'optimizer.name': {name!r} has no calibrated update (have "
+            f"{', '.join(UPDATE_OPTIMIZERS)})"
+        )
+    return name

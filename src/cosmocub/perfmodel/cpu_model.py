@@ -1,0 +1,314 @@
+"""This CPU's calibrated compute, cached per machine: the grid's rate fits (perfmodel.calibration)
+turned into any model's per-layer and update seconds; `load_or_calibrate` measures once per
+machine and refuses a cache from another machine, torch or grid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cosmocub.config import CalibrationConfig, Config, ModelConfig, OptimizerConfig
+from cosmocub.io import read_json, write_json
+from cosmocub.perfmodel import calibration as grid
+from cosmocub.perfmodel.rates import RateFit
+
+log = logging.getLogger(__name__)
+FORMAT_VERSION = 2
+# The models whose whole step, less their layers' fitted sum, is the step's glue (loss,
+# zero_grad, autograd between layers): test.yaml's and one twice its side.
+GLUE_MODELS = ({"input_size": 8, "base_filters": 4}, {"input_size": 16, "base_filters": 8})
+
+
+def machine_key(threads: Sequence[int]) -> dict[str, Any]:
+    """What a calibration holds only for: host, CPU model, torch, cores granted, threads."""
+    model = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "hostname": platform.node(),
+        "cpu_model": model,
+        "torch": torch.__version__,
+        "cores": len(os.sched_getaffinity(0)),
+        "threads": list(threads),
+    }
+
+
+def grid_settings(settings: CalibrationConfig) -> dict[str, Any]:
+    """The grid a calibration was measured on (its path is where it lies, not what it is)."""
+    return {
+        "repeats": settings.repeats,
+        "batches": list(settings.batches),
+        "sizes": list(settings.sizes),
+        "channels": [list(c) for c in settings.channels],
+        "head_grid": [[f, list(d)] for f, d in grid.HEAD_GRID],
+        "update_grid": [list(u) for u in grid.UPDATE_GRID],
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """The rate fits of one machine: per layer kind, threads and batch class; the step's glue
+    per memory format and threads; the update per optimizer and threads; with the timings,
+    how long they took and the load they were taken at."""
+
+    machine: Mapping[str, Any]
+    grid: Mapping[str, Any]
+    layers: Mapping[str, RateFit]
+    glue_s: Mapping[str, float]
+    updates: Mapping[str, RateFit]
+    timings: Sequence[Mapping[str, Any]] = field(default=(), repr=False)
+    wall_s: float = 0.0
+    load_1m: tuple[float, float] = (math.nan, math.nan)
+
+    @property
+    def threads(self) -> tuple[int, ...]:
+        return tuple(self.machine["threads"])
+
+    def _check_threads(self, threads: int) -> None:
+        if threads not in self.threads:
+            raise ValueError(
+                f"compute calibration: {threads} threads per rank not calibrated (have "
+                f"{list(self.threads)}; perf_model.calibration.threads)"
+            )
+
+    def layer_seconds(
+        self,
+        model_cfg: ModelConfig,
+        *,
+        batch: int,
+        split: tuple[int, int, int],
+        threads: int,
+        memory_format: str,
+    ) -> dict[str, float]:
+        """Forward + backward seconds of each conv block on one rank's block, of the head (on
+        the gathered features) and the step's glue ("overhead"), from the fits."""
+        self._check_threads(threads)
+        if model_cfg.name != "cosmoflow":
+            raise ValueError(
+                f"key 'model.name': {model_cfg.name!r}; the compute calibration costs CosmoFlow's "
+                "conv blocks and dense head only"
+            )
+        if model_cfg.kernel_size != grid.KERNEL:
+            raise ValueError(
+                f"key 'model.kernel_size': {model_cfg.kernel_size}; the compute calibration "
+                f"timed {grid.KERNEL}^3 convolutions only"
+            )
+        kind = grid.conv_kind(batch_norm=model_cfg.batch_norm, memory_format=memory_format)
+        conv = self.layers[grid.fit_key(kind, threads, batch)]
+        shape = [model_cfg.input_size // s for s in split]
+        channels, out = model_cfg.in_channels, {}
+        for i in range(model_cfg.num_conv_blocks):
+            filters = model_cfg.base_filters * 2**i
+            work = grid.conv_work(
+                batch=batch, cin=channels, cout=filters, shape=shape, kernel=model_cfg.kernel_size
+            )
+            out[f"block{i}"] = conv.seconds(work)
+            channels, shape = filters, [n // 2 for n in shape]
+        side = model_cfg.input_size // 2**model_cfg.num_conv_blocks
+        widths = grid.head_widths(model_cfg, channels * side**3)
+        head = self.layers[grid.fit_key("head", threads, batch)]
+        out["head"] = head.seconds(grid.head_work(batch=batch, widths=widths))
+        out["overhead"] = self.glue_s[f"{memory_format}@{threads}"]
+        return out
+
+    def optimizer_seconds(
+        self, sizes: Sequence[int], optimizer_cfg: OptimizerConfig, *, threads: int
+    ) -> float:
+        """The update of parameters of `sizes` elements (one rank, no wire)."""
+        self._check_threads(threads)
+        fit = self.updates[f"{grid.update_key(optimizer_cfg)}@{threads}"]
+        return fit.seconds(grid.update_work(len(sizes), sum(sizes)))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "machine": dict(self.machine),
+            "grid": dict(self.grid),
+            "wall_s": self.wall_s,
+            "load_1m": list(self.load_1m),
+            "layers": {k: f.as_dict() for k, f in self.layers.items()},
+            "glue_s": dict(self.glue_s),
+            "updates": {k: u.as_dict() for k, u in self.updates.items()},
+            "timings": list(self.timings),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Calibration:
+        return cls(
+            machine=d["machine"],
+            grid=d["grid"],
+            layers={k: RateFit.from_dict(v) for k, v in d["layers"].items()},
+            glue_s=d["glue_s"],
+            updates={k: RateFit.from_dict(v) for k, v in d["updates"].items()},
+            timings=d.get("timings", ()),
+            wall_s=d.get("wall_s", 0.0),
+            load_1m=tuple(d.get("load_1m", (math.nan, math.nan))),  # type: ignore[arg-type]
+        )
+
+
+def calibrate(settings: CalibrationConfig, *, cores: int) -> Calibration:
+    """Time the grid at every thread count, fit it, and time the step's glue."""
+    threads = grid.grid_threads(settings, cores)
+    start, load_start = time.perf_counter(), os.getloadavg()[0]
+    timings = grid.measure_grid(settings, threads=threads)
+    layers = grid.fit_grid(timings)
+    updates = grid.fit_updates(grid.measure_updates(threads=threads, repeats=settings.repeats))
+    partial = Calibration(
+        machine=machine_key(threads),
+        grid=grid_settings(settings),
+        layers=layers,
+        glue_s={},
+        updates=updates,
+    )
+    glue = _measure_glue(partial, settings)
+    return dataclasses.replace(
+        partial,
+        glue_s=glue,
+        timings=timings,
+        wall_s=time.perf_counter() - start,
+        load_1m=(load_start, os.getloadavg()[0]),
+    )
+
+
+def _measure_glue(partial: Calibration, settings: CalibrationConfig) -> dict[str, float]:
+    """Per memory format and threads: the whole model's training step (zero_grad, forward, loss,
+    backward) less its layers' fitted seconds, the median over GLUE_MODELS × batches. Negative
+    where each layer timed alone (its own zero_grad, sum and backward call) costs more glue than
+    the step has: the layers' sum is then too high by that much."""
+    from torch import nn
+
+    from cosmocub.models.cosmoflow import CosmoFlow
+    from cosmocub.perfmodel.compute import fastest_time, torch_threads
+
+    base = grid.base_model()
+    out = {}
+    for t in partial.threads:
+        with torch_threads(t):
+            for fmt, layout in grid.FORMATS.items():
+                residues = []
+                for shape in GLUE_MODELS:
+                    cfg = dataclasses.replace(base, **shape, num_conv_blocks=2, dense_sizes=(16,))
+                    model = CosmoFlow(cfg).train().to(memory_format=layout)
+                    for batch in settings.batches:
+                        x = torch.randn(batch, cfg.in_channels, *(cfg.input_size,) * 3)
+                        x = x.to(memory_format=layout)
+                        y = torch.zeros(batch, cfg.num_outputs)
+
+                        def step(model=model, x=x, y=y) -> None:
+                            model.zero_grad(set_to_none=True)
+                            nn.functional.mse_loss(model(x), y).backward()
+
+                        whole = fastest_time(step, settings.repeats)
+                        layers = _layers_only(partial, cfg, batch, t, fmt)
+                        residues.append(whole - sum(layers.values()))
+                out[f"{fmt}@{t}"] = statistics.median(residues)
+    return out
+
+
+def _layers_only(
+    partial: Calibration, cfg: ModelConfig, batch: int, threads: int, fmt: str
+) -> dict[str, float]:
+    with_glue = dataclasses.replace(partial, glue_s={f"{fmt}@{threads}": 0.0})
+    return with_glue.layer_seconds(
+        cfg, batch=batch, split=(1, 1, 1), threads=threads, memory_format=fmt
+    )
+
+
+def calibration_path(cfg: Config, given: str | os.PathLike | None) -> Path:
+    """`given`, else perf_model.calibration.path, else {results}/perf_model/calibration.json."""
+    if given is not None:
+        return Path(given)
+    if cfg.perf_model.calibration.path:
+        return Path(cfg.perf_model.calibration.path)
+    return Path(cfg.results) / "perf_model" / "calibration.json"
+
+
+def describe(cal: Calibration) -> str:
+    """What was timed, how long it took, at what load, and each fit's rate and error."""
+    m = cal.machine
+    lines = [
+        f"compute calibration on {m['hostname']} ({m['cpu_model']}, {m['cores']} cores, torch "
+        f"{m['torch']}): {len(cal.timings)} layer timings at threads {m['threads']} in "
+        f"{cal.wall_s:.1f} s, load {cal.load_1m[0]:.2f} -> {cal.load_1m[1]:.2f}"
+    ]
+    for key, fit in cal.layers.items():
+        peak = (
+            "FLOPs never the bottleneck on the grid"
+            if math.isinf(fit.peak_flops)
+            else f"peak {fit.peak_flops / 1e9:.3g} GFLOP/s"
+        )
+        lines.append(
+            f"  {key}: {peak}, fit error median "
+            f"{100 * fit.median_rel_error:.0f} %, worst {100 * fit.worst_rel_error:.0f} % over "
+            f"{fit.samples}"
+        )
+    for key, u in cal.updates.items():
+        per = u.seconds_per_unit
+        lines.append(
+            f"  update {key}: {1e9 * per['elements']:.3g} ns per element + "
+            f"{1e6 * per['tensors']:.3g} us per tensor"
+        )
+    lines.append(
+        f"  step glue: {', '.join(f'{k} {1e3 * v:.3g} ms' for k, v in cal.glue_s.items())}"
+    )
+    return "\n".join(lines)
+
+
+def read_calibration(path: Path, *, settings: CalibrationConfig, cores: int) -> Calibration:
+    """The calibration at `path`, if it was measured on this machine (host, CPU, torch, cores,
+    threads) and grid; else a ValueError naming the first difference."""
+    d = read_json(path, not_found="compute calibration not found")
+    if d.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path}: calibration format {d.get('format_version')}, this cosmocub reads "
+            f"{FORMAT_VERSION}; rerun `cosmocub perf-model calibrate --out {path}`"
+        )
+    want = {
+        "machine": machine_key(grid.grid_threads(settings, cores)),
+        "grid": grid_settings(settings),
+    }
+    for section, expected in want.items():
+        for key, value in expected.items():
+            theirs = d[section].get(key)
+            if theirs != value:
+                raise ValueError(
+                    f"{path}: calibrated with {section} {key} {theirs!r}, this run has "
+                    f"{value!r}: not used; rerun `cosmocub perf-model calibrate --out {path}` "
+                    "(or name another perf_model.calibration.path)"
+                )
+    return Calibration.from_dict(d)
+
+
+def load_or_calibrate(path: Path, settings: CalibrationConfig, *, cores: int) -> Calibration:
+    """The cached calibration at `path` (read_calibration's checks), or, where there is none,
+    one measured now and written there."""
+    if path.exists():
+        return read_calibration(path, settings=settings, cores=cores)
+    cal = calibrate(settings, cores=cores)
+    write_json(path, cal.as_dict())
+    log.info(
+        "compute calibration: %d timings at threads %s in %.1f s (load %.2f -> %.2f), %s",
+        len(cal.timings),
+        list(cal.threads),
+        cal.wall_s,
+        *cal.load_1m,
+        path,
+    )
+    return cal

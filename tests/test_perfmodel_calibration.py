@@ -1,0 +1,170 @@
+"""The compute calibration: the rate fit recovers a known rate × efficiency curve from noisy
+synthetic timings and refuses what cannot be fitted; a model's layer times follow from the fits;
+the cache is refused on another machine or grid; a tiny real grid calibrates and round-trips."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from calibration_fixtures import TEST_CONFIG, TRUE, synthetic_calibration
+
+from cosmocub.config import load_config
+from cosmocub.perfmodel import calibration as grid
+from cosmocub.perfmodel import cpu_model
+from cosmocub.perfmodel.rates import RateFit, fit_rates
+
+
+def _conv_works() -> list[dict[str, float]]:
+    return [
+        grid.conv_work(batch=b, cin=ci, cout=co, shape=(s, s, s), kernel=3)
+        for ci, co in ((1, 4), (4, 8), (16, 32))
+        for s in (4, 8, 16)
+        for b in (2, 4)
+    ]
+
+
+def test_the_rate_fit_recovers_a_known_rate_curve_from_noisy_timings() -> None:
+    rng = np.random.default_rng(0)
+    works = _conv_works()
+    truth = RateFit(seconds_per_unit=TRUE, samples=0, median_rel_error=0, worst_rel_error=0)
+    seconds = [truth.seconds(w) * (1 + 0.01 * rng.standard_normal()) for w in works]
+    fit = fit_rates(works, seconds, what="synthetic")
+    for term, value in TRUE.items():
+        assert fit.seconds_per_unit[term] == pytest.approx(value, rel=0.05), term
+    assert fit.peak_flops == pytest.approx(40e9, rel=0.05)
+    assert fit.median_rel_error < 0.02 and fit.samples == len(works)
+    # Efficiency saturates with the work's size: a 16³ block of 16 -> 32 channels runs nearer
+    # the peak than a 4³ one.
+    small, big = works[12], works[-1]
+    assert fit.efficiency(small) < fit.efficiency(big) < 1
+    assert fit.efficiency(big) == pytest.approx(truth.efficiency(big), rel=0.05)
+    # The update: 30 us per tensor and 1.5 ns per element, recovered the same way.
+    rows = [
+        {"optimizer": "lion", "threads": 1, "tensors": n, "elements": e,
+         "seconds": (30e-6 * n + 1.5e-9 * e) * (1 + 0.01 * rng.standard_normal())}
+        for n, e in grid.UPDATE_GRID
+    ]  # fmt: skip
+    per = grid.fit_updates(rows)["lion@1"].seconds_per_unit
+    assert per["tensors"] == pytest.approx(30e-6, rel=0.05)
+    assert per["elements"] == pytest.approx(1.5e-9, rel=0.05)
+
+
+def test_a_rate_fit_that_cannot_be_pinned_down_or_misses_is_refused() -> None:
+    works = _conv_works()
+    truth = RateFit(seconds_per_unit=TRUE, samples=0, median_rel_error=0, worst_rel_error=0)
+    seconds = [truth.seconds(w) for w in works]
+    with pytest.raises(ValueError, match=r"few: 5 timings, a rate fit needs at least 8"):
+        fit_rates(works[:5], seconds[:5], what="few")
+    # One shape at several batches: every term grows with the batch, none apart.
+    same = [grid.conv_work(batch=b, cin=4, cout=8, shape=(8, 8, 8), kernel=3) for b in range(1, 9)]
+    with pytest.raises(ValueError, match=r"batch-only: call, flops, out_bytes, unfold_bytes move"):
+        fit_rates(same, [1e-3 * b for b in range(1, 9)], what="batch-only")
+    # Timings that fall as the work grows: no non-negative rates describe them.
+    backwards = [1.0 / truth.seconds(w) * 1e-6 for w in works]
+    with pytest.raises(ValueError, match=r"backwards: .* misses the 18 timings by \d+ % median"):
+        fit_rates(works, backwards, what="backwards")
+    with pytest.raises(ValueError, match=r"zero: timings must be > 0 s"):
+        fit_rates(works, [0.0, *seconds[1:]], what="zero")
+
+
+def test_layer_times_follow_from_the_fits_at_the_points_shape() -> None:
+    cfg = load_config(TEST_CONFIG)
+    cal = synthetic_calibration()
+    m = cfg.model
+    got = cal.layer_seconds(m, batch=4, split=(2, 1, 1), threads=1, memory_format="contiguous")
+    assert set(got) == {"block0", "block1", "head", "overhead"}
+    conv = cal.layers["conv_bn/contiguous@1/batch2+"]
+    # Block 1 on a rank's half of the 4³ features: 2 x 4 x 4 voxels of 4 -> 8 channels.
+    block1 = grid.conv_work(batch=4, cin=4, cout=8, shape=(2, 4, 4), kernel=3)
+    assert got["block1"] == pytest.approx(conv.seconds(block1))
+    # The head sees the gathered features (2³ x 8 channels), whatever the split.
+    whole = cal.layer_seconds(m, batch=4, split=(1, 1, 1), threads=1, memory_format="contiguous")
+    assert got["head"] == whole["head"] and whole["block0"] > got["block0"]
+    assert got["overhead"] == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match=r"3 threads per rank not calibrated \(have \[1, 2\]"):
+        cal.layer_seconds(m, batch=4, split=(1, 1, 1), threads=3, memory_format="contiguous")
+    with pytest.raises(
+        ValueError, match=r"'model.kernel_size': 5; the compute calibration timed 3"
+    ):
+        cal.layer_seconds(
+            dataclasses.replace(m, kernel_size=5),
+            batch=4,
+            split=(1, 1, 1),
+            threads=1,
+            memory_format="contiguous",
+        )
+    sizes = [10, 20]
+    assert cal.optimizer_seconds(sizes, cfg.optimizer, threads=2) == pytest.approx(
+        2 * 1e-5 + 30 * 1e-9 / 2  # adamw: the first update entry
+    )
+
+
+def test_a_cache_from_another_machine_or_grid_is_refused(tmp_path: Path) -> None:
+    settings = load_config(TEST_CONFIG).perf_model.calibration
+    cal = synthetic_calibration((1, 2))
+    path = tmp_path / "calibration.json"
+    from cosmocub.io import write_json
+
+    write_json(path, cal.as_dict())
+    back = cpu_model.load_or_calibrate(path, settings, cores=2)
+    assert back.layers == cal.layers and back.updates == cal.updates
+    foreign = json.loads(path.read_text())
+    foreign["machine"]["hostname"] = "elsewhere"
+    write_json(path, foreign)
+    with pytest.raises(ValueError, match=r"calibrated with machine hostname 'elsewhere'"):
+        cpu_model.load_or_calibrate(path, settings, cores=2)
+    write_json(path, cal.as_dict())
+    other_grid = dataclasses.replace(settings, sizes=(4, 8))
+    with pytest.raises(ValueError, match=r"grid sizes \[4, 8, 16\], this run has \[4, 8\]"):
+        cpu_model.read_calibration(path, settings=other_grid, cores=2)
+    with pytest.raises(ValueError, match=r"machine threads \[1, 2\], this run has \[1, 2, 4\]"):
+        cpu_model.read_calibration(path, settings=settings, cores=4)
+
+
+def test_a_tiny_grid_is_timed_here_fitted_per_kind_and_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tiny = {"threads": [1], "repeats": 1, "sizes": [2, 4, 8], "batches": [1, 2],
+            "channels": [[1, 4], [2, 4], [4, 8]]}  # fmt: skip
+    cfg = load_config(TEST_CONFIG, overrides={"perf_model": {"calibration": tiny}})
+    settings = cfg.perf_model.calibration
+    rows = grid.measure_grid(settings, threads=(1,))
+    # 3 channel pairs x 3 sizes x 2 batches per conv kind (2 norms x 2 formats); 6 heads x 2.
+    assert len(rows) == 4 * 18 + 12 and all(r["seconds"] > 0 for r in rows)
+    # Timings on this shared machine are what they are; the fit's grouping is tested on the
+    # grid's real shapes at known rates.
+    truth = RateFit(seconds_per_unit=TRUE, samples=0, median_rel_error=0, worst_rel_error=0)
+    head = {"call": 1e-4, "flops": 1 / 20e9, "bytes": 1 / 5e9}
+    for r in rows:
+        work = grid.row_work(r)
+        r["seconds"] = (
+            truth.seconds(work) if r["kind"] != "head" else sum(head[k] * work[k] for k in head)
+        )
+    fits = grid.fit_grid(rows)
+    assert set(fits) == {
+        grid.fit_key(kind, 1, b)
+        for kind in [*(grid.conv_kind(batch_norm=n, memory_format=f)
+                       for n in (False, True) for f in grid.FORMATS), "head"]
+        for b in (1, 2)
+    }  # fmt: skip
+    assert fits["conv/channels_last_3d@1/batch1"].peak_flops == pytest.approx(40e9, rel=1e-3)
+    assert fits["head@1/batch2+"].seconds_per_unit["call"] == pytest.approx(1e-4, rel=1e-3)
+
+    calls = []
+    synthetic = synthetic_calibration((1,))
+
+    def calibrate(settings, *, cores):
+        calls.append(cores)
+        return dataclasses.replace(synthetic, grid=cpu_model.grid_settings(settings))
+
+    monkeypatch.setattr(cpu_model, "calibrate", calibrate)
+    path = tmp_path / "cal.json"
+    first = cpu_model.load_or_calibrate(path, settings, cores=1)
+    again = cpu_model.load_or_calibrate(path, settings, cores=1)
+    assert path.exists() and calls == [1]  # measured once, then read back
+    assert again.layers == first.layers and again.glue_s == first.glue_s
+    assert "compute calibration on" in cpu_model.describe(again)
