@@ -167,3 +167,8 @@ def test_spans_read_device_marks_once_when_asked_and_never_wait_before():
     spans.reset()
     spans.add(HOST_CLOCK, 1.0, 1.5, 1.25)
     assert spans.seconds == 0.5
+    # Buckets in flight: each launch to its completion, overlaps once, gaps and an end before
+    # its start not at all.
+    spans.reset()
+    spans.add_intervals(HOST_CLOCK, [(10.0, 11.0), (10.5, 12.0), (13.0, 14.0), (15.0, 14.5)])
+    assert spans.seconds == pytest.approx(3.0)

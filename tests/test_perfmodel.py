@@ -349,8 +349,9 @@ def test_model_bytes_equal_what_the_optimizers_count_and_ddp_times_both_ways(
     """Two gloo ranks. Besides the bytes: DDP overlapped (the default) trains to the same
     parameters bit for bit as blocking — both hooks run DDP's own all-reduce of the same buckets
     (divide by the group size, gloo's sum in the same order); the overlapped one only marks when
-    each finished — and times how long the all-reduce ran (busy) and what the step waited for
-    once backward was done (exposed, <= busy: from the last bucket's launch, not the first)."""
+    each finished — and times how long the all-reduce ran (busy: some bucket in flight) and what
+    the step waited for once backward was done (exposed: the last bucket's launch to the last
+    completion, a part of busy)."""
     config = Path(__file__).resolve().parents[1] / "config/test.yaml"
     script = tmp_path / "count.py"
     script.write_text(COUNT_BYTES)

@@ -9,8 +9,10 @@ device until the total is read: no torch.cuda.synchronize after every layer or b
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
@@ -77,18 +79,25 @@ def clock_for(device: torch.device) -> Clock:
 
 
 class Spans:
-    """Seconds of timed spans since the last reset. A span runs from a start mark to the latest of
-    its end marks (several where, say, buckets finish in any order); spans stay unread until
-    `seconds` is asked, or until more than MAX_PENDING wait (then only those already done are
-    read), so timing a GPU's queue never makes it wait. Marks from the main thread only."""
+    """Seconds of timed spans since the last reset. A span is the union of one or more intervals
+    between marks (one interval: start to end; a bucketed all-reduce: each bucket's launch to its
+    completion, so the time some bucket was in flight); spans stay unread until `seconds` is
+    asked, or until more than MAX_PENDING wait (then only those already done are read), so
+    timing a GPU's queue never makes it wait. Marks from the main thread only."""
 
     def __init__(self) -> None:
         self._total = 0.0
-        self._pending: deque[tuple[Clock, Any, tuple[Any, ...]]] = deque()
+        self._pending: deque[tuple[Clock, tuple[tuple[Any, Any], ...]]] = deque()
 
     def add(self, clock: Clock, start: Any, *ends: Any) -> None:
+        """The span from `start` to the latest of `ends` (none before `start` counts)."""
         assert ends, "a span needs an end mark"
-        self._pending.append((clock, start, ends))
+        self.add_intervals(clock, [(start, end) for end in ends])
+
+    def add_intervals(self, clock: Clock, intervals: Sequence[tuple[Any, Any]]) -> None:
+        """The span covered by the (start, end) intervals, once where they overlap."""
+        assert intervals, "a span needs an interval"
+        self._pending.append((clock, tuple(intervals)))
         if len(self._pending) > MAX_PENDING:
             self._read(wait=False)
 
@@ -108,8 +117,21 @@ class Spans:
 
     def _read(self, *, wait: bool) -> None:
         while self._pending:
-            clock, start, ends = self._pending[0]
-            if not wait and not all(clock.done(m) for m in (start, *ends)):
+            clock, intervals = self._pending[0]
+            if not wait and not all(clock.done(m) for pair in intervals for m in pair):
                 return  # the device has not got there: read it later rather than wait now
             self._pending.popleft()
-            self._total += max(0.0, max(clock.seconds(start, end) for end in ends))
+            origin = intervals[0][0]
+            self._total += union_length(
+                [(clock.seconds(origin, a), clock.seconds(origin, b)) for a, b in intervals]
+            )
+
+
+def union_length(intervals: Sequence[tuple[float, float]]) -> float:
+    """Length of the union of [start, end] intervals (one with end <= start is empty)."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(iv for iv in intervals if iv[1] > iv[0]):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total

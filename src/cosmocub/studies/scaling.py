@@ -216,7 +216,7 @@ STUDY = StudyDefinition(
         "epoch: compute_s holds forward, backward and the optimizer (not timed apart); halo_s "
         "the halo swaps; exchange_s what the step waited for the gradient all-reduce after "
         "backward (DDP overlapped: exchange_exposed_s, the same), exchange_busy_s how long it ran "
-        "(first bucket's launch to last bucket's completion); data_wait_s "
+        "(while some bucket's all-reduce was in flight); data_wait_s "
         "waiting for batches (not in step_s, the sum of the others). peak_rss_mb is rank 0's "
         "peak resident memory. "
         "Every rank of every point runs the same threads (cores per rank) on cores of its own, "

@@ -15,7 +15,8 @@ its collectives) plus what the gradient sync made the step wait (`grad_sync.exch
 train.ddp_exchange_timing = overlapped the part of DDP's all-reduce left once backward has
 handed over its last bucket, under blocking every bucket's whole all-reduce; the spatial
 average); time_exchange_busy_s how long that exchange ran, overlapped with backward or not
-(DDP overlapped: first bucket's launch to last bucket's completion; otherwise = time_exchange_s);
+(DDP overlapped: while some bucket's all-reduce was in flight, from its launch to its
+completion; otherwise = time_exchange_s);
 time_momentum_sync_s as the optimizer measured it, time_halo_s as the halo exchange measured
 itself (`parallel/halo.py`), time_compute_s the rest of the step (forward, backward, with the
 part of an overlapped all-reduce that ran under it), so the four add up to the step.

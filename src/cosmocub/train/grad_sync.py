@@ -15,10 +15,12 @@ a CPU, CUDA events on a GPU, read when asked, so measuring never stalls the devi
 DDP's all-reduce overlaps backward. With timing "overlapped" (the default) a communication hook
 launches DDP's own all-reduce of each bucket (same averaging math) without waiting and marks
 when it completed; the exposed part (exchange_s) is from the last bucket's launch, which is when
-backward hands over its last gradients, to the last completion, and busy from the first launch
-to the last completion. With "blocking" the hook waits for each bucket's all-reduce (on a GPU the
-compute stream waits for it), so the rest of backward cannot overlap it and the exchange is
-measured whole: exchange_s = exchange_busy_s, the sum of the buckets' waits.
+backward hands over its last gradients, to the last completion, and busy the time some bucket's
+all-reduce was in flight (the union of each bucket's launch to its completion: the model's sum
+of bucket times, perfmodel.overlap, without the gaps where backward had no bucket ready). With
+"blocking" the hook waits for each bucket's all-reduce (on a GPU the compute stream waits for
+it), so the rest of backward cannot overlap it and the exchange is measured whole: exchange_s =
+exchange_busy_s, the sum of the buckets' waits.
 """
 
 from __future__ import annotations
@@ -72,9 +74,10 @@ class DDPAllReduce:
         self.dims, self.timing = dims, timing
         self.clock = clock_for(dims.device)
         self.waited = Spans()  # what the steps waited for: exposed, or every bucket when blocking
-        self.busy = Spans()  # overlapped: first launch to last completion, per step
+        self.busy = Spans()  # overlapped: while some bucket's all-reduce was in flight
         # This step's marks, appended by the hook (launches) and by the futures' callbacks
-        # (completions: gloo's worker thread on a CPU), taken by after_backward.
+        # ((launch, completion) per bucket: gloo's worker thread on a CPU), taken by
+        # after_backward.
         self.launched: list[Any] = []
         self.completed: list[Any] = []
 
@@ -107,13 +110,14 @@ class DDPAllReduce:
         return future
 
     def _timed_allreduce(self, group, bucket):
-        self.launched.append(self.clock.mark())
+        launched = self.clock.mark()
+        self.launched.append(launched)
         completed = self.completed
 
         def mark_completed(fut):
             # Runs when the all-reduce is done (gloo), or in its stream once queued (NCCL: the
             # event then records in the stream that runs it).
-            completed.append(self.clock.mark())
+            completed.append((launched, self.clock.mark()))
             return fut.value()
 
         return allreduce_hook(group, bucket).then(mark_completed)
@@ -126,8 +130,8 @@ class DDPAllReduce:
         # DDP waited for every bucket's future (the one the hook returned, so its callback has
         # run) before backward returned: each launch has its completion.
         assert len(completed) == len(launched), (len(launched), len(completed))
-        self.busy.add(self.clock, launched[0], *completed)
-        self.waited.add(self.clock, launched[-1], *completed)
+        self.busy.add_intervals(self.clock, completed)
+        self.waited.add(self.clock, launched[-1], *(done for _, done in completed))
 
     def bytes_sent_per_step(self, payload_bytes: int) -> float:
         return ring_allreduce_bytes(payload_bytes, self.dims.data * self.dims.spatial)
