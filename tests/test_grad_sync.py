@@ -62,9 +62,11 @@ def test_spatial_average_leaves_the_replicated_head_out():
 
 
 @pytest.mark.parametrize("timing", ["blocking", "overlapped"])
-def test_ddp_exchange_is_timed_when_blocking_with_the_same_gradients(timing):
-    """One gloo rank: DDP still runs its all-reduce (averaging over a group of one), so the hook's
-    wait is real; gradients are those of the plain model either way."""
+def test_ddp_exchange_is_timed_either_way_with_the_same_gradients(timing):
+    """One gloo rank: DDP still runs its all-reduce (averaging over a group of one), so the
+    hook's marks are real; gradients are those of the plain model either way. Two buckets from
+    the second step on (the last layer's 1.4 MB fill DDP's 1 MiB first one): overlapped, the
+    step waits only from the second bucket's launch, less than the all-reduce ran."""
     import datetime
 
     from cosmocub.parallel.mesh import build_parallel_dims, close_parallel_dims
@@ -76,19 +78,97 @@ def test_ddp_exchange_is_timed_when_blocking_with_the_same_gradients(timing):
             datetime.timedelta(seconds=7)
         )  # the configured timeout reaches the mesh's groups, not torch's 30 min
         torch.manual_seed(0)
-        plain = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
-        copy = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+
+        def model() -> torch.nn.Module:
+            return torch.nn.Sequential(
+                torch.nn.Linear(6, 600), torch.nn.Tanh(), torch.nn.Linear(600, 600)
+            )
+
+        plain, copy = model(), model()
         copy.load_state_dict(plain.state_dict())
         sync = DDPAllReduce(dims, timing=timing)
         wrapped = sync.wrap(copy)
         x = torch.randn(4, 6)
-        plain(x).square().sum().backward()
-        wrapped(x).square().sum().backward()
-        for a, b in zip(plain.parameters(), copy.parameters(), strict=True):
-            assert torch.equal(a.grad, b.grad)
+        for step in range(2):  # the second with the buckets DDP rebuilt after the first
+            plain.zero_grad()
+            copy.zero_grad()
+            plain(x).square().sum().backward()
+            wrapped(x).square().sum().backward()
+            if timing == "overlapped":
+                # DDP's first backward runs one bucket; it then rebuilds them in gradient order.
+                assert len(sync.launched) == len(sync.completed) == 1 + step
+            sync.after_backward(copy)
+            for a, b in zip(plain.parameters(), copy.parameters(), strict=True):
+                assert torch.equal(a.grad, b.grad), step
+        assert sync.launched == sync.completed == []  # every mark taken into the spans
         if timing == "blocking":
-            assert sync.exchange_s > 0
+            assert 0 < sync.exchange_s == sync.exchange_busy_s
         else:
-            assert sync.exchange_s == 0
+            assert 0 < sync.exchange_s < sync.exchange_busy_s
     finally:
         close_parallel_dims(dims)
+
+
+def test_ddp_timing_must_be_known():
+    with pytest.raises(ValueError, match=r"train\.ddp_exchange_timing: 'sometimes'"):
+        DDPAllReduce(_dims(2, 1), timing="sometimes")
+
+
+class _FakeEvents:
+    """A device clock in a test: marks are event ids that a test completes by hand, each at a
+    time it chooses (what torch.cuda.Event's query and elapsed_time report on a GPU)."""
+
+    def __init__(self) -> None:
+        self.at: dict[int, float] = {}  # completed marks → their device time
+        self.issued = 0
+        self.waits = 0  # seconds() on a mark not done yet: a synchronize on a GPU
+
+    def mark(self) -> int:
+        self.issued += 1
+        return self.issued
+
+    def done(self, mark: int) -> bool:
+        return mark in self.at
+
+    def seconds(self, start: int, end: int) -> float:
+        if end not in self.at:
+            self.waits += 1
+            # The device catches up: the mark is done when the one queued before it was.
+            self.at[end] = self.at.get(end - 1, 0.0)
+        return self.at[end] - self.at[start]
+
+
+def test_spans_read_device_marks_once_when_asked_and_never_wait_before():
+    from cosmocub.parallel import timing
+    from cosmocub.parallel.timing import HOST_CLOCK, EventClock, Spans, clock_for
+
+    assert clock_for(torch.device("cpu")) is HOST_CLOCK
+    assert isinstance(clock_for(torch.device("cuda", 0)), EventClock)  # no GPU needed to build
+    clock, spans = _FakeEvents(), Spans()
+    for i in range(timing.MAX_PENDING + 10):
+        start, end = clock.mark(), clock.mark()
+        spans.add(clock, start, end)
+        if i < 3:  # the oldest spans finish: 1 s, 2 s, 3 s of device time
+            clock.at[start], clock.at[end] = 10.0 * i, 10.0 * i + i + 1
+    # Past MAX_PENDING only the finished ones at the front were read, without waiting.
+    assert clock.waits == 0 and spans.pending == timing.MAX_PENDING + 7
+    for j, mark in enumerate(range(7, clock.issued + 1)):
+        clock.at[mark] = 100.0 + (j // 2) * 0.5 + (j % 2) * 0.25  # the rest: 0.25 s each
+    assert spans.seconds == pytest.approx(1 + 2 + 3 + 0.25 * (timing.MAX_PENDING + 7))
+    assert spans.pending == 0 and clock.waits == 0
+    # A span ends at the latest of its end marks (buckets completing in any order); a span
+    # read before its end is done waits for it (synchronize), and only then.
+    a, b, c = clock.mark(), clock.mark(), clock.mark()
+    clock.at[a], clock.at[c] = 200.0, 200.5
+    spans.reset()
+    spans.add(clock, a, b, c)
+    assert spans.seconds == pytest.approx(0.5) and clock.waits == 1
+    # The host clock: perf_counter readings, done at once.
+    spans.reset()
+    spans.add(HOST_CLOCK, 1.0, 1.5, 1.25)
+    assert spans.seconds == 0.5
+    # Buckets in flight: each launch to its completion, overlaps once, gaps and an end before
+    # its start not at all.
+    spans.reset()
+    spans.add_intervals(HOST_CLOCK, [(10.0, 11.0), (10.5, 12.0), (13.0, 14.0), (15.0, 14.5)])
+    assert spans.seconds == pytest.approx(3.0)

@@ -106,8 +106,8 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def ddp_run(shards: Path):
-    """AdamW (DDP, blocking exchange timing) on 2 nodes at 10 Mbit/s: the counters' check and the
-    fault test's uninterrupted reference."""
+    """AdamW (DDP, its all-reduce overlapped with backward: the default timing) on 2 nodes at
+    10 Mbit/s: the counters' check and the fault test's uninterrupted reference."""
     if NO_NETNS:
         pytest.skip(f"emulated points skipped: {NO_NETNS}")
     root = shards.parent
@@ -279,11 +279,18 @@ def test_ddp_on_two_nodes_sends_what_it_counts_and_times_its_exchange(ddp_run) -
     last = result.metrics[-1]
     ratio = _ratio_within_framing(last)
     print(f"DDP at {RATE_MBIT} Mbit/s: wire/counted {ratio:.4f}")
+    print(
+        f"  per step: all-reduce busy {last['time_exchange_busy_s'] * 1e3:.1f} ms, exposed "
+        f"{last['time_exchange_s'] * 1e3:.1f} ms, compute {last['time_compute_s'] * 1e3:.1f} ms"
+    )
     # Over the whole run each node sent at least every step's counted bytes.
     assert min(result.node_tx_bytes) >= 16 * last["comm_bytes_per_step"]
-    # The exchange is timed, and the link's rate bounds it from below (>= 90 % of payload/rate).
+    # The exchange is timed without blocking, and the link's rate bounds how long it ran from
+    # below (>= 90 % of payload/rate). What the step waited for after backward is no more than
+    # that: here all of it, as the 70k parameters fill one bucket, launched when backward ends.
     at_rate_s = last["comm_bytes_per_step"] * 8 / (RATE_MBIT * 1e6)
-    assert last["time_exchange_s"] >= 0.9 * at_rate_s
+    assert last["time_exchange_busy_s"] >= 0.9 * at_rate_s
+    assert 0 < last["time_exchange_s"] <= last["time_exchange_busy_s"]
     assert last["time_exchange_s"] > last["time_compute_s"]
     assert result.cores_per_rank == split_cores(os.sched_getaffinity(0), 2, 1)[1]
     assert list_namespaces(PREFIX) == []

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -288,7 +289,9 @@ VARIANTS = {
 STEPS = 4
 
 # Each rank: every variant's optimizer on the test config's CosmoFlow, gradients synced and
-# counted as the training loop does (build_gradient_sync, CommMeter), for STEPS steps.
+# counted as the training loop does (build_gradient_sync, CommMeter, steps on the device's clock),
+# for STEPS steps; the DDP variants under both train.ddp_exchange_timing values ("<name>
+# blocking" beside the default, overlapped).
 COUNT_BYTES = """
 import json, sys
 import torch
@@ -296,36 +299,59 @@ from cosmocub.config import load_config
 from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.optim.factory import build_optimizer
 from cosmocub.parallel.mesh import build_parallel_dims
+from cosmocub.parallel.timing import clock_for
 from cosmocub.train.comm_meter import CommMeter
 from cosmocub.train.grad_sync import build_gradient_sync
 
 config, variants, steps = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 dims = build_parallel_dims(backend="gloo", spatial=1)
-counted = {}
-for name, optimizer in variants.items():
+clock = clock_for(dims.device)
+runs = [(name, optimizer, "overlapped") for name, optimizer in variants.items()]
+runs += [(f"{name} blocking", variants[name], "blocking") for name in ("adamw", "lion")]
+counted, timed, final = {}, {}, {}
+for name, optimizer, timing in runs:
     cfg = load_config(config, overrides={"optimizer": optimizer})
     torch.manual_seed(0)
     model = CosmoFlow(cfg.model)
     opt = build_optimizer(model.named_parameters(), cfg.optimizer, 8, dims=dims)
-    sync = build_gradient_sync(opt, dims)
+    sync = build_gradient_sync(opt, dims, ddp_timing=timing)
     wrapped = sync.wrap(model)
     meter = CommMeter(opt, model, sync)
     gen = torch.Generator().manual_seed(dims.rank)
     for _ in range(steps):
         x = torch.randn(2, 4, 8, 8, 8, generator=gen)
+        start = clock.mark()
         opt.zero_grad(set_to_none=True)
         wrapped(x).square().mean().backward()
         sync.after_backward(model)
         opt.step()
-        meter.add_step(0.0)
-    counted[name] = meter.metrics()["comm_bytes_per_step"]
+        meter.add_step(clock, start, clock.mark())
+    metrics = meter.metrics()
+    counted[name] = metrics["comm_bytes_per_step"]
+    timed[name] = {k: metrics[f"time_{k}_s"] for k in ("compute", "exchange", "exchange_busy")}
+    final[name] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+same = {name: torch.equal(final[name], final[f"{name} blocking"]) for name in ("adamw", "lion")}
 if dims.rank == 0:
     print("COUNTED " + json.dumps(counted), flush=True)
+    print("TIMED " + json.dumps(timed), flush=True)
+    print("SAME " + json.dumps(same), flush=True)
 """
 
 
+def _printed(out: str, tag: str) -> Any:
+    return json.loads(out.split(f"{tag} ", 1)[1].splitlines()[0])
+
+
 @pytest.mark.slow
-def test_model_bytes_equal_what_the_optimizers_count(tmp_path: Path) -> None:
+def test_model_bytes_equal_what_the_optimizers_count_and_ddp_times_both_ways(
+    tmp_path: Path,
+) -> None:
+    """Two gloo ranks. Besides the bytes: DDP overlapped (the default) trains to the same
+    parameters bit for bit as blocking — both hooks run DDP's own all-reduce of the same buckets
+    (divide by the group size, gloo's sum in the same order); the overlapped one only marks when
+    each finished — and times how long the all-reduce ran (busy: some bucket in flight) and what
+    the step waited for once backward was done (exposed: the last bucket's launch to the last
+    completion, a part of busy)."""
     config = Path(__file__).resolve().parents[1] / "config/test.yaml"
     script = tmp_path / "count.py"
     script.write_text(COUNT_BYTES)
@@ -335,7 +361,17 @@ def test_model_bytes_equal_what_the_optimizers_count(tmp_path: Path) -> None:
     )
     out, err = proc.stdout, proc.stderr
     assert proc.returncode == 0, err[-3000:]
-    counted = json.loads(out.split("COUNTED ", 1)[1].splitlines()[0])
+    counted, timed = _printed(out, "COUNTED"), _printed(out, "TIMED")
+    print(json.dumps(timed, indent=1))
+    assert _printed(out, "SAME") == {"adamw": True, "lion": True}
+    for name in ("adamw", "lion"):
+        overlapped, blocking = timed[name], timed[f"{name} blocking"]
+        assert 0 < overlapped["exchange"] <= overlapped["exchange_busy"], overlapped
+        assert 0 < blocking["exchange"] == blocking["exchange_busy"], blocking
+        assert counted[name] == counted[f"{name} blocking"]
+    for name in VARIANTS:
+        if name not in ("adamw", "lion"):  # the Lions wait for their exchange: all exposed
+            assert timed[name]["exchange"] == timed[name]["exchange_busy"] > 0, name
     net = AlphaBeta(alpha_s=1e-5, beta_s_per_byte=1e-9)
     network = Network.uniform(net, net, ranks_per_node=2)
     for name, optimizer in VARIANTS.items():

@@ -56,7 +56,11 @@ def _calibration():
 
 POINTS = {
     # name: (overrides, measured row's labels)
-    "ddp_one_node": ({}, {"data": "2", "world_size": "2", "nodes": "1"}),
+    "ddp_one_node": ({}, {"data": "2", "world_size": "2", "nodes": "1"}),  # DDP overlapped
+    "ddp_blocking_two_nodes": (
+        {"train": {"ddp_exchange_timing": "blocking"}},
+        {"data": "2", "world_size": "2", "nodes": "2", "bandwidth_mbit": "10"},
+    ),
     "cub_two_nodes": (
         {"optimizer": LION_CUB},
         {"data": "2", "world_size": "2", "nodes": "2", "bandwidth_mbit": "10"},

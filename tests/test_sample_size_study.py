@@ -259,3 +259,11 @@ def test_training_row_means_the_steps_after_the_first_epoch(tmp_path: Path) -> N
     assert row["step_s"] == pytest.approx(row["compute_s"] + row["exchange_s"])
     assert (row["data"], row["spatial"], row["nodes"], row["cores_per_rank"]) == (2, 2, 2, 1)
     assert (row["steps"], row["final_val_loss"], row["comm_bytes_per_step"]) == (12, 1.0, 100.0)
+    # What the step waited for (exposed) is exchange_s; how long the exchange ran is blank for a
+    # run from before it was recorded, and its own mean where it was.
+    assert row["exchange_exposed_s"] == row["exchange_s"] and row["exchange_busy_s"] is None
+    for e, busy in zip(epochs, (9.0, 0.25, 1.0), strict=True):
+        e["time_exchange_busy_s"] = busy
+    (run / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in epochs))
+    row = training_row(PointOutputs(point=Point(name="p", overrides={}), folder=tmp_path))
+    assert row["exchange_busy_s"] == pytest.approx((4 * 0.25 + 2 * 1.0) / 6)

@@ -110,6 +110,7 @@ def test_outputs_follow_the_run_format(shards: Path, tmp_path: Path) -> None:
         "comm_bytes_per_step",
         "time_compute_s",
         "time_exchange_s",
+        "time_exchange_busy_s",
         "time_momentum_sync_s",
         "halo_bytes_per_step",
         "time_halo_s",
@@ -553,6 +554,11 @@ def test_two_gloo_ranks_survive_a_restart_with_identical_weights(
     # The model that rank 0 wrote is the weights both ranks hold.
     written = torch.load(run / "model.pt", weights_only=True)["state_dict"]
     assert all(torch.equal(written[k], rank0[k]) for k in rank0)
+    # DDP overlapped (the default) is timed: how long its all-reduce ran, and what the steps
+    # waited for after backward (all of it here: the tiny model's gradients fill one bucket).
+    for epoch in (json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()):
+        assert 0 < epoch["time_exchange_s"] <= epoch["time_exchange_busy_s"], epoch
+        assert epoch["time_compute_s"] > 0, epoch
 
 
 def _kill_first_attempt_rank(launcher: subprocess.Popen, timeout: float = 120) -> int:

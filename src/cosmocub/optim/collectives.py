@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from cosmocub.optim.packing import pack_bits, pack_codes, unpack_bits, unpack_codes
 from cosmocub.optim.vote import bits_to_signs, from_codes, sign_bits, to_codes, vote
+from cosmocub.parallel.timing import Spans
 
 COLLECTIVES = ("allgather", "alltoall", "allreduce")
 
@@ -38,15 +39,27 @@ all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_in
 
 @dataclass
 class CommStats:
-    """What this rank sent and waited for since the last reset (one epoch, in the training loop)."""
+    """What this rank sent and waited for since the last reset (one epoch, in the training loop):
+    the exchange and momentum syncs as spans on the device's clock (`parallel/timing.py`: read
+    when asked, so a GPU is not made to wait at every step), the phases in host seconds."""
 
     bytes_sent: float = 0.0
-    exchange_s: float = 0.0
-    momentum_sync_s: float = 0.0
+    exchange: Spans = field(default_factory=Spans)
+    momentum_sync: Spans = field(default_factory=Spans)
     phase_s: dict[str, float] = field(default_factory=dict)  # exchange phase -> host seconds
 
+    @property
+    def exchange_s(self) -> float:
+        return self.exchange.seconds
+
+    @property
+    def momentum_sync_s(self) -> float:
+        return self.momentum_sync.seconds
+
     def reset(self) -> None:
-        self.bytes_sent = self.exchange_s = self.momentum_sync_s = 0.0
+        self.bytes_sent = 0.0
+        self.exchange.reset()
+        self.momentum_sync.reset()
         self.phase_s.clear()
 
     def lap(self, phase: str, since: float) -> float:

@@ -27,6 +27,7 @@ from cosmocub.optim.lion import check_lion_hyperparameters, lion_apply, lion_int
 from cosmocub.optim.momentum_sync import average_momenta, is_sync_step, matches
 from cosmocub.optim.quantize import quantize, quantizer_levels, wire_bits
 from cosmocub.optim.vote import tie_pattern
+from cosmocub.parallel.timing import Spans, clock_for
 
 
 @dataclass
@@ -166,13 +167,15 @@ class LionCub(Optimizer):
         if bucket.ready == len(bucket.params):
             self._start(bucket, self.step_count + 1)
 
-    def _timed(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+    def _timed(self, fn: Callable[[], Any], spans: Spans) -> Any:
+        """fn() timed into `spans` on the device's clock: on a GPU between two CUDA events, the
+        collectives' waits having made the stream wait for them, read once an epoch."""
         device = self.buckets[0].momentum.device if self.buckets else torch.device("cpu")
-        start = time.perf_counter()
+        clock = clock_for(device)
+        start = clock.mark()
         out = fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)  # so the time is the exchange's, not a later wait's
-        return out, time.perf_counter() - start
+        spans.add(clock, start, clock.mark())
+        return out
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -195,8 +198,7 @@ class LionCub(Optimizer):
                 bucket.pending, bucket.ready = None, 0
             return updates
 
-        updates, seconds = self._timed(exchange)
-        self.comm_stats.exchange_s += seconds
+        updates = self._timed(exchange, self.comm_stats.exchange)
         for bucket, update in zip(self.buckets, updates, strict=True):
             update = bucket.scratch.copy_(update)  # c is spent: its buffer holds the update
             offset = 0
@@ -215,8 +217,7 @@ class LionCub(Optimizer):
                 offset += n
         self.step_count = step
         if self.group_size > 1 and is_sync_step(step, **self.sync):
-            _, seconds = self._timed(self._average_momenta)
-            self.comm_stats.momentum_sync_s += seconds
+            self._timed(self._average_momenta, self.comm_stats.momentum_sync)
         return loss
 
     def _average_momenta(self) -> None:

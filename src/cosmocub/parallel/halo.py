@@ -2,17 +2,19 @@
 
 Each rank pads its block (B, C, d, h, w) with `width` planes from its neighbours along every dim
 that has a halo; the backward pass sends the halo gradients back to their owners, which add them.
-What a rank sends and how long the exchanges take are counted in the plan's `HaloStats`.
+What a rank sends and how long the exchanges take are counted in the plan's `HaloStats` (on the
+device's clock, `parallel/timing.py`: CUDA events on a GPU, read once an epoch).
 """
 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+from cosmocub.parallel.timing import Spans, clock_for
 
 SPATIAL_DIMS = ("depth", "height", "width")
 # Tags keep the two messages of one swap apart when both neighbours are the same rank (a periodic
@@ -37,15 +39,21 @@ def spatial_rank(coords: tuple[int, int, int], split: tuple[int, int, int]) -> i
 @dataclass
 class HaloStats:
     """What this rank's halo exchanges sent (bytes of the planes it sent to other ranks; a
-    periodic wrap of an unsplit dim stays local) and how long they took (host wall clock of the
-    forward and backward exchange: slab copies, transfer, wait, concatenation), since the last
-    reset. The training loop reads it per epoch (`train/comm_meter.py`)."""
+    periodic wrap of an unsplit dim stays local) and how long they took (the forward and
+    backward exchange: slab copies, transfer, wait, concatenation; host time on a CPU, device
+    time between CUDA events on a GPU), since the last reset. The training loop reads it per
+    epoch (`train/comm_meter.py`)."""
 
     bytes_sent: int = 0
-    seconds: float = 0.0
+    spans: Spans = field(default_factory=Spans)
+
+    @property
+    def seconds(self) -> float:
+        return self.spans.seconds
 
     def reset(self) -> None:
-        self.bytes_sent, self.seconds = 0, 0.0
+        self.bytes_sent = 0
+        self.spans.reset()
 
 
 @dataclass(frozen=True)
@@ -154,34 +162,29 @@ def _unpad_dim(g: torch.Tensor, d: int, plan: HaloPlan) -> torch.Tensor:
     return inner
 
 
-def _sync(x: torch.Tensor) -> None:
-    if x.device.type == "cuda":
-        torch.cuda.synchronize(x.device)  # so the time is the exchange's, not a later wait's
-
-
 class _HaloExchange(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_bcdhw: torch.Tensor, plan: HaloPlan) -> torch.Tensor:  # type: ignore[override]
         ctx.plan = plan
-        start = time.perf_counter()
+        clock = clock_for(x_bcdhw.device)
+        start = clock.mark()
         # Dims one after another, each padding the halos already received: the second exchange
         # carries the first one's halo planes along, which fills edges and corners.
         for d in range(3):
             if plan.widths[d]:
                 x_bcdhw = _pad_dim(x_bcdhw, d, plan)
-        _sync(x_bcdhw)
-        plan.stats.seconds += time.perf_counter() - start
+        plan.stats.spans.add(clock, start, clock.mark())
         return x_bcdhw
 
     @staticmethod
     def backward(ctx, g_bcdhw: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
         plan = ctx.plan
-        start = time.perf_counter()
+        clock = clock_for(g_bcdhw.device)
+        start = clock.mark()
         for d in reversed(range(3)):
             if plan.widths[d]:
                 g_bcdhw = _unpad_dim(g_bcdhw, d, plan)
-        _sync(g_bcdhw)
-        plan.stats.seconds += time.perf_counter() - start
+        plan.stats.spans.add(clock, start, clock.mark())
         return g_bcdhw, None
 
 

@@ -3,10 +3,13 @@ parts, as cosmocub.studies.engine.training_row gives them) beside the model's pr
 same point (its config.yaml beside the table), with the relative errors and a plot.
 
 How the measured columns map onto the model's parts: measured compute_s is the step less the
-optimizer's timed exchange and momentum sync, so it holds compute, halo swaps, the optimizer's
-arithmetic and (for DDP, which overlaps backward and is not timed apart) the gradient all-reduce.
-Where a table times DDP's exchange apart (exchange_s > 0 for a DDP optimizer), it is compared
-as exchange instead.
+timed exchange and momentum sync, so it holds compute, halo swaps and the optimizer's arithmetic.
+The measured exchange is what the step waited for (exchange_exposed_s, or exchange_s in tables
+from before that column): for DDP under train.ddp_exchange_timing overlapped the part of the
+all-reduce left after backward, which the model predicts as such (its exchange_s; busy, the
+whole all-reduce, beside it), under blocking every bucket. A table from before DDP was timed
+overlapped (exchange_s = 0 for a DDP optimizer) has the exchange inside compute_s, and is
+compared so.
 
 The fit is the compute calibration and the links' α–β; every measured point is held out, except
 those named in the fit set, on which the one optional correction (the cores' speed during the
@@ -106,6 +109,7 @@ def cpu_predictor(
             layer_seconds={k: v * slowdown for k, v in layers.items()},
             optimizer_s=optimizer_s * slowdown,
             steps=max(1, int(float(row.get("steps") or 1000))),
+            ddp_overlap=cfg.train.ddp_exchange_timing == "overlapped",
         )
         return prediction, cfg.optimizer.name
 
@@ -140,6 +144,7 @@ def compare(
     for row in rows:
         p, optimizer = predict(row)
         measured = {part: float(row[f"{part}_s"]) for part in PARTS}
+        measured["exchange"] = float(row.get("exchange_exposed_s") or row["exchange_s"])
         # Tables with a halo_s column time the halo swaps apart from compute_s: the model's
         # compute holds them.
         measured["compute"] += float(row.get("halo_s") or 0)
@@ -162,6 +167,8 @@ def compare(
         result |= {
             "predicted_halo_s": p.halo_s,
             "predicted_optimizer_s": p.optimizer_s,
+            "predicted_exchange_busy_s": p.exchange_s + p.exchange_hidden_s,
+            "measured_exchange_busy_s": float(row.get("exchange_busy_s") or "nan"),
             "predicted_comm_bytes_per_step": p.comm_bytes_per_step,
             "measured_comm_bytes_per_step": float(row.get("comm_bytes_per_step") or "nan"),
         }

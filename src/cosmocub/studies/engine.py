@@ -313,7 +313,10 @@ def training_row(outputs: PointOutputs) -> dict[str, Any]:
     """A point's training as one row: mesh, cores per rank, steps, and per-step means of the
     step's parts over the epochs after the first (which holds start-up costs) when there are
     several, weighted by their steps; step_s is their sum (data loading excluded); then the
-    machine's conditions (cosmocub.studies.conditions.CONDITION_COLUMNS)."""
+    machine's conditions (cosmocub.studies.conditions.CONDITION_COLUMNS).
+    exchange_exposed_s is exchange_s (what the step waited for its exchange: under DDP
+    overlapped the part left after backward), named beside exchange_busy_s, how long the
+    exchange ran (blank for runs from before it was recorded)."""
     summary, record = outputs.train_summary(), outputs.record()
     epochs = outputs.metrics()
     if not epochs:
@@ -332,6 +335,8 @@ def training_row(outputs: PointOutputs) -> dict[str, Any]:
         # A part the run did not time (no halo without a spatial split, say) took no time.
         row[name] = step_weighted_mean_after_first(epochs, key, missing=0.0)
     row["step_s"] = row["compute_s"] + row["exchange_s"] + row["momentum_sync_s"] + row["halo_s"]
+    row["exchange_exposed_s"] = row["exchange_s"]
+    row["exchange_busy_s"] = step_weighted_mean_after_first(epochs, "time_exchange_busy_s")
     return row | condition_row(epochs, record)  # the CPU the ranks had, and the contended mark
 
 

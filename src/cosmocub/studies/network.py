@@ -45,6 +45,8 @@ COLUMNS = (
     "step_s",
     "compute_s",
     "exchange_s",
+    "exchange_busy_s",
+    "exchange_exposed_s",
     "momentum_sync_s",
     "comm_bytes_per_step",
     "wire_bytes_per_step",
@@ -238,8 +240,10 @@ STUDY = StudyDefinition(
     finish=finish,
     description=(
         "Each optimizer variant at each link rate on emulated nodes (0 = unshaped). Per-step "
-        "means after the first epoch; exchange_s is the optimizer's exchange (DDP's bucket "
-        "all-reduces timed by a blocking hook, the distributed Lions' voted exchange); "
+        "means after the first epoch; exchange_s is what the step waited for the optimizer's "
+        "exchange (for Lion/AdamW the part of DDP's all-reduce left after backward, which it "
+        "overlaps: exchange_exposed_s, the same; the distributed Lions' voted exchange), "
+        "exchange_busy_s how long the exchange ran; "
         "wire_bytes_per_step is the mean over nodes of interface tx bytes per step. "
         "Validation losses are smoothed: a trailing mean over network_study.target_smoothing "
         "evaluations (final_val_loss_smoothed: the last). "

@@ -3,9 +3,10 @@ over data x spatial meshes, each mesh on emulated nodes (cosmocub.netemu) at one
 
 Points are `<mode>_<data>x<spatial>`. The breakdown per step (means after the first epoch):
 compute (forward, backward and the optimizer's arithmetic: the optimizer is not timed apart),
-halo (the spatial layers' halo swaps), exchange (the gradient all-reduce, timed by a blocking DDP
-hook), data wait (waiting for the next batch), plus cores per rank and rank 0's peak resident
-memory. Every rank of every point runs the same threads on cores of its own (the workflow's
+halo (the spatial layers' halo swaps), exchange (what the step waited for the gradient
+all-reduce: DDP overlaps it with backward, train.ddp_exchange_timing; how long it ran is
+exchange_busy_s), data wait (waiting for the next batch), plus cores per rank and rank 0's peak
+resident memory. Every rank of every point runs the same threads on cores of its own (the workflow's
 `--cpus-per-rank`, one number per study), so the 1x1 reference runs as each rank of the others;
 a mesh whose ranks need more cores than there are shares them, is marked `oversubscribed`, and
 gets no efficiency. Efficiency is per core-second: samples per second per core the ranks had,
@@ -48,6 +49,8 @@ COLUMNS = (
     "compute_s",
     "halo_s",
     "exchange_s",
+    "exchange_busy_s",
+    "exchange_exposed_s",
     "momentum_sync_s",
     "data_wait_s",
     "comm_bytes_per_step",
@@ -211,7 +214,9 @@ STUDY = StudyDefinition(
         "Strong (fixed global batch) and weak (fixed batch per data rank) scaling over data x "
         "spatial meshes on emulated nodes at one link rate. Per-step means after the first "
         "epoch: compute_s holds forward, backward and the optimizer (not timed apart); halo_s "
-        "the halo swaps; exchange_s the gradient all-reduce (blocking DDP hook); data_wait_s "
+        "the halo swaps; exchange_s what the step waited for the gradient all-reduce after "
+        "backward (DDP overlapped: exchange_exposed_s, the same), exchange_busy_s how long it ran "
+        "(while some bucket's all-reduce was in flight); data_wait_s "
         "waiting for batches (not in step_s, the sum of the others). peak_rss_mb is rank 0's "
         "peak resident memory. "
         "Every rank of every point runs the same threads (cores per rank) on cores of its own, "

@@ -27,6 +27,8 @@ COLUMNS = (
     "step_s",
     "compute_s",
     "exchange_s",
+    "exchange_busy_s",
+    "exchange_exposed_s",
     "momentum_sync_s",
     "comm_bytes_per_step",
     "final_val_loss",
@@ -92,7 +94,9 @@ STUDY = StudyDefinition(
     description=(
         "Per-step means (after the first epoch) of the training step's parts on each mesh and "
         "optimizer: the measured points `cosmocub perf-model validate` compares against. "
-        "compute_s holds forward, backward, the optimizer's arithmetic and DDP's all-reduce "
-        "(it overlaps backward); exchange_s the distributed Lions' voted exchange."
+        "compute_s holds forward, backward (with the part of DDP's all-reduce that ran under "
+        "it) and the optimizer's arithmetic; exchange_s what the step waited for its exchange "
+        "(DDP overlapped: the all-reduce left after backward, = exchange_exposed_s; the "
+        "distributed Lions' voted exchange); exchange_busy_s how long the exchange ran."
     ),
 )

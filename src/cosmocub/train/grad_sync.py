@@ -8,17 +8,24 @@ data average is one average over the whole mesh: DDP over all ranks. An optimize
 compressed updates itself (Lion Cub, `communicates_gradients = True`) gets only the spatial
 average, in full precision, and does the data axis itself.
 
-`exchange_s` adds up the host seconds each one waited for its exchange, so every optimizer's
-step splits into compute and exchange the same way. DDP's all-reduce overlaps backward; with
-timing "blocking" a communication hook waits for each bucket's all-reduce (same averaging math
-as DDP's default hook) and times that wait — no overlap, so the exchange is measured whole; with
-"overlapped" DDP runs as is and its exchange stays inside the compute time (exchange_s = 0).
+`exchange_s` adds up the seconds each one made the step wait for its exchange, so every
+optimizer's step splits into compute and exchange the same way; `exchange_busy_s` how long its
+exchange ran, overlapped or not. Both on the device's clock (`parallel/timing.py`: host time on
+a CPU, CUDA events on a GPU, read when asked, so measuring never stalls the device's queue).
+DDP's all-reduce overlaps backward. With timing "overlapped" (the default) a communication hook
+launches DDP's own all-reduce of each bucket (same averaging math) without waiting and marks
+when it completed; the exposed part (exchange_s) is from the last bucket's launch, which is when
+backward hands over its last gradients, to the last completion, and busy the time some bucket's
+all-reduce was in flight (the union of each bucket's launch to its completion: the model's sum
+of bucket times, perfmodel.overlap, without the gaps where backward had no bucket ready). With
+"blocking" the hook waits for each bucket's all-reduce (on a GPU the compute stream waits for
+it), so the rest of backward cannot overlap it and the exchange is measured whole: exchange_s =
+exchange_busy_s, the sum of the buckets' waits.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -29,15 +36,24 @@ from torch.optim import Optimizer
 
 from cosmocub.optim.collectives import ring_allreduce_bytes
 from cosmocub.parallel.mesh import ParallelDims
+from cosmocub.parallel.timing import Spans, clock_for
+
+DDP_TIMINGS = ("overlapped", "blocking")
 
 
 class GradientSync(Protocol):
     """wrap(model) once before training; after_backward(model) after every backward pass;
     bytes_sent_per_step(payload) for the byte accounting (what this rank sends per step);
-    exchange_s: seconds waited for the exchange so far."""
+    exchange_s: seconds the steps waited for the exchange so far; exchange_busy_s: seconds it
+    ran (more than exchange_s where it overlaps backward)."""
 
     name: str
-    exchange_s: float
+
+    @property
+    def exchange_s(self) -> float: ...
+
+    @property
+    def exchange_busy_s(self) -> float: ...
 
     def wrap(self, model: nn.Module) -> nn.Module: ...
 
@@ -48,35 +64,74 @@ class GradientSync(Protocol):
 
 class DDPAllReduce:
     """DistributedDataParallel over the data axis (or the whole mesh when spatial > 1, see the
-    module docstring): averaging overlaps the backward pass."""
+    module docstring): averaging overlaps the backward pass unless timing is "blocking"."""
 
     name = "ddp"
 
-    def __init__(self, dims: ParallelDims, *, timing: str = "blocking") -> None:
+    def __init__(self, dims: ParallelDims, *, timing: str = "overlapped") -> None:
+        if timing not in DDP_TIMINGS:
+            raise ValueError(f"train.ddp_exchange_timing: {timing!r} is not one of {DDP_TIMINGS}")
         self.dims, self.timing = dims, timing
-        self.exchange_s = 0.0
+        self.clock = clock_for(dims.device)
+        self.waited = Spans()  # what the steps waited for: exposed, or every bucket when blocking
+        self.busy = Spans()  # overlapped: while some bucket's all-reduce was in flight
+        # This step's marks, appended by the hook (launches) and by the futures' callbacks
+        # ((launch, completion) per bucket: gloo's worker thread on a CPU), taken by
+        # after_backward.
+        self.launched: list[Any] = []
+        self.completed: list[Any] = []
+
+    @property
+    def exchange_s(self) -> float:
+        return self.waited.seconds
+
+    @property
+    def exchange_busy_s(self) -> float:
+        return self.busy.seconds if self.timing == "overlapped" else self.waited.seconds
 
     def wrap(self, model: nn.Module) -> nn.Module:
         device_ids = [self.dims.device.index] if self.dims.device.type == "cuda" else None
         group = self.dims.group("data") if self.dims.spatial == 1 else self.dims.world_group
         # DDP broadcasts rank 0's parameters and buffers here, so every rank starts identical.
         ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=group)
-        if self.timing == "blocking":
-            ddp.register_comm_hook(group, self._blocking_allreduce)
+        hook = self._blocking_allreduce if self.timing == "blocking" else self._timed_allreduce
+        ddp.register_comm_hook(group, hook)
         return ddp
 
-    # No annotations: DDP compares them with its own classes, and these would be strings.
+    # No annotations on the hooks: DDP compares them with its own classes, and these would be
+    # strings.
     def _blocking_allreduce(self, group, bucket):
-        start = time.perf_counter()
+        start = self.clock.mark()
         future = allreduce_hook(group, bucket)  # DDP's default: divide by the group size, sum
+        # On a CPU the host waits; a CUDA future's wait makes the current stream wait, so the
+        # rest of backward queues behind the all-reduce and the end mark is its completion.
         future.wait()
-        if bucket.buffer().is_cuda:  # a CUDA future is done when queued, not when run
-            torch.cuda.synchronize(bucket.buffer().device)
-        self.exchange_s += time.perf_counter() - start
+        self.waited.add(self.clock, start, self.clock.mark())
         return future
 
+    def _timed_allreduce(self, group, bucket):
+        launched = self.clock.mark()
+        self.launched.append(launched)
+        completed = self.completed
+
+        def mark_completed(fut):
+            # Runs when the all-reduce is done (gloo), or in its stream once queued (NCCL: the
+            # event then records in the stream that runs it).
+            completed.append((launched, self.clock.mark()))
+            return fut.value()
+
+        return allreduce_hook(group, bucket).then(mark_completed)
+
     def after_backward(self, model: nn.Module) -> None:
-        pass  # DDP's hooks already averaged every gradient during backward
+        if self.timing == "blocking" or not self.launched:
+            return
+        launched, completed = self.launched, self.completed
+        self.launched, self.completed = [], []
+        # DDP waited for every bucket's future (the one the hook returned, so its callback has
+        # run) before backward returned: each launch has its completion.
+        assert len(completed) == len(launched), (len(launched), len(completed))
+        self.busy.add_intervals(self.clock, completed)
+        self.waited.add(self.clock, launched[-1], *(done for _, done in completed))
 
     def bytes_sent_per_step(self, payload_bytes: int) -> float:
         return ring_allreduce_bytes(payload_bytes, self.dims.data * self.dims.spatial)
@@ -86,7 +141,7 @@ class LocalGradients:
     """No exchange: one data rank, or an optimizer that communicates by itself."""
 
     name = "local"
-    exchange_s = 0.0
+    exchange_s = exchange_busy_s = 0.0
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
@@ -112,7 +167,16 @@ class SpatialAverage:
         self.dims = dims
         self.replicated: set[int] = set()  # ids of the head's parameters, set by wrap
         self.replicated_bytes = 0
-        self.exchange_s = 0.0
+        self.clock = clock_for(dims.device)
+        self.waited = Spans()
+
+    @property
+    def exchange_s(self) -> float:
+        return self.waited.seconds
+
+    @property
+    def exchange_busy_s(self) -> float:
+        return self.waited.seconds  # after backward: nothing overlaps it
 
     def wrap(self, model: nn.Module) -> nn.Module:
         from cosmocub.models.parallelize import replicated_parameters
@@ -131,9 +195,9 @@ class SpatialAverage:
         if not grads:
             return
         flat = torch.cat([g.reshape(-1) for g in grads])
-        start = time.perf_counter()
+        start = self.clock.mark()
         dist.all_reduce(flat, group=self.dims.group("spatial"))
-        self.exchange_s += time.perf_counter() - start
+        self.waited.add(self.clock, start, self.clock.mark())
         flat /= self.dims.spatial
         offset = 0
         for g in grads:
@@ -145,7 +209,7 @@ class SpatialAverage:
 
 
 def build_gradient_sync(
-    optimizer: Optimizer, dims: ParallelDims, *, ddp_timing: str = "blocking"
+    optimizer: Optimizer, dims: ParallelDims, *, ddp_timing: str = "overlapped"
 ) -> GradientSync:
     if getattr(optimizer, "communicates_gradients", False):
         return SpatialAverage(dims) if dims.spatial > 1 else LocalGradients()

@@ -29,6 +29,7 @@ from cosmocub.config import Config
 from cosmocub.io import atomic_path
 from cosmocub.optim.schedule import EpochSchedule
 from cosmocub.parallel.mesh import ParallelDims
+from cosmocub.parallel.timing import clock_for
 from cosmocub.train.checkpoint import CheckpointManager
 from cosmocub.train.comm_meter import CommMeter
 from cosmocub.train.conditions_meter import ConditionsMeter
@@ -120,6 +121,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
     t.wrapped.train()
     data_wait, steps_here = 0.0, 0
     meter = CommMeter(t.optimizer, t.model, t.grad_sync)
+    clock = clock_for(device)  # the steps' and their parts' (parallel/timing.py)
     wire = WireMeter(t.dims)
     # Global mean losses of steps not yet looked at, kept on the device: the host reads them only
     # when it logs or checkpoints, so a GPU is not made to wait at every step.
@@ -142,7 +144,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
         # task.target_layout: (B, P) parameters, or the U-Net's (B, 1, d, h, w) target block
         target = target.to(device, non_blocking=True)
         data_wait += time.perf_counter() - tick
-        step_start = time.perf_counter()
+        step_start = clock.mark()  # on a GPU an event: the step is timed on the device
         with t.autocast():
             # task.output_layout: (B, P), (B, 2P) for the gaussian head, or (B, 1, d, h, w)
             out = t.wrapped(x_bcdhw)
@@ -162,7 +164,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
         pending.append(loss_all)
         t.optimizer.step()
         t.schedule.step()
-        meter.add_step(time.perf_counter() - step_start)
+        meter.add_step(clock, step_start, clock.mark())
         state.step += 1
         state.batch_in_epoch += 1
         steps_here += 1
