@@ -228,3 +228,32 @@ def test_an_extrapolation_row_is_the_prediction_of_its_case() -> None:
     p = predict(work, Mesh(data=4, split=(2, 1, 1)), network, v100)
     assert row["step_s"] == p.step.step_s and row["memory_gb"] == p.memory_bytes / 1e9
     assert row["exchange_s"] == p.step.exchange_s and row["nodes"] == 2
+
+
+def test_lion_cub_exchange_bytes_follow_the_levels_and_the_allreduce_dtype() -> None:
+    from cosmocub.perfmodel.model import exchange
+
+    net = AlphaBeta(alpha_s=1e-5, beta_s_per_byte=1e-9)
+    network = Network.uniform(net, net, ranks_per_node=4)
+
+    def sent(data: int, **lion_cub: object) -> float:
+        options = {"quantizer": "l1", "bits": 4, **lion_cub}
+        cfg = load_config(
+            TEST_CONFIG, overrides={"optimizer": {"name": "lion_cub", "lion_cub": options}}
+        )
+        mesh = Mesh(data=data, split=(1, 1, 1))
+        return exchange(cfg.model, cfg.optimizer, mesh, network, steps=4, layer_seconds={}).sent
+
+    n = sum(parameter_sizes(load_config(TEST_CONFIG).model))
+    # The all-reduce's payload: 1 byte a value in int8, 2 in fp16 (7 levels both at 16 ranks).
+    int8 = sent(16, collective="allreduce")
+    assert int8 == pytest.approx(ring_allreduce_bytes(n, 16), rel=1e-12)
+    assert sent(16, collective="allreduce", allreduce_dtype="fp16") == pytest.approx(2 * int8)
+    # At 512 data ranks the int8 sum keeps no level; fp16 keeps 4 (3-bit codes, still 2 bytes on
+    # the wire); the all-to-all keeps 7 at 4 bits and sends (4 + 1)/8 bytes a value at most.
+    with pytest.raises(ValueError, match="over 512 data ranks"):
+        sent(512, collective="allreduce")
+    fp16 = sent(512, collective="allreduce", allreduce_dtype="fp16")
+    assert fp16 == pytest.approx(ring_allreduce_bytes(2 * n, 512), rel=1e-12)
+    alltoall = sent(512, collective="alltoall")
+    assert 511 / 512 * 5 / 8 * n <= alltoall < fp16 / 2
