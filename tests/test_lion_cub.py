@@ -339,22 +339,21 @@ EXCHANGES = [(name, "int8") for name in COLLECTIVES] + [("allreduce", "fp16")]
 # The fp16 sum over gloo is exact wherever quantizer_levels lets it run: at N = 2048/s ranks of
 # codes at ±s every partial sum is an integer in [-2048, 2048], and every addition a reduction
 # can make (ring or tree, any order) adds two such integers. Ranks 0 and 1 (each standing for
-# N/2 ranks, their codes pre-summed) all-reduce every pair of them: 4097² sums, exact wherever
-# |a + b| <= 2048 (12,589,057 pairs) and the correctly rounded fp16 beyond (so the bound is
-# tight: 2049 is not an fp16 value).
+# N/2 ranks, their codes pre-summed) all-reduce every pair of them, 4097² sums: each must be
+# a + b rounded to fp16, which is a + b itself wherever |a + b| <= 2048 (12,589,057 pairs; every
+# integer there is an fp16 value, 2049 is not: the bound is tight).
 pair = dist.new_group([0, 1])
 if rank < 2:
     m = 2048
-    v = torch.arange(-m, m + 1, dtype=torch.float16)  # every integer here is an fp16 value
+    v = torch.arange(-m, m + 1, dtype=torch.float16)
+    assert torch.equal(v.float(), torch.arange(-m, m + 1, dtype=torch.float32))
     a, b = v.repeat_interleave(2 * m + 1), v.repeat(2 * m + 1)  # the square, row-major
     total = (a if rank == 0 else b).clone()
     dist.all_reduce(total, group=pair)
     expected = a.float() + b.float()  # exact in fp32
-    inrange = expected.abs() <= m
-    assert int(inrange.sum()) == 12_589_057
-    assert torch.equal(total.float()[inrange], expected[inrange]), "fp16 sum inexact to 2048"
-    assert torch.equal(total, expected.half())  # beyond: rounded, 2048 + 1 -> 2048
-    assert not torch.equal(total.float(), expected)
+    assert torch.equal(total, expected.half()), "gloo's fp16 sum is not the rounded a + b"
+    assert int((expected.abs() <= m).sum()) == 12_589_057
+    assert float(torch.tensor(2049.0).half()) == 2048.0
 
 def q_of(r, n, quantizer, levels, case):
     c = torch.randn(n, generator=torch.Generator().manual_seed(1000 * case + r))
@@ -426,23 +425,24 @@ def run(collective, overlap, quantizer="l1", bits=4, dtype="int8"):
         opt.step()
     return model, opt
 
-ref_model, ref_opt = run("allreduce", False)
-flat = torch.cat([p.detach().reshape(-1) for p in ref_model.parameters()])
-everyone = [torch.empty_like(flat) for _ in range(P)]
-dist.all_gather(everyone, flat, group=group)
-assert all(torch.equal(everyone[0], x) for x in everyone)
 # l1 4-bit at P = 4: 7 levels in every exchange, the fp16 all-reduce's included.
+runs = {}
 for (collective, dtype), overlap in itertools.product(EXCHANGES, (False, True)):
     if dtype == "fp16" and overlap:
         continue  # overlap starts buckets early the same way whatever the exchange
-
-    model, opt = run(collective, overlap, dtype=dtype)
+    model, opt = runs[collective, dtype, overlap] = run(collective, overlap, dtype=dtype)
     phases, exchange = opt.comm_stats.phase_s, opt.comm_stats.exchange_s
     assert "quantize" in phases and collective in phases, (collective, phases)
     if not overlap:  # the phases are disjoint parts of the timed exchange
         assert 0 < sum(phases.values()) <= exchange, (collective, phases, exchange)
+ref_model, ref_opt = runs["allreduce", "int8", False]
+flat = torch.cat([p.detach().reshape(-1) for p in ref_model.parameters()])
+everyone = [torch.empty_like(flat) for _ in range(P)]
+dist.all_gather(everyone, flat, group=group)
+assert all(torch.equal(everyone[0], x) for x in everyone)
+for key, (model, _) in runs.items():
     for a, b in zip(ref_model.parameters(), model.parameters()):
-        assert torch.equal(a, b), (collective, dtype, overlap)
+        assert torch.equal(a, b), key
 # Momentum synced at step 3 for layer 0 only, then one local step: layer 0's momenta are
 # β2·mean + (1-β2)·g_local; check the sync itself by replaying: state_dict has every rank's.
 def gather(t):
