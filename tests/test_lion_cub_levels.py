@@ -69,9 +69,11 @@ def _pre_sign(group_size: int) -> torch.Tensor:
     return c
 
 
+@functools.cache
 def _quantized(quantizer: str, levels: int, group_size: int) -> torch.Tensor:
     """(N, n) int8 q: each rank's c quantized per tensor, as LionCub does (one call over all
-    ranks: their tensors laid end to end are 2N segments)."""
+    ranks: their tensors laid end to end are 2N segments). Shared by the exchanges that keep
+    the same levels; nothing writes to it."""
     c = _pre_sign(group_size)
     flat = quantize(
         c.reshape(-1), quantizer=quantizer, levels=levels, segments=SEGMENTS * group_size
@@ -206,6 +208,8 @@ def test_levels_per_collective_and_dtype() -> None:
         quantizer_levels("l1", 4, 64, collective="allreduce")
     with pytest.raises(ValueError, match=r"bits must be in 2\.\.8"):
         quantizer_levels("l1", 1, 2, collective="alltoall")
+    with pytest.raises(ValueError, match="unknown collective 'ring'"):
+        quantizer_levels("sign", 1, 2, collective="ring")
 
 
 def test_accumulator_is_wide_enough_and_wire_bytes_do_not_grow() -> None:

@@ -18,6 +18,7 @@ SCALED_QUANTIZERS = ("l1", "linf", "l0")
 # reductions NCCL and gloo run (NCCL has no int16).
 ALLREDUCE_DTYPES = ("int8", "fp16")
 EXACT_SUM_LIMIT = {"int8": 127, "fp16": 2048}
+SUMMED_ON_THE_RANK = ("allgather", "alltoall")  # the collectives (optim.collectives) but allreduce
 
 
 class LevelsError(ValueError):
@@ -54,15 +55,17 @@ def quantizer_levels(
             f"unknown allreduce dtype {allreduce_dtype!r} ({', '.join(ALLREDUCE_DTYPES)})"
         )
     top = max_levels(quantizer, bits)
-    if collective != "allreduce":
+    if collective in SUMMED_ON_THE_RANK:
         return top
+    if collective != "allreduce":
+        raise ValueError(f"unknown collective {collective!r} (allgather, alltoall, allreduce)")
     limit = EXACT_SUM_LIMIT[allreduce_dtype]
     levels = min(top, limit // group_size)
     if levels >= 1 and (levels > 1 or top == 1):
         return levels
     what = "signs" if quantizer == "sign" else f"{quantizer!r} {bits}-bit values"
     if levels < 1:
-        lost = f"no level: a sum can reach {group_size * top} > {limit}"
+        lost = f"no level: {group_size} ranks at s = 1 already sum to {group_size} > {limit}"
     else:
         lost = f"one level: the {bits}-bit quantizer sends only a sign"
     raise LevelsError(
