@@ -244,6 +244,10 @@ def test_lion_cub_state_dict_round_trip_at_one_rank() -> None:
     for p, view in zip(bucket.params, bucket.views, strict=True):
         assert fresh.state[p]["exp_avg"] is view
     assert bucket.momentum.abs().sum() > 0
+    rows = saved["state"][0]["exp_avg_per_data_rank"]
+    saved["state"][0]["exp_avg_per_data_rank"] = torch.cat([rows, rows])  # not one row a rank
+    with pytest.raises(ValueError, match=r"\[1, 2\] rows of momenta for 1 data ranks"):
+        fresh.load_state_dict(saved)
     saved["data_group_size"] = 4
     with pytest.raises(ValueError, match="4 data ranks' momenta, this run has 1"):
         fresh.load_state_dict(saved)
