@@ -39,18 +39,22 @@ VARIANTS = [
     ("lion_cub l1-4 allgather", {"quantizer": "l1", "bits": 4, "collective": "allgather"}),
     ("lion_cub l1-4 alltoall", {"quantizer": "l1", "bits": 4, "collective": "alltoall"}),
     ("lion_cub l1-4 allreduce", {"quantizer": "l1", "bits": 4, "collective": "allreduce"}),
+    (
+        "lion_cub l1-4 allreduce fp16",
+        {"quantizer": "l1", "bits": 4, "collective": "allreduce", "allreduce_dtype": "fp16"},
+    ),
     ("lion_cub linf-8 alltoall", {"quantizer": "linf", "bits": 8, "collective": "alltoall"}),
     ("lion_cub l0-2 alltoall", {"quantizer": "l0", "bits": 2, "collective": "alltoall"}),
 ]
 
 
-def theoretical_ratio(collective: str, wire_bits: int, ranks: int) -> float:
+def theoretical_ratio(collective: str, wire_bits: int, ranks: int, dtype: str | None) -> float:
     """Bytes against fp32 ring all-reduce 2(P−1)/P·4n, per value."""
     if collective == "allgather":
         return ranks * wire_bits / 64
     if collective == "alltoall":
         return (wire_bits + 1) / 64
-    return 1 / 4  # int8 ring all-reduce
+    return 2 / 4 if dtype == "fp16" else 1 / 4  # an int8 or fp16 ring all-reduce
 
 
 def _model(args: argparse.Namespace) -> nn.Module:
@@ -112,7 +116,9 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, queue) -> None:
             step_times.append(time.perf_counter() - t0)
             exchange.append(opt.comm_stats.exchange_s - before)
         bytes_per_step = opt.comm_stats.bytes_sent / args.steps
-        theory = theoretical_ratio(options["collective"], opt.spec.bits, args.ranks)
+        theory = theoretical_ratio(
+            options["collective"], opt.spec.bits, args.ranks, options.get("allreduce_dtype")
+        )
         rows.append(
             (
                 label,

@@ -3,7 +3,6 @@ optimizers at one data rank against Lion and lion-pytorch, config errors, and 4 
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
@@ -27,13 +26,7 @@ from cosmocub.optim.momentum_sync import (
     matches,
 )
 from cosmocub.optim.packing import pack_bits, pack_codes, unpack_bits, unpack_codes
-from cosmocub.optim.quantize import (
-    OverflowUnsafeError,
-    quantize,
-    quantizer_levels,
-    tensor_scales,
-    wire_bits,
-)
+from cosmocub.optim.quantize import quantize, tensor_scales
 from cosmocub.optim.vote import sign_bits, tie_pattern, vote
 from cosmocub.train.testing import make_random_shards
 
@@ -96,30 +89,6 @@ def test_scaled_quantizers_keep_the_sign_and_the_range(quantizer: str) -> None:
         assert q.dtype == torch.int8
         assert torch.equal(torch.sign(q), torch.sign(c).to(torch.int8))
         assert int(q.abs().max()) == levels
-
-
-def test_levels_are_overflow_safe_for_group_sizes_1_to_128() -> None:
-    for n, bits in itertools.product(range(1, 129), range(2, 9)):
-        expected = min(2 ** (bits - 1) - 1, 127 // n)
-        if expected < 1:
-            with pytest.raises(OverflowUnsafeError, match=f"data-group size {n}"):
-                quantizer_levels("l1", bits, n, collective="allreduce")
-            continue
-        s = quantizer_levels("linf", bits, n, collective="allreduce")
-        assert s == expected and s * n <= 127
-        assert 2 * s < 2 ** wire_bits("linf", s) <= 2**bits  # codes fit the wire width
-        # N ranks all sending +s, or all −s, summed in int8 as a ring does: no wrap-around.
-        for sign in (1, -1):
-            acc = torch.zeros(1, dtype=torch.int8)
-            for _ in range(n):
-                acc += torch.tensor([sign * s], dtype=torch.int8)
-            assert int(acc) == sign * s * n
-    assert quantizer_levels("sign", 1, 127, collective="allreduce") == 1
-    assert quantizer_levels("sign", 1, 128, collective="alltoall") == 1  # summed locally
-    with pytest.raises(OverflowUnsafeError, match="128 signs"):
-        quantizer_levels("sign", 1, 128, collective="allreduce")
-    with pytest.raises(OverflowUnsafeError, match="no level"):
-        quantizer_levels("l0", 8, 128, collective="alltoall")
 
 
 # --- vote ---------------------------------------------------------------------------------------
@@ -209,7 +178,7 @@ VARIANTS = [
     for q, b in (("sign", 1), ("l1", 4), ("linf", 8), ("l0", 2))
     for c in COLLECTIVES
     for o in (False, True)
-]
+] + [{"quantizer": "l1", "bits": 4, "collective": "allreduce", "allreduce_dtype": "fp16"}]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v.values())))
@@ -233,6 +202,16 @@ def test_lion_cub_at_one_data_rank_equals_lion(variant: dict) -> None:
     for p_ref, p in zip(reference.parameters(), model.parameters(), strict=True):
         assert torch.equal(opt.state[p]["exp_avg"], lion.state[p_ref]["exp_avg"])
     assert opt.comm_stats.bytes_sent == 0  # a group of one sends nothing
+
+
+def test_lion_cub_refuses_what_its_collective_would_ignore() -> None:
+    model = _tiny_model()
+    with pytest.raises(ValueError, match="allreduce_dtype='fp16' is for collective 'allreduce'"):
+        LionCub(model.named_parameters(), group=None, collective="alltoall", allreduce_dtype="fp16")
+    opt = LionCub(
+        model.named_parameters(), group=None, quantizer="l1", bits=4, collective="allreduce"
+    )
+    assert opt.spec.allreduce_dtype == "int8" and opt.spec.levels == 7
 
 
 def test_distributed_lion_from_config_at_one_rank_equals_lion() -> None:
@@ -265,6 +244,10 @@ def test_lion_cub_state_dict_round_trip_at_one_rank() -> None:
     for p, view in zip(bucket.params, bucket.views, strict=True):
         assert fresh.state[p]["exp_avg"] is view
     assert bucket.momentum.abs().sum() > 0
+    rows = saved["state"][0]["exp_avg_per_data_rank"]
+    saved["state"][0]["exp_avg_per_data_rank"] = torch.cat([rows, rows])  # not one row a rank
+    with pytest.raises(ValueError, match=r"\[1, 2\] rows of momenta for 1 data ranks"):
+        fresh.load_state_dict(saved)
     saved["data_group_size"] = 4
     with pytest.raises(ValueError, match="4 data ranks' momenta, this run has 1"):
         fresh.load_state_dict(saved)
@@ -281,6 +264,17 @@ def test_lion_cub_state_dict_round_trip_at_one_rank() -> None:
         ({"name": "lion_cub", "lion_cub": {"quantizer": "l1", "bits": 9}}, "lion_cub.bits"),
         ({"name": "lion_cub", "lion_cub": {"quantizer": "l1", "bits": 1}}, "needs >= 2 bits"),
         ({"name": "lion_cub", "lion_cub": {"bits": 4}}, "'sign' sends 1 bit, got bits=4"),
+        (
+            {"name": "lion_cub", "lion_cub": {"allreduce_dtype": "fp16"}},
+            r"allreduce_dtype': only collective 'allreduce' sums on the wire; 'alltoall'",
+        ),
+        (
+            {
+                "name": "lion_cub",
+                "lion_cub": {"collective": "allreduce", "allreduce_dtype": "int16"},
+            },
+            "optimizer.lion_cub.allreduce_dtype",
+        ),
         (
             {"name": "lion", "lion_cub": {"quantizer": "l1"}},
             "options given for optimizer.name 'lion'",
@@ -308,12 +302,26 @@ def test_lion_cub_defaults_and_group_size_check() -> None:
     assert cfg.optimizer.resolved_betas == (0.9, 0.99)
     assert cfg.values["optimizer"]["lion_cub"]["momentum_sync"]["schedule"] == "never"
     assert load_config(None).optimizer.lion_cub is None
-    cfg = load_config(
-        None, overrides={"optimizer": {"name": "lion_cub", "lion_cub": {"quantizer": "l1"}}}
-    )
-    check_group_size(cfg.optimizer.lion_cub, 127)
-    with pytest.raises(ConfigError, match=r"optimizer.lion_cub.quantizer.*data-group size 128"):
-        check_group_size(cfg.optimizer.lion_cub, 128)
+    assert lc.resolved_allreduce_dtype == "int8"
+
+    def lion_cub(**options: object):
+        values = {"optimizer": {"name": "lion_cub", "lion_cub": options}}
+        return load_config(None, overrides=values).optimizer.lion_cub
+
+    # Summed on the rank: 7 levels beyond 127 data ranks; on the wire: the dtype's bound.
+    assert check_group_size(lion_cub(quantizer="l1", bits=4, collective="alltoall"), 256) == 7
+    allreduce = lion_cub(quantizer="l1", bits=4, collective="allreduce")
+    assert check_group_size(allreduce, 32) == 3
+    with pytest.raises(
+        ConfigError,
+        match=r"^key 'optimizer.lion_cub.allreduce_dtype': .*over 64 data ranks: s = min\(7, "
+        r"floor\(127/64\)\) = 1 \(one level.*choose collective alltoall.*fp16 \(7 levels\)",
+    ):
+        check_group_size(allreduce, 64)
+    fp16 = lion_cub(quantizer="l1", bits=4, collective="allreduce", allreduce_dtype="fp16")
+    assert check_group_size(fp16, 512) == 4
+    with pytest.raises(ConfigError, match=r"over 4096 data ranks.*= 0 \(no level"):
+        check_group_size(fp16, 4096)
 
 
 # --- four gloo ranks ----------------------------------------------------------------------------
@@ -321,15 +329,35 @@ def test_lion_cub_defaults_and_group_size_check() -> None:
 FOUR_RANKS = """
 import itertools, sys, torch, torch.distributed as dist
 from torch import nn
-from cosmocub.optim.collectives import (COLLECTIVES, CommStats, WireSpec, build_collective,
-                                        wire_values)
+from cosmocub.optim.collectives import COLLECTIVES, CommStats, build_collective
 from cosmocub.optim.lion_cub import LionCub
 from cosmocub.optim.quantize import quantize, quantizer_levels, wire_bits
 from cosmocub.optim.vote import tie_pattern, vote
+from cosmocub.optim.wire import WireSpec, wire_values
 
 dist.init_process_group("gloo")
 rank, P = dist.get_rank(), dist.get_world_size()
 group = dist.new_group(list(range(P)))
+EXCHANGES = [(name, "int8") for name in COLLECTIVES] + [("allreduce", "fp16")]
+
+# The fp16 sum over gloo is exact wherever quantizer_levels lets it run: at N = 2048/s ranks of
+# codes at ±s every partial sum is an integer in [-2048, 2048], and every addition a reduction
+# can make (ring or tree, any order) adds two such integers. Ranks 0 and 1 (each standing for
+# N/2 ranks, their codes pre-summed) all-reduce every pair of them, 4097² sums: each must be
+# a + b rounded to fp16, which is a + b itself wherever |a + b| <= 2048 (12,589,057 pairs; every
+# integer there is an fp16 value, 2049 is not: the bound is tight).
+pair = dist.new_group([0, 1])
+if rank < 2:
+    m = 2048
+    v = torch.arange(-m, m + 1, dtype=torch.float16)
+    assert torch.equal(v.float(), torch.arange(-m, m + 1, dtype=torch.float32))
+    a, b = v.repeat_interleave(2 * m + 1), v.repeat(2 * m + 1)  # the square, row-major
+    total = (a if rank == 0 else b).clone()
+    dist.all_reduce(total, group=pair)
+    expected = a.float() + b.float()  # exact in fp32
+    assert torch.equal(total, expected.half()), "gloo's fp16 sum is not the rounded a + b"
+    assert int((expected.abs() <= m).sum()) == 12_589_057
+    assert float(torch.tensor(2049.0).half()) == 2048.0
 
 def q_of(r, n, quantizer, levels, case):
     c = torch.randn(n, generator=torch.Generator().manual_seed(1000 * case + r))
@@ -338,52 +366,59 @@ def q_of(r, n, quantizer, levels, case):
         c[: n // 2] = 0.0  # whole runs of zeros: many ties
     return quantize(c, quantizer=quantizer, levels=levels, segments=[n // 2, n - n // 2])
 
+# The wiring (chunks, padding, async handles) of each exchange; the sums' arithmetic at up to
+# 4,096 ranks is tests/test_lion_cub_levels.py's. Equal levels (the int8 all-reduce's at P), so
+# that every exchange must give the same update.
 cases = 0
 for case, (quantizer, bits, n, step) in enumerate(itertools.product(
-        ("sign", "l1", "linf", "l0"), (2, 4, 8), (1, 7, 8, 33, 1000), (0, 1))):
+        ("sign", "l1", "linf", "l0"), (2, 8), (1, 33, 1000), (0, 1))):
     if quantizer == "sign" and bits != 2:
         continue
     bits = 1 if quantizer == "sign" else bits
     levels = quantizer_levels(quantizer, bits, P, collective="allreduce")
-    spec = WireSpec(quantizer, levels, wire_bits(quantizer, levels))
     tie = tie_pattern(n, step=step)
+    q = q_of(rank, n, quantizer, levels, case)
+    spec = WireSpec(quantizer, levels, wire_bits(quantizer, levels))
     # Every rank can rebuild every rank's q: the expected vote without any communication.
     total = sum(wire_values(q_of(r, n, quantizer, levels, case), tie, spec).to(torch.int16)
                 for r in range(P))
     expected = vote(total, tie)
-    q = q_of(rank, n, quantizer, levels, case)
-    for name in COLLECTIVES:
+    for name, dtype in EXCHANGES:
+        spec = WireSpec(quantizer, levels, wire_bits(quantizer, levels), dtype)
         stats = CommStats()
         coll = build_collective(name, group, stats)
         got = coll.finish(coll.start(q, tie, spec), spec)
-        assert torch.equal(got, expected), (name, quantizer, bits, n, step)
+        assert torch.equal(got, expected), (name, dtype, quantizer, bits, n, step)
         assert stats.bytes_sent > 0
     cases += 1
 
 # Bytes at n = 1024·P, 1-bit: alltoall+allgather 2(P-1)/P·n/8; allgather (P-1)·n/8;
-# allreduce 2(P-1)/P·n.
+# allreduce 2(P-1)/P·n in int8, twice that in fp16.
 n = 1024 * P
-spec = WireSpec("sign", 1, 1)
 sent = {}
-for name in COLLECTIVES:
+for name, dtype in EXCHANGES:
+    spec = WireSpec("sign", 1, 1, dtype)
     stats = CommStats()
     coll = build_collective(name, group, stats)
     coll.finish(coll.start(torch.ones(n, dtype=torch.int8), tie_pattern(n, step=0), spec), spec)
-    sent[name] = stats.bytes_sent
+    sent[name, dtype] = stats.bytes_sent
     # Each collective times its own phases: the encode, its collectives' waits, the vote.
     second = {"alltoall": {"allgather"}, "allgather": set(), "allreduce": set()}[name]
     assert set(stats.phase_s) == {"encode", name, "vote"} | second, stats.phase_s
     assert all(v >= 0 for v in stats.phase_s.values())
-assert sent == {"alltoall": 2 * (P - 1) / P * n / 8, "allgather": (P - 1) * n / 8,
-                "allreduce": 2 * (P - 1) / P * n}, sent
+assert sent == {("alltoall", "int8"): 2 * (P - 1) / P * n / 8,
+                ("allgather", "int8"): (P - 1) * n / 8,
+                ("allreduce", "int8"): 2 * (P - 1) / P * n,
+                ("allreduce", "fp16"): 2 * 2 * (P - 1) / P * n}, sent
 
 # The optimizer: the same local gradients give the same parameters under every collective and
 # with or without overlap; parameters stay identical across ranks; momenta differ until synced.
-def run(collective, overlap, quantizer="l1", bits=4):
+def run(collective, overlap, quantizer="l1", bits=4, dtype="int8"):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 12), nn.Tanh(), nn.Linear(12, 2))
     opt = LionCub(model.named_parameters(), group=group, lr=0.01, weight_decay=0.1,
                   quantizer=quantizer, bits=bits, collective=collective, overlap=overlap,
+                  allreduce_dtype=dtype if collective == "allreduce" else None,
                   momentum_sync="every", sync_every=3, sync_patterns=["0.*"],
                   bucket_mb=40 * 4 / 2**20)
     gen = torch.Generator().manual_seed(rank)
@@ -394,19 +429,24 @@ def run(collective, overlap, quantizer="l1", bits=4):
         opt.step()
     return model, opt
 
-ref_model, ref_opt = run("allreduce", False)
-flat = torch.cat([p.detach().reshape(-1) for p in ref_model.parameters()])
-everyone = [torch.empty_like(flat) for _ in range(P)]
-dist.all_gather(everyone, flat, group=group)
-assert all(torch.equal(everyone[0], x) for x in everyone)
-for collective, overlap in itertools.product(COLLECTIVES, (False, True)):
-    model, opt = run(collective, overlap)
+# l1 4-bit at P = 4: 7 levels in every exchange, the fp16 all-reduce's included.
+runs = {}
+for (collective, dtype), overlap in itertools.product(EXCHANGES, (False, True)):
+    if dtype == "fp16" and overlap:
+        continue  # overlap starts buckets early the same way whatever the exchange
+    model, opt = runs[collective, dtype, overlap] = run(collective, overlap, dtype=dtype)
     phases, exchange = opt.comm_stats.phase_s, opt.comm_stats.exchange_s
     assert "quantize" in phases and collective in phases, (collective, phases)
     if not overlap:  # the phases are disjoint parts of the timed exchange
         assert 0 < sum(phases.values()) <= exchange, (collective, phases, exchange)
+ref_model, ref_opt = runs["allreduce", "int8", False]
+flat = torch.cat([p.detach().reshape(-1) for p in ref_model.parameters()])
+everyone = [torch.empty_like(flat) for _ in range(P)]
+dist.all_gather(everyone, flat, group=group)
+assert all(torch.equal(everyone[0], x) for x in everyone)
+for key, (model, _) in runs.items():
     for a, b in zip(ref_model.parameters(), model.parameters()):
-        assert torch.equal(a, b), (collective, overlap)
+        assert torch.equal(a, b), key
 # Momentum synced at step 3 for layer 0 only, then one local step: layer 0's momenta are
 # β2·mean + (1-β2)·g_local; check the sync itself by replaying: state_dict has every rank's.
 def gather(t):
@@ -544,12 +584,11 @@ def test_build_refuses_unsafe_group_size_and_spatial_overlap() -> None:
     from types import SimpleNamespace
 
     model = _tiny_model()
-    cfg = load_config(
-        None, overrides={"optimizer": {"name": "lion_cub", "lion_cub": {"quantizer": "l0"}}}
-    )
+    options = {"quantizer": "l0", "collective": "allreduce"}
+    cfg = load_config(None, overrides={"optimizer": {"name": "lion_cub", "lion_cub": options}})
     # The checks run before any group is asked for: a stand-in for ParallelDims is enough.
     dims = SimpleNamespace(data=128, spatial=1)
-    with pytest.raises(ConfigError, match=r"optimizer.lion_cub.quantizer.*size 128.*no level"):
+    with pytest.raises(ConfigError, match=r"lion_cub.allreduce_dtype.*over 128 data.*no level"):
         build_optimizer(model.named_parameters(), cfg.optimizer, 64, dims=dims)  # type: ignore[arg-type]
     cfg = load_config(
         None, overrides={"optimizer": {"name": "lion_cub", "lion_cub": {"overlap": True}}}

@@ -285,6 +285,15 @@ VARIANTS = {
         },
     },
     "lion_cub_allgather": {"name": "lion_cub", "lion_cub": {"collective": "allgather"}},
+    "lion_cub_4bit_fp16": {
+        "name": "lion_cub",
+        "lion_cub": {
+            "quantizer": "l1",
+            "bits": 4,
+            "collective": "allreduce",
+            "allreduce_dtype": "fp16",
+        },
+    },
 }
 STEPS = 4
 

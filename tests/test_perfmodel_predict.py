@@ -281,3 +281,32 @@ def test_validate_holds_out_all_but_the_fit_set_and_skips_busy_points(tmp_path: 
     # The cores' speed is fitted on dp1: its measured compute is met exactly.
     assert summary["sets"]["fit"]["compute"]["median"] == pytest.approx(0.0, abs=1e-9)
     assert summary["cpu_speed_correction"] > 0 and summary["fit_points"] == 1
+
+
+def test_lion_cub_exchange_bytes_follow_the_levels_and_the_allreduce_dtype() -> None:
+    from cosmocub.perfmodel.model import exchange
+
+    net = AlphaBeta(alpha_s=1e-5, beta_s_per_byte=1e-9)
+    network = Network.uniform(net, net, ranks_per_node=4)
+
+    def sent(data: int, **lion_cub: object) -> float:
+        options = {"quantizer": "l1", "bits": 4, **lion_cub}
+        cfg = load_config(
+            TEST_CONFIG, overrides={"optimizer": {"name": "lion_cub", "lion_cub": options}}
+        )
+        mesh = Mesh(data=data, split=(1, 1, 1))
+        return exchange(cfg.model, cfg.optimizer, mesh, network, steps=4, layer_seconds={}).sent
+
+    n = sum(parameter_sizes(load_config(TEST_CONFIG).model))
+    # The all-reduce's payload: 1 byte a value in int8, 2 in fp16 (7 levels both at 16 ranks).
+    int8 = sent(16, collective="allreduce")
+    assert int8 == pytest.approx(ring_allreduce_bytes(n, 16), rel=1e-12)
+    assert sent(16, collective="allreduce", allreduce_dtype="fp16") == pytest.approx(2 * int8)
+    # At 512 data ranks the int8 sum keeps no level; fp16 keeps 4 (3-bit codes, still 2 bytes on
+    # the wire); the all-to-all keeps 7 at 4 bits and sends (4 + 1)/8 bytes a value at most.
+    with pytest.raises(ValueError, match="over 512 data ranks"):
+        sent(512, collective="allreduce")
+    fp16 = sent(512, collective="allreduce", allreduce_dtype="fp16")
+    assert fp16 == pytest.approx(ring_allreduce_bytes(2 * n, 512), rel=1e-12)
+    alltoall = sent(512, collective="alltoall")
+    assert 511 / 512 * 5 / 8 * n <= alltoall < fp16 / 2

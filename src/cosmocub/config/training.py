@@ -22,6 +22,7 @@ class LionCubConfig:
     quantizer: str
     bits: int | None
     collective: str
+    allreduce_dtype: str | None
     overlap: bool
     bucket_mb: float
     momentum_sync: MomentumSyncConfig
@@ -39,10 +40,19 @@ class LionCubConfig:
                 f"key 'optimizer.lion_cub.bits': quantizer {self.quantizer!r} needs >= 2 bits "
                 "(1 bit leaves no level besides the sign: use quantizer 'sign')"
             )
+        if self.allreduce_dtype is not None and self.collective != "allreduce":
+            raise ConfigError(
+                f"key 'optimizer.lion_cub.allreduce_dtype': only collective 'allreduce' sums on "
+                f"the wire; {self.collective!r} sums on the rank in int16/int32 (drop the key)"
+            )
 
     @property
     def resolved_bits(self) -> int:
         return 1 if self.quantizer == "sign" else (self.bits or 8)
+
+    @property
+    def resolved_allreduce_dtype(self) -> str:
+        return self.allreduce_dtype or "int8"
 
 
 @dataclass(frozen=True, kw_only=True)

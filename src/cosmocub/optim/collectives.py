@@ -4,9 +4,13 @@ the voted update, each counting the bytes this rank sends (ring algorithms, as N
   allgather  every rank's packed q to every rank, each votes locally:  (P−1)·b·n/8 bytes
   alltoall   rank r receives everyone's chunk r, votes on it, then the 1-bit chunk results are
              all-gathered:                          (P−1)/P·(b + 1)·n/8 bytes (no growth with P)
-  allreduce  an int8 sum of q (packed bits cannot be summed by NCCL/gloo): 2(P−1)/P·n bytes
+  allreduce  a sum of q on the wire (packed bits cannot be summed by NCCL/gloo), in int8 (1 byte
+             a value) or fp16 (2 bytes, exact for integers up to 2048):  2(P−1)/P·n·bytes
 
-(b = bits per value on the wire, n = values.) `start` launches the first phase asynchronously and
+(b = bits per value on the wire, n = values.) allgather and alltoall sum what a rank receives on
+the rank (wire.decode_sum), so their levels do not shrink with P; see quantize.quantizer_levels.
+Each takes the process group it votes over, so a two-level exchange can run one on the group of
+the ranks that share no node. `start` launches the first phase asynchronously and
 `finish` completes it, so a bucket's exchange can run during the backward pass.
 
 Each collective also adds its phases' host seconds to `CommStats.phase_s` (a few perf_counter
@@ -25,10 +29,19 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from cosmocub.optim.packing import pack_bits, pack_codes, unpack_bits, unpack_codes
-from cosmocub.optim.vote import bits_to_signs, from_codes, sign_bits, to_codes, vote
+from cosmocub.optim.packing import unpack_bits
+from cosmocub.optim.vote import bits_to_signs, vote
+from cosmocub.optim.wire import (
+    WireSpec,
+    allreduce_bytes_per_value,
+    allreduce_payload,
+    chunk_vote_bits,
+    decode_sum,
+    encode,
+    pad,
+    ranks_view,
+)
 from cosmocub.parallel.timing import Spans
 
 COLLECTIVES = ("allgather", "alltoall", "allreduce")
@@ -85,13 +98,19 @@ def alltoall_bytes(send_bytes: float, group_size: int) -> float:
 
 
 def vote_phase_bytes(
-    collective: str, num_values: int, bits: int, group_size: int
+    collective: str,
+    num_values: int,
+    bits: int,
+    group_size: int,
+    *,
+    allreduce_dtype: str = "int8",
 ) -> dict[str, float]:
     """Bytes one rank sends to vote on `num_values` values (one bucket) with `collective`, at
-    `bits` per value on the wire, per phase, each named by the collective it runs (alltoall:
-    the all-to-all of the codes, then the all-gather of the 1-bit result; none for a group of
-    one): what the Collective classes below count, from the sizes alone (padding included), for
-    the performance model."""
+    `bits` per value on the wire (the allreduce collective: one `allreduce_dtype` element per
+    value instead), per phase, each named by the collective it runs (alltoall: the all-to-all
+    of the codes, then the all-gather of the 1-bit result; none for a group of one): what the
+    Collective classes below count, from the sizes alone (padding included), for the
+    performance model."""
     if group_size == 1:
         return {}
     if collective == "allgather":
@@ -104,48 +123,13 @@ def vote_phase_bytes(
             "allgather": allgather_bytes(result_bytes, group_size),
         }
     if collective == "allreduce":
-        return {"allreduce": ring_allreduce_bytes(num_values, group_size)}  # int8: 1 B a value
+        payload = num_values * allreduce_bytes_per_value(allreduce_dtype)
+        return {"allreduce": ring_allreduce_bytes(payload, group_size)}
     raise ValueError(f"unknown collective {collective!r} ({', '.join(COLLECTIVES)})")
 
 
 def _padded(n: int, multiple: int) -> int:
     return n + (-n % multiple)
-
-
-@dataclass(frozen=True)
-class WireSpec:
-    quantizer: str  # "sign" or a scaled quantizer
-    levels: int  # s: q ∈ [−s, s]
-    bits: int  # bits per value on the wire (see quantize.wire_bits)
-
-
-def wire_values(q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> torch.Tensor:
-    """What a rank's q counts as in the vote: ±1 for `sign` (zeros sent as the tie pattern, as
-    one bit must), q itself otherwise. Every collective sums these, so all three agree."""
-    if spec.quantizer == "sign":
-        return bits_to_signs(sign_bits(q, tie))
-    return q
-
-
-def _encode(q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> torch.Tensor:
-    """(…, n) int8 → packed uint8: (…, n/8) for 1-bit signs, (…, bits, n/8) for codes."""
-    if spec.quantizer == "sign":
-        return pack_bits(sign_bits(q, tie))
-    return pack_codes(to_codes(q, spec.levels), spec.bits)
-
-
-def _decode_sum(packed: torch.Tensor, spec: WireSpec) -> torch.Tensor:
-    """(P, …) packed values of P ranks → their sum (n,) as int16 (|Σ| ≤ P·s ≤ 127 here)."""
-    if spec.quantizer == "sign":
-        values = bits_to_signs(unpack_bits(packed)).to(torch.int16)
-    else:
-        values = from_codes(unpack_codes(packed, spec.bits), spec.levels)
-    return values.sum(0, dtype=torch.int16)
-
-
-def _pad(x: torch.Tensor, multiple: int) -> torch.Tensor:
-    extra = -x.numel() % multiple
-    return F.pad(x, (0, extra)) if extra else x
 
 
 @dataclass
@@ -193,7 +177,7 @@ class AllGatherVote(Collective):
 
     def _start(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> Pending:
         t = time.perf_counter()
-        payload = _encode(_pad(q, 8), _pad(tie, 8), spec).reshape(-1)
+        payload = encode(pad(q, 8), pad(tie, 8), spec).reshape(-1)
         out = payload.new_empty(self.size * payload.numel())
         t = self.stats.lap("encode", t)
         work = all_gather_flat(out, payload, group=self.group, async_op=True)
@@ -206,9 +190,7 @@ class AllGatherVote(Collective):
         pending.work.wait()
         t = self.stats.lap("allgather", t)
         (out,) = pending.buffers
-        n = pending.q.numel()
-        planes = () if spec.quantizer == "sign" else (spec.bits,)
-        total = _decode_sum(out.view(self.size, *planes, -1), spec)[:n]
+        total = decode_sum(ranks_view(out, self.size, spec), spec)[: pending.q.numel()]
         update = vote(total, pending.tie)
         self.stats.lap("vote", t)
         return update
@@ -219,9 +201,9 @@ class AllToAllVote(Collective):
 
     def _start(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> Pending:
         t = time.perf_counter()
-        q_pad, tie_pad = _pad(q, 8 * self.size), _pad(tie, 8 * self.size)
+        q_pad, tie_pad = pad(q, 8 * self.size), pad(tie, 8 * self.size)
         # (P, chunk): row r is the chunk rank r votes on.
-        send = _encode(q_pad.view(self.size, -1), tie_pad.view(self.size, -1), spec).contiguous()
+        send = encode(q_pad.view(self.size, -1), tie_pad.view(self.size, -1), spec).contiguous()
         recv = torch.empty_like(send)
         t = self.stats.lap("encode", t)
         work = dist.all_to_all_single(recv, send, group=self.group, async_op=True)
@@ -236,8 +218,7 @@ class AllToAllVote(Collective):
         recv, tie_pad = pending.buffers
         chunk = tie_pad.numel() // self.size
         my_tie = tie_pad[self.rank * chunk : (self.rank + 1) * chunk]
-        my_vote = vote(_decode_sum(recv, spec), my_tie)  # (chunk,) ±1
-        result = pack_bits(my_vote > 0)  # the vote is never 0: one bit per value
+        result = chunk_vote_bits(recv, my_tie, spec)
         gathered = result.new_empty(self.size * result.numel())
         t = self.stats.lap("vote", t)
         all_gather_flat(gathered, result, group=self.group)
@@ -252,13 +233,15 @@ class AllReduceVote(Collective):
     name = "allreduce"
 
     def _start(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> Pending:
-        # int8 sums cannot overflow: quantizer_levels keeps P·s ≤ 127.
+        # Every partial sum stays exact: quantizer_levels keeps P·s within the dtype's exact
+        # integers (int8 127, fp16 2048).
         t = time.perf_counter()
-        values = wire_values(q, tie, spec).to(torch.int8).contiguous()
+        values = allreduce_payload(q, tie, spec)
         t = self.stats.lap("encode", t)
         work = dist.all_reduce(values, group=self.group, async_op=True)
         self.stats.lap("allreduce", t)
-        self.stats.bytes_sent += ring_allreduce_bytes(values.numel(), self.size)
+        nbytes = values.numel() * values.element_size()
+        self.stats.bytes_sent += ring_allreduce_bytes(nbytes, self.size)
         return Pending(q, tie, work, (values,))
 
     def _finish(self, pending: Pending, spec: WireSpec) -> torch.Tensor:

@@ -82,6 +82,7 @@ def _build_lion_cub(
         quantizer=lc.quantizer,
         bits=lc.resolved_bits,
         collective=lc.collective,
+        allreduce_dtype=lc.allreduce_dtype,
         momentum_sync=sync.schedule,
         sync_every=sync.every_steps,
         sync_k=sync.k,
@@ -102,10 +103,18 @@ def build_schedule(
     return EpochSchedule(optimizer, cfg, global_batch=global_batch, steps_per_epoch=steps_per_epoch)
 
 
-def check_group_size(lc: LionCubConfig, data_group_size: int) -> None:
-    """ConfigError unless the quantizer is overflow-safe at this data-group size (known only when
-    the ranks have started)."""
+def check_group_size(lc: LionCubConfig, data_group_size: int) -> int:
+    """The quantizer's levels at this data-group size (known only when the ranks have started);
+    ConfigError, naming the key, N, the levels and what to choose instead, where the sum would
+    not be exact or a p-bit quantizer would keep one level (only the allreduce collective's sum
+    bounds them)."""
     try:
-        quantizer_levels(lc.quantizer, lc.resolved_bits, data_group_size, collective=lc.collective)
+        return quantizer_levels(
+            lc.quantizer,
+            lc.resolved_bits,
+            data_group_size,
+            collective=lc.collective,
+            allreduce_dtype=lc.resolved_allreduce_dtype,
+        )
     except ValueError as err:
-        raise ConfigError(f"key 'optimizer.lion_cub.quantizer': {err}") from None
+        raise ConfigError(f"key 'optimizer.lion_cub.allreduce_dtype': {err}") from None

@@ -16,17 +16,12 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
-from cosmocub.optim.collectives import (
-    CommStats,
-    Pending,
-    WireSpec,
-    build_collective,
-    ring_allreduce_bytes,
-)
+from cosmocub.optim.collectives import CommStats, Pending, build_collective, ring_allreduce_bytes
 from cosmocub.optim.lion import check_lion_hyperparameters, lion_apply, lion_interpolation
 from cosmocub.optim.momentum_sync import average_momenta, is_sync_step, matches
 from cosmocub.optim.quantize import quantize, quantizer_levels, wire_bits
 from cosmocub.optim.vote import tie_pattern
+from cosmocub.optim.wire import WireSpec
 from cosmocub.parallel.timing import Spans, clock_for
 
 
@@ -72,7 +67,23 @@ def split_into_buckets(
 
 class LionCub(Optimizer):
     """Lion whose update is voted over `group` (the data axis); `distributed_lion` is the 1-bit
-    sign / all-gather / never-sync case of it."""
+    sign / all-gather / never-sync case of it.
+
+    Every rank of `group` builds it on the same parameters and steps it together; each keeps
+    its own momentum. Gradients are this rank's own (no DDP, no gradient all-reduce); the
+    parameters stay identical on every rank. `group` None is a group of one: Lion exactly.
+      quantizer, bits   "sign" (1 bit) or "l1" / "linf" / "l0" with bits 2..8
+      collective        "alltoall" (default), "allgather" or "allreduce"
+      allreduce_dtype   the allreduce collective's sum: "int8" (None; ⌊127/N⌋ levels, 1 byte a
+                        value) or "fp16" (⌊2048/N⌋, 2 bytes); alltoall and allgather sum on the
+                        rank and keep 2^(bits−1) − 1 levels at any N (ValueError if given)
+      momentum_sync     "never", "every" (sync_every steps) or "exponential" (sync_k), for the
+                        parameters whose names match sync_patterns (none given: all)
+      overlap           start a bucket's exchange in backward, when its gradients are ready
+      bucket_mb         parameters per exchange bucket, in MiB of fp32
+    `comm_stats` counts the bytes this rank sent and the exchange's seconds. Checkpoints: see
+    `state_dict` (a collective: every rank calls it).
+    """
 
     communicates_gradients = True
 
@@ -87,6 +98,7 @@ class LionCub(Optimizer):
         quantizer: str = "sign",
         bits: int = 1,
         collective: str = "alltoall",
+        allreduce_dtype: str | None = None,
         momentum_sync: str = "never",
         sync_every: int = 100,
         sync_k: float = 1.0,
@@ -101,8 +113,16 @@ class LionCub(Optimizer):
         self.comm_stats = CommStats()
         self.collective = build_collective(collective, group, self.comm_stats)
         self.group, self.group_size = group, self.collective.size
-        levels = quantizer_levels(quantizer, bits, self.group_size, collective=collective)
-        self.spec = WireSpec(quantizer, levels, wire_bits(quantizer, levels))
+        if allreduce_dtype is not None and collective != "allreduce":
+            raise ValueError(
+                f"LionCub: allreduce_dtype={allreduce_dtype!r} is for collective 'allreduce' "
+                f"only ({collective!r} sums on the rank)"
+            )
+        dtype = allreduce_dtype or "int8"
+        levels = quantizer_levels(
+            quantizer, bits, self.group_size, collective=collective, allreduce_dtype=dtype
+        )
+        self.spec = WireSpec(quantizer, levels, wire_bits(quantizer, levels), dtype)
         self.sync = {"schedule": momentum_sync, "every": sync_every, "k": sync_k}
         self.sync_params = {id(p) for n, p in named if matches(n, sync_patterns)}
         self.step_count = 0
@@ -239,9 +259,12 @@ class LionCub(Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """A collective over the data group: every rank must call it (the checkpoint does).
 
-        Each data rank's momentum is gathered onto the group's rank 0 alone, the one that holds
-        the whole state (the checkpoint's writer is data rank 0 of spatial rank 0); the others
-        return their own momentum only, as a 1-row state that is not meant to be written.
+        {"state": {i: {"exp_avg_per_data_rank": (D, *shape of parameter i)}}, "param_groups",
+        "step_count", "data_group_size": D}, on the CPU. Each data rank's momentum is gathered
+        onto the group's rank 0 alone, the one that holds the whole state (D rows, in group rank
+        order) and writes it (the checkpoint's writer is data rank 0 of spatial rank 0); the
+        others return their own momentum only, as a 1-row state that is not meant to be written.
+        The parameters themselves are the model's (identical on every rank): save them apart.
         """
         flat = torch.cat([b.momentum for b in self.buckets]) if self.buckets else torch.zeros(0)
         rank = self.collective.rank
@@ -268,11 +291,18 @@ class LionCub(Optimizer):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Every rank loads the state rank 0 returned (all D rows) and takes its own row."""
         saved = state_dict["data_group_size"]
         if saved != self.group_size:
             raise ValueError(
                 f"LionCub checkpoint holds {saved} data ranks' momenta, this run has "
                 f"{self.group_size}"
+            )
+        rows = {e["exp_avg_per_data_rank"].shape[0] for e in state_dict["state"].values()}
+        if rows - {saved}:
+            raise ValueError(
+                f"LionCub state holds {sorted(rows)} rows of momenta for {saved} data ranks: "
+                "load the state_dict that data rank 0 returned (the others hold their own row)"
             )
         super().load_state_dict({"state": {}, "param_groups": state_dict["param_groups"]})
         rank = self.collective.rank

@@ -1,8 +1,8 @@
 """Lion Cub's quantizers of the pre-sign vector c = β1·m + (1−β1)·g, as pure functions.
 
 `sign` sends sign(c) in one bit. `l1`, `linf`, `l0` scale c per parameter tensor by mean|c|,
-max|c| or the geometric mean of the non-zero |c|, and round it to s integer levels, where s is
-chosen from the data-group size N so that a sum of N quantized values fits in int8.
+max|c| or the geometric mean of the non-zero |c|, and round it to s integer levels; s depends on
+where the N ranks' values are summed (see `quantizer_levels`).
 """
 
 from __future__ import annotations
@@ -13,42 +13,82 @@ import torch
 
 QUANTIZERS = ("sign", "l1", "linf", "l0")
 SCALED_QUANTIZERS = ("l1", "linf", "l0")
-INT8_MAX = 127
+# The allreduce collective's element types and the largest |integer| each sums exactly at every
+# partial sum: int8 up to 127; fp16 (11-bit significand) every integer up to 2048. Both are
+# reductions NCCL and gloo run (NCCL has no int16).
+ALLREDUCE_DTYPES = ("int8", "fp16")
+EXACT_SUM_LIMIT = {"int8": 127, "fp16": 2048}
+SUMMED_ON_THE_RANK = ("allgather", "alltoall")  # the collectives (optim.collectives) but allreduce
 
 
-class OverflowUnsafeError(ValueError):
-    """No quantizer level ≥ 1 keeps a sum over the group inside int8."""
+class LevelsError(ValueError):
+    """The quantizer keeps no level it was asked for at this group size (its sum would not be
+    exact, or a p-bit quantizer would send only a sign)."""
 
 
-def quantizer_levels(quantizer: str, bits: int, group_size: int, *, collective: str) -> int:
-    """s, the largest |q| a rank sends: q ∈ {−s, …, s}.
+def max_levels(quantizer: str, bits: int) -> int:
+    """s with nothing summed: 1 for sign, 2^(bits−1) − 1 for a scaled quantizer (q + s fits in
+    `bits` bits)."""
+    return 1 if quantizer == "sign" else (1 << (bits - 1)) - 1
 
-    Rule: s = min(2^(bits−1) − 1, ⌊127/N⌋). The first term lets q + s fit in `bits` bits, the
-    second keeps |Σ_N q| ≤ N·s ≤ 127, so an int8 all-reduce cannot overflow. The same s is used
-    by every collective so that all of them give the same update. `sign` has s = 1 and needs the
-    int8 bound only where it is summed in int8 (the `allreduce` collective): N ≤ 127.
+
+def quantizer_levels(
+    quantizer: str, bits: int, group_size: int, *, collective: str, allreduce_dtype: str = "int8"
+) -> int:
+    """s, the largest |q| a rank sends: q ∈ {−s, …, s}, for a vote over N = `group_size` ranks.
+
+    `alltoall` and `allgather` sum what a rank receives on the rank, in an accumulator wide
+    enough for N·s (cosmocub.optim.wire.accumulator_dtype), so s = 2^(bits−1) − 1 at any N.
+    `allreduce` sums on the wire in `allreduce_dtype`, so every partial sum must stay exact:
+    s = min(2^(bits−1) − 1, ⌊L/N⌋) with L = 127 (int8) or 2048 (fp16). LevelsError when that
+    leaves no level (s = 0), or one level where `bits` asked for more (a p-bit quantizer that
+    sends only a sign); the message names N, the levels and what to choose instead.
     """
     if group_size < 1:
         raise ValueError(f"group size must be >= 1, got {group_size}")
     if quantizer not in QUANTIZERS:
         raise ValueError(f"unknown quantizer {quantizer!r} ({', '.join(QUANTIZERS)})")
-    if quantizer == "sign":
-        if collective == "allreduce" and group_size > INT8_MAX:
-            raise OverflowUnsafeError(
-                f"quantizer 'sign' with collective 'allreduce': an int8 sum of {group_size} "
-                f"signs can reach {group_size} > {INT8_MAX} (use alltoall or allgather)"
-            )
-        return 1
-    if not 1 <= bits <= 8:
-        raise ValueError(f"bits must be in 1..8, got {bits}")
-    levels = min((1 << (bits - 1)) - 1, INT8_MAX // group_size)
-    if levels < 1:
-        raise OverflowUnsafeError(
-            f"quantizer {quantizer!r} with bits={bits} at data-group size {group_size}: no level "
-            f">= 1 (min(2^(bits-1)-1, floor(127/N)) = {levels}); use bits >= 2 and at most "
-            f"{INT8_MAX} data ranks, or quantizer 'sign'"
+    if quantizer != "sign" and not 2 <= bits <= 8:
+        raise ValueError(f"a scaled quantizer's bits must be in 2..8, got {bits}")
+    if allreduce_dtype not in EXACT_SUM_LIMIT:
+        raise ValueError(
+            f"unknown allreduce dtype {allreduce_dtype!r} ({', '.join(ALLREDUCE_DTYPES)})"
         )
-    return levels
+    top = max_levels(quantizer, bits)
+    if collective in SUMMED_ON_THE_RANK:
+        return top
+    if collective != "allreduce":
+        raise ValueError(f"unknown collective {collective!r} (allgather, alltoall, allreduce)")
+    limit = EXACT_SUM_LIMIT[allreduce_dtype]
+    levels = min(top, limit // group_size)
+    if levels >= 1 and (levels > 1 or top == 1):
+        return levels
+    what = "signs" if quantizer == "sign" else f"{quantizer!r} {bits}-bit values"
+    if levels < 1:
+        lost = f"no level: {group_size} ranks at s = 1 already sum to {group_size} > {limit}"
+    else:
+        lost = f"one level: the {bits}-bit quantizer sends only a sign"
+    raise LevelsError(
+        f"{what} summed by an {allreduce_dtype} all-reduce over {group_size} data ranks: "
+        f"s = min({top}, floor({limit}/{group_size})) = {levels} ({lost}); choose "
+        f"{_alternatives(quantizer, bits, group_size, allreduce_dtype)}"
+    )
+
+
+def _alternatives(quantizer: str, bits: int, group_size: int, allreduce_dtype: str) -> str:
+    top = max_levels(quantizer, bits)
+    if quantizer == "sign":
+        out = ["collective alltoall (any number of ranks)"]
+        if allreduce_dtype == "int8" and group_size <= EXACT_SUM_LIMIT["fp16"]:
+            out.append(f"allreduce_dtype fp16 (up to {EXACT_SUM_LIMIT['fp16']} ranks)")
+        return " or ".join(out)
+    out = [f"collective alltoall ({top} levels at any number of ranks)"]
+    fp16 = min(top, EXACT_SUM_LIMIT["fp16"] // group_size)
+    if allreduce_dtype == "int8" and fp16 > 1:
+        out.append(f"allreduce_dtype fp16 ({fp16} levels)")
+    if min(top, EXACT_SUM_LIMIT[allreduce_dtype] // group_size) == 1:
+        out.append("bits 2 (q in {-1, 0, 1}: this very update, asked for)")
+    return " or ".join(out)
 
 
 def wire_bits(quantizer: str, levels: int) -> int:

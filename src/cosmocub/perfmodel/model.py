@@ -182,27 +182,29 @@ def exchange(
         sent += averaged
         inter += averaged if network.spans_nodes(mesh.spatial, 1) else 0.0
     if optimizer_cfg.name == "distributed_lion":
-        quantizer, bits, collective, bucket_mb = "sign", 1, "allgather", 4.0
+        quantizer, bits, collective, dtype, bucket_mb = "sign", 1, "allgather", "int8", 4.0
     else:
         lc = optimizer_cfg.lion_cub
         assert lc is not None, "config.from_values fills lion_cub's defaults"
-        quantizer, bits, collective, bucket_mb = (
+        quantizer, bits, collective, dtype, bucket_mb = (
             lc.quantizer,
             lc.resolved_bits,
             lc.collective,
+            lc.resolved_allreduce_dtype,
             lc.bucket_mb,
         )
     p = mesh.data
     data_spans = network.spans_nodes(p, mesh.spatial)
     if p > 1:
-        levels = quantizer_levels(quantizer, bits, p, collective=collective)
+        levels = quantizer_levels(quantizer, bits, p, collective=collective, allreduce_dtype=dtype)
         wire = wire_bits(quantizer, levels)
         cap = int(bucket_mb * 2**18)
         # The optimizer's buckets, from its own function (sizes stand in for the tensors); each
         # phase (alltoall: the vote, then the all-gather of its 1-bit result) at its own fit.
         for bucket in split_into_buckets([_Sized(n) for n in sizes], cap):
             n = sum(t.numel() for t in bucket)
-            for phase, nbytes in vote_phase_bytes(collective, n, wire, p).items():
+            phases = vote_phase_bytes(collective, n, wire, p, allreduce_dtype=dtype)
+            for phase, nbytes in phases.items():
                 costs = network.costs(p, mesh.spatial, phase)
                 rounds = rounds_and_bytes(phase, 1.0, p)[0]
                 seconds += costs.alpha_s * rounds + costs.beta_s_per_byte * nbytes
