@@ -1,7 +1,8 @@
 """Universe counts to shard samples, lazily: Dask arrays cut into cubes in the shards' byte order.
 
 Universes open as h5py-backed Dask arrays in an xarray DataArray (universe, d, h, w, channel);
-each is cut into non-overlapping cubes and transformed (log1p, dtype) by one table lookup.
+each is cut into non-overlapping cubes (or kept whole, in depth slabs, for random training crops)
+and transformed (log1p, dtype) by one table lookup.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from cosmocub.data.splits import PreprocessError
 from cosmocub.data.universe import UniverseMeta
 
 
-def holds_universes(split: str, settings: PreprocessConfig) -> bool:
+def keeps_universes(split: str, settings: PreprocessConfig) -> bool:
     """Whether `split`'s shard keeps its universes whole (the training split under
     preprocess.train_crops random) rather than cut into crops."""
     return split == "train" and settings.train_crops == "random"
@@ -30,12 +30,12 @@ def create_shard(
     path: Path, split: str, metas: list[UniverseMeta], settings: PreprocessConfig
 ) -> None:
     """Write the shard's small datasets and attributes and allocate `x` for every sample (or,
-    for a shard that `holds_universes`, every universe)."""
+    for a shard that `keeps_universes`, every universe)."""
     s, slab = settings.sample_size, settings.slab_depth
     c = metas[0].num_channels if metas else 4
     per_universe = (metas[0].size // s) ** 3 if metas else 0
     n = per_universe * len(metas)
-    whole = holds_universes(split, settings) and n > 0
+    whole = keeps_universes(split, settings) and n > 0
     with h5py.File(path, "w") as f:
         if whole:
             # The universes whole, one row each; the rows below stay those of the fixed crops
@@ -96,7 +96,7 @@ def universe_rows(
     shard: Path, meta: UniverseMeta, first_sample: int, settings: PreprocessConfig, *, whole: bool
 ) -> RowOffset:
     """Where a universe's samples go: its rows of `shard`, from `first_sample` on (`whole`: the
-    universe is one row of a shard that `holds_universes`)."""
+    universe is one row of a shard that `keeps_universes`)."""
     s = meta.size if whole else settings.sample_size
     chunk_bytes = (
         meta.num_channels * settings.slab_depth * s * s * np.dtype(settings.dtype).itemsize

@@ -32,7 +32,7 @@ from cosmocub.data.dask_compute import compute_into
 from cosmocub.data.features import FEATURES_FILE, write_features
 from cosmocub.data.shard_file import (
     create_shard,
-    holds_universes,
+    keeps_universes,
     universe_rows,
     verify_written,
 )
@@ -63,7 +63,7 @@ def plan_shards(
     place = {
         str(p): {
             "split": s,
-            "first_sample": i * (1 if holds_universes(s, settings) else per_universe),
+            "first_sample": i * (1 if keeps_universes(s, settings) else per_universe),
         }
         for s in SPLITS
         for i, p in enumerate(assigned[s])
@@ -103,7 +103,7 @@ def crop_group(staging: Path, group: int, out: Path, *, settings: PreprocessConf
     for m in metas:
         where = plan["place"][str(m.path)]
         key = f"{where['split']}:{m.path}"
-        whole = holds_universes(where["split"], settings)
+        whole = keeps_universes(where["split"], settings)
         if whole:
             counts = open_universe_slabs([m], slab_depth=settings.slab_depth)
             samples[key] = universe_values(
