@@ -220,16 +220,8 @@ def test_train_crops_key_is_checked() -> None:
     assert load_config(None).preprocess.train_crops == "fixed"
 
 
-def test_short_training_on_random_crops(shards, tmp_path: Path, monkeypatch) -> None:
-    read: list = []
-    original = UniverseCropDataset.__getitem__
-
-    def recording(self, index):
-        read.append(index)
-        return original(self, index)
-
-    monkeypatch.setattr(UniverseCropDataset, "__getitem__", recording)
-    cfg = load_config(
+def _train_cfg(**train_keys):
+    return load_config(
         None,
         overrides={
             "preprocess": {"sample_size": CROP, "train_crops": "random", "slab_depth": SLAB},
@@ -243,15 +235,27 @@ def test_short_training_on_random_crops(shards, tmp_path: Path, monkeypatch) -> 
             "train": {
                 "epochs": 2,
                 "local_batch_size": 4,
-                "checkpoint_every_steps": 100,
+                "checkpoint_every_steps": 4,
                 "threads_per_rank": 1,
                 "num_data_workers": 0,
+                **train_keys,
             },
             "tracking": {"enabled": False},
         },
     )
+
+
+def test_short_training_on_random_crops(shards, tmp_path: Path, monkeypatch) -> None:
+    read: list = []
+    original = UniverseCropDataset.__getitem__
+
+    def recording(self, index):
+        read.append(index)
+        return original(self, index)
+
+    monkeypatch.setattr(UniverseCropDataset, "__getitem__", recording)
     run = tmp_path / "run"
-    summary = train(cfg, shards_dir=shards["random"], run_dir=run)
+    summary = train(_train_cfg(), shards_dir=shards["random"], run_dir=run)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # An epoch is one crop per fixed-crop row: 24 rows / batch 4 = 6 steps, as with fixed crops.
     assert [r["step"] for r in records] == [6, 12] and summary["steps"] == 12
@@ -259,3 +263,25 @@ def test_short_training_on_random_crops(shards, tmp_path: Path, monkeypatch) -> 
     # Every training sample was a drawn crop: (row, symmetry, origin), no two alike.
     assert len(read) == 48 and all(len(index) == 3 for index in read)
     assert len(set(read)) == 48
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_resumed_run_trains_on_the_same_crops(shards, tmp_path: Path) -> None:
+    """Killed in epoch 1 two steps after its checkpoint at step 8, resumed: the same weights."""
+    cfg = _train_cfg(deterministic=True)
+
+    def kill(step: int, model) -> None:
+        if step == 10:
+            raise Killed(step)
+
+    train(cfg, shards_dir=shards["random"], run_dir=tmp_path / "whole")
+    with pytest.raises(Killed):
+        train(cfg, shards_dir=shards["random"], run_dir=tmp_path / "broken", on_step_end=kill)
+    resumed = train(cfg, shards_dir=shards["random"], run_dir=tmp_path / "broken")
+    assert resumed["resumed_from"].endswith("step_00000008.pt")
+    whole = torch.load(tmp_path / "whole/model.pt", weights_only=True)["state_dict"]
+    again = torch.load(tmp_path / "broken/model.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(whole[name], again[name]) for name in whole)
