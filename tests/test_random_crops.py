@@ -15,11 +15,12 @@ import torch
 
 from cosmocub.config import ConfigError, PreprocessConfig, SplitRatios, load_config
 from cosmocub.cosmology.parameters import phys_from_unit
+from cosmocub.data import crop
 from cosmocub.data.augment import CUBE_SYMMETRIES, cube_symmetry
 from cosmocub.data.dataset import ShardDataset, UniverseCropDataset, open_shard, read_stats
 from cosmocub.data.periodic import read_periodic, wrapped_pieces
 from cosmocub.data.preprocess import preprocess
-from cosmocub.data.universe import read_universe, write_universe
+from cosmocub.data.universe import read_universe, read_universe_meta, write_universe
 from cosmocub.io import sha256_file
 from cosmocub.parallel.halo import spatial_coords
 from cosmocub.train.data import ResumableSampler
@@ -128,6 +129,27 @@ def test_val_test_stats_and_features_are_the_fixed_modes_bytes(shards) -> None:
             counts, _ = read_universe(source)
             expected = np.log1p(counts.astype(np.float32)).astype(np.float16).transpose(3, 0, 1, 2)
             np.testing.assert_array_equal(f["x"][u], expected)
+
+
+def test_universes_written_one_depth_slab_per_block_are_the_same(shards, tmp_path, monkeypatch):
+    """Large universes are written in blocks of a few depth slabs (the writer's slab ranges)."""
+    monkeypatch.setattr(crop, "BLOCK_BYTES", 1)  # one slab_depth-thick block per task
+    with h5py.File(shards["random"] / "train.h5") as f:
+        sources = [Path(p) for p in json.loads(f.attrs["source_files"])]
+        expected = f["x"][...]
+    others = sorted(p for p in sources[0].parent.glob("univ_*.hdf5") if p not in sources)
+    preprocess(
+        sources + others,
+        tmp_path / "slabs",
+        settings=dataclasses.replace(SETTINGS, train_crops="random"),
+        seed=7,
+        config_hash="abc",
+        universes_per_job=5,
+    )
+    blocks = crop.open_universe_slabs([read_universe_meta(sources[0])], slab_depth=SLAB)
+    assert blocks.data.chunks[1] == (SLAB,) * (SIZE // SLAB)
+    with h5py.File(tmp_path / "slabs/train.h5") as f:
+        np.testing.assert_array_equal(f["x"][...], expected)
 
 
 def test_a_row_without_an_origin_is_its_fixed_crop(shards) -> None:
