@@ -335,8 +335,12 @@ def test_chunk_writer_refuses_a_block_of_another_type(tmp_path: Path) -> None:
         writer[slice(0, 2), slice(None)] = block
 
 
-def test_a_corrupt_write_is_caught_and_leaves_no_shards(universes, tmp_path, monkeypatch) -> None:
-    """The read-back check: a writer bug (here swapped bytes) fails the run before the rename."""
+@pytest.mark.parametrize("train_crops", ["fixed", "random"])
+def test_a_corrupt_write_is_caught_and_leaves_no_shards(
+    universes, tmp_path, monkeypatch, train_crops
+) -> None:
+    """The read-back check: a writer bug (here swapped bytes) fails the run before the rename;
+    also where train.h5 holds whole universes (the check reads its crops out of them)."""
     original = ChunkWriter.__setitem__
 
     def corrupting(self, key, block):
@@ -345,13 +349,13 @@ def test_a_corrupt_write_is_caught_and_leaves_no_shards(universes, tmp_path, mon
     monkeypatch.setattr(ChunkWriter, "__setitem__", corrupting)
     with pytest.raises(
         PreprocessError,
-        match=r"sample 0 read back through HDF5 differs from .*"
+        match=r"train\.h5: sample 0 read back through HDF5 differs from .*"
         r"univ_\d\.hdf5 at origin \(0, 0, 0\): the shard writer wrote a corrupt",
     ):
         preprocess(
             universes,
             tmp_path / "s",
-            settings=settings(),
+            settings=settings(train_crops=train_crops),
             seed=0,
             config_hash="h",
             universes_per_job=2,

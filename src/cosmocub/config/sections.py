@@ -13,6 +13,9 @@ from cosmocub.config.schema import ConfigError
 
 # The regression targets: the universes' four unitPar values.
 NUM_TARGETS = 4
+# preprocess.train_crops: the training split's non-overlapping crops, or whole universes that
+# training crops at random (data/universe_crops.py).
+TRAIN_CROPS: tuple[str, ...] = ("fixed", "random")
 
 # Typed sections. Fields mirror the schema; defaults live in the schema, not here, so every field
 # is required when built from a resolved dict. Checks that JSON schema cannot express live in
@@ -83,8 +86,16 @@ class PreprocessConfig:
     slab_depth: int
     dask_scheduler: str | None
     num_workers: int | None
+    # A default here only so that code building the settings by hand need not name it (the
+    # schema's default is the same): "fixed" crops for training, or whole universes ("random").
+    train_crops: str = "fixed"
 
     def __post_init__(self) -> None:
+        if self.train_crops not in TRAIN_CROPS:
+            raise ConfigError(
+                f"key 'preprocess.train_crops': {self.train_crops!r} is not one of "
+                f"{', '.join(TRAIN_CROPS)}"
+            )
         if self.sample_size % self.slab_depth != 0:
             raise ConfigError(
                 f"key 'preprocess.slab_depth': {self.slab_depth} does not divide "

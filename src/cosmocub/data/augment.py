@@ -1,7 +1,8 @@
 """Symmetries of the cube as data augmentation: a universe has no preferred axis or direction.
 
 The 48 rotations and reflections of a cube (6 axis orders × 8 sign flips) map a statistically
-isotropic density field to another equally likely one with the same cosmological parameters.
+isotropic density field to another equally likely one with the same cosmological parameters;
+so does moving the crop origin in a periodic universe (`draw_crop_origins`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ def draw_symmetries(
     allowed = range(len(CUBE_SYMMETRIES)) if allowed is None else allowed
     choices = torch.randint(len(allowed), (count,), generator=generator)
     return [allowed[int(i)] for i in choices]
+
+
+def draw_crop_origins(
+    count: int, generator: torch.Generator, universe_size: int
+) -> list[tuple[int, int, int]]:
+    """`count` crop origins (d, h, w), each uniform over all universe_size³ voxels: in a periodic
+    universe every origin is a valid crop (data/periodic.py wraps the reads)."""
+    origins = torch.randint(universe_size, (count, 3), generator=generator)
+    return [(int(d), int(h), int(w)) for d, h, w in origins.tolist()]
 
 
 def random_cube_symmetries(x_bcdhw: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

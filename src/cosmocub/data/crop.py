@@ -1,7 +1,8 @@
 """Universe counts to shard samples, lazily: Dask arrays cut into cubes in the shards' byte order.
 
 Universes open as h5py-backed Dask arrays in an xarray DataArray (universe, d, h, w, channel);
-each is cut into non-overlapping cubes and transformed (log1p, dtype) by one table lookup.
+each is cut into non-overlapping cubes (or kept whole, in depth slabs, for random training crops)
+and transformed (log1p, dtype) by one table lookup.
 """
 
 from __future__ import annotations
@@ -32,13 +33,26 @@ def open_universes(metas: list[UniverseMeta], *, sample_size: int) -> xr.DataArr
     s = sample_size
     slab_row = s * s * size * channels * 2  # bytes of one S × S × N × C row of samples
     rows = max(1, min(size // s, BLOCK_BYTES // slab_row))
+    return _lazy_counts(metas, (s, rows * s, size, channels))
+
+
+def open_universe_slabs(metas: list[UniverseMeta], *, slab_depth: int) -> xr.DataArray:
+    """Lazy int16 counts (universe, d, h, w, channel), chunked in whole depth slabs (k·slab_depth
+    planes of N × N), the blocks that `universe_values` writes as whole shard chunks."""
+    size, channels = metas[0].size, metas[0].num_channels
+    slab_bytes = slab_depth * size * size * channels * 2
+    slabs = max(1, min(size // slab_depth, BLOCK_BYTES // slab_bytes))
+    return _lazy_counts(metas, (slabs * slab_depth, size, size, channels))
+
+
+def _lazy_counts(metas: list[UniverseMeta], chunks: tuple[int, int, int, int]) -> xr.DataArray:
     arrays = [
         da.from_array(
             open_source(m.path),
-            chunks=(s, rows * s, size, channels),
+            chunks=chunks,
             # Keyed by the file's absolute path: two universes never share Dask keys, even when
             # they have the same file name in different folders.
-            name=f"universe-{tokenize(os.path.abspath(m.path), s, rows)}",
+            name=f"universe-{tokenize(os.path.abspath(m.path), *chunks)}",
             lock=False,  # readers open their own handles; h5py serialises itself
             meta=np.empty((0, 0, 0, 0), np.int16),
         )
@@ -113,6 +127,19 @@ def crop_samples(
         coords={"channel": ordered["channel"].values},
         name="values",
     )
+
+
+def universe_values(
+    counts: xr.DataArray, *, slab_depth: int, log1p: bool, dtype: str
+) -> xr.DataArray:
+    """(universe, d, h, w, channel) counts → (universe, slab_index, channel, slab, h, w) values:
+    each universe whole, in the byte order of a whole-universe shard's chunks (1, C, slab, N, N)
+    (preprocess.train_crops random)."""
+    values = counts.copy(
+        data=counts.data.map_blocks(_to_values, log1p, dtype, dtype=np.dtype(dtype))
+    )
+    slabs = values.coarsen(d=slab_depth).construct(d=("slab_index", "slab"))
+    return slabs.transpose("universe", "slab_index", "channel", "slab", "h", "w")
 
 
 def cropper(settings: PreprocessConfig) -> Callable[[xr.DataArray], xr.DataArray]:

@@ -3,6 +3,7 @@
 HDF5 files are opened lazily in the process that reads (fork-safe for DataLoader workers). Under a
 spatial split a dataset reads only its rank's `block` of each sample (spatially parallel I/O), and
 an index (i, symmetry) yields that block of sample i under that cube symmetry (data/augment.py).
+A shard of whole universes (preprocess.train_crops random) gives crops at any periodic origin.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch.utils.data import Dataset
 
 from cosmocub.config import ModelConfig
 from cosmocub.data.augment import cube_symmetry, source_region
+from cosmocub.data.periodic import read_periodic
 
 SPLITS = ("train", "val", "test")
 
@@ -90,14 +92,7 @@ class ShardDataset(Dataset):
                     raise ValueError(
                         f"{self.path}: dataset '{name}' missing (not a cosmocub shard)"
                     )
-            x_shape, y_shape = f["x"].shape, f["y"].shape
-        if len(x_shape) != 5 or x_shape[2] != x_shape[3] or x_shape[3] != x_shape[4]:
-            raise ValueError(
-                f"{self.path}: dataset 'x' has shape {x_shape}, expected (N, C, S, S, S)"
-            )
-        if y_shape[0] != x_shape[0]:
-            raise ValueError(f"{self.path}: 'x' has {x_shape[0]} samples but 'y' has {y_shape[0]}")
-        self.num_samples, self.channels, self.size = x_shape[0], x_shape[1], x_shape[2]
+            self.num_samples, self.channels, self.size = self._layout(f)
         if sample_size is not None and sample_size != self.size:
             raise ValueError(
                 f"{self.path}: dataset 'x' holds {self.size}³ samples but model.input_size is "
@@ -137,6 +132,26 @@ class ShardDataset(Dataset):
         self._file: h5py.File | None = None
         self._pid: int | None = None
 
+    # The side of the universes a random crop origin is drawn in, per axis (UniverseCropDataset);
+    # None: the shard's samples are fixed.
+    random_origins: int | None = None
+
+    def _layout(self, f: h5py.File) -> tuple[int, int, int]:
+        """(samples, channels, sample side) of the open shard, once its layout is checked."""
+        if holds_universes(f):
+            raise ValueError(
+                f"{self.path}: holds whole universes (preprocess.train_crops random), not "
+                f"samples: read it with UniverseCropDataset (open_split does)"
+            )
+        x_shape, y_shape = f["x"].shape, f["y"].shape
+        if len(x_shape) != 5 or x_shape[2] != x_shape[3] or x_shape[3] != x_shape[4]:
+            raise ValueError(
+                f"{self.path}: dataset 'x' has shape {x_shape}, expected (N, C, S, S, S)"
+            )
+        if y_shape[0] != x_shape[0]:
+            raise ValueError(f"{self.path}: 'x' has {x_shape[0]} samples but 'y' has {y_shape[0]}")
+        return x_shape[0], x_shape[1], x_shape[2]
+
     def __len__(self) -> int:
         return self.num_samples
 
@@ -158,6 +173,12 @@ class ShardDataset(Dataset):
             # chunks it spans are read (for the symmetries a split keeps, one rank's share).
             d, h, w = source_region(symmetry, self.block, self.size)
             x = f["x"][sample, :, d, h, w]  # (C, D/sd, H/sh, W/sw) for a split's block
+        return self._finish(x, symmetry, f["y"][sample])
+
+    def _finish(
+        self, x: np.ndarray, symmetry: int, y: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored region `x` (C, d, h, w) standardised and turned, and its target."""
         x = x.astype(np.float32, copy=False)
         if self._scale is not None:
             mean, inv_std = self._scale
@@ -165,8 +186,7 @@ class ShardDataset(Dataset):
         x_cdhw = torch.from_numpy(np.ascontiguousarray(x))
         if symmetry:
             x_cdhw = cube_symmetry(x_cdhw, symmetry).contiguous()
-        y = f["y"][sample].astype(np.float32, copy=False)
-        return x_cdhw, torch.from_numpy(y)
+        return x_cdhw, torch.from_numpy(y.astype(np.float32, copy=False))
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -177,6 +197,74 @@ class ShardDataset(Dataset):
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+class UniverseCropDataset(ShardDataset):
+    """Crops of the whole universes of a shard written with preprocess.train_crops random.
+
+    Its rows are the fixed crops that preprocessing would otherwise have cut (y, universe_index,
+    crop_origin): one epoch is one crop per row. Index i gives row i's fixed crop, (i, symmetry)
+    that crop turned, and (i, symmetry, origin_dhw) the crop of side S at `origin_dhw` of row
+    i's universe, wrapped periodically, turned: the sampler draws the origins (train/data.py).
+    Under a spatial split only this rank's `block` of the turned crop is read.
+    """
+
+    def _layout(self, f: h5py.File) -> tuple[int, int, int]:
+        if not holds_universes(f):
+            raise ValueError(
+                f"{self.path}: holds crops, not whole universes (preprocess.train_crops fixed): "
+                f"read it with ShardDataset"
+            )
+        x_shape, rows = f["x"].shape, f["y"].shape[0]
+        size, crop = x_shape[2], int(f.attrs["sample_size"])
+        if len(x_shape) != 5 or x_shape[2:] != (size,) * 3 or not 0 < crop <= size:
+            raise ValueError(
+                f"{self.path}: dataset 'x' has shape {x_shape}, expected (U, C, N, N, N) "
+                f"universes of side N ≥ the crops' {crop}"
+            )
+        self._universe_of = f["universe_index"][:]
+        self._fixed_origin = f["crop_origin"][:]
+        if len(self._universe_of) != rows or len(self._fixed_origin) != rows:
+            raise ValueError(
+                f"{self.path}: 'y' has {rows} rows but 'universe_index' "
+                f"{len(self._universe_of)} and 'crop_origin' {len(self._fixed_origin)}"
+            )
+        if rows and not 0 <= self._universe_of.min() <= self._universe_of.max() < x_shape[0]:
+            raise ValueError(f"{self.path}: 'universe_index' outside the {x_shape[0]} universes")
+        self.random_origins = size
+        return rows, x_shape[1], crop
+
+    def __getitem__(
+        self, index: int | tuple[int, int] | tuple[int, int, tuple[int, int, int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(index, int | np.integer):
+            sample, symmetry, origin = int(index), 0, None
+        elif len(index) == 2:
+            (sample, symmetry), origin = index, None
+        else:
+            sample, symmetry, origin = index
+        if origin is None:
+            origin = self._fixed_origin[sample]
+        # The part of the crop whose image under the symmetry is this rank's block (the whole
+        # crop without a split), read from the universe with the crop's origin added, wrapped.
+        block = self.block or (slice(None),) * 3
+        region = source_region(symmetry, block, self.size)
+        x = read_periodic(
+            self._open()["x"], int(self._universe_of[sample]), origin, region, self.size
+        )
+        return self._finish(x, symmetry, self._open()["y"][sample])
+
+
+def holds_universes(f: h5py.File) -> bool:
+    """Whether an open shard keeps whole universes (preprocess.train_crops random)."""
+    return f.attrs.get("crops") == "random"
+
+
+def open_shard(path: Path, **kwargs: Any) -> ShardDataset:
+    """`path` as a ShardDataset, or a UniverseCropDataset where it holds whole universes."""
+    with h5py.File(path, "r") as f:
+        universes = holds_universes(f)
+    return (UniverseCropDataset if universes else ShardDataset)(path, **kwargs)
 
 
 def open_split(
@@ -191,7 +279,7 @@ def open_split(
     preprocess.standardize false, checked against the model."""
     mean, std = read_stats(shards_dir)
     standardize = stats_say_standardize(shards_dir)
-    return ShardDataset(
+    return open_shard(
         shard_path(shards_dir, split),
         mean=mean if standardize else None,
         std=std if standardize else None,

@@ -79,24 +79,58 @@ def _block_features(block: np.ndarray, log1p: bool) -> np.ndarray:
     return np.stack(rows) if rows else np.zeros((0, 0))
 
 
+def _universe_features(
+    block: np.ndarray, origins: np.ndarray, sample_size: int, log1p: bool
+) -> np.ndarray:
+    # block (1, C, N, N, N): one whole universe; its fixed crops, each contiguous as a crop shard
+    # stores it, so that every feature is bit for bit the fixed crop's.
+    s = sample_size
+    crops = [
+        np.ascontiguousarray(block[0, :, d : d + s, h : h + s, w : w + s]) for d, h, w in origins
+    ]
+    return _block_features(np.stack(crops), log1p)
+
+
 def shard_features(shard: Path, *, num_workers: int | None = None) -> dict[str, np.ndarray]:
-    """Features of every sample of one shard: {"pk": (N, C·bins), "one_point": (N, C·10), "k"}."""
+    """Features of every sample of one shard: {"pk": (N, C·bins), "one_point": (N, C·10), "k"}.
+
+    A shard of whole universes (preprocess.train_crops random) gives the features of its fixed
+    crops (its rows), the same numbers the shard of crops would give."""
     with h5py.File(shard, "r") as f:
         x = f["x"]
         log1p = bool(f.attrs["log1p"])
-        n, c, s = x.shape[0], x.shape[1], x.shape[2]
+        whole = f.attrs.get("crops") == "random"
+        # Whole universes: the rows are their fixed crops (y has one per row).
+        s = int(f.attrs["sample_size"]) if whole else x.shape[2]
+        n, c = f["y"].shape[0] if whole else x.shape[0], x.shape[1]
         k = counts_power_spectrum(np.ones((s, s, s)))[0]
         pk_width, op_width = c * len(k), c * len(ONE_POINT_NAMES)
         if n == 0:
             return {"pk": np.zeros((0, pk_width)), "one_point": np.zeros((0, op_width)), "k": k}
-        samples = da.from_array(x, chunks=(BLOCK_SAMPLES, c, s, s, s), lock=True)
-        feats = samples.map_blocks(
-            _block_features,
-            log1p,
-            chunks=(samples.chunks[0], (pk_width + op_width,)),
-            drop_axis=[2, 3, 4],
-            dtype=np.float64,
-        ).compute(scheduler="threads", num_workers=num_workers)
+        width = pk_width + op_width
+        if whole:
+            # Rows run universe-major, every universe with the same crops in the same order.
+            per_universe = n // x.shape[0]
+            universes = da.from_array(x, chunks=(1, *x.shape[1:]), lock=True)
+            feats = universes.map_blocks(
+                _universe_features,
+                f["crop_origin"][:per_universe],
+                s,
+                log1p,
+                chunks=((per_universe,) * x.shape[0], (width,)),
+                drop_axis=[2, 3, 4],
+                dtype=np.float64,
+            )
+        else:
+            samples = da.from_array(x, chunks=(BLOCK_SAMPLES, c, s, s, s), lock=True)
+            feats = samples.map_blocks(
+                _block_features,
+                log1p,
+                chunks=(samples.chunks[0], (width,)),
+                drop_axis=[2, 3, 4],
+                dtype=np.float64,
+            )
+        feats = feats.compute(scheduler="threads", num_workers=num_workers)
     return {"pk": feats[:, :pk_width], "one_point": feats[:, pk_width:], "k": k}
 
 

@@ -14,11 +14,18 @@ from torch.utils.data import Dataset
 
 from cosmocub.config import Config
 from cosmocub.cosmology.parameters import NUM_CHANNELS
-from cosmocub.data.dataset import ShardDataset, read_stats, shard_path, stats_say_standardize
+from cosmocub.data.dataset import (
+    ShardDataset,
+    open_shard,
+    read_stats,
+    shard_path,
+    stats_say_standardize,
+)
 
 
 class FieldPairs(Dataset):
-    """Sample i (or (i, symmetry)) → (x (C_in, d, h, w), y (1, d, h, w)) float32."""
+    """Sample i (or (i, symmetry), or (i, symmetry, crop origin) of whole universes) →
+    (x (C_in, d, h, w), y (1, d, h, w)) float32."""
 
     def __init__(self, shard: ShardDataset, *, inputs: list[int], target: int) -> None:
         if shard.channels != NUM_CHANNELS:
@@ -27,12 +34,13 @@ class FieldPairs(Dataset):
             )
         self.shard, self.path = shard, shard.path
         self.inputs, self.target = inputs, target
+        self.random_origins = shard.random_origins  # random crops of whole universes, or None
 
     def __len__(self) -> int:
         return len(self.shard)
 
-    def __getitem__(self, index: int | tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-        x_cdhw, _unit_par = self.shard[index]
+    def __getitem__(self, index: int | tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        x_cdhw, _unit_par = self.shard[index]  # index: i, (i, symmetry) or (i, symmetry, origin)
         return x_cdhw[self.inputs], x_cdhw[self.target : self.target + 1]
 
 
@@ -46,7 +54,7 @@ def open_field_split(
     """The `split` shard as field pairs of `cfg.task`, standardised as `open_split` does."""
     mean, std = read_stats(shards_dir)
     standardize = stats_say_standardize(shards_dir)
-    shard = ShardDataset(
+    shard = open_shard(
         shard_path(shards_dir, split),
         mean=mean if standardize else None,
         std=std if standardize else None,

@@ -204,7 +204,8 @@ def check_raw_writable(path: str, chunk_bytes: int) -> np.dtype:
 
 
 class ChunkWriter:
-    """Store target writing chunk-ordered sample blocks straight to the shard's chunk offsets.
+    """Store target writing chunk-ordered blocks (sample, slab_index, C, slab, S, S) straight to
+    the shard's chunk offsets.
 
     The shard's `x` is created with every chunk allocated up front (and no fill), so each chunk
     has a fixed file offset; writing there with os.pwrite releases the GIL (h5py would hold it
@@ -221,12 +222,17 @@ class ChunkWriter:
     def __setitem__(self, key: Any, block: np.ndarray) -> None:
         table = chunk_offsets(self.path, self.token)
         first, last, step = key[0].indices(len(table))
-        if block.dtype != self.dtype or step != 1:
+        # A block of whole samples (the crops), or of some depth slabs of them (the whole
+        # universes of preprocess.train_crops random): key[1] picks the slabs.
+        slabs = key[1] if len(key) > 1 else slice(None)
+        slab_lo, slab_hi, slab_step = slabs.indices(table.shape[1])
+        if block.dtype != self.dtype or step != 1 or slab_step != 1:
             raise ChunkFormatError(
                 f"{self.path}: block of {block.dtype.str} (step {step}) for 'x' of "
-                f"{self.dtype.str}: raw bytes would be misread"
+                f"{self.dtype.str}{'' if slab_step == 1 else f', slab step {slab_step}'}: raw "
+                f"bytes would be misread"
             )
-        offsets = table[first:last].ravel()
+        offsets = table[first:last, slab_lo:slab_hi].ravel()
         data = memoryview(np.ascontiguousarray(block)).cast("B")
         if len(data) != len(offsets) * self.chunk_bytes:
             raise ChunkFormatError(

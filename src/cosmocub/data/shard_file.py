@@ -1,5 +1,8 @@
 """The shard files: allocated in full before any sample is cropped, written by chunk offset at
-each universe's place, and read back through HDF5 once written (docs/formats.md, "Shards")."""
+each universe's place, and read back through HDF5 once written (docs/formats.md, "Shards").
+
+A shard holds crops, or (the training split under preprocess.train_crops random) whole universes.
+"""
 
 from __future__ import annotations
 
@@ -17,19 +20,41 @@ from cosmocub.data.splits import PreprocessError
 from cosmocub.data.universe import UniverseMeta
 
 
+def keeps_universes(split: str, settings: PreprocessConfig) -> bool:
+    """Whether `split`'s shard keeps its universes whole (the training split under
+    preprocess.train_crops random) rather than cut into crops."""
+    return split == "train" and settings.train_crops == "random"
+
+
 def create_shard(
     path: Path, split: str, metas: list[UniverseMeta], settings: PreprocessConfig
 ) -> None:
-    """Write the shard's small datasets and attributes and allocate `x` for every sample."""
+    """Write the shard's small datasets and attributes and allocate `x` for every sample (or,
+    for a shard that `keeps_universes`, every universe)."""
     s, slab = settings.sample_size, settings.slab_depth
     c = metas[0].num_channels if metas else 4
     per_universe = (metas[0].size // s) ** 3 if metas else 0
     n = per_universe * len(metas)
+    whole = keeps_universes(split, settings) and n > 0
     with h5py.File(path, "w") as f:
-        if n:
+        if whole:
+            # The universes whole, one row each; the rows below stay those of the fixed crops
+            # (an epoch's samples: one random crop of universe_index[i] per row i).
+            size = metas[0].size
+            create_preallocated(
+                f,
+                "x",
+                shape=(len(metas), c, size, size, size),
+                dtype=settings.dtype,
+                chunks=(1, c, slab, size, size),
+            )
+            f.attrs["crops"] = "random"
+            f.attrs["universe_size"] = size
+        elif n:
             create_preallocated(
                 f, "x", shape=(n, c, s, s, s), dtype=settings.dtype, chunks=(1, c, slab, s, s)
             )
+        if n:
             nb = metas[0].size // s
             bd, bh, bw = np.meshgrid(*(np.arange(nb),) * 3, indexing="ij")
             origins = np.stack([bd.ravel(), bh.ravel(), bw.ravel()], axis=1) * s
@@ -68,10 +93,11 @@ class RowOffset:
 
 
 def universe_rows(
-    shard: Path, meta: UniverseMeta, first_sample: int, settings: PreprocessConfig
+    shard: Path, meta: UniverseMeta, first_sample: int, settings: PreprocessConfig, *, whole: bool
 ) -> RowOffset:
-    """Where a universe's samples go: its rows of `shard`, from `first_sample` on."""
-    s = settings.sample_size
+    """Where a universe's samples go: its rows of `shard`, from `first_sample` on (`whole`: the
+    universe is one row of a shard that `keeps_universes`)."""
+    s = meta.size if whole else settings.sample_size
     chunk_bytes = (
         meta.num_channels * settings.slab_depth * s * s * np.dtype(settings.dtype).itemsize
     )
@@ -84,11 +110,13 @@ def verify_written(path: Path, metas: list[UniverseMeta], settings: PreprocessCo
     table = value_table(settings.log1p, settings.dtype)
     s = settings.sample_size
     with h5py.File(path, "r") as f:
-        n = f["x"].shape[0]
+        whole = f.attrs.get("crops") == "random"
+        n = f["y"].shape[0]
         for i in sorted({0, n - 1}):
             u = int(f["universe_index"][i])
             d, h, w = (int(v) for v in f["crop_origin"][i])
-            stored = f["x"][i]  # (C, S, S, S)
+            # (C, S, S, S): the sample, or the same crop of its whole universe
+            stored = f["x"][u, :, d : d + s, h : h + s, w : w + s] if whole else f["x"][i]
             with h5py.File(metas[u].path, "r") as src:
                 counts = np.asarray(src["full"][d : d + s, h : h + s, w : w + s, :], np.int16)
             expected = table[counts.view(np.uint16)].transpose(3, 0, 1, 2)

@@ -21,10 +21,21 @@ import numpy as np
 import xarray as xr
 
 from cosmocub.config import PreprocessConfig
-from cosmocub.data.crop import cropper, open_universes, train_histogram
+from cosmocub.data.crop import (
+    cropper,
+    open_universe_slabs,
+    open_universes,
+    train_histogram,
+    universe_values,
+)
 from cosmocub.data.dask_compute import compute_into
 from cosmocub.data.features import FEATURES_FILE, write_features
-from cosmocub.data.shard_file import create_shard, universe_rows, verify_written
+from cosmocub.data.shard_file import (
+    create_shard,
+    keeps_universes,
+    universe_rows,
+    verify_written,
+)
 from cosmocub.data.shard_summary import shard_manifest, shard_stats
 from cosmocub.data.splits import SPLITS, PreprocessError, assign_splits, check_universes
 from cosmocub.data.universe import read_universe_meta
@@ -47,8 +58,13 @@ def plan_shards(
     by_path = {m.path: m for m in metas}
     assigned = assign_splits(paths, settings.splits.as_dict(), seed)
     per_universe = (metas[0].size // settings.sample_size) ** 3
+    # first_sample: the universe's first row of its shard's `x` (its one row when the shard
+    # holds universes whole).
     place = {
-        str(p): {"split": s, "first_sample": i * per_universe}
+        str(p): {
+            "split": s,
+            "first_sample": i * (1 if keeps_universes(s, settings) else per_universe),
+        }
         for s in SPLITS
         for i, p in enumerate(assigned[s])
     }
@@ -86,11 +102,18 @@ def crop_group(staging: Path, group: int, out: Path, *, settings: PreprocessConf
     train_counts = None
     for m in metas:
         where = plan["place"][str(m.path)]
-        counts = open_universes([m], sample_size=settings.sample_size)
         key = f"{where['split']}:{m.path}"
-        samples[key] = crop(counts).data
+        whole = keeps_universes(where["split"], settings)
+        if whole:
+            counts = open_universe_slabs([m], slab_depth=settings.slab_depth)
+            samples[key] = universe_values(
+                counts, slab_depth=settings.slab_depth, log1p=settings.log1p, dtype=settings.dtype
+            ).data
+        else:
+            counts = open_universes([m], sample_size=settings.sample_size)
+            samples[key] = crop(counts).data
         targets[key] = universe_rows(
-            staging / f"{where['split']}.h5", m, where["first_sample"], settings
+            staging / f"{where['split']}.h5", m, where["first_sample"], settings, whole=whole
         )
         if where["split"] == "train":
             train_counts = (

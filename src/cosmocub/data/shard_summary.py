@@ -54,6 +54,9 @@ def shard_manifest(
         "log1p": settings.log1p,
         "standardize": settings.standardize,
         "sample_size": s,
+        # "random": train.h5 holds the training universes whole, cropped at random (sample_size)
+        # while training; its counts stay the fixed crops', the samples of one epoch.
+        "train_crops": settings.train_crops,
         "slab_depth": settings.slab_depth,
         "universe_size": metas[0].size,
         "seed": seed,

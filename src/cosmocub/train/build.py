@@ -62,6 +62,8 @@ def build_trainer(
         seed=cfg.seed,
         num_workers=num_workers,
         symmetries=symmetries_for_split(cfg.parallel.split_dhw) if tc.augment else None,
+        # Whole universes (preprocess.train_crops random): a random crop per sample per epoch.
+        random_origins=train_set.random_origins,
         max_batches=tc.max_steps_per_epoch,
     )
     schedule = build_schedule(

@@ -2,7 +2,8 @@
 
 The sampler is DistributedSampler (seeded, epoch-set) over the "data" mesh axis plus a batch offset,
 so a run resumed in the middle of an epoch skips exactly the batches it had consumed. Ranks of one
-spatial group get the same indices and the same augmentation, and each reads its own block.
+spatial group get the same indices and the same augmentation (symmetry and, for whole universes,
+crop origin), and each reads its own block.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, Subset
 
-from cosmocub.data.augment import draw_symmetries
+from cosmocub.data.augment import draw_crop_origins, draw_symmetries
 from cosmocub.parallel.mesh import ParallelDims
 
 
@@ -28,6 +29,7 @@ class ResumableSampler(Sampler[int]):
         seed: int,
         batch_size: int,
         symmetries: Sequence[int] | None = None,
+        random_origins: int | None = None,
         max_batches: int | None = None,
     ) -> None:
         # drop_last: every rank sees the same number of samples, so DDP steps stay in lockstep.
@@ -39,8 +41,10 @@ class ResumableSampler(Sampler[int]):
         # validation; each epoch's batches are a fresh shuffle's first ones.
         self.max_batches = max_batches
         self.epoch, self.skip_batches = 0, 0
-        # Augmentation: yield (index, symmetry) drawn from these symmetry indices (None: plain).
+        # Augmentation: yield (index, symmetry) drawn from these symmetry indices (None: plain),
+        # and, for whole universes (random_origins: their side), (index, symmetry, crop origin).
         self.symmetries, self.seed, self.rank = symmetries, seed, rank
+        self.random_origins = random_origins
 
     @property
     def batches_per_epoch(self) -> int:
@@ -51,20 +55,30 @@ class ResumableSampler(Sampler[int]):
         self.epoch, self.skip_batches = epoch, skip_batches
         self.inner.set_epoch(epoch)
 
-    def __iter__(self) -> Iterator[int | tuple[int, int]]:
+    def __iter__(self) -> Iterator[int | tuple]:
         indices = list(self.inner)[: self.batches_per_epoch * self.batch_size]
-        if self.symmetries is None:
+        if self.symmetries is None and self.random_origins is None:
             return iter(indices[self.skip_batches * self.batch_size :])
-        return self._with_symmetries(indices)
+        return self._augmented(indices)
 
-    def _with_symmetries(self, indices: list[int]) -> Iterator[tuple[int, int]]:
+    def _augmented(self, indices: list[int]) -> Iterator[tuple]:
+        # Every draw comes from the step's own generator, so batch b of epoch e gets the same
+        # symmetries and crops whether the run got there uninterrupted or resumed at batch b.
         for batch in range(self.skip_batches, self.batches_per_epoch):
             step = self.epoch * self.batches_per_epoch + batch
-            chosen = draw_symmetries(
-                self.batch_size, augment_generator(self.seed, self.rank, step), self.symmetries
-            )
+            generator = augment_generator(self.seed, self.rank, step)
             batch_indices = indices[batch * self.batch_size : (batch + 1) * self.batch_size]
-            yield from zip(batch_indices, chosen, strict=True)
+            chosen = (
+                [0] * self.batch_size
+                if self.symmetries is None
+                else draw_symmetries(self.batch_size, generator, self.symmetries)
+            )
+            if self.random_origins is None:
+                yield from zip(batch_indices, chosen, strict=True)
+                continue
+            # After the symmetries: they stay the ones the same run draws on fixed crops.
+            origins = draw_crop_origins(self.batch_size, generator, self.random_origins)
+            yield from zip(batch_indices, chosen, origins, strict=True)
 
     def __len__(self) -> int:
         return max(0, self.batches_per_epoch - self.skip_batches) * self.batch_size
@@ -78,6 +92,7 @@ def build_train_loader(
     seed: int,
     num_workers: int,
     symmetries: Sequence[int] | None = None,
+    random_origins: int | None = None,
     max_batches: int | None = None,
 ) -> DataLoader:
     sampler = ResumableSampler(
@@ -87,6 +102,7 @@ def build_train_loader(
         seed=seed,
         batch_size=batch_size,
         symmetries=symmetries,
+        random_origins=random_origins,
         max_batches=max_batches,
     )
     return DataLoader(
