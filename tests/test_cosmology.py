@@ -234,7 +234,7 @@ def test_cic_conserves_mass_and_interpolates_linear_fields():
     pos = rng.uniform(-3, 11, size=(3, 500)).astype(np.float32)  # outside [0, m): wrapped
     stencil = CICStencil.build(pos, m)
     assert stencil.deposit().sum() == pytest.approx(500, rel=1e-6)
-    np.testing.assert_allclose(stencil.weight.sum(axis=0), 1.0, rtol=1e-6)
+    np.testing.assert_allclose(stencil.matrix.sum(axis=1), 1.0, rtol=1e-6)
     # A field linear along axis 0 inside the box, read at points away from the wrap seam
     inner = rng.uniform(0.5, 6.5, size=(3, 200)).astype(np.float32)
     field = np.broadcast_to(np.arange(m, dtype=np.float32)[:, None, None], (m, m, m))
