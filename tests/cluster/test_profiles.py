@@ -85,7 +85,7 @@ def test_flux_profile_maps_the_training_request(tmp_path) -> None:
         "--time-limit=90m",
     ):
         assert part in cmd, cmd
-    small = submit_command("flux", jobs["simulate"], "simulate")
+    small = submit_command("flux", jobs["simulate_group"], "simulate_group")
     assert "--nodes=1 --ntasks=1 --cores-per-task=1 --gpus-per-task=0" in small
 
 

@@ -46,6 +46,7 @@ from cosmocub.config.training import (
     EvaluateConfig,
     OptimizerConfig,
     PreprocessResources,
+    SimulateResources,
     SmallResources,
     TrackingConfig,
     TrackingServerConfig,
@@ -152,6 +153,7 @@ def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
             cluster=ClusterConfig(
                 train=TrainResources(**values["cluster"]["train"]),
                 preprocess=PreprocessResources(**values["cluster"]["preprocess"]),
+                simulate=SimulateResources(**values["cluster"]["simulate"]),
                 small=SmallResources(**values["cluster"]["small"]),
             ),
             step_time_study=StepTimeStudyConfig(
