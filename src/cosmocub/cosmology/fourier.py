@@ -29,13 +29,19 @@ class TimedFFT:
         return out
 
     def irfftn(
-        self, field_k: np.ndarray, n: int, *, axes: tuple[int, int, int] = (-3, -2, -1)
+        self,
+        field_k: np.ndarray,
+        n: int,
+        *,
+        axes: tuple[int, int, int] = (-3, -2, -1),
+        overwrite: bool = False,
     ) -> np.ndarray:
         """The real n³ field of `field_k`, transformed over `axes` (the others are a batch:
-        several fields in one call, e.g. channels last)."""
+        several fields in one call, e.g. channels last). overwrite: `field_k` is a scratch
+        buffer the transform may destroy, which spares it a copy of the spectrum."""
         start = time.perf_counter()
         out = scipy.fft.irfftn(
-            field_k, s=(n, n, n), axes=axes, workers=self.workers, overwrite_x=False
+            field_k, s=(n, n, n), axes=axes, workers=self.workers, overwrite_x=overwrite
         )
         self.seconds += time.perf_counter() - start
         self.calls += field_k.size // int(np.prod([field_k.shape[a] for a in axes]))

@@ -106,6 +106,7 @@ class ParticleMeshForce:
         self.fft = fft
         self.ik, inv_k2 = _force_kernels(self.mesh_size, mesh_factor)
         self.green = np.float32(1.5 * omega_m) * inv_k2  # −φ_k / δ_k
+        self._force_k: np.ndarray | None = None
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         """positions (3, P) in voxels → forces (3, P) float32 in voxels·H0²."""
@@ -120,12 +121,12 @@ class ParticleMeshForce:
         neg_potential_k *= self.green
         # F_k = −i·k·φ_k = i·k·(−φ_k), the three axes channels last so that one batched inverse
         # FFT gives (m, m, m, 3) and one sparse product reads all three at each particle.
-        force_k = np.empty((*neg_potential_k.shape, 3), dtype=neg_potential_k.dtype)
+        if self._force_k is None:  # one scratch spectrum per run, not one per step
+            self._force_k = np.empty((*neg_potential_k.shape, 3), dtype=neg_potential_k.dtype)
         for axis in range(3):
-            np.multiply(neg_potential_k, self.ik[axis], out=force_k[..., axis])
+            np.multiply(neg_potential_k, self.ik[axis], out=self._force_k[..., axis])
         del neg_potential_k
-        force_mesh = self.fft.irfftn(force_k, m, axes=(0, 1, 2))
-        del force_k
+        force_mesh = self.fft.irfftn(self._force_k, m, axes=(0, 1, 2), overwrite=True)
         return np.ascontiguousarray(stencil.interpolate(force_mesh).T)
 
 
@@ -194,10 +195,13 @@ def evolve_kdk(
     costs S + 1 force evaluations.
     """
     forces = force(positions)
+    drift = np.empty_like(positions)  # scratch, so a step allocates nothing of size P here
     for a0, a1 in pairwise(steps_a):
         a_half = 0.5 * (a0 + a1)
-        momenta += forces * np.float32(background.kick_factor(a0, a_half, a0))
-        positions += momenta * np.float32(background.drift_factor(a0, a1, a_half))
+        forces *= np.float32(background.kick_factor(a0, a_half, a0))
+        momenta += forces
+        np.multiply(momenta, np.float32(background.drift_factor(a0, a1, a_half)), out=drift)
+        positions += drift
         # Keep coordinates small so float32 keeps its resolution.
         np.mod(positions, np.float32(box_voxels), out=positions)
         forces = force(positions)
