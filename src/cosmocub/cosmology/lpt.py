@@ -68,13 +68,13 @@ def lpt_displacements(
     # Ψ1_k = i·k·δ_k / k²
     psi1 = np.empty((3, n, n, n), dtype=np.float32)
     for axis in range(3):
-        psi1[axis] = fft.irfftn(1j * kvec[axis] * delta_k * inv_k2, n, overwrite=True)
+        psi1[axis] = fft.irfftn(1j * kvec[axis] * delta_k * inv_k2, n)
     if order == 1:
         return psi1, None
 
     # φ1,ij = k_i·k_j·δ_k / k²; accumulate the source term pair by pair to hold few fields at once.
     def hessian(i: int, j: int) -> np.ndarray:
-        return fft.irfftn(kvec[i] * kvec[j] * delta_k * inv_k2, n, overwrite=True)
+        return fft.irfftn(kvec[i] * kvec[j] * delta_k * inv_k2, n)
 
     diagonal = [hessian(i, i) for i in range(3)]
     source = diagonal[0] * diagonal[1] + diagonal[0] * diagonal[2] + diagonal[1] * diagonal[2]
@@ -86,5 +86,5 @@ def lpt_displacements(
     # Ψ2_k = i·k·φ2_k with φ2_k = −S_k / k²
     psi2 = np.empty((3, n, n, n), dtype=np.float32)
     for axis in range(3):
-        psi2[axis] = fft.irfftn(-1j * kvec[axis] * source_k * inv_k2, n, overwrite=True)
+        psi2[axis] = fft.irfftn(-1j * kvec[axis] * source_k * inv_k2, n)
     return psi1, psi2

@@ -126,7 +126,7 @@ class ParticleMeshForce:
         for axis in range(3):
             np.multiply(neg_potential_k, self.ik[axis], out=self._force_k[..., axis])
         del neg_potential_k
-        force_mesh = self.fft.irfftn(self._force_k, m, axes=(0, 1, 2), overwrite=True)
+        force_mesh = self.fft.irfftn(self._force_k, m, axes=(0, 1, 2))
         return np.ascontiguousarray(stencil.interpolate(force_mesh).T)
 
 
