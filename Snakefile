@@ -21,8 +21,10 @@ include: "workflow/rules/perf_model.smk"
 
 # Rules that only write a small file (a plan, a link, a resolved config, the report) run where
 # Snakemake runs: under a cluster profile each would otherwise wait in the queue, and start a
-# Snakemake of its own inside its job, for a second of work.
+# Snakemake of its own inside its job, for a second of work. `simulate` links one universe out of
+# its group's folder (simulate_group does the work).
 localrules:
+    simulate,
     link_universe,
     preprocess_plan,
     study_point_config,

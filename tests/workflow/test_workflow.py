@@ -43,8 +43,16 @@ def job_counts(stdout: str) -> dict[str, int]:
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
-        ("config.yaml", {"simulate": 48, "preprocess": 1, "train": 1, "evaluate": 1}),
-        ("test.yaml", {"simulate": 6, "preprocess": 1, "train": 1, "evaluate": 1}),
+        # 48 universes made 16 to a job (cluster.simulate.universes_per_job), each then linked
+        # into place by its own `simulate` job (a local `ln`, no process of ours).
+        (
+            "config.yaml",
+            {"simulate_group": 3, "simulate": 48, "preprocess": 1, "train": 1, "evaluate": 1},
+        ),
+        (
+            "test.yaml",
+            {"simulate_group": 1, "simulate": 6, "preprocess": 1, "train": 1, "evaluate": 1},
+        ),
     ],
 )
 def test_dry_run(tmp_path, config, expected):
@@ -193,17 +201,18 @@ def test_tiny_pipeline_end_to_end_with_tracking(tmp_path):
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
     rules = sorted(r.data.tags.get("rule") for r in children)
-    # 6 universes are one preprocess group (cluster.preprocess.universes_per_job 64) + gather.
-    assert rules == ["evaluate", "preprocess", "preprocess_group", *["simulate"] * 6, "train"]
+    # 6 universes are one simulate group (cluster.simulate.universes_per_job 16: the links into
+    # place log no run) and one preprocess group (cluster.preprocess.universes_per_job 64) + gather.
+    assert rules == ["evaluate", "preprocess", "preprocess_group", "simulate_group", "train"]
     train_run = next(r for r in children if r.data.tags["rule"] == "train")
     assert train_run.data.params["train.epochs"] == "2"
     assert "val_loss" in train_run.data.metrics
     history = client.get_metric_history(train_run.info.run_id, "val_loss")
     assert len(history) == 2
     simulate_tags = {
-        r.data.tags["wildcards"] for r in children if r.data.tags["rule"] == "simulate"
+        r.data.tags["wildcards"] for r in children if r.data.tags["rule"] == "simulate_group"
     }
-    assert "seed=1000000" in simulate_tags
+    assert simulate_tags == {"group=0"}
 
     # A second invocation finds nothing to do.
     again = snakemake(

@@ -4,12 +4,14 @@ import os
 
 from cosmocub.config import CONFIG_ENV, coerce_cli_strings, from_values, resolve
 from cosmocub.data.naming import universe_ids
+from cosmocub.data.simulate_jobs import group_seeds
 from cosmocub.fields.run_config import unet_world_size
 from cosmocub.launch.resources import (
     node_cpus,
     node_gres,
     node_mem_mb,
     num_preprocess_groups,
+    simulate_runtime,
     study_cpus_per_rank,
     train_gres,
     train_threads,
@@ -49,6 +51,24 @@ RUN = CFG.train.run_name
 def section(*names):
     """Config sections that a job depends on, for its params (a change there reruns it)."""
     return {name: config[name] for name in names}
+
+
+# Which simulate group makes each synthetic universe (cluster.simulate.universes_per_job).
+SIMULATE_GROUP_OF = (
+    {seed: g for g, seeds in enumerate(group_seeds(CFG)) for seed in seeds}
+    if CFG.universes.source == "synthetic"
+    else {}
+)
+
+
+def simulate_group_of(seed):
+    """The group that makes synth_<seed>; only the config's own universes have one."""
+    if int(seed) not in SIMULATE_GROUP_OF:
+        raise ValueError(
+            f"synth_{seed}.hdf5 is not one of this config's {len(SIMULATE_GROUP_OF)} synthetic "
+            f"universes (universes.count, seed)"
+        )
+    return SIMULATE_GROUP_OF[int(seed)]
 
 
 def universe_files(wildcards=None):

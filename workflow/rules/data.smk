@@ -1,7 +1,40 @@
 # Universes (simulated here, or linked from the public CosmoFlow set) and their shards.
 
 
+# Synthetic universes are made several to a job (cluster.simulate.universes_per_job: one Python
+# start and one set of force-mesh k-grids for the group), each group into a staging folder of its
+# own; `simulate` then hard-links each file to its final name (no copy, no process of its own),
+# so every universe stays a target of its own and a group's folder is dropped once all of its
+# universes are in place. Like preprocessing, no command line lists the seeds: the CLI reads the
+# group's seeds from the config, as SIMULATE_GROUP_OF does here.
+SIMULATE_STAGING = f"{RESULTS}/.universes-groups"
+
+
+rule simulate_group:
+    output:
+        temp(directory(f"{SIMULATE_STAGING}/{{group}}")),
+    log:
+        f"{RESULTS}/logs/simulate/group_{{group}}.log",
+    wildcard_constraints:
+        group=r"\d+",
+    conda:
+        "../../envs/cosmocub.yaml"
+    threads: 1
+    resources:
+        mem_mb=CFG.cluster.simulate.mem_mb,
+        runtime=simulate_runtime(CFG),
+    params:
+        settings=section("simulate"),
+        size=CFG.universes.size,
+        env=tracking_env("simulate_group"),
+    shell:
+        "{params.env} cosmocub simulate-group --group {wildcards.group} --out {output}"
+        " > {log} 2>&1"
+
+
 rule simulate:
+    input:
+        lambda w: f"{SIMULATE_STAGING}/{simulate_group_of(w.seed)}",
     output:
         f"{RESULTS}/universes/synth_{{seed}}.hdf5",
     log:
@@ -10,17 +43,14 @@ rule simulate:
         seed=r"\d+",
     conda:
         "../../envs/cosmocub.yaml"
-    threads: 1
-    resources:
-        mem_mb=CFG.cluster.small.mem_mb,
-        runtime=CFG.cluster.small.runtime,
     params:
+        # The group's settings here too: a change reruns this universe, hence its group (whose
+        # folder is temp, so would not be asked for otherwise).
         settings=section("simulate"),
         size=CFG.universes.size,
-        env=tracking_env("simulate"),
+    # touch: the link shares the staged file's mtime, older than its folder (the input).
     shell:
-        "{params.env} cosmocub simulate {output} --size {params.size}"
-        " --seed {wildcards.seed} > {log} 2>&1"
+        "(ln -f {input}/synth_{wildcards.seed}.hdf5 {output} && touch {output}) > {log} 2>&1"
 
 
 rule link_universe:

@@ -20,6 +20,7 @@ from cosmocub.launch.launcher import record_user_error
 SUBCOMMANDS = (
     data.add_inspect,
     data.add_simulate,
+    data.add_simulate_group,
     data.add_preprocess,
     data.add_preprocess_plan,
     data.add_preprocess_group,

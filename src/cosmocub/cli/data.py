@@ -1,4 +1,4 @@
-"""`cosmocub inspect | simulate | preprocess | preprocess-plan | preprocess-group |
+"""`cosmocub inspect | simulate | simulate-group | preprocess | preprocess-plan | preprocess-group |
 preprocess-gather | features`: the data stages, from universes to shards and their features.
 """
 
@@ -28,6 +28,21 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     with job_run(cfg, stage="simulate", params=params, defer=True) as tracker:
         metrics = run_simulate(args.out, size=args.size, seed=args.seed, settings=cfg.simulate)
         tracker.log_metrics(metrics)
+    return 0
+
+
+def _cmd_simulate_group(args: argparse.Namespace) -> int:
+    from cosmocub.data.simulate_jobs import run_simulate_group, seeds_of_group
+    from cosmocub.tracking.runs import job_run
+
+    cfg = load_config(args.config)
+    seeds = seeds_of_group(cfg, args.group)
+    size = cfg.universes.size
+    params = {"group": args.group, "size": size, "first_seed": seeds[0], "universes": len(seeds)}
+    with job_run(cfg, stage="simulate", params=params, defer=True) as tracker:
+        metrics = run_simulate_group(args.out, seeds, size=size, settings=cfg.simulate)
+        for step, (seed, values) in enumerate(zip(seeds, metrics, strict=True)):
+            tracker.log_metrics({"seed": float(seed), **values}, step=step)
     return 0
 
 
@@ -122,6 +137,18 @@ def add_simulate(sub) -> None:
     p.add_argument("out", help="output .hdf5 path")
     p.add_argument("--size", type=int, required=True, help="voxels per side")
     p.add_argument("--seed", type=int, required=True)
+    add_config(p)
+
+
+def add_simulate_group(sub) -> None:
+    p = add_stage(
+        sub,
+        "simulate-group",
+        _cmd_simulate_group,
+        "make one group of the config's synthetic universes (cluster.simulate.universes_per_job)",
+    )
+    p.add_argument("--group", type=int, required=True, help="group index, from 0")
+    p.add_argument("--out", required=True, help="folder for the group's synth_<seed>.hdf5 files")
     add_config(p)
 
 

@@ -47,6 +47,7 @@ from cosmocub.config.training import (
     EvaluateConfig,
     OptimizerConfig,
     PreprocessResources,
+    SimulateResources,
     SmallResources,
     TrackingConfig,
     TrackingServerConfig,
@@ -153,6 +154,7 @@ def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
             cluster=ClusterConfig(
                 train=TrainResources(**values["cluster"]["train"]),
                 preprocess=PreprocessResources(**values["cluster"]["preprocess"]),
+                simulate=SimulateResources(**values["cluster"]["simulate"]),
                 small=SmallResources(**values["cluster"]["small"]),
             ),
             step_time_study=StepTimeStudyConfig(

@@ -160,6 +160,13 @@ class PreprocessResources:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SimulateResources:
+    universes_per_job: int
+    mem_mb: int
+    minutes_per_universe: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class SmallResources:
     threads: int
     mem_mb: int
@@ -172,4 +179,5 @@ class ClusterConfig:
 
     train: TrainResources
     preprocess: PreprocessResources
+    simulate: SimulateResources
     small: SmallResources

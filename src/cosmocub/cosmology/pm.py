@@ -7,11 +7,13 @@ Positions are in lattice units (voxels, box side n) and momenta p = a³E·dx/da 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
+import scipy.sparse
 
 from cosmocub.cosmology.background import FlatLCDM
 from cosmocub.cosmology.fourier import TimedFFT, wavenumber_squared, wavevectors
@@ -19,11 +21,11 @@ from cosmocub.cosmology.fourier import TimedFFT, wavenumber_squared, wavevectors
 
 @dataclass(frozen=True)
 class CICStencil:
-    """The 8 mesh cells each particle touches and its weight in each: computed once per force
-    evaluation and shared by the deposit and the three force interpolations."""
+    """The 8 mesh cells each particle touches and its weight in each, as one sparse (P, m³)
+    matrix W: computed once per force evaluation and shared by the deposit (Wᵀ·1) and the force
+    interpolation (W·F, all three components in one pass)."""
 
-    index: np.ndarray  # (8, P) int64 flat cell indices into an m³ mesh
-    weight: np.ndarray  # (8, P) float32, summing to 1 per particle
+    matrix: scipy.sparse.csr_array  # (P, m³), 8 float32 weights per row summing to 1
     mesh_size: int
 
     @classmethod
@@ -31,47 +33,53 @@ class CICStencil:
         """positions_mesh: (3, P) in mesh-cell units, any real values (wrapped periodically)."""
         m = mesh_size
         num = positions_mesh.shape[1]
+        # int32 cell indices halve the stencil's memory traffic (the sparse products are
+        # memory-bound); meshes of 2³¹ cells and more need int64.
+        index_dtype = np.int32 if m**3 < 2**31 else np.int64
         # Per axis: the flat-index contribution of the lower and upper cell, and their weights;
-        # corners are then sums and products of pairs, not fresh index arithmetic (memory-bound).
+        # corners are then sums and products of pairs, not fresh index arithmetic.
         cells, weights = [], []
         for axis, stride in enumerate((m * m, m, 1)):
             base = np.floor(positions_mesh[axis])
             upper_weight = (positions_mesh[axis] - base).astype(np.float32)
-            low = base.astype(np.int64)
+            low = base.astype(index_dtype)
             low %= m
             high = low + 1
             high[high == m] = 0
-            cells.append((low * stride, high * stride))
+            low *= stride
+            high *= stride
+            cells.append((low, high))
             weights.append((np.float32(1.0) - upper_weight, upper_weight))
-        index = np.empty((8, num), dtype=np.int64)
-        weight = np.empty((8, num), dtype=np.float32)
+        # One row of 8 entries per particle (CSR order), corners in the order (x, y, z) bits.
+        index = np.empty((num, 8), dtype=index_dtype)
+        weight = np.empty((num, 8), dtype=np.float32)
         for cx in (0, 1):
             for cy in (0, 1):
                 index_xy = cells[0][cx] + cells[1][cy]
                 weight_xy = weights[0][cx] * weights[1][cy]
                 for cz in (0, 1):
                     corner = 4 * cx + 2 * cy + cz
-                    np.add(index_xy, cells[2][cz], out=index[corner])
-                    np.multiply(weight_xy, weights[2][cz], out=weight[corner])
-        return cls(index=index, weight=weight, mesh_size=m)
+                    np.add(index_xy, cells[2][cz], out=index[:, corner])
+                    np.multiply(weight_xy, weights[2][cz], out=weight[:, corner])
+        indptr = np.arange(0, 8 * num + 1, 8, dtype=index_dtype)
+        matrix = scipy.sparse.csr_array(
+            (weight.reshape(-1), index.reshape(-1), indptr), shape=(num, m**3)
+        )
+        return cls(matrix=matrix, mesh_size=m)
 
     def deposit(self) -> np.ndarray:
-        """Particle number per mesh cell, (m, m, m) float32."""
+        """Particle number per mesh cell, (m, m, m) float32 (summed in float32: a cell holds at
+        most a few hundred weights, so the sum keeps ~6 significant digits)."""
         m = self.mesh_size
-        counts = np.bincount(self.index.ravel(), weights=self.weight.ravel(), minlength=m**3)
-        return counts.astype(np.float32).reshape(m, m, m)
+        ones = np.ones(self.matrix.shape[0], dtype=np.float32)
+        return (self.matrix.T @ ones).reshape(m, m, m)
 
     def interpolate(self, mesh_field: np.ndarray) -> np.ndarray:
-        """The mesh field read back at each particle with the same weights, (P,) float32."""
-        flat = mesh_field.ravel()
-        out = np.take(flat, self.index[0])
-        out *= self.weight[0]
-        gathered = np.empty_like(out)
-        for corner in range(1, 8):
-            np.take(flat, self.index[corner], out=gathered)
-            gathered *= self.weight[corner]
-            out += gathered
-        return out
+        """The mesh field read back at each particle with the same weights: (m, m, m) → (P,),
+        or (m, m, m, C) channels last → (P, C), float32."""
+        m = self.mesh_size
+        channels = mesh_field.shape[3:]
+        return self.matrix @ mesh_field.reshape(m**3, *channels)
 
 
 def ngp_counts(positions: np.ndarray, n: int) -> np.ndarray:
@@ -96,12 +104,9 @@ class ParticleMeshForce:
         self.mesh_size = n * mesh_factor
         self.omega_m = omega_m
         self.fft = fft
-        spacing = 1.0 / mesh_factor  # mesh cell in voxels, so k comes out per voxel
-        # i·k per axis, broadcastable (complex64): the gradient in Fourier space
-        self.ik = [1j * k for k in wavevectors(self.mesh_size, spacing=spacing)]
-        inv_k2 = (1.0 / wavenumber_squared(self.mesh_size, spacing=spacing)).astype(np.float32)
-        inv_k2[0, 0, 0] = 0.0
+        self.ik, inv_k2 = _force_kernels(self.mesh_size, mesh_factor)
         self.green = np.float32(1.5 * omega_m) * inv_k2  # −φ_k / δ_k
+        self._force_k: np.ndarray | None = None
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
         """positions (3, P) in voxels → forces (3, P) float32 in voxels·H0²."""
@@ -114,13 +119,29 @@ class ParticleMeshForce:
         neg_potential_k = self.fft.rfftn(density)
         del density
         neg_potential_k *= self.green
-        force_k = np.empty_like(neg_potential_k)  # one buffer for the three axes
-        forces = np.empty(positions.shape, dtype=np.float32)
+        # F_k = −i·k·φ_k = i·k·(−φ_k), the three axes channels last so that one batched inverse
+        # FFT gives (m, m, m, 3) and one sparse product reads all three at each particle.
+        if self._force_k is None:  # one scratch spectrum per run, not one per step
+            self._force_k = np.empty((*neg_potential_k.shape, 3), dtype=neg_potential_k.dtype)
         for axis in range(3):
-            # F_k = −i·k·φ_k = i·k·(−φ_k)
-            np.multiply(neg_potential_k, self.ik[axis], out=force_k)
-            forces[axis] = stencil.interpolate(self.fft.irfftn(force_k, m))
-        return forces
+            np.multiply(neg_potential_k, self.ik[axis], out=self._force_k[..., axis])
+        del neg_potential_k
+        force_mesh = self.fft.irfftn(self._force_k, m, axes=(0, 1, 2))
+        return np.ascontiguousarray(stencil.interpolate(force_mesh).T)
+
+
+@functools.lru_cache(maxsize=4)
+def _force_kernels(mesh_size: int, mesh_factor: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """i·k per axis (broadcastable, complex64) and 1/k² (0 at k = 0) on a mesh of cells
+    1/mesh_factor voxels wide (so k comes out per voxel): the same for every universe of a
+    size, so kept between them (read-only)."""
+    spacing = 1.0 / mesh_factor
+    ik = [(1j * k).astype(np.complex64) for k in wavevectors(mesh_size, spacing=spacing)]
+    inv_k2 = (1.0 / wavenumber_squared(mesh_size, spacing=spacing)).astype(np.float32)
+    inv_k2[0, 0, 0] = 0.0
+    for array in (*ik, inv_k2):
+        array.flags.writeable = False
+    return ik, inv_k2
 
 
 def step_scale_factors(
@@ -174,10 +195,13 @@ def evolve_kdk(
     costs S + 1 force evaluations.
     """
     forces = force(positions)
+    drift = np.empty_like(positions)  # scratch, so a step allocates nothing of size P here
     for a0, a1 in pairwise(steps_a):
         a_half = 0.5 * (a0 + a1)
-        momenta += forces * np.float32(background.kick_factor(a0, a_half, a0))
-        positions += momenta * np.float32(background.drift_factor(a0, a1, a_half))
+        forces *= np.float32(background.kick_factor(a0, a_half, a0))
+        momenta += forces
+        np.multiply(momenta, np.float32(background.drift_factor(a0, a1, a_half)), out=drift)
+        positions += drift
         # Keep coordinates small so float32 keeps its resolution.
         np.mod(positions, np.float32(box_voxels), out=positions)
         forces = force(positions)

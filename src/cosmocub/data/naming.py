@@ -15,11 +15,16 @@ def universe_seed(index: int, *, master_seed: int) -> int:
     return master_seed * 1_000_000 + index
 
 
+def synthetic_id(seed: int) -> str:
+    """File stem of the synthetic universe of `seed`."""
+    return f"synth_{seed}"
+
+
 def universe_ids(cfg: Config) -> list[str]:
     """File stems (without .hdf5) of every universe the workflow uses, in a stable order."""
     if cfg.universes.source == "synthetic":
         return [
-            f"synth_{universe_seed(i, master_seed=cfg.seed)}" for i in range(cfg.universes.count)
+            synthetic_id(universe_seed(i, master_seed=cfg.seed)) for i in range(cfg.universes.count)
         ]
     folder = Path(cfg.universes.cosmoflow_dir or "")
     if not folder.is_dir():

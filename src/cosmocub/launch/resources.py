@@ -5,12 +5,25 @@ Pure arithmetic on the config's `cluster` and `train` sections, read by the rule
 
 from __future__ import annotations
 
+import math
+
 from cosmocub.config import Config
 
 
 def num_preprocess_groups(cfg: Config, num_universes: int) -> int:
     """Preprocess jobs: the universes in groups of cluster.preprocess.universes_per_job."""
     return -(-num_universes // cfg.cluster.preprocess.universes_per_job)
+
+
+def num_simulate_groups(cfg: Config, num_universes: int) -> int:
+    """Simulate jobs: the universes in groups of cluster.simulate.universes_per_job."""
+    return -(-num_universes // cfg.cluster.simulate.universes_per_job)
+
+
+def simulate_runtime(cfg: Config) -> int:
+    """Minutes a simulate job asks for: its universes × cluster.simulate.minutes_per_universe."""
+    per_job = cfg.cluster.simulate
+    return max(1, math.ceil(per_job.universes_per_job * per_job.minutes_per_universe))
 
 
 def train_world_size(cfg: Config) -> int:
