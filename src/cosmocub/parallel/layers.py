@@ -177,20 +177,20 @@ class SyncBatchNorm3d(nn.Module):
         y, mean_c, m2_c, total = _SyncBatchNorm.apply(
             x_bcdhw, self.weight, self.bias, self.eps, self.group
         )
+        # Every replica adds the same M2 and count: divide both to count samples once.
+        m2_c, total = m2_c / self.replicas, total / self.replicas
+        if total < 2:  # as nn.BatchNorm1d: one value per channel normalises to zeros
+            raise ValueError(
+                f"SyncBatchNorm3d: {float(total):g} value per channel over the group in "
+                f"training (input {list(x_bcdhw.shape)}, {self.replicas} replicas)"
+            )
         with torch.no_grad():  # as nn.BatchNorm3d: unbiased variance into the running estimate
             self.num_batches_tracked.add_(1)
             if self.momentum is None:
                 factor = 1.0 / float(self.num_batches_tracked)
             else:
                 factor = self.momentum
-            # Every replica adds the same M2 and count: divide both to count samples once.
-            m2_c, total = m2_c / self.replicas, total / self.replicas
-            if total < 2:  # as nn.BatchNorm1d: one value per channel normalises to zeros
-                raise ValueError(
-                    f"SyncBatchNorm3d: {float(total):g} value per channel over the group in "
-                    f"training (input {list(x_bcdhw.shape)}, {self.replicas} replicas)"
-                )
-            unbiased = m2_c / (total - 1) if total > 1 else m2_c
+            unbiased = m2_c / (total - 1)
             self.running_mean.lerp_(mean_c.to(self.running_mean.dtype), factor)
             self.running_var.lerp_(unbiased.to(self.running_var.dtype), factor)
         return y
