@@ -10,7 +10,9 @@ validation split (never test), beside flexible fits on the field statistics. Two
     predict-the-mean of ridge fits (P(k); P(k) + one-point) to Ω_m, H_0, their sum (in unitPar
     ≈ 10·ln(Ω_m h) + const: Ω_m h sets the spectrum's shape) and difference, σ_8 and n_s;
 (b) the CNN: the config's recipe and variants of it (capacity: `base_filters`; augmentation off;
-    twice the steps with the schedule stretched), each trained on the config's shards, predicted
+    twice the steps with the schedule stretched; the pooled branch, model.pooled, with the
+    mean and std of the input and of every block joined at the head's input or at its last
+    hidden layer), each trained on the config's shards, predicted
     on validation with the config's test-time symmetries; MAE per crop and per universe (a
     universe's crops averaged, for every estimator alike) and ÷ the P(k) fit's.
 
@@ -64,6 +66,8 @@ def variants(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "filters32": {"model": {"base_filters": 32}},
         "no_augment": {"train": {"augment": False}},
         "steps_x2": twice_the_steps(raw),
+        "pooled": {"model": {"pooled": {"stats": "mean_std"}}},
+        "pooled_last_hidden": {"model": {"pooled": {"stats": "mean_std", "join": "last_hidden"}}},
     }
 
 

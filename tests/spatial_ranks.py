@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from cosmocub.config import ModelConfig
+from cosmocub.config import ModelConfig, PooledConfig
 from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.models.heads import regression_loss
 from cosmocub.models.parallelize import parallelize_cosmoflow, spatial_block
@@ -95,6 +95,7 @@ def model_cfg(
     batch_norm: bool,
     dropout: float = 0.0,
     head: str = "point",
+    pooled: PooledConfig | None = None,
 ) -> ModelConfig:
     return ModelConfig(
         input_size=input_size,
@@ -110,6 +111,7 @@ def model_cfg(
         output_scale=1.0,
         head=head,
         nll_beta=0.5,
+        pooled=pooled or PooledConfig(),
     )
 
 
@@ -386,6 +388,18 @@ def synthetic_cases(results: Results, world: int) -> None:
     case = model_case(meshes[2], cfg, (2, 1, 1), batch=2, seed=98)
     if case is not None:
         results["model split=[2, 1, 1] head=gaussian"] = case
+    # The pooled branch: moments of the input and of every block merged over four blocks of the
+    # sample, its norm over the mesh (each sample on 4 ranks), joined at the last hidden layer.
+    cfg = model_cfg(
+        16,
+        filters=4,
+        blocks=2,
+        batch_norm=True,
+        pooled=PooledConfig(stats="mean_std", join="last_hidden"),
+    )
+    case = model_case(meshes[4], cfg, (2, 2, 1), batch=2, seed=97)
+    if case is not None:
+        results["model split=[2, 2, 1] pooled=mean_std"] = case
     # Only the spatial average from the gradient sync; the data axis done by the "optimizer".
     cfg = model_cfg(16, filters=4, blocks=2, batch_norm=True)
     case = model_case(meshes[2], cfg, (2, 1, 1), batch=2, seed=99, comm_optimizer=True)

@@ -171,3 +171,18 @@ def test_num_outputs_must_match_the_four_targets(tmp_path):
     path = write_yaml(tmp_path / "c.yaml", {"model": {"num_outputs": 1}})
     with pytest.raises(ConfigError, match=r"'model.num_outputs': 1, but the targets are the 4"):
         load_config(path)
+
+
+def test_pooled_branch_is_off_unless_asked_and_checked(tmp_path):
+    assert not load_config(None).model.pooled.enabled
+    assert not load_config(REPO / "config" / "cosmoflow-mlperf.yaml").model.pooled.enabled
+    cfg = load_config(None, overrides={"model": {"pooled": {"stats": "mean_std"}}})
+    assert cfg.model.pooled.taps == ("input", "blocks") and cfg.model.pooled.join == "head_input"
+    with pytest.raises(ConfigError, match=r"key 'model.pooled.stats': 'max' is not one of"):
+        load_config(write_yaml(tmp_path / "c.yaml", {"model": {"pooled": {"stats": "max"}}}))
+    values = {"model": {"pooled": {"stats": "mean", "taps": ["input", "input"]}}}
+    with pytest.raises(ConfigError, match=r"key 'model.pooled.taps'.*non-unique"):
+        load_config(write_yaml(tmp_path / "c.yaml", values))
+    values = {"model": {"name": "unet", "in_channels": 1, "pooled": {"stats": "mean"}}}
+    with pytest.raises(ConfigError, match=r"'model.pooled.stats': 'mean' is a CosmoFlow branch"):
+        load_config(write_yaml(tmp_path / "c.yaml", values))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from pathlib import Path
 
@@ -127,3 +128,114 @@ def test_load_model_file_errors(tmp_path: Path) -> None:
     torch.save({"weights": 1}, tmp_path / "other.pt")
     with pytest.raises(ValueError, match=r"other\.pt: not a cosmocub model file"):
         load_model_file(tmp_path / "other.pt")
+
+
+# --- the pooled branch (model.pooled) -------------------------------------------------------------
+
+# Recorded at commit 0508255, before model.pooled existed: the seed-0 state_dict of this small model
+# (sha256 of every key and tensor's bytes) and its eval outputs on a fixed input. If torch ever
+# changes its CPU generator, re-record from a checkout of that commit.
+PLAIN_STATE_SHA256 = "3034c3257e8bc7ec3d3f132152098b919ab1890d5fe7246bb4edeea11e3dd373"
+PLAIN_EVAL_OUTPUT = [
+    [0.04838811233639717, -0.09410165995359421, 0.049462687224149704, 0.03624788671731949],
+    [0.06373888999223709, -0.09033866226673126, 0.049923140555620193, 0.03835252299904823],
+]
+
+
+def small_cfg(**pooled) -> ModelConfig:
+    changes = {"input_size": 16, "num_conv_blocks": 2, "base_filters": 4, "dense_sizes": [8]}
+    return model_cfg(**changes, **({"pooled": pooled} if pooled else {}))
+
+
+def test_pooled_branch_off_is_the_plain_model_byte_for_byte() -> None:
+    cfg = small_cfg()
+    assert not cfg.pooled.enabled
+    torch.manual_seed(0)
+    model = CosmoFlow(cfg)
+    assert model.pooled is None
+    digest = hashlib.sha256()
+    for key, value in model.state_dict().items():
+        digest.update(key.encode())
+        digest.update(value.numpy().tobytes())
+    assert digest.hexdigest() == PLAIN_STATE_SHA256
+    x = 0.02 * torch.randn(2, 4, 16, 16, 16, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = model.eval()(x)
+    torch.testing.assert_close(out, torch.tensor(PLAIN_EVAL_OUTPUT), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("pooled", "features", "widened"),
+    [
+        # input 4 channels + blocks 4 and 8: 16 means; with stds 32; the input's alone: 8.
+        ({"stats": "mean"}, 16, ("dense0", 512 + 16)),
+        ({"stats": "mean_std", "join": "last_hidden"}, 32, ("output", 8 + 32)),
+        ({"stats": "mean_std", "taps": ["input"]}, 8, ("dense0", 512 + 8)),
+    ],
+)
+def test_pooled_branch_joins_the_head_and_summary_counts_it(
+    pooled: dict, features: int, widened: tuple[str, int]
+) -> None:
+    cfg = small_cfg(**pooled)
+    plain = summarize(small_cfg())
+    torch.manual_seed(0)
+    model = CosmoFlow(cfg)
+    assert model.pooled is not None and model.pooled.num_features == features
+    layer, in_features = widened
+    assert getattr(model.head, layer).in_features == in_features
+    summary = summarize(cfg)
+    branch = summary["pooled_branch"]
+    out_features = getattr(model.head, layer).out_features
+    # The norm's weight and bias per statistic, and the weights that read the statistics.
+    assert branch["params"] == 2 * features + features * out_features
+    assert summary["total_params"] == plain["total_params"] + branch["params"]
+    assert summary["total_params"] == sum(p.numel() for p in model.parameters())
+    assert summary["flops_per_sample"] == plain["flops_per_sample"] + branch["flops"]
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        out = model.eval()(torch.randn(2, 4, 16, 16, 16))
+    assert summary["flops_per_sample"] == counter.get_total_flops() // 2
+    assert out.shape == (2, 4)
+    assert "pooled branch:" in format_summary(summary)
+    assert summarize(small_cfg())["pooled_branch"] is None
+
+
+def test_pooled_moments_are_the_whole_samples_per_channel() -> None:
+    model = CosmoFlow(small_cfg(stats="mean_std")).eval()
+    x = torch.randn(3, 4, 16, 16, 16) * torch.arange(1.0, 5.0).view(1, 4, 1, 1, 1) + 2.0
+    moments = model.pooled.moments["input"](x)  # (B, 2C): means, then stds
+    flat = x.double().flatten(2)
+    torch.testing.assert_close(moments[:, :4].double(), flat.mean(2), rtol=1e-5, atol=1e-5)
+    std = (flat.var(2, unbiased=False) + 1e-5).sqrt()
+    torch.testing.assert_close(moments[:, 4:].double(), std, rtol=1e-5, atol=1e-5)
+    # The head reads them: shifting one sample's mean density moves only its prediction.
+    shifted = x.clone()
+    shifted[1] += 0.5
+    with torch.no_grad():
+        before, after = model(x), model(shifted)
+    assert torch.equal(before[0], after[0]) and not torch.equal(before[1], after[1])
+
+
+def test_pooled_model_file_round_trip_and_resume_identity(tmp_path: Path) -> None:
+    from cosmocub.train.checkpoint import resume_values
+
+    cfg = small_cfg(stats="mean_std", join="last_hidden", taps=["blocks"])
+    assert cfg.pooled.taps == ("blocks",)
+    model = CosmoFlow(cfg)
+    model.train()
+    model(torch.randn(4, 4, 16, 16, 16))  # move the norms' running statistics
+    save_model_file(tmp_path / "model.pt", model.eval(), cfg)
+    loaded = load_model_file(tmp_path / "model.pt")
+    assert loaded.config == cfg
+    x = torch.randn(2, 4, 16, 16, 16)
+    torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+    # Off, the branch is not part of a run's identity (checkpoints from before it resume); on,
+    # it is.
+    off = load_config(None)
+    on = load_config(None, overrides={"model": {"pooled": {"stats": "mean"}}})
+    assert "pooled" not in resume_values(off)["model"]
+    assert resume_values(on)["model"]["pooled"] == {
+        "stats": "mean",
+        "taps": ["input", "blocks"],
+        "join": "head_input",
+    }

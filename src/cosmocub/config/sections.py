@@ -118,6 +118,40 @@ class UNetShape:
     convs_per_level: int
 
 
+POOLED_STATS = ("none", "mean", "mean_std")
+POOLED_TAPS = ("input", "blocks")
+POOLED_JOINS = ("head_input", "last_hidden")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PooledConfig:
+    """CosmoFlow's pooled branch (model.pooled): which whole-sample statistics of which feature
+    maps the dense head reads, and where they join it."""
+
+    stats: str = "none"
+    taps: tuple[str, ...] = POOLED_TAPS
+    join: str = "head_input"
+
+    @property
+    def enabled(self) -> bool:
+        return self.stats != "none"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "taps", tuple(self.taps))
+        for key, value, allowed in (
+            ("stats", self.stats, POOLED_STATS),
+            ("join", self.join, POOLED_JOINS),
+        ):
+            if value not in allowed:
+                raise ConfigError(f"key 'model.pooled.{key}': {value!r} is not one of {allowed}")
+        unknown = [t for t in self.taps if t not in POOLED_TAPS]
+        if unknown or not self.taps or len(set(self.taps)) != len(self.taps):
+            raise ConfigError(
+                f"key 'model.pooled.taps': {list(self.taps)} must be distinct names out of "
+                f"{list(POOLED_TAPS)}, at least one"
+            )
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     input_size: int
@@ -137,6 +171,7 @@ class ModelConfig:
     nll_beta: float = 0.5  # β of the gaussian head's β-NLL loss (0: plain Gaussian NLL)
     name: str = "cosmoflow"
     unet: UNetShape | None = None
+    pooled: PooledConfig = PooledConfig()  # off: the plain CosmoFlow
 
     @property
     def gaussian(self) -> bool:
@@ -147,7 +182,14 @@ class ModelConfig:
             raise ConfigError(f"key 'model.head': {self.head!r} is not 'point' or 'gaussian'")
         if isinstance(self.unet, dict):  # built from a resolved dict
             object.__setattr__(self, "unet", UNetShape(**self.unet))
+        if isinstance(self.pooled, dict):
+            object.__setattr__(self, "pooled", PooledConfig(**self.pooled))
         if self.name == "unet":
+            if self.pooled.enabled:
+                raise ConfigError(
+                    f"key 'model.pooled.stats': {self.pooled.stats!r} is a CosmoFlow branch; "
+                    "the U-Net (model.name unet) takes none"
+                )
             self._check_unet()
             return
         if self.input_size % (2**self.num_conv_blocks) != 0:

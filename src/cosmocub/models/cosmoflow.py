@@ -1,7 +1,8 @@
 """The CosmoFlow 3D CNN in plain PyTorch, built from `ModelConfig`, plus save/load of final models.
 
-It knows nothing of parallelism: the conv stack (`conv_blocks`) and the dense head (`head`) are
-named submodules so that `parallelize_cosmoflow(model, mesh)` can swap layers from outside.
+It knows nothing of parallelism: the conv stack (`conv_blocks`), the dense head (`head`) and the
+optional pooled branch (`pooled`, model.pooled) are named submodules so that
+`parallelize_cosmoflow(model, mesh)` can swap layers from outside.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from torch import nn
 
 from cosmocub.config import ModelConfig
 from cosmocub.models.heads import outputs_per_parameter
+from cosmocub.models.pooling import PooledBranch
 
 
 def conv_block(
@@ -36,6 +38,9 @@ class CosmoFlow(nn.Module):
 
     forward(x_bcdhw: (B, C, S, S, S)) → (B, num_outputs); with `head: gaussian`
     (B, 2·num_outputs): the means, then the log-variances (models/heads.py reads them).
+    With model.pooled on, `pooled` (models/pooling.py) takes whole-sample moments of the input
+    and/or every block's output, and they join the head's input or its last hidden layer; off,
+    `pooled` is None and the model is the plain CosmoFlow, parameter for parameter.
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -58,16 +63,24 @@ class CosmoFlow(nn.Module):
         final_size = cfg.input_size // 2**cfg.num_conv_blocks
         self.flat_features = channels * final_size**3
 
+        # Built after the conv stack and before the head: with the branch off no module and no
+        # random draw is added, so parameters and their initial values stay the plain model's.
+        self.pooled = PooledBranch(cfg) if cfg.pooled.enabled else None
+        extra = self.pooled.num_features if self.pooled is not None else 0
+        joins_first = cfg.pooled.join == "head_input" or not cfg.dense_sizes
+
         head: OrderedDict[str, nn.Module] = OrderedDict()
-        width = self.flat_features
+        width = self.flat_features + (extra if joins_first else 0)
         for i, size in enumerate(cfg.dense_sizes):
             head[f"dense{i}"] = nn.Linear(width, size)
             head[f"act{i}"] = nn.LeakyReLU(cfg.leaky_relu_slope)
             head[f"dropout{i}"] = nn.Dropout(cfg.dropout)
             width = size
+        width += 0 if joins_first else extra
         # The gaussian head's second half of outputs is the log-variance of each parameter.
         head["output"] = nn.Linear(width, cfg.num_outputs * outputs_per_parameter(cfg))
         self.head = nn.Sequential(head)
+        self.join_at = "dense0" if joins_first and cfg.dense_sizes else "output"
         self.output_scale = cfg.output_scale
         self.reset_parameters()
 
@@ -80,9 +93,30 @@ class CosmoFlow(nn.Module):
                     nn.init.zeros_(module.bias)
 
     def forward(self, x_bcdhw: torch.Tensor) -> torch.Tensor:
-        h = self.conv_blocks(x_bcdhw)  # (B, F, s, s, s), s = S / 2**num_conv_blocks
-        h = self.flatten(h)  # (B, F·s³)
-        out = self.head(h)  # (B, num_outputs · outputs_per_parameter)
+        taps = self.pooled.moments if self.pooled is not None else {}
+        stats = [taps["input"](x_bcdhw)] if "input" in taps else []  # [(B, k·C)]
+        h = x_bcdhw
+        for name, block in self.conv_blocks.named_children():
+            h = block(h)
+            if name in taps:
+                stats.append(taps[name](h))
+        # h: (B, F, s, s, s), s = S / 2**num_conv_blocks
+        return self.head_output(self.flatten(h), stats)  # flattened: (B, F·s³)
+
+    def head_output(self, flat: torch.Tensor, stats: list[torch.Tensor]) -> torch.Tensor:
+        """The dense head on the flattened features and the taps' moments (none without the
+        branch), then tanh · output_scale of the means: the model's output."""
+        if self.pooled is None:
+            out = self.head(flat)
+        else:
+            pooled = self.pooled(stats)  # (B, num_features)
+            h = flat
+            for name, layer in self.head.named_children():
+                if name == self.join_at:
+                    h = torch.cat([h, pooled], dim=1)
+                h = layer(h)
+            out = h
+        # out: (B, num_outputs · outputs_per_parameter)
         if not self.config.gaussian:
             return torch.tanh(out) * self.output_scale  # (B, num_outputs)
         mean, log_var = out.chunk(2, dim=1)

@@ -50,6 +50,7 @@ def model_config_dict(cfg: ModelConfig) -> dict[str, Any]:
     """A plain dict (lists, no tuples) of a model config, for files and MLflow."""
     values = dataclasses.asdict(cfg)
     values["dense_sizes"] = list(values["dense_sizes"])
+    values["pooled"]["taps"] = list(values["pooled"]["taps"])
     return values
 
 
@@ -80,7 +81,8 @@ def load_model_file(path: str | os.PathLike, *, map_location: str = "cpu") -> nn
         )
     values = dict(payload["model_config"])
     values["dense_sizes"] = tuple(values["dense_sizes"])
-    # Files written before the gaussian head existed hold point-head models.
+    # Files written before the gaussian head existed hold point-head models (and those written
+    # before model.pooled, plain CosmoFlows: ModelConfig's default, the branch off).
     values.setdefault("head", "point")
     values.setdefault("nll_beta", 0.0)
     model = build_model(ModelConfig(**values))

@@ -13,9 +13,16 @@ from torch import nn
 
 from cosmocub.config import ModelConfig
 from cosmocub.models.cosmoflow import CosmoFlow
+from cosmocub.models.pooling import PooledBranch
 from cosmocub.models.unet import UNet3d
 from cosmocub.parallel.halo import SPATIAL_DIMS, HaloPlan, spatial_coords
-from cosmocub.parallel.layers import GatherFlatten, SharedDropout, SpatialConv3d, SyncBatchNorm3d
+from cosmocub.parallel.layers import (
+    GatherFlatten,
+    SharedDropout,
+    SpatialConv3d,
+    SpatialGlobalMoments,
+    SyncBatchNorm3d,
+)
 from cosmocub.parallel.mesh import ParallelDims
 
 Split = tuple[int, int, int]
@@ -134,6 +141,8 @@ def parallelize_cosmoflow(
     data × spatial run and a data-only run normalise over the same samples). `periodic` gives
     every conv periodic halos (whole periodic boxes) instead of zero padding. Dropout draws
     nn.Dropout's mask on spatial rank 0 (`SharedDropout`), the mask the unsplit run draws.
+    The pooled branch's moments (model.pooled) become the whole sample's, merged over the spatial
+    group (`SpatialGlobalMoments`); its norm's statistics span the mesh, each sample counted once.
 
     Gradients: see `layers.py` — average them over the spatial group (`build_gradient_sync`).
     """
@@ -156,15 +165,36 @@ def parallelize_cosmoflow(
         for name, layer in model.head.named_children():
             if isinstance(layer, nn.Dropout):
                 setattr(model.head, name, SharedDropout(layer.p, plan.group))
+    if model.pooled is not None:
+        _parallelize_pooled(model.pooled, dims, plan, stats_group)
     return model
+
+
+def _parallelize_pooled(
+    branch: PooledBranch,
+    dims: ParallelDims,
+    plan: HaloPlan,
+    stats_group: dist.ProcessGroup | None,
+) -> None:
+    """Whole-sample moments from the blocks; after them the branch is replicated over the
+    spatial group, so its norm, over the whole mesh, sees every sample `dims.spatial` times."""
+    if dims.spatial > 1:
+        for name, moments in list(branch.moments.items()):
+            branch.moments[name] = SpatialGlobalMoments(
+                with_std=moments.with_std, eps=moments.eps, plan=plan
+            )
+    if stats_group is not None and isinstance(branch.norm, nn.BatchNorm1d):
+        branch.norm = SyncBatchNorm3d(branch.norm, stats_group, replicas=dims.spatial)
 
 
 def replicated_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The parameters every rank of the spatial group holds whole, with the same gradient: the
-    dense head after a `GatherFlatten` (none in a model that is not spatially split)."""
+    dense head after a `GatherFlatten` and the pooled branch's norm (none in a model that is not
+    spatially split)."""
     if not isinstance(getattr(model, "flatten", None), GatherFlatten):
         return []
-    return list(model.head.parameters())
+    pooled = getattr(model, "pooled", None)
+    return list(model.head.parameters()) + ([] if pooled is None else list(pooled.parameters()))
 
 
 def check_unet_split(model_cfg: ModelConfig, input_size: int, split: Sequence[int]) -> None:

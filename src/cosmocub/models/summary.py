@@ -65,17 +65,29 @@ def activation_bytes(
     # F.pad takes (W_lo, W_hi, H_lo, H_hi, D_lo, D_hi); split dims get a halo, others the conv's.
     halo_pad = [halo if s > 1 else 0 for s in reversed(split) for _ in range(2)]
     conv_pad = tuple(0 if s > 1 else halo for s in split)
+    # The pooled branch's moments save what the block-merged ones save: the block they pool.
+    taps = model.pooled.moments if model.pooled is not None else {}
+    if model.pooled is not None:
+        # A plain BatchNorm1d refuses one sample in training; what it saves is (B, features)
+        # either way, next to nothing beside the blocks.
+        model.pooled.norm.eval()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         h = x_bcdhw
-        for block in model.conv_blocks.children():
-            h = F.conv3d(F.pad(h, halo_pad), block.conv.weight, block.conv.bias, padding=conv_pad)
+        stats = [taps["input"](h)] if "input" in taps else []
+        for block_name, block in model.conv_blocks.named_children():
+            # Unsplit, the conv saves the block itself, as a pooled branch's moments of it do.
+            padded = F.pad(h, halo_pad) if any(halo_pad) else h
+            h = F.conv3d(padded, block.conv.weight, block.conv.bias, padding=conv_pad)
             for name, layer in block.named_children():
                 if name != "conv":
                     h = layer(h)
+            if block_name in taps:
+                stats.append(taps[block_name](h))
         conv_stack = sum(saved.values())
         whole_shape = (*h.shape[:2], *(n * s for n, s in zip(h.shape[2:], split, strict=True)))
-        whole = torch.empty(whole_shape, device="meta")  # what the gather hands the head
-        torch.tanh(model.head(model.flatten(whole)))
+        # What the gather hands the head; unsplit, the last block itself (a moment may save it).
+        whole = h if math.prod(split) == 1 else torch.empty(whole_shape, device="meta")
+        model.head_output(model.flatten(whole), stats)
     total = sum(saved.values())
     return {"conv_stack": conv_stack, "head": total - conv_stack, "total": total}
 
@@ -117,12 +129,31 @@ def summarize(model_cfg: ModelConfig, split: tuple[int, int, int] = (1, 1, 1)) -
     return {
         "input_shape": [model_cfg.in_channels, *(model_cfg.input_size,) * 3],
         "layers": layers,
+        "pooled_branch": pooled_branch_counts(model),
         "total_params": sum(p.numel() for p in model.parameters()),
         "flops_per_sample": sum(layer["flops"] for layer in layers),
         "flops_method": FLOPS_METHOD,
         "split": list(split),
         "activation_bytes_per_rank": activation_bytes(model_cfg, split),
         "activation_bytes_unsplit": activation_bytes(model_cfg),
+    }
+
+
+def pooled_branch_counts(model: CosmoFlow) -> dict[str, Any] | None:
+    """What model.pooled adds to the plain CosmoFlow (None when off): its statistics per sample,
+    its parameters (the norm's, and the weights that read the statistics where they join the
+    head) and its FLOPs (those weights' 2 × MACs; its reductions, like pooling, not counted)."""
+    if model.pooled is None:
+        return None
+    branch = model.pooled.num_features
+    joined = getattr(model.head, model.join_at)
+    weights = branch * joined.out_features
+    return {
+        "features": branch,
+        "taps": list(model.pooled.moments),
+        "join": model.join_at,
+        "params": sum(p.numel() for p in model.pooled.parameters()) + weights,
+        "flops": 2 * weights,
     }
 
 
@@ -152,6 +183,13 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"(~{3 * summary['flops_per_sample'] / 1e9:.3f} forward+backward)",
         f"FLOP count:           {summary['flops_method']}",
     ]
+    branch = summary.get("pooled_branch")
+    if branch:
+        lines.append(
+            f"pooled branch:        {branch['features']} statistics of {', '.join(branch['taps'])} "
+            f"into head.{branch['join']}: {branch['params']:,} parameters, "
+            f"{branch['flops'] / 1e6:.4f} MFLOP (in the totals above)"
+        )
     per_rank, whole = summary["activation_bytes_per_rank"], summary["activation_bytes_unsplit"]
     mib = 2**20
     lines.append(

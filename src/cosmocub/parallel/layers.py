@@ -1,5 +1,6 @@
 """Spatially parallel layers that take over the parameters of plain ones: a halo Conv3d, a batch
-norm whose statistics span a process group, the gather before the dense head, a shared dropout.
+norm whose statistics span a process group, the gather before the dense head, a shared dropout,
+whole-sample moments merged from the blocks (the pooled branch).
 
 Gradient convention: the gather's backward hands each rank S × its slice of the (replicated)
 feature gradient, so every parameter's local gradient is S × a partial whose spatial-group sum is
@@ -147,10 +148,16 @@ class SyncBatchNorm3d(nn.Module):
 
     torch.nn.SyncBatchNorm refuses CPU tensors (torch 2.13), hence this one. It takes over the
     plain norm's parameters and buffers (same objects, same state_dict keys); in eval mode it is
-    the plain norm with the running statistics, which need no communication.
+    the plain norm with the running statistics, which need no communication. It also takes a
+    BatchNorm1d's (B, C) features. `replicas`: on how many ranks of `group` each sample's
+    features are (the spatial group's, for features replicated after a spatial reduction): the
+    mean, variance and gradients are the same either way, the running variance's n / (n − 1)
+    needs the number of distinct samples.
     """
 
-    def __init__(self, norm: nn.BatchNorm3d, group: dist.ProcessGroup) -> None:
+    def __init__(
+        self, norm: nn.BatchNorm3d | nn.BatchNorm1d, group: dist.ProcessGroup, *, replicas: int = 1
+    ) -> None:
         super().__init__()
         if not (norm.affine and norm.track_running_stats):
             raise ValueError(f"SyncBatchNorm3d needs an affine norm with running stats: {norm}")
@@ -159,7 +166,7 @@ class SyncBatchNorm3d(nn.Module):
         self.register_buffer("running_mean", norm.running_mean)
         self.register_buffer("running_var", norm.running_var)
         self.register_buffer("num_batches_tracked", norm.num_batches_tracked)
-        self.group = group
+        self.group, self.replicas = group, replicas
 
     def forward(self, x_bcdhw: torch.Tensor) -> torch.Tensor:
         if not self.training:
@@ -170,13 +177,20 @@ class SyncBatchNorm3d(nn.Module):
         y, mean_c, m2_c, total = _SyncBatchNorm.apply(
             x_bcdhw, self.weight, self.bias, self.eps, self.group
         )
+        # Every replica adds the same M2 and count: divide both to count samples once.
+        m2_c, total = m2_c / self.replicas, total / self.replicas
+        if total < 2:  # as nn.BatchNorm1d: one value per channel normalises to zeros
+            raise ValueError(
+                f"SyncBatchNorm3d: {float(total):g} value per channel over the group in "
+                f"training (input {list(x_bcdhw.shape)}, {self.replicas} replicas)"
+            )
         with torch.no_grad():  # as nn.BatchNorm3d: unbiased variance into the running estimate
             self.num_batches_tracked.add_(1)
             if self.momentum is None:
                 factor = 1.0 / float(self.num_batches_tracked)
             else:
                 factor = self.momentum
-            unbiased = m2_c / (total - 1) if total > 1 else m2_c
+            unbiased = m2_c / (total - 1)
             self.running_mean.lerp_(mean_c.to(self.running_mean.dtype), factor)
             self.running_var.lerp_(unbiased.to(self.running_var.dtype), factor)
         return y
@@ -254,3 +268,76 @@ class SharedDropout(nn.Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}, shared over the spatial group"
+
+
+class _BlockMoments(torch.autograd.Function):
+    """Per (sample, channel), the mean and population variance of the whole sample over D, H, W
+    from each rank's equal block: one all-gather of the blocks' (mean, var), merged in float64.
+
+    Backward: the upstream gradient is the same on every rank (the head is replicated), and the
+    exact gradient of a block's voxel is (g_mean + 2·g_var·(x − mean)) / N over the sample's
+    N = S·n voxels; as the gather before the head does, each rank returns S × that, so the
+    spatial group's gradient average leaves the exact conv-stack gradient.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx, x_bcdhw: torch.Tensor, group: dist.ProcessGroup, num_ranks: int, with_var: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        acc = torch.promote_types(x_bcdhw.dtype, torch.float32)
+        x = x_bcdhw.to(acc)
+        dims = (2, 3, 4)
+        if with_var:
+            var, mean = torch.var_mean(x, dim=dims, correction=0)  # (B, C) each
+        else:
+            mean = x.mean(dim=dims)
+            var = torch.zeros_like(mean)
+        local = torch.stack([mean.double(), var.double()])  # (2, B, C)
+        parts = [torch.empty_like(local) for _ in range(num_ranks)]
+        dist.all_gather(parts, local, group=group)
+        means, variances = torch.stack(parts).unbind(1)  # (S, B, C) each
+        # Equal blocks: the sample's mean is the blocks' mean, its variance the mean of each
+        # block's variance plus its mean's squared offset (Chan's merge at equal counts).
+        mean_g = means.mean(0)
+        var_g = (variances + (means - mean_g) ** 2).mean(0)
+        mean_out, var_out = mean_g.to(x_bcdhw.dtype), var_g.to(x_bcdhw.dtype)
+        ctx.with_var, ctx.block_voxels = with_var, x[0, 0].numel()
+        if with_var:
+            ctx.save_for_backward(x_bcdhw, mean_g.to(acc))
+        else:
+            ctx.mark_non_differentiable(var_out)
+        ctx.shape, ctx.acc, ctx.dtype = x_bcdhw.shape, acc, x_bcdhw.dtype
+        return mean_out, var_out
+
+    @staticmethod
+    def backward(ctx, g_mean: torch.Tensor, g_var: torch.Tensor):  # type: ignore[override]
+        n = ctx.block_voxels  # S × 1/N = 1/n: the S × of the convention folded in
+        g = (g_mean.to(ctx.acc) / n)[:, :, None, None, None]
+        if ctx.with_var and g_var is not None:
+            x_bcdhw, mean = ctx.saved_tensors
+            dx = x_bcdhw.to(ctx.acc) - mean[:, :, None, None, None]
+            dx.mul_((2 * g_var.to(ctx.acc) / n)[:, :, None, None, None]).add_(g)
+        else:
+            dx = g.expand(ctx.shape)
+        return dx.to(ctx.dtype), None, None, None
+
+
+class SpatialGlobalMoments(nn.Module):
+    """models.pooling.GlobalMoments on a block: the whole sample's per-channel mean (and
+    standard deviation), identical on every rank of the spatial group."""
+
+    def __init__(self, *, with_std: bool, eps: float, plan: HaloPlan) -> None:
+        super().__init__()
+        self.with_std, self.eps, self.plan = with_std, eps, plan
+
+    def forward(self, x_bcdhw: torch.Tensor) -> torch.Tensor:
+        mean, var = _BlockMoments.apply(
+            x_bcdhw, self.plan.group, self.plan.num_ranks, self.with_std
+        )  # (B, C) each
+        if not self.with_std:
+            return mean
+        return torch.cat([mean, torch.sqrt(var + self.eps)], dim=1)  # (B, 2C), as the plain one
+
+    def extra_repr(self) -> str:
+        stats = "mean, std" if self.with_std else "mean"
+        return f"{stats}, merged over split={self.plan.split}"

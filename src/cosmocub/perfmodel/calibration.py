@@ -15,7 +15,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from cosmocub.config import CalibrationConfig, ModelConfig, OptimizerConfig, load_config
+from cosmocub.config import (
+    CalibrationConfig,
+    ModelConfig,
+    OptimizerConfig,
+    PooledConfig,
+    load_config,
+)
 from cosmocub.models.cosmoflow import CosmoFlow, conv_block
 from cosmocub.perfmodel.compute import TRAIN_FLOPS_FACTOR, fastest_time, torch_threads
 from cosmocub.perfmodel.rates import RateFit, fit_rates
@@ -164,8 +170,9 @@ def _head_of(cfg: ModelConfig, features: int) -> nn.Module:
         side, filters = 1, features
     else:
         filters = cfg.base_filters
+    # The plain head (model.pooled off): its cost at exactly `features` inputs.
     one_block = dataclasses.replace(
-        cfg, input_size=2 * side, num_conv_blocks=1, base_filters=filters
+        cfg, input_size=2 * side, num_conv_blocks=1, base_filters=filters, pooled=PooledConfig()
     )
     return CosmoFlow(one_block).head
 

@@ -49,6 +49,11 @@ def measure_layers(
     convolves the same output voxels, its halo planes in place of zero padding) and of the head
     (on the gathered features), in this process's torch threads; unsplit, also "overhead": the
     whole model's training forward + backward less the layers' sum (loss, autograd glue)."""
+    if model_cfg.pooled.enabled:
+        raise ValueError(
+            f"key 'model.pooled.stats': {model_cfg.pooled.stats!r}; the per-layer timing knows "
+            "the plain CosmoFlow (blocks, then the head on the flattened features) only"
+        )
     model = CosmoFlow(model_cfg).train().to(memory_format=memory_format)
     x = torch.randn(batch, model_cfg.in_channels, *local_shape(model_cfg, split))
     x = x.to(memory_format=memory_format)

@@ -66,7 +66,13 @@ def resume_values(cfg: Config, *, data_identity: str = "") -> dict[str, Any]:
         json.dumps(
             {
                 "seed": c.seed,
-                "model": dataclasses.asdict(c.model),
+                "model": {
+                    k: v
+                    for k, v in dataclasses.asdict(c.model).items()
+                    # Off, the pooled branch leaves the model as it was before the key existed:
+                    # so it leaves the identity too, and older checkpoints still resume.
+                    if k != "pooled" or c.model.pooled.enabled
+                },
                 "parallel": dataclasses.asdict(c.parallel),
                 "optimizer": dataclasses.asdict(c.optimizer),
                 "train": {
