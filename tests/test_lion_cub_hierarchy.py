@@ -149,7 +149,8 @@ for (quantizer, bits), collective, bucket in itertools.product(
     assert opt.two_level and opt.spec.levels == quantizer_levels(
         quantizer, bits, nodes, collective=collective)
     opt.step()
-    got = torch.cat([(b - p.detach()).sign().reshape(-1) for b, p in zip(before, model.parameters())])
+    moved = zip(before, model.parameters())
+    got = torch.cat([(b - p.detach()).sign().reshape(-1) for b, p in moved])
     index = {id(p): i for i, p in enumerate(model.parameters())}
     buckets = [[index[id(p)] for p in b.params] for b in opt.buckets]
     want = expected_update(quantizer, bits, collective, 0.9, buckets)
