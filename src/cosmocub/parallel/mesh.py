@@ -178,10 +178,14 @@ class ParallelDims:
         self.extra_groups.append(group)
         return group
 
+    @property
+    def per_node(self) -> int:
+        """G: the ranks on one node (consecutive global ranks)."""
+        return self.ranks_per_node or self.env.local_world_size
+
     def node_layout(self) -> NodeLayout:
         """The data axis over the nodes (ValueError, naming the sizes, where it is uneven)."""
-        per_node = self.ranks_per_node or self.env.local_world_size
-        return NodeLayout(data=self.data, spatial=self.spatial, ranks_per_node=per_node)
+        return NodeLayout(data=self.data, spatial=self.spatial, ranks_per_node=self.per_node)
 
     def node_groups(self) -> NodeGroups:
         """My intra-node data group and my rail (inter-node data group), made once: the first
