@@ -88,8 +88,8 @@ def test_hierarchy_key() -> None:
 TWO_NODES = """
 import itertools, torch, torch.distributed as dist
 from torch import nn
+from cosmocub.optim import LionCub, world_node_groups
 from cosmocub.optim.hierarchy import partial_stats, scales_from_stats
-from cosmocub.optim.lion_cub import LionCub
 from cosmocub.optim.quantize import quantize, quantizer_levels
 from cosmocub.optim.vote import tie_pattern, vote
 from cosmocub.optim.wire import WireSpec, wire_values
@@ -98,8 +98,9 @@ dist.init_process_group("gloo")
 rank, P, G = dist.get_rank(), dist.get_world_size(), 2
 nodes = P // G
 data = dist.new_group(list(range(P)))
-intra = [dist.new_group([k * G + j for j in range(G)]) for k in range(nodes)][rank // G]
-rail = [dist.new_group([k * G + j for k in range(nodes)]) for j in range(G)][rank % G]
+intra, rail = world_node_groups(G)  # the public helper: [0, 1], [2, 3]; rails [0, 2], [1, 3]
+assert dist.get_process_group_ranks(intra) == [rank // G * G, rank // G * G + 1]
+assert dist.get_process_group_ranks(rail) == [rank % G, rank % G + G]
 
 def model_and_grads(seed):
     torch.manual_seed(0)
