@@ -102,13 +102,14 @@ intra, rail = world_node_groups(G)  # the public helper: [0, 1], [2, 3]; rails [
 assert dist.get_process_group_ranks(intra) == [rank // G * G, rank // G * G + 1]
 assert dist.get_process_group_ranks(rail) == [rank % G, rank % G + G]
 
-def model_and_grads(seed):
+def model_and_grads(seed, before_backward=None):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(7, 9), nn.Tanh(), nn.Linear(9, 3))
+    out = before_backward(model) if before_backward else None
     gen = torch.Generator().manual_seed(seed)
     x, y = torch.randn(5, 7, generator=gen), torch.randn(5, 3, generator=gen)
     nn.functional.mse_loss(model(x), y).backward()
-    return model
+    return (model, out) if before_backward else model
 
 def expected_update(quantizer, bits, collective, beta1, buckets):
     # Every rank's c at step 1 (momentum 0): (1 - beta1)·g; the nodes' means; each quantized
@@ -158,6 +159,21 @@ for (quantizer, bits), collective, bucket in itertools.product(
     assert torch.equal(got.to(torch.int8), want), (quantizer, collective, bucket)
     s = opt.comm_stats
     assert s.bytes_inter > 0 and s.bytes_intra > 0 and s.bytes_sent == s.bytes_inter + s.bytes_intra
+
+# overlap: each bucket's two-level exchange starts in backward, as soon as its gradients are in.
+def build(model):
+    return LionCub(model.named_parameters(), group=data, lr=1e-3, quantizer="l1", bits=4,
+                   overlap=True, bucket_mb=40 * 4 / 2**20, ranks_per_node=G, hierarchy="node",
+                   node_groups=(intra, rail))
+model, opt = model_and_grads(rank, build)
+before = [p.detach().clone() for p in model.parameters()]  # backward does not move them
+assert all(b.pending is not None for b in opt.buckets)  # started in backward
+opt.step()
+moved = zip(before, model.parameters())
+got = torch.cat([(b - p.detach()).sign().reshape(-1) for b, p in moved])
+index = {id(p): i for i, p in enumerate(model.parameters())}
+buckets = [[index[id(p)] for p in b.params] for b in opt.buckets]
+assert torch.equal(got.to(torch.int8), expected_update("l1", 4, "alltoall", 0.9, buckets))
 
 # Bytes, one bucket of n = 8·G·nodes·k values, 1-bit alltoall over the rail on n/G values:
 # inter (nodes-1)/nodes·2·(n/G)/8; intra: the fp32 reduce-scatter (G-1)·(n/G)·4 and the 1-bit
