@@ -336,7 +336,7 @@ def test_lion_cub_on_two_nodes_of_two_sends_across_what_it_counts_flat_and_node(
         print(
             f"Lion Cub l1 4-bit alltoall {hierarchy} 2x2 at {RATE_MBIT} Mbit/s: wire/counted "
             f"{ratio:.4f}, wire {wire[hierarchy]:.0f} B/step, counted {counted[hierarchy]:.0f}, "
-            f"exchange {epoch['time_exchange_s'] * 1e3:.1f} ms, step {epoch['elapsed_s']:.1f} s"
+            f"exchange {epoch['time_exchange_s'] * 1e3:.1f} ms, epoch {epoch['elapsed_s']:.1f} s"
         )
     # The all-to-all's 4-bit chunks cross 1/G as often; the 1-bit result reaches every node in
     # both (flat's ring all-gather crosses a node once): (2 + 1/2) / (4 + 3/4) of flat's bytes.
