@@ -64,12 +64,18 @@ def _build_lion_cub(
     if cfg.name == "distributed_lion":
         # The plain form (Liu et al. 2024): 1-bit signs gathered by all, voted locally, momenta
         # never averaged.
+        layout = _node_layout("flat", dims)
         return LionCub(
-            named, group=_data_group(dims), quantizer="sign", collective="allgather", **common
+            named,
+            group=_data_group(dims),
+            quantizer="sign",
+            collective="allgather",
+            ranks_per_node=layout.data_per_node if layout is not None else None,
+            **common,
         )
     lc = cfg.lion_cub
     assert lc is not None, "config.from_values fills lion_cub's defaults"
-    layout = _node_layout(lc, dims)
+    layout = _node_layout(lc.hierarchy, dims)
     two_level = lc.hierarchy == "node" and layout is not None and layout.two_level
     # The voters: the data ranks, or the nodes under hierarchy node.
     check_group_size(lc, (layout.nodes if two_level else dims.data) if dims is not None else 1)
@@ -106,7 +112,7 @@ def _build_lion_cub(
     )
 
 
-def _node_layout(lc: LionCubConfig, dims: ParallelDims | None) -> NodeLayout | None:
+def _node_layout(hierarchy: str, dims: ParallelDims | None) -> NodeLayout | None:
     """The data axis over the nodes; where it is uneven, a ConfigError under hierarchy node and
     None under flat (whose bytes then all count as inter-node)."""
     if not isinstance(dims, ParallelDims):  # None, or a stand-in in a test
@@ -114,7 +120,7 @@ def _node_layout(lc: LionCubConfig, dims: ParallelDims | None) -> NodeLayout | N
     try:
         return dims.node_layout()
     except ValueError as err:
-        if lc.hierarchy == "node":
+        if hierarchy == "node":
             raise ConfigError(f"key 'optimizer.lion_cub.hierarchy': node: {err}") from None
         return None
 
