@@ -1,7 +1,8 @@
 """Distributed Lion and Lion Cub: each data rank keeps its own momentum and the ranks agree on
 sign(Σ quantized c) through a swappable collective; the class only does the bookkeeping.
 
-Math: `quantize.py`, `vote.py`, `packing.py`, `momentum_sync.py`; wire: `collectives.py`.
+Math: `quantize.py`, `vote.py`, `packing.py`, `momentum_sync.py`; wire: `collectives.py`; the
+two-level exchange (hierarchy "node"): `hierarchy.py`.
 Gradients arrive reduced over the spatial group only (see train.grad_sync): no DDP all-reduce.
 """
 
@@ -187,8 +188,9 @@ class LionCub(Optimizer):
         n = sum(p.numel() for p in params)
         momentum = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
         even = tie_pattern(n, step=0, device=momentum.device)
-        q = torch.zeros(n, dtype=torch.int8, device=momentum.device)
-        work = torch.zeros_like(momentum) if self.spec.quantizer != "sign" else momentum[:0]
+        whole = n if self.node is None else 0  # two levels quantize a slice (its own buffers)
+        q = torch.zeros(whole, dtype=torch.int8, device=momentum.device)
+        work = momentum.new_zeros(whole) if self.spec.quantizer != "sign" else momentum[:0]
         bucket = _Bucket(params, momentum, (even, -even), torch.zeros_like(momentum), q, work)
         if self.node is not None:
             bucket.node = self.node.new_slice(bucket.sizes, bucket.ties, momentum)
