@@ -166,6 +166,9 @@ def test_predict_cli_prints_a_table_and_json(capsys: pytest.CaptureFixture[str])
     assert got[0]["steps_per_epoch"] == 3  # 3 of 6 universes x 8 crops, over 2 ranks, batch 4
     rc, out, _ = _cli(capsys, *flags, "--data", "2")
     assert rc == 0 and "step (ms)" in out and "2 epochs of 3 steps" in out
+    node = "{optimizer: {name: lion_cub, lion_cub: {hierarchy: node}}}"
+    rc, out, _ = _cli(capsys, *flags, "--data", "2", "--override", node, "--json")
+    assert rc == 0 and json.loads(out)["predictions"][0]["optimizer"] == "lion_cub"
 
 
 @pytest.mark.parametrize(
@@ -190,6 +193,10 @@ def test_predict_cli_prints_a_table_and_json(capsys: pytest.CaptureFixture[str])
         (
             ["--nodes", "1", "--ranks-per-node", "4", "--accelerator", "h100", "--spatial", "8"],
             "spatial 8 does not divide --nodes 1 x --ranks-per-node 4 = 4 ranks",
+        ),
+        (
+            ["--nodes", "1", "--ranks-per-node", "2", "--accelerator", "h100", "--override", "[1]"],
+            "--override '[1]': a mapping of config sections",
         ),
     ],
 )
