@@ -172,3 +172,20 @@ def test_spans_read_device_marks_once_when_asked_and_never_wait_before():
     spans.reset()
     spans.add_intervals(HOST_CLOCK, [(10.0, 11.0), (10.5, 12.0), (13.0, 14.0), (15.0, 14.5)])
     assert spans.seconds == pytest.approx(3.0)
+
+
+def test_inter_node_share_is_one_crossing_a_node_of_a_ring() -> None:
+    # 8 ranks, 2 a node (the config's override): a ring over all crosses each node once, 1/2 of
+    # each rank's bytes on average; a spatial group of 2 lies on one node, one of 4 spans two.
+    def dims(data: int, spatial: int) -> ParallelDims:
+        d = _dims(data, spatial)
+        d.ranks_per_node = 2
+        return d
+
+    assert DDPAllReduce(dims(8, 1)).inter_node_fraction == 0.5
+    assert SpatialAverage(dims(4, 2)).inter_node_fraction == 0.0
+    assert SpatialAverage(dims(2, 4)).inter_node_fraction == 0.5
+    assert DDPAllReduce(_dims(4, 1)).inter_node_fraction == 0.0  # one node of 4
+    assert LocalGradients().inter_node_fraction == 0.0
+    with pytest.raises(ValueError, match="ranks per node 3 does not divide the world of 8"):
+        ParallelDims(**{**vars(dims(8, 1)), "ranks_per_node": 3}).node_layout()

@@ -1,6 +1,8 @@
 """Lion Cub on the hybrid mesh: data 2 × spatial 2 trains as data 2 alone over the options that
 matter (every pair of quantizer, collective and momentum-sync schedule; allgather; sync
-patterns), resumes with every data rank's momentum, and counts its halo traffic exactly.
+patterns), resumes with every data rank's momentum, and counts its halo traffic exactly; and
+hierarchy node on data 4 as 2 nodes × 2 (parallel.ranks_per_node) resumes bit for bit, and with
+one rank a node is flat bit for bit.
 
 Two torchrun spawns (2 and 4 gloo ranks, tests/spatial_ranks.py mode `train`) run every case in
 one process group each. Why the tolerance holds here and what it does not promise over long runs:
@@ -59,6 +61,15 @@ for _name, _patterns in PATTERNS.items():
     }
 RESUMED = "l1 alltoall every"  # also run stopped at step 5 and resumed from step 3
 STEPS = 8  # 16 samples / (2 data ranks × 2) = 4 steps an epoch, 2 epochs
+# Data 4 (local batch 1: 4 steps an epoch, as above), hierarchy node: 2 nodes × 2, or 4 × 1.
+NODE = {"parallel": {"ranks_per_node": 2}, "train": {"local_batch_size": 1}}
+NODE_RUNS = {
+    "node 2x2": ({"hierarchy": "node"}, NODE),
+    "node 2x2 resumed": ({"hierarchy": "node"}, NODE),
+    "node 4x1": ({"hierarchy": "node"}, {**NODE, "parallel": {"ranks_per_node": 1}}),
+    "flat 4x1": ({"hierarchy": "flat"}, {**NODE, "parallel": {"ranks_per_node": 1}}),
+    "flat 2x2": ({"hierarchy": "flat"}, NODE),
+}
 # spatial 4 = [2, 2, 1], data 1: halos along two dims (edges carried by the second exchange)
 HALO_2D = {"parallel": {"spatial": 4, "split": [2, 2, 1]}, "train": {"local_batch_size": 4}}
 
@@ -99,6 +110,9 @@ def meshes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
         }
     )
     hybrid.append({"name": "halo [2, 2, 1]", "values": _config(CASES[RESUMED], **HALO_2D)})
+    for name, (options, sections) in NODE_RUNS.items():
+        run = {"name": name, "values": _config({**CASES[RESUMED], **options}, **sections)}
+        hybrid.append(run | ({"stop_at": 5} if name.endswith("resumed") else {}))
     return {
         "data": _spawn(tmp, shards, "data", 2, data),
         "hybrid": _spawn(tmp, shards, "hybrid", 4, hybrid),
@@ -235,3 +249,35 @@ def test_halo_bytes_are_the_geometry(meshes: dict[str, dict[str, Any]]) -> None:
     # The step's split adds up: compute is what the measured exchanges leave of the step.
     parts = ("time_compute_s", "time_exchange_s", "time_momentum_sync_s", "time_halo_s")
     assert all(final_2d[k] >= 0 for k in parts) and final_2d["time_compute_s"] > 0
+
+
+def test_hierarchy_node_resumes_bit_for_bit_and_is_flat_with_one_rank_a_node(
+    meshes: dict[str, dict[str, Any]],
+) -> None:
+    runs = {name: meshes["hybrid"][name] for name in NODE_RUNS}
+    (whole, summary), (resumed, summary_resumed) = runs["node 2x2"], runs["node 2x2 resumed"]
+    assert (summary["data_parallel"], summary["steps"]) == (4, STEPS)
+    assert summary_resumed["resumed_from"].endswith("step_00000003.pt")
+    weights, momenta = final_state(resumed)
+    weights_whole, momenta_whole = final_state(whole)
+    for name in weights_whole:
+        assert torch.equal(weights[name], weights_whole[name]), name
+    for name in momenta_whole:
+        assert momenta[name].shape[0] == 4
+        assert torch.equal(momenta[name], momenta_whole[name]), name
+    assert epoch_records(resumed) == epoch_records(whole)
+    # One rank a node: node is flat, bit for bit (weights, every rank's momentum, the losses).
+    node, flat = final_state(runs["node 4x1"][0]), final_state(runs["flat 4x1"][0])
+    for a, b in zip(node, flat, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in b)
+    assert epoch_records(runs["node 4x1"][0]) == epoch_records(runs["flat 4x1"][0])
+    # Two a node: what crosses nodes shrinks (the all-to-all's chunks 1/2 as often); the step 8
+    # sync averaged every data rank's momentum in two levels.
+    inter = {
+        name: json.loads((runs[name][0] / "metrics.jsonl").read_text().splitlines()[-1])[
+            "comm_bytes_inter_per_step"
+        ]
+        for name in ("node 2x2", "flat 2x2")
+    }
+    assert 0 < inter["node 2x2"] < 0.8 * inter["flat 2x2"], inter
+    assert all(torch.equal(m[0], m[3]) for m in momenta_whole.values())

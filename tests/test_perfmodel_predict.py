@@ -166,6 +166,9 @@ def test_predict_cli_prints_a_table_and_json(capsys: pytest.CaptureFixture[str])
     assert got[0]["steps_per_epoch"] == 3  # 3 of 6 universes x 8 crops, over 2 ranks, batch 4
     rc, out, _ = _cli(capsys, *flags, "--data", "2")
     assert rc == 0 and "step (ms)" in out and "2 epochs of 3 steps" in out
+    node = "{optimizer: {name: lion_cub, lion_cub: {hierarchy: node}}}"
+    rc, out, _ = _cli(capsys, *flags, "--data", "2", "--override", node, "--json")
+    assert rc == 0 and json.loads(out)["predictions"][0]["optimizer"] == "lion_cub"
 
 
 @pytest.mark.parametrize(
@@ -190,6 +193,10 @@ def test_predict_cli_prints_a_table_and_json(capsys: pytest.CaptureFixture[str])
         (
             ["--nodes", "1", "--ranks-per-node", "4", "--accelerator", "h100", "--spatial", "8"],
             "spatial 8 does not divide --nodes 1 x --ranks-per-node 4 = 4 ranks",
+        ),
+        (
+            ["--nodes", "1", "--ranks-per-node", "2", "--accelerator", "h100", "--override", "[1]"],
+            "--override '[1]': a mapping of config sections",
         ),
     ],
 )
@@ -310,3 +317,29 @@ def test_lion_cub_exchange_bytes_follow_the_levels_and_the_allreduce_dtype() -> 
     assert fp16 == pytest.approx(ring_allreduce_bytes(2 * n, 512), rel=1e-12)
     alltoall = sent(512, collective="alltoall")
     assert 511 / 512 * 5 / 8 * n <= alltoall < fp16 / 2
+
+
+def test_hierarchy_node_sends_one_gth_of_flats_inter_node_bytes() -> None:
+    # 512 data ranks on 128 nodes of 4, l1 4-bit all-to-all: the vote runs on 1/4 of each bucket
+    # over 128 nodes instead of on all of it over 512 ranks ((127/128) / (511/512) of 1/4), and
+    # the node's fp32 reduce-scatter and 1-bit all-gather stay on its own link.
+    def run(hierarchy: str):
+        options = {"quantizer": "l1", "bits": 4, "collective": "alltoall", "hierarchy": hierarchy}
+        cfg = load_config(
+            MLPERF_CONFIG, overrides={"optimizer": {"name": "lion_cub", "lion_cub": options}}
+        )
+        spec = cfg.perf_model.extrapolate.accelerators["h100"]
+        link = AlphaBeta(alpha_s=10e-6, beta_s_per_byte=8 / 10e9)
+        nvlink = AlphaBeta(alpha_s=5e-6, beta_s_per_byte=8 / 3.6e12)
+        network = Network.uniform(link, nvlink, ranks_per_node=4)
+        device = Accelerator(name="h100", spec=spec, bytes_per_value=2)
+        return predict(Workload.of(cfg), Mesh(data=512, split=(1, 1, 1)), network, device)
+
+    flat, node = run("flat"), run("node")
+    assert flat.intra_node_bytes_per_step == 0
+    ratio = node.inter_node_bytes_per_step / flat.inter_node_bytes_per_step
+    assert ratio == pytest.approx(1 / 4 * (127 / 128) / (511 / 512), rel=2e-3), ratio
+    n = sum(parameter_sizes(load_config(MLPERF_CONFIG).model))
+    # Within the node: (G - 1)/G of the fp32 vector reduce-scattered, then 1 bit a value.
+    assert node.intra_node_bytes_per_step == pytest.approx(3 / 4 * n * (4 + 1 / 8), rel=1e-3)
+    assert node.step.exchange_s < flat.step.exchange_s / 2

@@ -108,6 +108,8 @@ def test_outputs_follow_the_run_format(shards: Path, tmp_path: Path) -> None:
         "samples_per_s",
         "data_wait_share",
         "comm_bytes_per_step",
+        "comm_bytes_intra_per_step",
+        "comm_bytes_inter_per_step",
         "time_compute_s",
         "time_exchange_s",
         "time_exchange_busy_s",

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from cosmocub.cli.common import add_config
-from cosmocub.config import load_config
+from cosmocub.config import deep_merge, load_config
 
 CALIBRATION_HELP = (
     "this CPU's compute calibration (JSON; measured and written where there is none; default: "
@@ -87,6 +87,23 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _yaml_mapping(text: str) -> dict:
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(
+            f"--override {text!r}: not valid YAML ({err})".replace("\n", " ")
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError(f"--override {text!r}: a mapping of config sections, e.g. {OVERRIDE_EG}")
+    return value
+
+
+OVERRIDE_EG = "'{optimizer: {name: lion_cub, lion_cub: {hierarchy: node}}}'"
+
+
 def _cmd_predict(args: argparse.Namespace) -> int:
     from cosmocub.perfmodel.stage import predict
 
@@ -95,8 +112,11 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         if data is not None or spatial is not None:
             raise ValueError(f"--mesh {args.mesh[0]}x{args.mesh[1]}: give it or --data/--spatial")
         data, spatial = args.mesh
+    overrides: dict = {}
+    for text in args.override or ():
+        overrides = deep_merge(overrides, _yaml_mapping(text))
     predict(
-        load_config(args.config),
+        load_config(args.config, overrides=overrides or None),
         data=data,
         spatial=spatial,
         split=args.split,
@@ -188,6 +208,12 @@ def add_perf_model(sub) -> None:
     )
     r.add_argument("--nodes", type=_positive, required=True)
     r.add_argument("--ranks-per-node", type=_positive, required=True)
+    r.add_argument(
+        "--override",
+        action="append",
+        help=f"YAML merged over the config (repeatable), e.g. {OVERRIDE_EG} against "
+        "hierarchy: flat",
+    )
     r.add_argument(
         "--rate-mbit",
         type=float,

@@ -241,6 +241,7 @@ class ParallelConfig:
     spatial: int
     split: tuple[int, int, int] | None
     periodic: bool
+    ranks_per_node: int | None
 
     def __post_init__(self) -> None:
         if self.split is not None and math.prod(self.split) != self.spatial:

@@ -23,6 +23,7 @@ class LionCubConfig:
     bits: int | None
     collective: str
     allreduce_dtype: str | None
+    hierarchy: str
     overlap: bool
     bucket_mb: float
     momentum_sync: MomentumSyncConfig

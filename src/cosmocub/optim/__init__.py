@@ -6,12 +6,14 @@ updates, each rank its own momentum) and `Lion` (one process); they need torch a
                   quantizer="l1", bits=4, collective="alltoall")
 
 No DDP: each rank steps on its own gradients. `quantizer_levels` says how many levels a p-bit
-quantizer keeps at a group size (LevelsError where none useful is left). README.md, "Lion Cub in
+quantizer keeps at a group size (LevelsError where none useful is left); `world_node_groups` the
+groups of hierarchy="node" when the world is the data group. README.md, "Lion Cub in
 your own script", and examples/lion_cub_any_script.py show a whole run, checkpoint included.
 """
 
+from cosmocub.optim.hierarchy import world_node_groups
 from cosmocub.optim.lion import Lion
 from cosmocub.optim.lion_cub import LionCub
 from cosmocub.optim.quantize import LevelsError, quantizer_levels
 
-__all__ = ["LevelsError", "Lion", "LionCub", "quantizer_levels"]
+__all__ = ["LevelsError", "Lion", "LionCub", "quantizer_levels", "world_node_groups"]

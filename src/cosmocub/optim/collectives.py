@@ -42,6 +42,7 @@ from cosmocub.optim.wire import (
     pad,
     ranks_view,
 )
+from cosmocub.parallel.nodes import pairwise_inter_fraction, ring_inter_fraction
 from cosmocub.parallel.timing import Spans
 
 COLLECTIVES = ("allgather", "alltoall", "allreduce")
@@ -56,10 +57,21 @@ class CommStats:
     the exchange and momentum syncs as spans on the device's clock (`parallel/timing.py`: read
     when asked, so a GPU is not made to wait at every step), the phases in host seconds."""
 
-    bytes_sent: float = 0.0
+    bytes_sent: float = 0.0  # in all
+    bytes_inter: float = 0.0  # of which to other nodes (see `add_bytes`)
     exchange: Spans = field(default_factory=Spans)
     momentum_sync: Spans = field(default_factory=Spans)
     phase_s: dict[str, float] = field(default_factory=dict)  # exchange phase -> host seconds
+
+    @property
+    def bytes_intra(self) -> float:
+        """Bytes sent to ranks on this node."""
+        return self.bytes_sent - self.bytes_inter
+
+    def add_bytes(self, nbytes: float, inter_fraction: float) -> None:
+        """Count `nbytes` sent, `inter_fraction` of them to other nodes."""
+        self.bytes_sent += nbytes
+        self.bytes_inter += nbytes * inter_fraction
 
     @property
     def exchange_s(self) -> float:
@@ -70,7 +82,7 @@ class CommStats:
         return self.momentum_sync.seconds
 
     def reset(self) -> None:
-        self.bytes_sent = 0.0
+        self.bytes_sent = self.bytes_inter = 0.0
         self.exchange.reset()
         self.momentum_sync.reset()
         self.phase_s.clear()
@@ -143,15 +155,25 @@ class Pending:
 
 
 class Collective:
-    """Base: the group, its size and this rank's place in it; a group of one sends nothing."""
+    """Base: the group, its size and this rank's place in it; a group of one sends nothing.
+
+    `ranks_per_node`: the group's ranks run node by node, that many on each (None: each rank on
+    its own node, so every byte counts as inter-node); what crosses nodes is then counted as an
+    all-to-all's chunks to the other nodes' ranks and a ring's one crossing a node (see
+    `cosmocub.parallel.nodes`)."""
 
     name = "base"
 
-    def __init__(self, group: dist.ProcessGroup | None, stats: CommStats) -> None:
+    def __init__(
+        self, group: dist.ProcessGroup | None, stats: CommStats, ranks_per_node: int | None = None
+    ) -> None:
         self.group = group
         self.size = 1 if group is None else dist.get_world_size(group)
         self.rank = 0 if group is None else dist.get_rank(group)
         self.stats = stats
+        per_node = ranks_per_node or 1
+        self.ring_inter = ring_inter_fraction(self.size, per_node)
+        self.pairwise_inter = pairwise_inter_fraction(self.size, per_node)
 
     def start(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> Pending:
         """q: this rank's (n,) int8; tie: the (n,) int8 tie pattern (see vote.py)."""
@@ -182,7 +204,7 @@ class AllGatherVote(Collective):
         t = self.stats.lap("encode", t)
         work = all_gather_flat(out, payload, group=self.group, async_op=True)
         self.stats.lap("allgather", t)
-        self.stats.bytes_sent += allgather_bytes(payload.numel(), self.size)
+        self.stats.add_bytes(allgather_bytes(payload.numel(), self.size), self.ring_inter)
         return Pending(q, tie, work, (out,))
 
     def _finish(self, pending: Pending, spec: WireSpec) -> torch.Tensor:
@@ -208,7 +230,7 @@ class AllToAllVote(Collective):
         t = self.stats.lap("encode", t)
         work = dist.all_to_all_single(recv, send, group=self.group, async_op=True)
         self.stats.lap("alltoall", t)
-        self.stats.bytes_sent += alltoall_bytes(send.numel(), self.size)
+        self.stats.add_bytes(alltoall_bytes(send.numel(), self.size), self.pairwise_inter)
         return Pending(q, tie, work, (recv, tie_pad))
 
     def _finish(self, pending: Pending, spec: WireSpec) -> torch.Tensor:
@@ -223,7 +245,7 @@ class AllToAllVote(Collective):
         t = self.stats.lap("vote", t)
         all_gather_flat(gathered, result, group=self.group)
         t = self.stats.lap("allgather", t)
-        self.stats.bytes_sent += allgather_bytes(result.numel(), self.size)
+        self.stats.add_bytes(allgather_bytes(result.numel(), self.size), self.ring_inter)
         update = bits_to_signs(unpack_bits(gathered))[: pending.q.numel()]
         self.stats.lap("vote", t)
         return update
@@ -241,7 +263,7 @@ class AllReduceVote(Collective):
         work = dist.all_reduce(values, group=self.group, async_op=True)
         self.stats.lap("allreduce", t)
         nbytes = values.numel() * values.element_size()
-        self.stats.bytes_sent += ring_allreduce_bytes(nbytes, self.size)
+        self.stats.add_bytes(ring_allreduce_bytes(nbytes, self.size), self.ring_inter)
         return Pending(q, tie, work, (values,))
 
     def _finish(self, pending: Pending, spec: WireSpec) -> torch.Tensor:
@@ -254,8 +276,13 @@ class AllReduceVote(Collective):
         return update
 
 
-def build_collective(name: str, group: dist.ProcessGroup | None, stats: CommStats) -> Collective:
+def build_collective(
+    name: str,
+    group: dist.ProcessGroup | None,
+    stats: CommStats,
+    ranks_per_node: int | None = None,
+) -> Collective:
     for cls in (AllGatherVote, AllToAllVote, AllReduceVote):
         if cls.name == name:
-            return cls(group, stats)
+            return cls(group, stats, ranks_per_node)
     raise ValueError(f"unknown collective {name!r} ({', '.join(COLLECTIVES)})")

@@ -17,6 +17,7 @@ from cosmocub.optim.lion_cub import LionCub
 from cosmocub.optim.quantize import quantizer_levels
 from cosmocub.optim.schedule import EpochSchedule, lr_at
 from cosmocub.parallel.mesh import ParallelDims
+from cosmocub.parallel.nodes import NodeLayout
 
 OPTIMIZERS = ("sgd", "adamw", "lion", "distributed_lion", "lion_cub")
 
@@ -63,12 +64,21 @@ def _build_lion_cub(
     if cfg.name == "distributed_lion":
         # The plain form (Liu et al. 2024): 1-bit signs gathered by all, voted locally, momenta
         # never averaged.
+        layout = _node_layout("flat", dims)
         return LionCub(
-            named, group=_data_group(dims), quantizer="sign", collective="allgather", **common
+            named,
+            group=_data_group(dims),
+            quantizer="sign",
+            collective="allgather",
+            ranks_per_node=layout.data_per_node if layout is not None else None,
+            **common,
         )
     lc = cfg.lion_cub
     assert lc is not None, "config.from_values fills lion_cub's defaults"
-    check_group_size(lc, dims.data if dims is not None else 1)
+    layout = _node_layout(lc.hierarchy, dims)
+    two_level = lc.hierarchy == "node" and layout is not None and layout.two_level
+    # The voters: the data ranks, or the nodes under hierarchy node.
+    check_group_size(lc, (layout.nodes if two_level else dims.data) if dims is not None else 1)
     if lc.overlap and dims is not None and dims.spatial > 1:
         raise ConfigError(
             "key 'optimizer.lion_cub.overlap': needs a spatial group of 1 (gradients are reduced "
@@ -76,6 +86,12 @@ def _build_lion_cub(
         )
     group = _data_group(dims)
     sync = lc.momentum_sync
+    node_groups = None
+    if two_level:
+        assert dims is not None
+        groups = dims.node_groups()
+        assert groups.intra is not None and groups.inter is not None
+        node_groups = (groups.intra, groups.inter)
     return LionCub(
         named,
         group=group,
@@ -89,8 +105,24 @@ def _build_lion_cub(
         sync_patterns=sync.patterns,
         overlap=lc.overlap,
         bucket_mb=lc.bucket_mb,
+        ranks_per_node=layout.data_per_node if layout is not None else None,
+        hierarchy=lc.hierarchy,
+        node_groups=node_groups,
         **common,
     )
+
+
+def _node_layout(hierarchy: str, dims: ParallelDims | None) -> NodeLayout | None:
+    """The data axis over the nodes; where it is uneven, a ConfigError under hierarchy node and
+    None under flat (whose bytes then all count as inter-node)."""
+    if not isinstance(dims, ParallelDims):  # None, or a stand-in in a test
+        return None
+    try:
+        return dims.node_layout()
+    except ValueError as err:
+        if hierarchy == "node":
+            raise ConfigError(f"key 'optimizer.lion_cub.hierarchy': node: {err}") from None
+        return None
 
 
 def _data_group(dims: ParallelDims | None) -> torch.distributed.ProcessGroup | None:

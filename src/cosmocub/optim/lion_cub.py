@@ -1,7 +1,8 @@
 """Distributed Lion and Lion Cub: each data rank keeps its own momentum and the ranks agree on
 sign(Σ quantized c) through a swappable collective; the class only does the bookkeeping.
 
-Math: `quantize.py`, `vote.py`, `packing.py`, `momentum_sync.py`; wire: `collectives.py`.
+Math: `quantize.py`, `vote.py`, `packing.py`, `momentum_sync.py`; wire: `collectives.py`; the
+two-level exchange (hierarchy "node"): `hierarchy.py`.
 Gradients arrive reduced over the spatial group only (see train.grad_sync): no DDP all-reduce.
 """
 
@@ -17,12 +18,16 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 
 from cosmocub.optim.collectives import CommStats, Pending, build_collective, ring_allreduce_bytes
+from cosmocub.optim.hierarchy import NodeSlice, TwoLevel
 from cosmocub.optim.lion import check_lion_hyperparameters, lion_apply, lion_interpolation
 from cosmocub.optim.momentum_sync import average_momenta, is_sync_step, matches
 from cosmocub.optim.quantize import quantize, quantizer_levels, wire_bits
 from cosmocub.optim.vote import tie_pattern
 from cosmocub.optim.wire import WireSpec
+from cosmocub.parallel.nodes import ring_inter_fraction
 from cosmocub.parallel.timing import Spans, clock_for
+
+HIERARCHIES = ("flat", "node")
 
 
 @dataclass
@@ -40,6 +45,7 @@ class _Bucket:
     ready: int = 0  # parameters whose gradient is accumulated this step (overlap)
     pending: Pending | None = None
     views: list[torch.Tensor] = field(default_factory=list)
+    node: NodeSlice | None = None  # this rank's slice under hierarchy node
 
     @property
     def sizes(self) -> list[int]:
@@ -81,6 +87,13 @@ class LionCub(Optimizer):
                         parameters whose names match sync_patterns (none given: all)
       overlap           start a bucket's exchange in backward, when its gradients are ready
       bucket_mb         parameters per exchange bucket, in MiB of fp32
+      ranks_per_node    G: `group`'s ranks run node by node, G on each (None: one a node), for
+                        the intra/inter-node byte split and hierarchy node
+      hierarchy         "flat" (one vote over `group`) or "node": c averaged in fp32 inside the
+                        node over node_groups[0] (the G ranks on mine), the vote across nodes on
+                        1/G of it over node_groups[1] (my rail: my local index on every node),
+                        levels from the number of nodes; the same as flat where G = 1 or all
+                        ranks share one node (see optim.hierarchy: a vote of nodes, not ranks)
     `comm_stats` counts the bytes this rank sent and the exchange's seconds. Checkpoints: see
     `state_dict` (a collective: every rank calls it).
     """
@@ -105,22 +118,37 @@ class LionCub(Optimizer):
         sync_patterns: Sequence[str] = (),
         overlap: bool = False,
         bucket_mb: float = 4.0,
+        ranks_per_node: int | None = None,
+        hierarchy: str = "flat",
+        node_groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None,
     ) -> None:
         check_lion_hyperparameters("LionCub", lr=lr, betas=betas)
         named = [(n, p) for n, p in named_params if p.requires_grad]
         params = [p for _, p in named]
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
         self.comm_stats = CommStats()
-        self.collective = build_collective(collective, group, self.comm_stats)
-        self.group, self.group_size = group, self.collective.size
+        self.group = group
+        self.group_size = 1 if group is None else dist.get_world_size(group)
+        self.rank = 0 if group is None else dist.get_rank(group)
+        per_node = min(ranks_per_node or 1, self.group_size)
+        self.ranks_per_node, self.nodes = per_node, self.group_size // per_node
+        self.two_level = self._check_hierarchy(hierarchy, node_groups)
+        if self.two_level:
+            assert node_groups is not None
+            self.node: TwoLevel | None = TwoLevel(node_groups[0], self.comm_stats)
+            self.rail = node_groups[1]
+            self.collective = build_collective(collective, self.rail, self.comm_stats)
+        else:
+            self.node, self.rail = None, None
+            self.collective = build_collective(collective, group, self.comm_stats, per_node)
         if allreduce_dtype is not None and collective != "allreduce":
             raise ValueError(
                 f"LionCub: allreduce_dtype={allreduce_dtype!r} is for collective 'allreduce' "
                 f"only ({collective!r} sums on the rank)"
             )
         dtype = allreduce_dtype or "int8"
-        levels = quantizer_levels(
-            quantizer, bits, self.group_size, collective=collective, allreduce_dtype=dtype
+        levels = quantizer_levels(  # the voters: ranks, or nodes under hierarchy node
+            quantizer, bits, self.collective.size, collective=collective, allreduce_dtype=dtype
         )
         self.spec = WireSpec(quantizer, levels, wire_bits(quantizer, levels), dtype)
         self.sync = {"schedule": momentum_sync, "every": sync_every, "k": sync_k}
@@ -135,13 +163,37 @@ class LionCub(Optimizer):
             for p in params:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
 
+    def _check_hierarchy(
+        self, hierarchy: str, node_groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None
+    ) -> bool:
+        """Whether the exchange has two levels; ValueError where the groups do not fit."""
+        if hierarchy not in HIERARCHIES:
+            raise ValueError(f"LionCub: unknown hierarchy {hierarchy!r} ({', '.join(HIERARCHIES)})")
+        if self.group_size % self.ranks_per_node:
+            raise ValueError(
+                f"LionCub: ranks_per_node {self.ranks_per_node} does not divide the group's "
+                f"{self.group_size} ranks"
+            )
+        if hierarchy == "flat" or self.ranks_per_node == 1 or self.nodes == 1:
+            return False
+        sizes = None if node_groups is None else [dist.get_world_size(g) for g in node_groups]
+        if sizes != [self.ranks_per_node, self.nodes]:
+            raise ValueError(
+                f"LionCub: hierarchy 'node' over {self.nodes} nodes × {self.ranks_per_node} "
+                f"ranks needs node_groups (intra-node, rail) of those sizes, got {sizes}"
+            )
+        return True
+
     def _new_bucket(self, params: list[torch.Tensor]) -> _Bucket:
         n = sum(p.numel() for p in params)
         momentum = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
         even = tie_pattern(n, step=0, device=momentum.device)
-        q = torch.zeros(n, dtype=torch.int8, device=momentum.device)
-        work = torch.zeros_like(momentum) if self.spec.quantizer != "sign" else momentum[:0]
+        whole = n if self.node is None else 0  # two levels quantize a slice (its own buffers)
+        q = torch.zeros(whole, dtype=torch.int8, device=momentum.device)
+        work = momentum.new_zeros(whole) if self.spec.quantizer != "sign" else momentum[:0]
         bucket = _Bucket(params, momentum, (even, -even), torch.zeros_like(momentum), q, work)
+        if self.node is not None:
+            bucket.node = self.node.new_slice(bucket.sizes, bucket.ties, momentum)
         offset = 0
         for p in params:
             bucket.views.append(momentum[offset : offset + p.numel()].view_as(p))
@@ -164,6 +216,13 @@ class LionCub(Optimizer):
                 m, p.grad, beta1=beta1, out=c[offset : offset + p.numel()].view_as(p)
             )
             offset += p.numel()
+        if self.node is not None and bucket.node is not None:
+            self.comm_stats.lap("quantize", started)
+            self.node.average(c, bucket.node)
+            q = self.node.quantize(bucket.node, self.spec.quantizer, self.spec.levels)
+            tie = bucket.node.ties[step % 2]
+            bucket.pending = self.collective.start(q, tie, self.spec)
+            return
         if self.spec.quantizer == "sign":
             bucket.q.copy_(c.sign_())  # = quantize(c, "sign"), without a fresh tensor
         else:
@@ -214,7 +273,10 @@ class LionCub(Optimizer):
             updates = []
             for bucket in self.buckets:
                 assert bucket.pending is not None
-                updates.append(self.collective.finish(bucket.pending, self.spec))
+                update = self.collective.finish(bucket.pending, self.spec)
+                if self.node is not None and bucket.node is not None:
+                    update = self.node.share(update, bucket.node)
+                updates.append(update)
                 bucket.pending, bucket.ready = None, 0
             return updates
 
@@ -248,11 +310,21 @@ class LionCub(Optimizer):
             if id(p) in self.sync_params
         ]
 
+        if self.node is not None and self.rail is not None:
+            node, rail = self.node, self.rail
+
+            def two_level_sum(x: torch.Tensor) -> None:
+                node.sum_over_nodes(x, rail, self.nodes)  # counts its own bytes
+
+            average_momenta(momenta, two_level_sum, self.group_size)
+            return
+
         def all_reduce_sum(x: torch.Tensor) -> None:
             dist.all_reduce(x, group=self.group)
 
         payload = average_momenta(momenta, all_reduce_sum, self.group_size)
-        self.comm_stats.bytes_sent += ring_allreduce_bytes(payload, self.group_size)
+        inter = ring_inter_fraction(self.group_size, self.ranks_per_node)
+        self.comm_stats.add_bytes(ring_allreduce_bytes(payload, self.group_size), inter)
 
     # -- checkpoints: every data rank's momentum, and the schedule's position -----------------
 
@@ -267,7 +339,7 @@ class LionCub(Optimizer):
         The parameters themselves are the model's (identical on every rank): save them apart.
         """
         flat = torch.cat([b.momentum for b in self.buckets]) if self.buckets else torch.zeros(0)
-        rank = self.collective.rank
+        rank = self.rank
         if self.group_size > 1:
             rows = flat.new_empty(self.group_size, flat.numel()) if rank == 0 else flat[None]
             parts = list(rows.unbind(0)) if rank == 0 else None  # views: one (D, n) buffer
@@ -305,7 +377,7 @@ class LionCub(Optimizer):
                 "load the state_dict that data rank 0 returned (the others hold their own row)"
             )
         super().load_state_dict({"state": {}, "param_groups": state_dict["param_groups"]})
-        rank = self.collective.rank
+        rank = self.rank
         params = self.param_groups[0]["params"]
         for b in self.buckets:
             self._register_state(b)  # the base class replaced self.state

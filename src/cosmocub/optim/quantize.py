@@ -127,6 +127,7 @@ def quantize(
     segments: Sequence[int] | None = None,
     out: torch.Tensor | None = None,
     work: torch.Tensor | None = None,
+    scales: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Flat c (n,) → int8 q (n,) in {−levels, …, levels}, with sign(q) = sign(c) everywhere.
 
@@ -134,7 +135,8 @@ def quantize(
     (it is never silenced by rounding), so with one rank sign(q) is exactly Lion's sign(c).
     `segments` are the sizes of the parameter tensors laid end to end in c (default: one).
     `out` (int8) and `work` (like c) are reused buffers, so that a step allocates (almost) no
-    n-sized tensors; c is left unchanged.
+    n-sized tensors; c is left unchanged. `scales` (one per segment) replaces the segments' own
+    (a slice of c whose tensors' scales were taken over the whole of them: optim.hierarchy).
     """
     out = torch.empty(c.shape, dtype=torch.int8, device=c.device) if out is None else out
     if quantizer == "sign":
@@ -143,7 +145,7 @@ def quantize(
     if sum(segments) != c.numel():
         raise ValueError(f"quantize: segments sum to {sum(segments)}, c has {c.numel()} values")
     a = torch.abs(c, out=torch.empty_like(c) if work is None else work)
-    scale = _scales_of_abs(a, segments, quantizer)
+    scale = _scales_of_abs(a, segments, quantizer) if scales is None else scales
     # levels/scale per tensor; a zero scale means an all-zero tensor, whose q stays 0.
     factor = torch.where(scale > 0, levels / torch.where(scale > 0, scale, 1.0), 0.0)
     offset = 0

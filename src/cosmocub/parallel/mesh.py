@@ -18,6 +18,7 @@ from torch._C._distributed_c10d import Backend as C10dBackend
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from cosmocub.launch.env import CPUS_PER_RANK_ENV
+from cosmocub.parallel.nodes import NodeLayout
 
 MESH_AXES = ("data", "spatial")
 
@@ -125,6 +126,10 @@ class ParallelDims:
     owns_process_group: bool = False
     # Groups made for this run beyond the mesh's (e.g. batch norm's): destroyed on close.
     extra_groups: list[dist.ProcessGroup] = field(default_factory=list, repr=False)
+    # Ranks on one node: the launcher's local world size unless the config says (an override,
+    # e.g. to treat one host's ranks as several nodes); see `node_layout`.
+    ranks_per_node: int | None = None
+    _node_groups: NodeGroups | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.data < 1 or self.spatial < 1 or self.data * self.spatial != self.env.world_size:
@@ -173,6 +178,43 @@ class ParallelDims:
         self.extra_groups.append(group)
         return group
 
+    @property
+    def per_node(self) -> int:
+        """G: the ranks on one node (consecutive global ranks)."""
+        return self.ranks_per_node or self.env.local_world_size
+
+    def node_layout(self) -> NodeLayout:
+        """The data axis over the nodes (ValueError, naming the sizes, where it is uneven)."""
+        return NodeLayout(data=self.data, spatial=self.spatial, ranks_per_node=self.per_node)
+
+    def node_groups(self) -> NodeGroups:
+        """My intra-node data group and my rail (inter-node data group), made once: the first
+        call is a collective over the world (every rank makes every group, in one order)."""
+        if self._node_groups is None:
+            layout = self.node_layout()
+            mine: dict[str, dist.ProcessGroup | None] = {"intra": None, "inter": None}
+            if layout.two_level:
+                for kind, lists in (
+                    ("intra", layout.intra_groups()),
+                    ("inter", layout.inter_groups()),
+                ):
+                    for ranks in lists:
+                        group = self.new_group(ranks)
+                        if self.rank in ranks:
+                            mine[kind] = group
+            self._node_groups = NodeGroups(layout=layout, **mine)
+        return self._node_groups
+
+
+@dataclass(frozen=True)
+class NodeGroups:
+    """The data axis's two levels for this rank: the data ranks on its node (`intra`) and those
+    with its local index on every node (`inter`); both None where the layout has one level."""
+
+    layout: NodeLayout
+    intra: dist.ProcessGroup | None
+    inter: dist.ProcessGroup | None
+
 
 def _pick_device(env: LaunchEnv) -> torch.device:
     if torch.cuda.is_available():
@@ -201,6 +243,7 @@ def build_parallel_dims(
     spatial: int = 1,
     environ: Mapping[str, str] | None = None,
     timeout_s: float = 1800.0,
+    ranks_per_node: int | None = None,
 ) -> ParallelDims:
     """Start the process group (gloo on CPU, nccl on CUDA, unless `backend` says) and the mesh.
 
@@ -225,6 +268,7 @@ def build_parallel_dims(
         env=env,
         device=device,
         backend=backend,
+        ranks_per_node=ranks_per_node,
     )
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -279,3 +323,4 @@ def close_parallel_dims(dims: ParallelDims) -> None:
                 dist.destroy_process_group(group)
     dims.extra_groups.clear()
     dims.mesh = None
+    dims._node_groups = None

@@ -195,6 +195,20 @@ def exchange(
         )
     p = mesh.data
     data_spans = network.spans_nodes(p, mesh.spatial)
+    # Data ranks (of one spatial index) on a node; 1 where a spatial group spans nodes.
+    per_node = max(1, network.ranks_per_node // mesh.spatial)
+    lc = optimizer_cfg.lion_cub if optimizer_cfg.name == "lion_cub" else None
+    if lc is not None and lc.hierarchy == "node" and 1 < per_node < p:
+        two = two_level_exchange(
+            sizes, optimizer_cfg, mesh, network, per_node=per_node, steps=steps
+        )
+        return Exchange(
+            seconds=seconds + two.seconds,
+            sync_s=two.sync_s,
+            sent=sent + two.sent,
+            sync_bytes=two.sync_bytes,
+            inter_node_bytes=inter + two.inter_node_bytes,
+        )
     if p > 1:
         levels = quantizer_levels(quantizer, bits, p, collective=collective, allreduce_dtype=dtype)
         wire = wire_bits(quantizer, levels)
@@ -218,6 +232,61 @@ def exchange(
         sync_s = fraction * costs.time("allreduce", synced, p)
         sync_bytes = fraction * ring_allreduce_bytes(synced, p)
         inter += sync_bytes if data_spans else 0.0
+    return Exchange(
+        seconds=seconds,
+        sync_s=sync_s,
+        sent=sent + sync_bytes,
+        sync_bytes=sync_bytes,
+        inter_node_bytes=inter,
+    )
+
+
+def two_level_exchange(
+    sizes: tuple[int, ...], optimizer_cfg: OptimizerConfig, mesh: Mesh, network: Network, **kw: int
+) -> Exchange:
+    """Lion Cub's hierarchy node (optim.hierarchy), per bucket: the fp32 reduce-scatter of c over
+    the g data ranks of a node and the 1-bit all-gather of the voted slices, on the intra-node
+    link; the vote on 1/g of the bucket over the rail of P/g nodes (levels from the nodes), the
+    g rails of a node sharing its link. Momentum syncs: reduce-scatter, the slice's all-reduce
+    over the rail, all-gather. Inter-node bytes: the rail's. kw: per_node (g) and steps."""
+    lc = optimizer_cfg.lion_cub
+    assert lc is not None
+    g, nodes, steps = kw["per_node"], mesh.data // kw["per_node"], kw["steps"]
+    intra_stride, rail_stride = mesh.spatial, mesh.spatial * g
+    kind_args = {"collective": lc.collective, "allreduce_dtype": lc.resolved_allreduce_dtype}
+    wire = wire_bits(
+        lc.quantizer, quantizer_levels(lc.quantizer, lc.resolved_bits, nodes, **kind_args)
+    )
+    seconds = sent = inter = 0.0
+    for bucket in split_into_buckets([_Sized(n) for n in sizes], int(lc.bucket_mb * 2**18)):
+        n = sum(t.numel() for t in bucket)
+        m = (n + (-n % (8 * g))) // g
+        for kind, nbytes in (("allreduce", (g - 1) * m * 4.0), ("allgather", (g - 1) * m / 8)):
+            costs = network.costs(g, intra_stride, kind)
+            seconds += costs.alpha_s * (g - 1) + costs.beta_s_per_byte * nbytes
+            sent += nbytes
+        for phase, nbytes in vote_phase_bytes(
+            num_values=m, bits=wire, group_size=nodes, **kind_args
+        ).items():
+            costs = network.costs(nodes, rail_stride, phase)
+            rounds = rounds_and_bytes(phase, 1.0, nodes)[0]
+            seconds += costs.alpha_s * rounds + costs.beta_s_per_byte * nbytes
+            sent += nbytes
+            inter += nbytes
+    fraction = _sync_fraction(optimizer_cfg, steps)
+    sync_s = sync_bytes = 0.0
+    if fraction > 0:
+        synced = _synced_elements(sizes, optimizer_cfg)
+        m = (synced + (-synced % g)) // g
+        intra_bytes = 2 * (g - 1) * m * 4.0  # reduce-scatter and all-gather
+        intra, rail = (
+            network.costs(k, d, "allreduce") for k, d in ((g, intra_stride), (nodes, rail_stride))
+        )
+        sync_s = intra.alpha_s * 2 * (g - 1) + intra.beta_s_per_byte * intra_bytes
+        sync_s = fraction * (sync_s + rail.time("allreduce", m * 4.0, nodes))
+        rail_bytes = ring_allreduce_bytes(m * 4.0, nodes)
+        sync_bytes = fraction * (intra_bytes + rail_bytes)
+        inter += fraction * rail_bytes
     return Exchange(
         seconds=seconds,
         sync_s=sync_s,

@@ -337,6 +337,9 @@ def training_row(outputs: PointOutputs) -> dict[str, Any]:
     row["step_s"] = row["compute_s"] + row["exchange_s"] + row["momentum_sync_s"] + row["halo_s"]
     row["exchange_exposed_s"] = row["exchange_s"]
     row["exchange_busy_s"] = step_weighted_mean_after_first(epochs, "time_exchange_busy_s")
+    for part in ("intra", "inter"):  # comm_bytes_per_step's parts (blank for older runs)
+        key = f"comm_bytes_{part}_per_step"
+        row[key] = step_weighted_mean_after_first(epochs, key)
     return row | condition_row(epochs, record)  # the CPU the ranks had, and the contended mark
 
 

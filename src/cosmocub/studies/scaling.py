@@ -54,6 +54,8 @@ COLUMNS = (
     "momentum_sync_s",
     "data_wait_s",
     "comm_bytes_per_step",
+    "comm_bytes_intra_per_step",
+    "comm_bytes_inter_per_step",
     "halo_bytes_per_step",
     "peak_rss_mb",
     "samples_per_core_s",

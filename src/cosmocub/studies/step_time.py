@@ -31,6 +31,8 @@ COLUMNS = (
     "exchange_exposed_s",
     "momentum_sync_s",
     "comm_bytes_per_step",
+    "comm_bytes_intra_per_step",
+    "comm_bytes_inter_per_step",
     "final_val_loss",
     *CONDITION_COLUMNS,
 )

@@ -4,6 +4,9 @@ comm_bytes_per_step: bytes this rank sends per step for gradients and updates �
 sync's fp32 ring all-reduce (2(P−1)/P × payload over its group: DDP over the data group, or over
 the whole mesh when spatial > 1; the spatial average ahead of a self-communicating optimizer)
 plus what such an optimizer counted (its compressed exchange and momentum syncs).
+comm_bytes_intra_per_step and comm_bytes_inter_per_step: its parts sent to ranks on this node and
+to other nodes (Lion Cub counts them by its groups; a ring over ranks on several nodes crosses
+each node once, counted as 1/G of every rank's bytes on a node of G; see parallel/nodes.py).
 halo_bytes_per_step: bytes this rank's halo exchanges send per step under a spatial split (the
 planes sent to neighbours in forward, and their gradients sent back in backward), apart from
 comm_bytes_per_step because they are activations. The feature gather before the head and the
@@ -45,6 +48,7 @@ class CommMeter:
         self.stats: CommStats | None = getattr(optimizer, "comm_stats", None)
         payload = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         self.sync_bytes = grad_sync.bytes_sent_per_step(payload)
+        self.sync_inter_bytes = self.sync_bytes * grad_sync.inter_node_fraction
         self.grad_sync = grad_sync
         self.sync_exchange_start, self.sync_busy_start = (
             grad_sync.exchange_s,
@@ -70,6 +74,10 @@ class CommMeter:
         measured = exchange_s + s.momentum_sync_s + self.halo.seconds
         return {
             "comm_bytes_per_step": self.sync_bytes + s.bytes_sent / n,
+            "comm_bytes_intra_per_step": self.sync_bytes
+            - self.sync_inter_bytes
+            + s.bytes_intra / n,
+            "comm_bytes_inter_per_step": self.sync_inter_bytes + s.bytes_inter / n,
             "halo_bytes_per_step": self.halo.bytes_sent / n,
             "time_compute_s": max(0.0, self.step.seconds - measured) / n,
             "time_exchange_s": exchange_s / n,

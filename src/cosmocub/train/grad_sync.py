@@ -36,6 +36,7 @@ from torch.optim import Optimizer
 
 from cosmocub.optim.collectives import ring_allreduce_bytes
 from cosmocub.parallel.mesh import ParallelDims
+from cosmocub.parallel.nodes import ring_inter_fraction
 from cosmocub.parallel.timing import Spans, clock_for
 
 DDP_TIMINGS = ("overlapped", "blocking")
@@ -43,7 +44,9 @@ DDP_TIMINGS = ("overlapped", "blocking")
 
 class GradientSync(Protocol):
     """wrap(model) once before training; after_backward(model) after every backward pass;
-    bytes_sent_per_step(payload) for the byte accounting (what this rank sends per step);
+    bytes_sent_per_step(payload) for the byte accounting (what this rank sends per step), and
+    inter_node_fraction, the share of it that crosses nodes (a ring's one crossing a node, shared
+    by the node's ranks: cosmocub.parallel.nodes);
     exchange_s: seconds the steps waited for the exchange so far; exchange_busy_s: seconds it
     ran (more than exchange_s where it overlaps backward)."""
 
@@ -60,6 +63,9 @@ class GradientSync(Protocol):
     def after_backward(self, model: nn.Module) -> None: ...
 
     def bytes_sent_per_step(self, payload_bytes: int) -> float: ...
+
+    @property
+    def inter_node_fraction(self) -> float: ...
 
 
 class DDPAllReduce:
@@ -136,12 +142,16 @@ class DDPAllReduce:
     def bytes_sent_per_step(self, payload_bytes: int) -> float:
         return ring_allreduce_bytes(payload_bytes, self.dims.data * self.dims.spatial)
 
+    @property
+    def inter_node_fraction(self) -> float:
+        return ring_inter_fraction(self.dims.world_size, self.dims.per_node)
+
 
 class LocalGradients:
     """No exchange: one data rank, or an optimizer that communicates by itself."""
 
     name = "local"
-    exchange_s = exchange_busy_s = 0.0
+    exchange_s = exchange_busy_s = inter_node_fraction = 0.0
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
@@ -206,6 +216,11 @@ class SpatialAverage:
 
     def bytes_sent_per_step(self, payload_bytes: int) -> float:
         return ring_allreduce_bytes(payload_bytes - self.replicated_bytes, self.dims.spatial)
+
+    @property
+    def inter_node_fraction(self) -> float:
+        # A spatial group is consecutive ranks: on one node, or spanning whole nodes.
+        return ring_inter_fraction(self.dims.spatial, self.dims.per_node)
 
 
 def build_gradient_sync(

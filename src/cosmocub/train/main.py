@@ -50,6 +50,7 @@ def train(
         backend=cfg.train.backend,
         spatial=cfg.parallel.spatial,
         timeout_s=cfg.train.collective_timeout_s,
+        ranks_per_node=cfg.parallel.ranks_per_node,
     )
     previous_deterministic = runtime.set_deterministic(cfg.train.deterministic)
     lock = None
