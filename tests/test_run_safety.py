@@ -81,7 +81,9 @@ def test_multirank_timeout_leaves_no_process_behind(tmp_path: Path) -> None:
     pids_dir = tmp_path / "pids"
     pids_dir.mkdir()
     with pytest.raises(subprocess.TimeoutExpired):
-        multirank.run_ranks(torchrun_argv(2, str(script), str(pids_dir)), timeout=15)
+        # 10 s: torchrun (which imports torch) and both ranks (which do not) are up within ~3 s
+        # on a quiet machine; what is tested is the tree after the timeout, not its length.
+        multirank.run_ranks(torchrun_argv(2, str(script), str(pids_dir)), timeout=10)
     names = [p.name for p in pids_dir.iterdir()]
     assert sorted({n.split(".")[0] for n in names}) == ["0", "1"], names  # both ranks ran
     pids = sorted({int(n.split(".")[1]) for n in names})

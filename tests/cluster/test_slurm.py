@@ -25,10 +25,11 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "slurm-single-node.sh"
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 # Fast polling: the executor's defaults (40 s before the first check) are meant for busy sites.
-# After each check that finds nothing finished it waits 10 s longer (reset to the first wait when
-# a job ends), so a job is seen at 4, 18 or 42 s after its submission: with 1 s it was 1, 13 or
-# 35 s, and the 12-17 s jobs here (two Snakemakes in each, then the command) waited for the third.
-POLL = ["--slurm-init-seconds-before-status-checks", "4", "--seconds-between-status-checks", "2"]
+# After each check that finds nothing finished it waits 10 s longer than before (back to the
+# first wait once a job ends), so a job is seen 4, 18 or 42 s after its submission. With the
+# first wait at 1 s it was 1, 13 or 35 s, and the 12-20 s jobs here (two Snakemakes in each, then
+# the command) waited for the third look.
+POLL = ["--slurm-init-seconds-before-status-checks", "4", "--seconds-between-status-checks", "4"]
 # config/test.yaml made to fit a 2-CPU node: 2 training ranks of one core each, and a training
 # long enough that the scheduler can cancel it after its first checkpoint (step 2 of 80: ~0.2 s
 # an epoch on 2 CPUs, so several seconds to spare), and no longer: the rerun trains the rest.
