@@ -26,16 +26,17 @@ SCRIPT = REPO / "scripts" / "slurm-single-node.sh"
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 # Fast polling: the executor's defaults (40 s before the first check) are meant for busy sites.
 # After each check that finds nothing finished it waits 10 s longer than before (back to the
-# first wait once a job ends), so a job is seen 4, 18 or 42 s after its submission. With the
-# first wait at 1 s it was 1, 13 or 35 s, and the 12-20 s jobs here (two Snakemakes in each, then
-# the command) waited for the third look.
-POLL = ["--slurm-init-seconds-before-status-checks", "4", "--seconds-between-status-checks", "4"]
+# first wait once a job ends), so with 5 s and 5 s a job is seen 5, 20 or 50 s after its
+# submission. The jobs here take 8-18 s (two Snakemakes in each, then the command): with the
+# first wait at 1 s they were seen 33-35 s after submission.
+POLL = ["--slurm-init-seconds-before-status-checks", "5", "--seconds-between-status-checks", "5"]
 # config/test.yaml made to fit a 2-CPU node: 2 training ranks of one core each, and a training
-# long enough that the scheduler can cancel it after its first checkpoint (step 2 of 80: ~0.2 s
-# an epoch on 2 CPUs, so several seconds to spare), and no longer: the rerun trains the rest.
+# long enough that the scheduler can cancel it after its first checkpoint (step 2 of 48: ~0.2 s
+# an epoch on 2 CPUs, so ~4.5 s to spare, more on a busy machine), and no longer: the rerun
+# trains the rest, and its job (~17 s) is seen at the executor's second look.
 FIT = {
     "universes": {"count": 4},
-    "train": {"nproc_per_node": 2, "epochs": 40, "checkpoint_every_steps": 2},
+    "train": {"nproc_per_node": 2, "epochs": 24, "checkpoint_every_steps": 2},
     "cluster": {
         "train": {"cpus_per_rank": 1, "mem_mb_per_rank": 1500, "runtime": 10},
         "preprocess": {"threads": 2, "mem_mb": 2000, "runtime": 10},
