@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from cosmocub.config import ConfigError, SimulateConfig, load_config
-from cosmocub.data import simulate_jobs, universe
+from cosmocub.data import naming, simulate_jobs, universe
 from cosmocub.data.simulate import SNAPSHOT_REDSHIFTS, run_simulate, simulate_universe
 from cosmocub.io import atomic_path
-from cosmocub.launch.resources import num_simulate_groups, simulate_runtime
+from cosmocub.launch.resources import simulate_runtime
 
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = SimulateConfig(pm_steps=4, initial_redshift=5.0, lpt_order=2, force_mesh_factor=1)
@@ -81,11 +81,12 @@ def _group_config(tmp_path, **cluster):
 
 def test_groups_cover_the_seeds_in_order_and_ask_for_time_by_size(tmp_path):
     cfg = load_config(_group_config(tmp_path, minutes_per_universe=0.3))
-    assert simulate_jobs.group_seeds(cfg) == [[2000000, 2000001], [2000002, 2000003], [2000004]]
-    assert num_simulate_groups(cfg, cfg.universes.count) == 3
+    groups = naming.group_seeds(cfg)
+    assert groups == [[2000000, 2000001], [2000002, 2000003], [2000004]]
+    assert len(groups) == 3
     assert simulate_runtime(cfg) == 1  # 2 × 0.3 min, rounded up
     with pytest.raises(ConfigError, match=r"group 3 does not exist.*make 3 groups"):
-        simulate_jobs.seeds_of_group(cfg, 3)
+        naming.seeds_of_group(cfg, 3)
 
 
 def test_cli_simulate_group_makes_the_universes_simulate_makes(tmp_path, capsys):

@@ -4,7 +4,7 @@ import os
 
 from cosmocub.config import CONFIG_ENV, coerce_cli_strings, from_values, resolve
 from cosmocub.data.naming import universe_ids
-from cosmocub.data.simulate_jobs import group_seeds
+from cosmocub.data.naming import group_seeds
 from cosmocub.fields.run_config import unet_world_size
 from cosmocub.launch.resources import (
     node_cpus,

@@ -32,7 +32,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_simulate_group(args: argparse.Namespace) -> int:
-    from cosmocub.data.simulate_jobs import run_simulate_group, seeds_of_group
+    from cosmocub.data.naming import seeds_of_group
+    from cosmocub.data.simulate_jobs import run_simulate_group
     from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)

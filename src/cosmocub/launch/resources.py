@@ -15,11 +15,6 @@ def num_preprocess_groups(cfg: Config, num_universes: int) -> int:
     return -(-num_universes // cfg.cluster.preprocess.universes_per_job)
 
 
-def num_simulate_groups(cfg: Config, num_universes: int) -> int:
-    """Simulate jobs: the universes in groups of cluster.simulate.universes_per_job."""
-    return -(-num_universes // cfg.cluster.simulate.universes_per_job)
-
-
 def simulate_runtime(cfg: Config) -> int:
     """Minutes a simulate job asks for: its universes × cluster.simulate.minutes_per_universe."""
     per_job = cfg.cluster.simulate
