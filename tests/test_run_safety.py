@@ -300,3 +300,34 @@ def test_startup_with_four_ranks_and_a_dozen_old_folders(shards: Path, tmp_path:
             assert trial["previous"] == f"{11:012x}"
             assert trial["changed"] and any(c.startswith("seed: 11 → ") for c in trial["changed"])
             assert trial["left"] == [f"{11:012x}"]
+
+
+SIGTERM_DURING_WRITE = """
+import os, signal, sys
+from pathlib import Path
+from cosmocub.io import atomic_path, sigterm_deferred
+
+final = Path(sys.argv[1])
+with sigterm_deferred():
+    with atomic_path(final) as tmp:
+        tmp.write_text("half")
+        os.kill(os.getpid(), signal.SIGTERM)  # a scancel lands mid-write
+        tmp.write_text("whole")  # still running: the signal waits for the block's end
+    Path(sys.argv[2]).write_text("after the rename, inside the block")
+Path(sys.argv[2]).write_text("after the block: the SIGTERM did not arrive")
+"""
+
+
+def test_a_sigterm_during_a_guarded_write_waits_for_the_rename(tmp_path: Path) -> None:
+    final, marker = tmp_path / "step.pt", tmp_path / "marker"
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGTERM_DURING_WRITE, str(final), str(marker)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # Killed by the held SIGTERM as the block ended, with the file whole and no temporary.
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, proc.stderr)
+    assert final.read_text() == "whole"
+    assert marker.read_text() == "after the rename, inside the block"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["marker", "step.pt"]

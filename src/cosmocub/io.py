@@ -10,6 +10,8 @@ import json
 import math
 import os
 import shutil
+import signal
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,29 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.replace(tmp, final)
     finally:
         _remove(tmp)
+
+
+@contextlib.contextmanager
+def sigterm_deferred() -> Iterator[None]:
+    """Hold a SIGTERM that arrives inside the block until the block has ended, then deliver it
+    to the handler that was there before.
+
+    A scheduler cancels with SIGTERM (Slurm's scancel; SIGKILL follows KillWait later): without
+    this, one landing between a temporary file's write and its rename kills the process with the
+    temporary left beside the final name. Only the main thread can set handlers; elsewhere the
+    block runs unguarded.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        if received:
+            signal.raise_signal(signal.SIGTERM)
 
 
 def _remove(path: Path) -> None:

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from cosmocub.config import Config, config_hash
-from cosmocub.io import atomic_path
+from cosmocub.io import atomic_path, sigterm_deferred
 from cosmocub.parallel.mesh import ParallelDims
 
 CHECKPOINT_FORMAT = "cosmocub.checkpoint/1"
@@ -243,12 +243,15 @@ class CheckpointManager:
             **states,
         }
         path = self.path_for(step)
-        with atomic_path(path) as tmp:
-            torch.save(payload, tmp)
-        identity_path = self.folder / IDENTITY_FILE
-        if self.identity is not None and not identity_path.exists():
-            with atomic_path(identity_path) as tmp:
-                tmp.write_text(json.dumps(self.identity, indent=1) + "\n")
+        # A cancel (SIGTERM) during the write waits for the rename: the folder then holds whole
+        # checkpoints and no temporary.
+        with sigterm_deferred():
+            with atomic_path(path) as tmp:
+                torch.save(payload, tmp)
+            identity_path = self.folder / IDENTITY_FILE
+            if self.identity is not None and not identity_path.exists():
+                with atomic_path(identity_path) as tmp:
+                    tmp.write_text(json.dumps(self.identity, indent=1) + "\n")
         for old in self.list()[: -self.keep]:
             old.unlink(missing_ok=True)
         return path
