@@ -45,7 +45,9 @@ def sigterm_deferred() -> Iterator[None]:
     A scheduler cancels with SIGTERM (Slurm's scancel; SIGKILL follows KillWait later): without
     this, one landing between a temporary file's write and its rename kills the process with the
     temporary left beside the final name. Only the main thread can set handlers; elsewhere the
-    block runs unguarded.
+    block runs unguarded. For short, bounded writes (a checkpoint): `atomic_path` itself does not
+    defer, because some of its blocks hold a whole stage (preprocess writes into its temporary
+    folder for minutes), and a cancel must stop those at once.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
