@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cosmocub.config import load_config
+from cosmocub.config import StudiesConfig, load_config
 from cosmocub.perfmodel.validate import error_summary
 from cosmocub.studies import runners, scaling
 from cosmocub.studies.conditions import (
@@ -21,24 +21,33 @@ from cosmocub.studies.conditions import (
     is_contended,
     measured_epochs,
     point_conditions,
+    why_contended,
 )
 from cosmocub.studies.engine import gather, write_point_record
 from cosmocub.train.conditions import (
     Sample,
     cpu_share,
     kept,
+    parse_proc_stat,
     parse_schedstat,
     rank_conditions,
+    read_core_ticks,
     read_sched_ns,
     ready_share,
     reduce_over_ranks,
+    steal_share,
 )
 
 REPO = Path(__file__).resolve().parents[1]
+LIMITS = StudiesConfig(contended_ready_share=0.7, contended_steal_share=0.1)
 
 
-def _sample(wall: float, cpu: float, nivcsw: int, load: float, sched: dict | None) -> Sample:
-    return Sample(wall_s=wall, cpu_s=cpu, nivcsw=nivcsw, load_1m=load, sched_ns=sched)
+def _sample(
+    wall: float, cpu: float, nivcsw: int, load: float, sched: dict | None, ticks=None
+) -> Sample:
+    return Sample(
+        wall_s=wall, cpu_s=cpu, nivcsw=nivcsw, load_1m=load, sched_ns=sched, core_ticks=ticks
+    )
 
 
 def test_cpu_share_is_cpu_over_wall_times_the_fewer_of_threads_and_cores() -> None:
@@ -53,6 +62,36 @@ def test_ready_share_counts_waits_for_a_core_only() -> None:
     assert ready_share(3.0, 1.0) == pytest.approx(0.75)
     assert ready_share(0.0, 0.0) == 1.0  # never runnable: never kept from a core
     assert parse_schedstat("202369 3072149 2\n") == (202369, 3072149)
+
+
+PROC_STAT = """cpu  58693 0 16952 91182 700 0 2105 14407 0 0
+cpu0 30000 10 8000 45000 300 5 1000 7000 0 0
+cpu1 28693 0 8952 46182 400 0 1105 7407 0 0
+intr 12345 0 0
+"""
+
+
+def test_steal_is_read_per_core_from_proc_stat_over_the_busy_time() -> None:
+    # busy = user + nice + system + irq + softirq; idle and iowait are not busy
+    assert parse_proc_stat(PROC_STAT, {0}) == (30000 + 10 + 8000 + 5 + 1000, 7000)
+    assert parse_proc_stat(PROC_STAT, {0, 1}) == (39015 + 38750, 14407)
+    with pytest.raises(ValueError, match=r"/proc/stat: no line for cpu \[2\]"):
+        parse_proc_stat(PROC_STAT, {1, 2})
+    assert steal_share(70, 30) == pytest.approx(0.3)
+    assert steal_share(0, 0) == 0.0  # idle cores: nothing to steal
+    ticks = read_core_ticks()
+    if ticks is None:
+        pytest.skip("no /proc/stat here")
+    busy, stolen = ticks
+    assert busy > 0 and stolen >= 0  # this process has run on its cores
+    # A rank's share between two samples: 300 busy ticks, 100 stolen.
+    c = rank_conditions(
+        _sample(0, 0, 0, 0, None, (1000, 50)), _sample(1, 1, 0, 0, None, (1300, 150)),
+        threads=1, cores=1,
+    )  # fmt: skip
+    assert c["steal_share"] == pytest.approx(0.25)
+    assert math.isnan(rank_conditions(_sample(0, 0, 0, 0, None), _sample(1, 1, 0, 0, None),
+                                      threads=1, cores=1)["steal_share"])  # fmt: skip
 
 
 def test_rank_conditions_between_two_samples_follow_threads_by_id() -> None:
@@ -84,6 +123,8 @@ def test_reduction_over_ranks_keeps_the_worst_served_rank_and_sums_switches() ->
     }  # fmt: skip
     ranks[1]["ready_share"] = math.nan  # a rank without schedstat: no ready_share at all
     assert "ready_share" not in reduce_over_ranks(ranks)
+    ranks[0]["steal_share"], ranks[1]["steal_share"] = 0.02, 0.3
+    assert reduce_over_ranks(ranks)["steal_share"] == 0.3  # the most stolen rank's
 
 
 def _epoch(step: int, cpu: float, ready: float | None, load: float, nivcsw: float) -> dict:
@@ -107,13 +148,21 @@ def test_point_conditions_are_step_weighted_over_the_epochs_after_the_first() ->
     assert point_conditions(epochs[:1])["cpu_share"] == 0.1  # one epoch: that one
     assert point_conditions([{"step": 4}]) == {}  # a run from before conditions were recorded
     assert "ready_share" not in point_conditions([_epoch(4, 0.5, None, 1.0, 0)])
+    assert "steal_share" not in c  # a run from before steal was recorded
+    stolen = [{**e, "steal_share": v} for e, v in zip(epochs, (0.9, 0.05, 0.2), strict=True)]
+    assert point_conditions(stolen)["steal_share"] == pytest.approx((4 * 0.05 + 8 * 0.2) / 12)
 
 
-def test_contended_is_below_the_threshold_in_ready_share_only() -> None:
-    assert is_contended({"cpu_share": 0.9, "ready_share": 0.5}, 0.7)
+def test_contended_is_below_the_threshold_in_ready_share_or_above_it_in_steal() -> None:
+    assert is_contended({"cpu_share": 0.9, "ready_share": 0.5}, LIMITS)
     # A rank waiting on a slow link has a low cpu_share but got every core it was ready for.
-    assert not is_contended({"cpu_share": 0.2, "ready_share": 0.95}, 0.7)
-    assert not is_contended({"cpu_share": 0.2}, 0.7)  # no schedstat: not judged (the note says)
+    assert not is_contended({"cpu_share": 0.2, "ready_share": 0.95}, LIMITS)
+    assert not is_contended({"cpu_share": 0.2}, LIMITS)  # no schedstat: not judged (the note says)
+    # The host's other guests took its cores: every share inside the machine looks quiet.
+    stolen = {"cpu_share": 0.9, "ready_share": 0.95, "steal_share": 0.29}
+    assert is_contended(stolen, LIMITS)
+    assert why_contended(stolen, LIMITS) == "steal share 0.29 > 0.1"
+    assert not is_contended({**stolen, "steal_share": 0.03}, LIMITS)
 
 
 def test_contended_points_leave_efficiencies_and_model_errors_and_the_report_says_so() -> None:
@@ -131,10 +180,10 @@ def test_contended_points_leave_efficiencies_and_model_errors_and_the_report_say
     fresh = [{k: v for k, v in r.items() if k != "efficiency"} for r in rows[:2]]
     busy_base = [{**fresh[0], "contended": True}, fresh[1]]
     assert [r.get("efficiency") for r in scaling.finish(busy_base, None)] == [None, None]
-    note = conditions_note(rows, 0.7)
+    note = conditions_note(rows, LIMITS)
     assert note.startswith("1 of 3 points left out of efficiencies, fits and model errors")
     assert note.endswith("strong_1x2.") and "< 0.7 of the time" in note
-    assert conditions_note(rows[:2], 0.7) == ""
+    assert conditions_note(rows[:2], LIMITS) == ""
     # As perf-model validate reads them back from points.tsv (strings) and compares them.
     results = [
         {"point": "a", "rel_error_step": 0.1, "contended": False},
@@ -161,7 +210,7 @@ def test_a_contended_run_is_moved_aside_and_run_once_more(tmp_path: Path) -> Non
 
     run = tmp_path / "p" / "run"
     _fake_run(run, 0.4)
-    rc, extra = runners.rerun_if_contended(attempt, {"nodes": 1}, run_dir=run, threshold=0.7)
+    rc, extra = runners.rerun_if_contended(attempt, {"nodes": 1}, run_dir=run, limits=LIMITS)
     assert rc == 0 and extra["contended"] is False and extra["nodes"] == 1
     assert [(a["run"], a["ready_share"], a["contended"]) for a in extra["runs"]] == [
         ("run_contended", 0.4, True),
@@ -172,13 +221,13 @@ def test_a_contended_run_is_moved_aside_and_run_once_more(tmp_path: Path) -> Non
     again = tmp_path / "q" / "run"
     _fake_run(again, 0.3)
     rc, extra = runners.rerun_if_contended(
-        lambda out_dir: (_fake_run(out_dir, 0.5), (0, {}))[1], {}, run_dir=again, threshold=0.7
+        lambda out_dir: (_fake_run(out_dir, 0.5), (0, {}))[1], {}, run_dir=again, limits=LIMITS
     )
     assert extra["contended"] is True
     assert [a["ready_share"] for a in extra["runs"]] == [0.3, 0.5]
     quiet = tmp_path / "r" / "run"
     _fake_run(quiet, 0.95)
-    rc, extra = runners.rerun_if_contended(None, {}, run_dir=quiet, threshold=0.7)
+    rc, extra = runners.rerun_if_contended(None, {}, run_dir=quiet, limits=LIMITS)
     assert extra["contended"] is False and len(extra["runs"]) == 1
 
 

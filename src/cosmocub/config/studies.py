@@ -110,6 +110,7 @@ class StudiesConfig:
     """What every study does with its points' machine conditions (cosmocub.studies.conditions)."""
 
     contended_ready_share: float
+    contended_steal_share: float
 
 
 @dataclass(frozen=True, kw_only=True)

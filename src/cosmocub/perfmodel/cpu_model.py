@@ -23,6 +23,7 @@ from cosmocub.config import CalibrationConfig, Config, ModelConfig, OptimizerCon
 from cosmocub.io import read_json, write_json
 from cosmocub.perfmodel import calibration as grid
 from cosmocub.perfmodel.rates import RateFit
+from cosmocub.train.conditions import read_core_ticks, steal_share
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 2
@@ -76,6 +77,9 @@ class Calibration:
     timings: Sequence[Mapping[str, Any]] = field(default=(), repr=False)
     wall_s: float = 0.0
     load_1m: tuple[float, float] = (math.nan, math.nan)
+    # The share of the cores' busy time the hypervisor gave other guests while timing (NaN
+    # where /proc/stat has no steal): the load average cannot see them (train/conditions.py).
+    steal_share: float = math.nan
 
     @property
     def threads(self) -> tuple[int, ...]:
@@ -143,6 +147,7 @@ class Calibration:
             "grid": dict(self.grid),
             "wall_s": self.wall_s,
             "load_1m": list(self.load_1m),
+            "steal_share": self.steal_share,
             "layers": {k: f.as_dict() for k, f in self.layers.items()},
             "glue_s": dict(self.glue_s),
             "updates": {k: u.as_dict() for k, u in self.updates.items()},
@@ -160,13 +165,14 @@ class Calibration:
             timings=d.get("timings", ()),
             wall_s=d.get("wall_s", 0.0),
             load_1m=tuple(d.get("load_1m", (math.nan, math.nan))),  # type: ignore[arg-type]
+            steal_share=d.get("steal_share", math.nan),
         )
 
 
 def calibrate(settings: CalibrationConfig, *, cores: int) -> Calibration:
     """Time the grid at every thread count, fit it, and time the step's glue."""
     threads = grid.grid_threads(settings, cores)
-    start, load_start = time.perf_counter(), os.getloadavg()[0]
+    start, load_start, ticks_start = time.perf_counter(), os.getloadavg()[0], read_core_ticks()
     timings = grid.measure_grid(settings, threads=threads)
     layers = grid.fit_grid(timings)
     updates = grid.fit_updates(grid.measure_updates(threads=threads, repeats=settings.repeats))
@@ -184,7 +190,15 @@ def calibrate(settings: CalibrationConfig, *, cores: int) -> Calibration:
         timings=timings,
         wall_s=time.perf_counter() - start,
         load_1m=(load_start, os.getloadavg()[0]),
+        steal_share=_steal_since(ticks_start),
     )
+
+
+def _steal_since(start: tuple[int, int] | None) -> float:
+    end = read_core_ticks()
+    if start is None or end is None:
+        return math.nan
+    return steal_share(*(b - a for a, b in zip(start, end, strict=True)))
 
 
 def _measure_glue(partial: Calibration, settings: CalibrationConfig) -> dict[str, float]:
@@ -246,7 +260,8 @@ def describe(cal: Calibration) -> str:
     lines = [
         f"compute calibration on {m['hostname']} ({m['cpu_model']}, {m['cores']} cores, torch "
         f"{m['torch']}): {len(cal.timings)} layer timings at threads {m['threads']} in "
-        f"{cal.wall_s:.1f} s, load {cal.load_1m[0]:.2f} -> {cal.load_1m[1]:.2f}"
+        f"{cal.wall_s:.1f} s, load {cal.load_1m[0]:.2f} -> {cal.load_1m[1]:.2f}, "
+        f"{100 * cal.steal_share:.0f} % of the busy time stolen by the hypervisor"
     ]
     for key, fit in cal.layers.items():
         peak = (

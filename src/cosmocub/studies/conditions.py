@@ -2,8 +2,11 @@
 (cosmocub.train.conditions records them per epoch), the `contended` mark, and what is left out.
 
 A point is contended when its worst-served rank's ready_share (the share of the time its threads
-were ready to run that they ran) is below `studies.contended_ready_share`; the study-point runner
-runs it once more, and a point contended twice is left out of efficiencies, fits and model errors.
+were ready to run that they ran) is below `studies.contended_ready_share`, or when the hypervisor
+took more than `studies.contended_steal_share` of its most stolen rank's cores' busy time
+(steal_share: other guests on the host, which no share inside this machine sees); the study-point
+runner runs it once more, and a point contended twice is left out of efficiencies, fits and model
+errors.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cosmocub.config import StudiesConfig
 from cosmocub.train.conditions import is_marked
 
 # The points.tsv columns beside a point's timings (blank for points measured before they were
@@ -18,6 +22,7 @@ from cosmocub.train.conditions import is_marked
 CONDITION_COLUMNS = (
     "cpu_share",
     "ready_share",
+    "steal_share",
     "load_1m",
     "nivcsw_per_step",
     "contended",
@@ -48,17 +53,32 @@ def point_conditions(epochs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         "load_1m": max(max(e["load_1m_start"], e["load_1m_end"]) for _, e in picked),
         "nivcsw_per_step": sum(e["nivcsw"] for _, e in picked) / steps,
     }
-    if all("ready_share" in e for _, e in picked):
-        out["ready_share"] = sum(s * e["ready_share"] for s, e in picked) / steps
+    for share in ("ready_share", "steal_share"):
+        if all(share in e for _, e in picked):
+            out[share] = sum(s * e[share] for s, e in picked) / steps
     return out
 
 
-def is_contended(conditions: Mapping[str, Any], threshold: float) -> bool:
-    """Below the threshold in ready_share. A run without the kernel's per-thread scheduler
-    counters (no /proc/self/task/*/schedstat) has no ready_share and cannot be judged: it is
-    not marked, and `conditions_note` says so."""
-    ready = conditions.get("ready_share")
-    return ready is not None and ready < threshold
+def is_contended(conditions: Mapping[str, Any], limits: StudiesConfig) -> bool:
+    """Below limits.contended_ready_share in ready_share, or above limits.contended_steal_share
+    in steal_share. A run without the kernel's per-thread scheduler counters (no
+    /proc/self/task/*/schedstat) has no ready_share and is not judged on it (`conditions_note`
+    says so); one without /proc/stat's steal not on that."""
+    ready, steal = conditions.get("ready_share"), conditions.get("steal_share")
+    return (ready is not None and ready < limits.contended_ready_share) or (
+        steal is not None and steal > limits.contended_steal_share
+    )
+
+
+def why_contended(conditions: Mapping[str, Any], limits: StudiesConfig) -> str:
+    """The shares that made `conditions` contended, for a one-line message."""
+    ready, steal = conditions.get("ready_share"), conditions.get("steal_share")
+    parts = []
+    if ready is not None and ready < limits.contended_ready_share:
+        parts.append(f"ready share {ready:.2f} < {limits.contended_ready_share:g}")
+    if steal is not None and steal > limits.contended_steal_share:
+        parts.append(f"steal share {steal:.2f} > {limits.contended_steal_share:g}")
+    return ", ".join(parts)
 
 
 def condition_row(epochs: Sequence[Mapping[str, Any]], record: Mapping[str, Any]) -> dict:
@@ -73,7 +93,7 @@ def condition_row(epochs: Sequence[Mapping[str, Any]], record: Mapping[str, Any]
     }
 
 
-def conditions_note(rows: Sequence[Mapping[str, Any]], threshold: float) -> str:
+def conditions_note(rows: Sequence[Mapping[str, Any]], limits: StudiesConfig) -> str:
     """The report's sentence on the points left out (empty when every measured point is kept)."""
     measured = [r for r in rows if r.get("contended") is not None]
     out = [r["point"] for r in measured if is_marked(r)]
@@ -84,9 +104,10 @@ def conditions_note(rows: Sequence[Mapping[str, Any]], threshold: float) -> str:
     if out:
         parts.append(
             f"{len(out)} of {len(measured)} points left out of efficiencies, fits and model "
-            f"errors as contended (their ranks ran < {threshold:g} of the time they were ready "
-            f"to, on the first run and on its rerun: other processes held their cores): "
-            f"{', '.join(out)}."
+            f"errors as contended on the first run and on its rerun (their ranks ran < "
+            f"{limits.contended_ready_share:g} of the time they were ready to: other processes "
+            f"held their cores; or the hypervisor took > {limits.contended_steal_share:g} of "
+            f"their cores' busy time for other guests): {', '.join(out)}."
         )
     if unjudged:
         parts.append(

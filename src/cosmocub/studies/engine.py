@@ -256,7 +256,7 @@ def gather(
     rows = defn.finish(rows, cfg) if defn.finish else rows
     write_tsv(rows, ("point", *defn.columns), out_tsv)
     defn.plot(rows, out_png)
-    note = conditions_note(rows, cfg.studies.contended_ready_share)
+    note = conditions_note(rows, cfg.studies)
     text = format_study_section(
         title=f"Study `{study}`",
         description=" ".join(filter(None, (defn.description, note))),

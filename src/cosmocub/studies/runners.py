@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from cosmocub.config import Config, load_config, write_config
+from cosmocub.config import Config, StudiesConfig, load_config, write_config
 from cosmocub.io import read_jsonl
-from cosmocub.studies.conditions import is_contended, point_conditions
+from cosmocub.studies.conditions import is_contended, point_conditions, why_contended
 from cosmocub.studies.engine import (
     find_point,
     point_config,
@@ -167,11 +167,11 @@ def run_point(
         cpus_per_rank=cpus_per_rank,
         max_restarts=max_restarts,
     )
-    threshold = load_config(point_config_path).studies.contended_ready_share
+    limits = load_config(point_config_path).studies
     try:
         rc, extra = attempt(out_dir=out / "run")
         if rc == 0:
-            rc, extra = rerun_if_contended(attempt, extra, run_dir=out / "run", threshold=threshold)
+            rc, extra = rerun_if_contended(attempt, extra, run_dir=out / "run", limits=limits)
     except PointSkipped as why:
         # One line; the study goes on and its table shows the point with blank measurements.
         print(f"emulated points skipped: {study} point {point}: {why}", file=sys.stderr)
@@ -186,7 +186,7 @@ def rerun_if_contended(
     extra: Mapping[str, Any],
     *,
     run_dir: Path,
-    threshold: float,
+    limits: StudiesConfig,
 ) -> tuple[int, dict[str, Any]]:
     """Judge the finished run by the conditions it recorded (cosmocub.studies.conditions); a
     contended run is moved aside (`<run>_contended`) and the point runs once more in a fresh
@@ -195,7 +195,7 @@ def rerun_if_contended(
     if not metrics.is_file():
         return 0, dict(extra)  # a runner that trained nothing here (a test's stand-in)
     first = point_conditions(read_jsonl(metrics))
-    contended = is_contended(first, threshold)
+    contended = is_contended(first, limits)
     runs = [{**first, "contended": contended, "run": run_dir.name}]
     if contended:
         aside = run_dir.with_name(f"{run_dir.name}_contended")
@@ -203,16 +203,15 @@ def rerun_if_contended(
         run_dir.rename(aside)
         runs[0]["run"] = aside.name
         print(
-            f"study point {run_dir.parent.name}: contended (ready share "
-            f"{first['ready_share']:.2f} < {threshold:g}, load {first['load_1m']:.2f}): "
-            "running it once more",
+            f"study point {run_dir.parent.name}: contended ({why_contended(first, limits)}, "
+            f"load {first['load_1m']:.2f}): running it once more",
             file=sys.stderr,
         )
         rc, extra = attempt(out_dir=run_dir)
         if rc != 0:
             return rc, dict(extra)
         second = point_conditions(read_jsonl(metrics))
-        contended = is_contended(second, threshold)
+        contended = is_contended(second, limits)
         runs.append({**second, "contended": contended, "run": run_dir.name})
     # `runs`, not `attempts`: that is the launcher's restarts within one run (emulated runner).
     return 0, {**extra, "contended": contended, "runs": runs}

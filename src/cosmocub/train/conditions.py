@@ -1,14 +1,21 @@
 """What the machine gave each rank during an epoch's steps: CPU time beside wall time, threads,
-cores, time waiting for a core, the load average and involuntary switches, reduced over ranks.
+cores, time waiting for a core, time the hypervisor took, the load average and involuntary
+switches, reduced over ranks.
 
 cpu_share = CPU time (user + sys, every thread) / (wall × min(torch threads, cores granted)): how
 much of the CPU its wall time allows a rank used. It also falls when a rank waits for its peers
 (a slow link, a straggler), so it cannot tell a busy machine from a slow network.
 ready_share = time its threads ran / (ran + waited runnable for a core) from the scheduler's own
 per-thread counters (/proc/self/task/*/schedstat): a blocked wait counts in neither, so only
-other processes on the same cores lower it. The studies mark a point contended on ready_share
-(`contended` in points.tsv); `kept` is what efficiencies, fits and model errors may use. Pure: the
-studies and the Snakefile read these without torch (train/conditions_meter.py measures).
+other processes on the same cores lower it.
+steal_share = time the hypervisor ran other guests while this rank's cores had work / (that +
+their busy time), from /proc/stat's per-CPU steal column over the cores the rank may run on: on a
+virtual machine the host's other tenants take cores away unseen by the guest's scheduler, so
+ready_share and the load average stay as on a quiet machine while the steps slow (seen here: 29 %
+of the busy time stolen during a network point whose compute took 2.4x its quiet time, 1-3 % in
+quiet spells). The studies mark a point contended on either share (`contended` in points.tsv);
+`kept` is what efficiencies, fits and model errors may use. Pure: the studies and the Snakefile
+read these without torch (train/conditions_meter.py measures).
 """
 
 from __future__ import annotations
@@ -17,11 +24,12 @@ import math
 import os
 import resource
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 TASKS = Path("/proc/self/task")
+PROC_STAT = Path("/proc/stat")
 # One rank's numbers in the order all_gather sends them.
 RANK_FIELDS = (
     "cpu_s",
@@ -29,6 +37,7 @@ RANK_FIELDS = (
     "cpu_share",
     "ready_share",
     "nivcsw",
+    "steal_share",
     "load_1m_start",
     "load_1m_end",
     "torch_threads",
@@ -47,6 +56,8 @@ class Sample:
     load_1m: float
     # thread id -> (ns on a core, ns runnable waiting for one); None where the kernel has none.
     sched_ns: Mapping[int, tuple[int, int]] | None
+    # (busy, stolen) clock ticks summed over the cores this rank may run on; None without them.
+    core_ticks: tuple[int, int] | None = None
 
 
 def parse_schedstat(text: str) -> tuple[int, int]:
@@ -69,6 +80,44 @@ def read_sched_ns(tasks: Path = TASKS) -> dict[int, tuple[int, int]] | None:
     return out or None
 
 
+def parse_proc_stat(text: str, cpus: Collection[int]) -> tuple[int, int]:
+    """(busy, stolen) ticks of `cpus` from /proc/stat's "cpuN user nice system idle iowait irq
+    softirq steal ..." lines: busy is user + nice + system + irq + softirq (guest time is inside
+    user); a CPU the file lacks is an error."""
+    busy = stolen = 0
+    seen = set()
+    for line in text.splitlines():
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu":
+            continue
+        cpu = int(name[3:])
+        if cpu not in cpus:
+            continue
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, fields[:8])
+        busy, stolen = busy + user + nice + system + irq + softirq, stolen + steal
+        seen.add(cpu)
+    if missing := sorted(set(cpus) - seen):
+        raise ValueError(f"/proc/stat: no line for cpu {missing}")
+    return busy, stolen
+
+
+def read_core_ticks(path: Path = PROC_STAT) -> tuple[int, int] | None:
+    """(busy, stolen) ticks of the cores this process may run on; None where there is no
+    /proc/stat (or no affinity to read)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    try:
+        return parse_proc_stat(path.read_text(), os.sched_getaffinity(0))
+    except (OSError, ValueError):
+        return None
+
+
+def steal_share(busy: int, stolen: int) -> float:
+    """Share of the time the cores had work that the hypervisor gave to others (0: none)."""
+    total = busy + stolen
+    return stolen / total if total > 0 else 0.0
+
+
 def take_sample() -> Sample:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return Sample(
@@ -77,6 +126,7 @@ def take_sample() -> Sample:
         nivcsw=usage.ru_nivcsw,
         load_1m=os.getloadavg()[0],
         sched_ns=read_sched_ns(),
+        core_ticks=read_core_ticks(),
     )
 
 
@@ -107,15 +157,20 @@ def sched_delta_s(start: Sample, end: Sample) -> tuple[float, float] | None:
 
 
 def rank_conditions(start: Sample, end: Sample, *, threads: int, cores: int) -> dict[str, float]:
-    """One rank's numbers between two samples (ready_share NaN without schedstat)."""
+    """One rank's numbers between two samples (ready_share NaN without schedstat, steal_share
+    without /proc/stat)."""
     wall, cpu = end.wall_s - start.wall_s, end.cpu_s - start.cpu_s
     sched = sched_delta_s(start, end)
+    steal = math.nan
+    if start.core_ticks is not None and end.core_ticks is not None:
+        steal = steal_share(*(b - a for a, b in zip(start.core_ticks, end.core_ticks, strict=True)))
     return {
         "cpu_s": cpu,
         "wall_s": wall,
         "cpu_share": cpu_share(cpu, wall, threads=threads, cores=cores),
         "ready_share": ready_share(*sched) if sched else math.nan,
         "nivcsw": float(end.nivcsw - start.nivcsw),
+        "steal_share": steal,
         "load_1m_start": start.load_1m,
         "load_1m_end": end.load_1m,
         "torch_threads": float(threads),
@@ -125,7 +180,8 @@ def rank_conditions(start: Sample, end: Sample, *, threads: int, cores: int) -> 
 
 def reduce_over_ranks(ranks: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """The epoch's record: the worst-served rank's shares, the sum of switches, the mean CPU
-    time, the longest wall, the highest load seen; ready_share absent if a rank had none."""
+    time, the longest wall, the highest load seen; ready_share and steal_share (the most stolen
+    rank's) absent if a rank had none."""
     out = {
         "cpu_s": sum(r["cpu_s"] for r in ranks) / len(ranks),
         "wall_s": max(r["wall_s"] for r in ranks),
@@ -139,6 +195,9 @@ def reduce_over_ranks(ranks: Sequence[Mapping[str, float]]) -> dict[str, float]:
     ready = [r["ready_share"] for r in ranks]
     if all(math.isfinite(v) for v in ready):
         out["ready_share"] = min(ready)
+    steal = [r.get("steal_share", math.nan) for r in ranks]
+    if all(math.isfinite(v) for v in steal):
+        out["steal_share"] = max(steal)
     return out
 
 
