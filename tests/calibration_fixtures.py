@@ -13,6 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TEST_CONFIG = ROOT / "config/test.yaml"
 # A conv's true rates: 0.3 ms a call, 40 GFLOP/s peak, 0.2 and 1 GB/s on its two byte terms.
 TRUE = {"call": 3e-4, "flops": 1 / 40e9, "out_bytes": 1 / 0.2e9, "unfold_bytes": 1 / 1e9}
+# A batch norm's, plain and synced (one thread): a call and a time per element.
+NORM_CALL_S = {"plain": 2e-5, "synced": 2e-4}
+NORM_ELEMENT_S = {"plain": 1e-9, "synced": 4e-9}
 
 
 def synthetic_calibration(threads: tuple[int, ...] = (1, 2)) -> cpu_model.Calibration:
@@ -44,6 +47,17 @@ def synthetic_calibration(threads: tuple[int, ...] = (1, 2)) -> cpu_model.Calibr
         for t in threads
     }
     glue = {f"{fmt}@{t}": 1e-3 / t for fmt in grid.FORMATS for t in threads}
+    norms = {
+        grid.norm_key(kind, fmt, t): RateFit(
+            seconds_per_unit={"call": NORM_CALL_S[kind] / t, "elements": NORM_ELEMENT_S[kind] / t},
+            samples=6,
+            median_rel_error=0,
+            worst_rel_error=0,
+        )
+        for kind in grid.NORM_KINDS
+        for fmt in grid.FORMATS
+        for t in threads
+    }
     settings = load_config(TEST_CONFIG).perf_model.calibration
     return cpu_model.Calibration(
         machine=cpu_model.machine_key(threads),
@@ -51,4 +65,5 @@ def synthetic_calibration(threads: tuple[int, ...] = (1, 2)) -> cpu_model.Calibr
         layers=layers,
         glue_s=glue,
         updates=updates,
+        norms=norms,
     )

@@ -29,7 +29,8 @@ from cosmocub.perfmodel.links import (
     read_fits,
     write_fits,
 )
-from cosmocub.perfmodel.model import Mesh, Network, predict_step
+from cosmocub.perfmodel.mesh import Mesh, Network
+from cosmocub.perfmodel.model import predict_step
 
 TRUE = {"allreduce": (40e-6, 1 / 1.1e9), "alltoall": (90e-6, 1 / 0.7e9), "halo": (25e-6, 1e-9)}
 
@@ -397,6 +398,33 @@ def test_model_bytes_equal_what_the_optimizers_count_and_ddp_times_both_ways(
         )
         assert counted[name] > 0, name
         assert predicted.comm_bytes_per_step == pytest.approx(counted[name], rel=1e-12), name
+
+
+def test_synced_batch_norms_cost_two_collectives_a_block_over_the_mesh() -> None:
+    """The synced norm (parallel.layers._SyncBatchNorm): forward all-gathers (count, mean, M2)
+    in float64, backward all-reduces (Σdy, Σdy·x̂) in float32, per conv block."""
+    from cosmocub.perfmodel.layer_collectives import norm_sync
+
+    cfg = load_config(
+        None, overrides={"model": {"base_filters": 4, "num_conv_blocks": 2, "batch_norm": True}}
+    )
+    net = AlphaBeta(alpha_s=1e-3, beta_s_per_byte=1e-6)
+    network = Network.uniform(net, net, ranks_per_node=2)
+    two = Mesh(data=2, split=(1, 1, 1))
+    seconds, sent = norm_sync(cfg.model, mesh=two, network=network)
+    # Block 0 (4 channels): gather 8·(1+8) = 72 B in one round, reduce 32 B in two; block 1
+    # (8 channels): 136 B and 64 B. Four collectives, six rounds, 304 bytes sent.
+    assert sent == pytest.approx(304)
+    assert seconds == pytest.approx(6e-3 + 304e-6)
+    assert norm_sync(cfg.model, mesh=Mesh(data=1, split=(1, 1, 1)), network=network) == (0, 0)
+    plain = load_config(None, overrides={"model": {"batch_norm": False}}).model
+    assert norm_sync(plain, mesh=two, network=network) == (0, 0)
+    step = predict_step(
+        model_cfg=cfg.model, optimizer_cfg=cfg.optimizer, local_batch=2, mesh=two,
+        network=network, layer_seconds={"block0": 0.01}, optimizer_s=0.0,
+    )  # fmt: skip
+    assert step.norm_sync_s == pytest.approx(seconds)
+    assert step.step_s == pytest.approx(0.01 + seconds + step.exchange_s)
 
 
 def test_validation_compares_each_part_and_reports_errors(tmp_path: Path) -> None:

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from calibration_fixtures import TEST_CONFIG, TRUE, synthetic_calibration
+import torch.distributed
+from calibration_fixtures import (
+    NORM_CALL_S,
+    NORM_ELEMENT_S,
+    TEST_CONFIG,
+    TRUE,
+    synthetic_calibration,
+)
 
 from cosmocub.config import load_config
 from cosmocub.perfmodel import calibration as grid
@@ -97,6 +104,21 @@ def test_layer_times_follow_from_the_fits_at_the_points_shape() -> None:
             threads=1,
             memory_format="contiguous",
         )
+    # On a mesh of several ranks the norms are the synced ones: each block costs what the
+    # synced norm takes beyond the plain one on its activations (block 1: 4 x 8 x 2·4·4).
+    synced = cal.layer_seconds(
+        m, batch=4, split=(2, 1, 1), threads=1, memory_format="contiguous", synced_norm=True
+    )
+    extra = (NORM_CALL_S["synced"] - NORM_CALL_S["plain"]) + 4 * 8 * 32 * (
+        NORM_ELEMENT_S["synced"] - NORM_ELEMENT_S["plain"]
+    )
+    assert synced["block1"] - got["block1"] == pytest.approx(extra)
+    assert synced["head"] == got["head"]
+    old = dataclasses.replace(cal, norms={})
+    with pytest.raises(ValueError, match=r"no batch-norm fit .*rerun `cosmocub perf-model"):
+        old.layer_seconds(
+            m, batch=4, split=(1, 1, 1), threads=1, memory_format="contiguous", synced_norm=True
+        )
     sizes = [10, 20]
     assert cal.optimizer_seconds(sizes, cfg.optimizer, threads=2) == pytest.approx(
         2 * 1e-5 + 30 * 1e-9 / 2  # adamw: the first update entry
@@ -167,4 +189,20 @@ def test_a_tiny_grid_is_timed_here_fitted_per_kind_and_cached(
     again = cpu_model.load_or_calibrate(path, settings, cores=1)
     assert path.exists() and calls == [1]  # measured once, then read back
     assert again.layers == first.layers and again.glue_s == first.glue_s
+    assert again.norms == first.norms
     assert "compute calibration on" in cpu_model.describe(again)
+
+
+def test_batch_norms_plain_and_synced_are_timed_in_a_group_of_one_and_fitted() -> None:
+    rows = grid.measure_norms(threads=(1,), repeats=1)
+    # Every NORM_GRID shape, both kinds, both memory formats, timed here (and no group left).
+    assert len(rows) == len(grid.NORM_GRID) * 2 * 2 and all(r["seconds"] > 0 for r in rows)
+    assert not torch.distributed.is_initialized()
+    # The fit is tested at known rates on the grid's real sizes.
+    for r in rows:
+        r["seconds"] = NORM_CALL_S[r["kind"]] + NORM_ELEMENT_S[r["kind"]] * r["elements"]
+    fits = grid.fit_norms(rows)
+    assert set(fits) == {grid.norm_key(k, f, 1) for k in grid.NORM_KINDS for f in grid.FORMATS}
+    synced = fits[grid.norm_key("synced", "channels_last_3d", 1)].seconds_per_unit
+    assert synced["call"] == pytest.approx(2e-4, rel=1e-6)
+    assert synced["elements"] == pytest.approx(4e-9, rel=1e-6)

@@ -14,7 +14,8 @@ from cosmocub.perfmodel import machines
 from cosmocub.perfmodel.costs import AlphaBeta, Fit
 from cosmocub.perfmodel.links import LinkFits
 from cosmocub.perfmodel.machines import Accelerator, fitted_network, this_cpu
-from cosmocub.perfmodel.model import Mesh, Network, parameter_sizes
+from cosmocub.perfmodel.mesh import Mesh, Network
+from cosmocub.perfmodel.model import parameter_sizes
 from cosmocub.perfmodel.overlap import exposed_allreduce
 from cosmocub.perfmodel.predict import PARTS, Workload, lion_reference, predict
 

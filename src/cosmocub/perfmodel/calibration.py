@@ -5,14 +5,16 @@ and the optimizer's update per element; any point's layer times then come from t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from cosmocub.config import (
@@ -23,6 +25,7 @@ from cosmocub.config import (
     load_config,
 )
 from cosmocub.models.cosmoflow import CosmoFlow, conv_block
+from cosmocub.parallel.layers import SyncBatchNorm3d
 from cosmocub.perfmodel.compute import TRAIN_FLOPS_FACTOR, fastest_time, torch_threads
 from cosmocub.perfmodel.rates import RateFit, fit_rates
 
@@ -48,6 +51,12 @@ UPDATE_OPTIMIZERS = {
     # A scaled quantizer (l1, linf, l0): its per-tensor scales and levels besides the sign's work.
     "lion_cub_scaled": {"name": "lion_cub", "lion_cub": {"quantizer": "l1", "bits": 4}},
 }
+
+# Batch norms of (batch, channels, side): the plain one and the synced one that training swaps in
+# whenever its mesh has more than one rank (parallel.layers.SyncBatchNorm3d: statistics in
+# float64, a Python autograd function), each time = a call + per element.
+NORM_GRID = ((2, 8, 32), (2, 16, 16), (4, 32, 16), (2, 64, 8), (8, 8, 16), (1, 128, 4))
+NORM_KINDS = ("plain", "synced")
 
 
 def conv_kind(*, batch_norm: bool, memory_format: str) -> str:
@@ -265,3 +274,62 @@ def update_key(optimizer_cfg: OptimizerConfig) -> str:
             f"{', '.join(UPDATE_OPTIMIZERS)})"
         )
     return name
+
+
+def norm_key(kind: str, memory_format: str, threads: int) -> str:
+    return f"norm_{kind}/{memory_format}@{threads}"
+
+
+def norm_work(elements: int) -> dict[str, float]:
+    return {"call": 1.0, "elements": float(elements)}
+
+
+@contextlib.contextmanager
+def one_rank_group() -> Iterator[dist.ProcessGroup]:
+    """A gloo group of this process alone (an in-memory store, no port), for timing the synced
+    norm's arithmetic and its collectives' calls without a wire; the wire is the links' fit."""
+    if dist.is_initialized():
+        raise RuntimeError("the compute calibration runs in a process of its own, not in ranks")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_norms(*, threads: Sequence[int], repeats: int) -> list[dict[str, Any]]:
+    """Forward + backward of a plain and a synced batch norm (a group of one) over NORM_GRID, per
+    memory format and thread count."""
+    rows = []
+    with one_rank_group() as group:
+        for t in threads:
+            with torch_threads(t):
+                for fmt, layout in FORMATS.items():
+                    for batch, channels, side in NORM_GRID:
+                        x = torch.randn(batch, channels, side, side, side)
+                        x = x.to(memory_format=layout)
+                        for kind in NORM_KINDS:
+                            norm: nn.Module = nn.BatchNorm3d(channels)
+                            if kind == "synced":
+                                norm = SyncBatchNorm3d(norm, group)
+                            rows.append(
+                                {"kind": kind, "format": fmt, "threads": t,
+                                 "elements": x.numel(),
+                                 "seconds": _time_train(norm.train(), x, repeats)}
+                            )  # fmt: skip
+    return rows
+
+
+def fit_norms(rows: Sequence[Mapping[str, Any]]) -> dict[str, RateFit]:
+    """A per-call and per-element cost per norm_key (perfmodel.rates' fit, as the layers')."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(norm_key(row["kind"], row["format"], row["threads"]), []).append(row)
+    return {
+        key: fit_rates(
+            [norm_work(r["elements"]) for r in group],
+            [r["seconds"] for r in group],
+            what=f"norm calibration {key}",
+        )
+        for key, group in groups.items()
+    }

@@ -26,7 +26,7 @@ from cosmocub.perfmodel.rates import RateFit
 from cosmocub.train.conditions import read_core_ticks, steal_share
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: batch norms, plain and synced
 # The models whose whole step, less their layers' fitted sum, is the step's glue (loss,
 # zero_grad, autograd between layers): test.yaml's and one twice its side.
 GLUE_MODELS = ({"input_size": 8, "base_filters": 4}, {"input_size": 16, "base_filters": 8})
@@ -60,20 +60,23 @@ def grid_settings(settings: CalibrationConfig) -> dict[str, Any]:
         "channels": [list(c) for c in settings.channels],
         "head_grid": [[f, list(d)] for f, d in grid.HEAD_GRID],
         "update_grid": [list(u) for u in grid.UPDATE_GRID],
+        "norm_grid": [list(n) for n in grid.NORM_GRID],
     }
 
 
 @dataclass(frozen=True, kw_only=True)
 class Calibration:
     """The rate fits of one machine: per layer kind, threads and batch class; the step's glue
-    per memory format and threads; the update per optimizer and threads; with the timings,
-    how long they took and the load they were taken at."""
+    per memory format and threads; the update per optimizer and threads; the batch norm, plain
+    and synced, per memory format and threads; with the timings, how long they took and the
+    load they were taken at."""
 
     machine: Mapping[str, Any]
     grid: Mapping[str, Any]
     layers: Mapping[str, RateFit]
     glue_s: Mapping[str, float]
     updates: Mapping[str, RateFit]
+    norms: Mapping[str, RateFit] = field(default_factory=dict)
     timings: Sequence[Mapping[str, Any]] = field(default=(), repr=False)
     wall_s: float = 0.0
     load_1m: tuple[float, float] = (math.nan, math.nan)
@@ -100,9 +103,13 @@ class Calibration:
         split: tuple[int, int, int],
         threads: int,
         memory_format: str,
+        synced_norm: bool = False,
     ) -> dict[str, float]:
         """Forward + backward seconds of each conv block on one rank's block, of the head (on
-        the gathered features) and the step's glue ("overhead"), from the fits."""
+        the gathered features) and the step's glue ("overhead"), from the fits; `synced_norm`:
+        each block's batch norm is the synced one (a mesh of more than one rank), which costs
+        its own fit's time less the plain norm's on the block's activations (its collectives
+        are the network's: perfmodel.layer_collectives)."""
         self._check_threads(threads)
         if model_cfg.name != "cosmoflow":
             raise ValueError(
@@ -124,6 +131,9 @@ class Calibration:
                 batch=batch, cin=channels, cout=filters, shape=shape, kernel=model_cfg.kernel_size
             )
             out[f"block{i}"] = conv.seconds(work)
+            if synced_norm and model_cfg.batch_norm:
+                elements = batch * filters * math.prod(shape)
+                out[f"block{i}"] += self.synced_norm_extra_s(elements, memory_format, threads)
             channels, shape = filters, [n // 2 for n in shape]
         side = model_cfg.input_size // 2**model_cfg.num_conv_blocks
         widths = grid.head_widths(model_cfg, channels * side**3)
@@ -131,6 +141,18 @@ class Calibration:
         out["head"] = head.seconds(grid.head_work(batch=batch, widths=widths))
         out["overhead"] = self.glue_s[f"{memory_format}@{threads}"]
         return out
+
+    def synced_norm_extra_s(self, elements: int, memory_format: str, threads: int) -> float:
+        """What the synced batch norm costs on this CPU beyond the plain one (never below 0)."""
+        keys = [grid.norm_key(k, memory_format, threads) for k in grid.NORM_KINDS]
+        if missing := [k for k in keys if k not in self.norms]:
+            raise ValueError(
+                f"compute calibration: no batch-norm fit {missing} (a calibration from before "
+                "norms were timed); rerun `cosmocub perf-model calibrate`"
+            )
+        work = grid.norm_work(elements)
+        plain, synced = (self.norms[k].seconds(work) for k in keys)
+        return max(0.0, synced - plain)
 
     def optimizer_seconds(
         self, sizes: Sequence[int], optimizer_cfg: OptimizerConfig, *, threads: int
@@ -151,6 +173,7 @@ class Calibration:
             "layers": {k: f.as_dict() for k, f in self.layers.items()},
             "glue_s": dict(self.glue_s),
             "updates": {k: u.as_dict() for k, u in self.updates.items()},
+            "norms": {k: n.as_dict() for k, n in self.norms.items()},
             "timings": list(self.timings),
         }
 
@@ -162,6 +185,7 @@ class Calibration:
             layers={k: RateFit.from_dict(v) for k, v in d["layers"].items()},
             glue_s=d["glue_s"],
             updates={k: RateFit.from_dict(v) for k, v in d["updates"].items()},
+            norms={k: RateFit.from_dict(v) for k, v in d.get("norms", {}).items()},
             timings=d.get("timings", ()),
             wall_s=d.get("wall_s", 0.0),
             load_1m=tuple(d.get("load_1m", (math.nan, math.nan))),  # type: ignore[arg-type]
@@ -176,12 +200,14 @@ def calibrate(settings: CalibrationConfig, *, cores: int) -> Calibration:
     timings = grid.measure_grid(settings, threads=threads)
     layers = grid.fit_grid(timings)
     updates = grid.fit_updates(grid.measure_updates(threads=threads, repeats=settings.repeats))
+    norms = grid.fit_norms(grid.measure_norms(threads=threads, repeats=settings.repeats))
     partial = Calibration(
         machine=machine_key(threads),
         grid=grid_settings(settings),
         layers=layers,
         glue_s={},
         updates=updates,
+        norms=norms,
     )
     glue = _measure_glue(partial, settings)
     return dataclasses.replace(
@@ -279,6 +305,12 @@ def describe(cal: Calibration) -> str:
         lines.append(
             f"  update {key}: {1e9 * per['elements']:.3g} ns per element + "
             f"{1e6 * per['tensors']:.3g} us per tensor"
+        )
+    for key, n in cal.norms.items():
+        per = n.seconds_per_unit
+        lines.append(
+            f"  {key}: {1e9 * per['elements']:.3g} ns per element + {1e6 * per['call']:.3g} us "
+            "per call"
         )
     lines.append(
         f"  step glue: {', '.join(f'{k} {1e3 * v:.3g} ms' for k, v in cal.glue_s.items())}"

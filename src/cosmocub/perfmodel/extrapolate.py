@@ -14,7 +14,7 @@ from typing import Any
 
 from cosmocub.config import Config, ExtrapolateConfig, derive, optimizer_variant
 from cosmocub.perfmodel.machines import UPDATE_BYTES_PER_PARAM, Accelerator, assumed_network
-from cosmocub.perfmodel.model import Mesh
+from cosmocub.perfmodel.mesh import Mesh
 from cosmocub.perfmodel.predict import STATE_BYTES_PER_PARAM, Prediction, Workload, predict
 
 

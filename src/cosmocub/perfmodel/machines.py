@@ -14,7 +14,8 @@ from cosmocub.perfmodel.compute import accelerator_seconds
 from cosmocub.perfmodel.costs import AlphaBeta
 from cosmocub.perfmodel.cpu_model import Calibration
 from cosmocub.perfmodel.links import LOOPBACK, LinkFits
-from cosmocub.perfmodel.model import Network, parameter_sizes
+from cosmocub.perfmodel.mesh import Network
+from cosmocub.perfmodel.model import parameter_sizes
 
 # The optimizer's update reads and writes parameters, gradients and its state in fp32: about
 # 16 bytes per parameter for Lion (p, g, m read; p, m written), 24 for AdamW; Lion Cub adds its
@@ -45,8 +46,16 @@ class Accelerator:
         return self.spec.memory_gb * 1e9
 
     def layer_seconds(
-        self, model_cfg: ModelConfig, *, batch: int, split: tuple[int, int, int]
+        self,
+        model_cfg: ModelConfig,
+        *,
+        batch: int,
+        split: tuple[int, int, int],
+        synced_norm: bool = False,
     ) -> dict[str, float]:
+        """Forward + backward per layer at peak × efficiency; a synced norm's arithmetic is
+        left in the efficiency (its collectives are the network's)."""
+        del synced_norm
         spatial = split[0] * split[1] * split[2]
         return accelerator_seconds(
             model_cfg,
@@ -88,14 +97,22 @@ class ThisCpu:
     memory_bytes: float | None = None
 
     def layer_seconds(
-        self, model_cfg: ModelConfig, *, batch: int, split: tuple[int, int, int]
+        self,
+        model_cfg: ModelConfig,
+        *,
+        batch: int,
+        split: tuple[int, int, int],
+        synced_norm: bool = False,
     ) -> dict[str, float]:
+        """Per layer from the calibration; `synced_norm`: the mesh has more than one rank, so
+        training's batch norms are the synced ones (models.parallelize)."""
         layers = self.calibration.layer_seconds(
             model_cfg,
             batch=batch,
             split=split,
             threads=self.threads,
             memory_format=training_memory_format(split),
+            synced_norm=synced_norm,
         )
         return {k: v * self.slowdown for k, v in layers.items()}
 

@@ -11,6 +11,8 @@ nodes. Parts of a step, added (what overlaps is left out of the sum):
                   only its exposed part is in the step: perfmodel.overlap); or Lion Cub's spatial
                   average + voted exchange
   momentum_sync   Lion Cub's fp32 average of momenta, amortised over the steps it skips
+  norm_sync       the synced batch norms' statistics over the mesh, two collectives a block
+                  (perfmodel.layer_collectives; their arithmetic beyond a plain norm is compute)
   optimizer       the update arithmetic (measured on one rank)
 Byte counts come from the optimizer's own functions (cosmocub.optim.collectives).
 """
@@ -18,7 +20,6 @@ Byte counts come from the optimizer's own functions (cosmocub.optim.collectives)
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -27,65 +28,12 @@ from cosmocub.optim.collectives import ring_allreduce_bytes, vote_phase_bytes
 from cosmocub.optim.lion_cub import split_into_buckets
 from cosmocub.optim.momentum_sync import is_sync_step
 from cosmocub.optim.quantize import quantizer_levels, wire_bits
-from cosmocub.perfmodel.costs import KINDS, AlphaBeta, rounds_and_bytes
+from cosmocub.perfmodel.costs import rounds_and_bytes
+from cosmocub.perfmodel.layer_collectives import halo, norm_sync
+from cosmocub.perfmodel.mesh import Mesh, Network
 from cosmocub.perfmodel.overlap import ddp_buckets, exposed_allreduce, parameter_layers
 
 DDP_OPTIMIZERS = ("sgd", "adamw", "lion")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Network:
-    """α–β per collective kind between nodes (per rank, at the node's link) and between ranks of
-    one node, each fitted where it runs (cosmocub.perfmodel.links); a kind the model asks for
-    and the mapping lacks is an error."""
-
-    inter_node: Mapping[str, AlphaBeta]
-    intra_node: Mapping[str, AlphaBeta]
-    ranks_per_node: int
-
-    @classmethod
-    def uniform(cls, inter: AlphaBeta, intra: AlphaBeta, ranks_per_node: int) -> Network:
-        return cls(
-            inter_node=dict.fromkeys(KINDS, inter),
-            intra_node=dict.fromkeys(KINDS, intra),
-            ranks_per_node=ranks_per_node,
-        )
-
-    def spans_nodes(self, group_size: int, stride: int) -> bool:
-        """Whether a group of `group_size` ranks, `stride` apart, crosses a node's link."""
-        return group_size * stride > self.ranks_per_node
-
-    def costs(self, group_size: int, stride: int, kind: str) -> AlphaBeta:
-        """The α–β that a group of `group_size` ranks, `stride` apart, sees: within a node if it
-        fits in one, else the node's link, shared by the streams that cross it at once — one per
-        group for a ring (min(stride, ranks per node) groups meet on a node), every rank of the
-        node for an all-to-all."""
-        k = self.ranks_per_node
-        if not self.spans_nodes(group_size, stride):
-            return _pick(self.intra_node, kind, "within a node")
-        inter = _pick(self.inter_node, kind, "between nodes")
-        sharing = k if kind == "alltoall" else min(stride, k)
-        return AlphaBeta(alpha_s=inter.alpha_s, beta_s_per_byte=inter.beta_s_per_byte * sharing)
-
-
-def _pick(costs: Mapping[str, AlphaBeta], kind: str, where: str) -> AlphaBeta:
-    if kind not in costs:
-        raise ValueError(f"perf model: no alpha-beta of {kind!r} {where} (have {sorted(costs)})")
-    return costs[kind]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Mesh:
-    data: int
-    split: tuple[int, int, int]
-
-    @property
-    def spatial(self) -> int:
-        return math.prod(self.split)
-
-    @property
-    def world(self) -> int:
-        return self.data * self.spatial
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,11 +49,18 @@ class StepPrediction:
     exchange_hidden_s: float = 0.0
     # Of comm and halo bytes, those one rank sends in groups that span nodes (the node's link).
     inter_node_bytes_per_step: float = 0.0
+    # The synced batch norms' collectives (not counted in comm or halo bytes, as CommMeter).
+    norm_sync_s: float = 0.0
 
     @property
     def step_s(self) -> float:
         return (
-            self.compute_s + self.halo_s + self.exchange_s + self.momentum_sync_s + self.optimizer_s
+            self.compute_s
+            + self.halo_s
+            + self.norm_sync_s
+            + self.exchange_s
+            + self.momentum_sync_s
+            + self.optimizer_s
         )
 
 
@@ -318,41 +273,6 @@ class _Sized:
         return self.n
 
 
-def halo(
-    model_cfg: ModelConfig,
-    *,
-    batch: int,
-    mesh: Mesh,
-    network: Network,
-    bytes_per_value: int,
-) -> tuple[float, float]:
-    """(seconds, bytes sent) per step of the halo swaps (forward and backward) and the feature
-    all-gather before the head (forward, and its gradient's reduction backward), all within the
-    spatial group (across nodes where network.spans_nodes(spatial, 1))."""
-    if mesh.spatial == 1:
-        return 0.0, 0.0
-    width = model_cfg.kernel_size // 2
-    costs = network.costs(mesh.spatial, 1, "halo")
-    local = [model_cfg.input_size // s for s in mesh.split]
-    channels = model_cfg.in_channels
-    seconds = sent = 0.0
-    for block in range(model_cfg.num_conv_blocks):
-        for d, ranks in enumerate(mesh.split):
-            if ranks == 1:
-                continue
-            face = batch * channels * width * math.prod(n for i, n in enumerate(local) if i != d)
-            face_bytes = face * bytes_per_value
-            seconds += 2 * costs.time("halo", face_bytes, 2)  # forward, and backward
-            sent += 2 * rounds_and_bytes("halo", face_bytes, 2)[1]
-        channels = model_cfg.base_filters * 2**block
-        local = [n // 2 for n in local]
-    features = batch * channels * math.prod(local) * mesh.spatial * bytes_per_value
-    gather = network.costs(mesh.spatial, 1, "allgather")
-    seconds += 2 * gather.time("allgather", features, mesh.spatial)
-    sent += 2 * rounds_and_bytes("allgather", features, mesh.spatial)[1]
-    return seconds, sent
-
-
 def predict_step(
     *,
     model_cfg: ModelConfig,
@@ -383,6 +303,7 @@ def predict_step(
         model_cfg, batch=local_batch, mesh=mesh, network=network, bytes_per_value=bytes_per_value
     )
     halo_inter = halo_bytes if network.spans_nodes(mesh.spatial, 1) else 0.0
+    norm_sync_s, _ = norm_sync(model_cfg, mesh=mesh, network=network)
     return StepPrediction(
         compute_s=sum(layer_seconds.values()),
         halo_s=halo_s,
@@ -393,4 +314,5 @@ def predict_step(
         halo_bytes_per_step=halo_bytes,
         exchange_hidden_s=ex.hidden_s,
         inter_node_bytes_per_step=ex.inter_node_bytes + halo_inter,
+        norm_sync_s=norm_sync_s,
     )

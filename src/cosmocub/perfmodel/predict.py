@@ -13,7 +13,8 @@ from typing import Any
 
 from cosmocub.config import Config, ModelConfig, OptimizerConfig, derive, optimizer_variant
 from cosmocub.perfmodel.machines import Accelerator, ThisCpu
-from cosmocub.perfmodel.model import Mesh, Network, StepPrediction, parameter_sizes, predict_step
+from cosmocub.perfmodel.mesh import Mesh, Network
+from cosmocub.perfmodel.model import StepPrediction, parameter_sizes, predict_step
 
 # Memory per rank besides activations: parameters, gradients and two optimizer states, fp32.
 STATE_BYTES_PER_PARAM = 16
@@ -149,7 +150,9 @@ def predict(
             train_samples, data=mesh.data, batch=batch, cap=work.max_steps_per_epoch
         )
     horizon = per_epoch * epochs if per_epoch and epochs else DEFAULT_HORIZON_STEPS
-    layers = device.layer_seconds(model_cfg, batch=batch, split=mesh.split)
+    layers = device.layer_seconds(
+        model_cfg, batch=batch, split=mesh.split, synced_norm=mesh.world > 1
+    )
 
     def step(optimizer_cfg: OptimizerConfig, overlap: bool) -> StepPrediction:
         return predict_step(

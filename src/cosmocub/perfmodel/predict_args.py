@@ -19,7 +19,7 @@ from cosmocub.perfmodel.machines import (
     fitted_network,
     this_cpu,
 )
-from cosmocub.perfmodel.model import Mesh, Network
+from cosmocub.perfmodel.mesh import Mesh, Network
 from cosmocub.perfmodel.predict import train_samples
 
 

@@ -3,7 +3,8 @@ parts, as cosmocub.studies.engine.training_row gives them) beside the model's pr
 same point (its config.yaml beside the table), with the relative errors and a plot.
 
 How the measured columns map onto the model's parts: measured compute_s is the step less the
-timed exchange and momentum sync, so it holds compute, halo swaps and the optimizer's arithmetic.
+timed exchange and momentum sync, so it holds compute, halo swaps, the synced batch norms'
+collectives and the optimizer's arithmetic.
 The measured exchange is what the step waited for (exchange_exposed_s, or exchange_s in tables
 from before that column): for DDP under train.ddp_exchange_timing overlapped the part of the
 all-reduce left after backward, which the model predicts as such (its exchange_s; busy, the
@@ -35,7 +36,8 @@ from cosmocub.io import atomic_path, read_tsv
 from cosmocub.perfmodel.cpu_model import Calibration
 from cosmocub.perfmodel.links import LinkFits
 from cosmocub.perfmodel.machines import ThisCpu, fitted_network
-from cosmocub.perfmodel.model import DDP_OPTIMIZERS, Mesh, Network, StepPrediction, predict_step
+from cosmocub.perfmodel.mesh import Mesh, Network
+from cosmocub.perfmodel.model import DDP_OPTIMIZERS, StepPrediction, predict_step
 from cosmocub.train.conditions import is_marked
 
 log = logging.getLogger(__name__)
@@ -94,11 +96,14 @@ def cpu_predictor(
         device = devices.setdefault(
             threads, ThisCpu(threads=threads, slowdown=1.0, calibration=calibration)
         )
+        world = int(row.get("world_size") or row["data"])
         layers = device.layer_seconds(
-            cfg.model, batch=cfg.train.local_batch_size, split=cfg.parallel.split_dhw
+            cfg.model,
+            batch=cfg.train.local_batch_size,
+            split=cfg.parallel.split_dhw,
+            synced_norm=world > 1,
         )
         optimizer_s = device.optimizer_seconds(cfg.model, cfg.optimizer)
-        world = int(row.get("world_size") or row["data"])
         slowdown = max(1.0, world * threads / cores)
         prediction = predict_step(
             model_cfg=cfg.model,
@@ -151,7 +156,11 @@ def compare(
         ddp_hidden = optimizer in DDP_OPTIMIZERS and measured["exchange"] == 0.0
         predicted = {
             "step": p.step_s,
-            "compute": p.compute_s + p.halo_s + p.optimizer_s + (p.exchange_s if ddp_hidden else 0),
+            "compute": p.compute_s
+            + p.halo_s
+            + p.norm_sync_s
+            + p.optimizer_s
+            + (p.exchange_s if ddp_hidden else 0),
             "exchange": 0.0 if ddp_hidden else p.exchange_s,
             "momentum_sync": p.momentum_sync_s,
         }
@@ -166,6 +175,7 @@ def compare(
             result[f"rel_error_{part}"] = _rel(predicted[part], measured[part])
         result |= {
             "predicted_halo_s": p.halo_s,
+            "predicted_norm_sync_s": p.norm_sync_s,
             "predicted_optimizer_s": p.optimizer_s,
             "predicted_exchange_busy_s": p.exchange_s + p.exchange_hidden_s,
             "measured_exchange_busy_s": float(row.get("exchange_busy_s") or "nan"),
