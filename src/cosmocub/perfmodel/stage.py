@@ -191,6 +191,7 @@ def validate(
                 "timings": len(cal.timings),
                 "wall_s": cal.wall_s,
                 "load_1m": list(cal.load_1m),
+                "steal_share": cal.steal_share,
             },
             "part_share": "a part's errors: over the points where it is >= 10 % of the step",
         },
