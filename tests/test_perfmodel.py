@@ -497,9 +497,11 @@ def test_extrapolation_rows_and_headline() -> None:
     settings = {"sample_sizes": [8], "gpus": [8], "gpus_per_node": 4, "link_gbit": [25]}
     cfg = load_config(config, overrides={"perf_model": {"extrapolate": settings}})
     rows = extrapolate(cfg, cfg.perf_model.extrapolate)
-    # Two accelerators × splits 1..8 (8³ samples: 2³ per rank at 8 still pools) × two optimizers.
+    # Two accelerators × splits 1..8 (8³ samples: 2³ per rank at 8 still pools) × the default
+    # optimizers: Lion, and Lion Cub 1-bit and 4-bit, flat and two-level.
+    variants = ("lion", "lion_cub", "lion_cub_node", "lion_cub_4bit", "lion_cub_4bit_node")
     assert {(r["accelerator"], r["spatial"], r["optimizer"]) for r in rows} == {
-        (a, s, o) for a in ("v100", "h100") for s in (1, 2, 4, 8) for o in ("lion", "lion_cub")
+        (a, s, o) for a in ("v100", "h100") for s in (1, 2, 4, 8) for o in variants
     }
     lion = next(
         r for r in rows if (r["accelerator"], r["spatial"], r["optimizer"]) == ("v100", 1, "lion")
@@ -510,7 +512,8 @@ def test_extrapolation_rows_and_headline() -> None:
     assert lion["exchange_s"] == pytest.approx(expected)
     assert lion["halo_s"] == 0.0 and lion["halo_share"] == 0.0
     assert lion["comm_bytes_per_step"] == pytest.approx(2 * 7 / 8 * payload)
-    (top,) = [h for h in headline(rows, reference="lion", candidate="lion_cub", halo_limit=0.2)
+    (top,) = [h for h in headline(rows, reference="lion", candidate="lion_cub", halo_limit=0.2,
+                                  others=variants[2:])
               if h["accelerator"] == "v100"]  # fmt: skip
     assert top["min_spatial"] == 1
     cub = next(
@@ -520,6 +523,19 @@ def test_extrapolation_rows_and_headline() -> None:
     )
     assert top["speedup"] == pytest.approx(lion["step_s"] / cub["step_s"])
     assert cub["comm_bytes_per_step"] < lion["comm_bytes_per_step"] / 8  # 1 bit (+1) against 32
+    by_name = {r["optimizer"]: r for r in rows if (r["accelerator"], r["spatial"]) == ("v100", 1)}
+    node = by_name["lion_cub_node"]
+    assert top["lion_cub_node_speedup"] == pytest.approx(lion["step_s"] / node["step_s"])
+    # Two nodes of 4: the two-level exchange sends at most 1/4 of the flat one's bytes across
+    # the node's link (the vote on a quarter of the vector per GPU), the rest inside the node.
+    assert 0 < node["inter_node_bytes_per_step"] <= cub["inter_node_bytes_per_step"] / 4
+    assert node["comm_bytes_per_step"] > node["inter_node_bytes_per_step"]
+    # 4-bit codes with 7 levels cost more wire than the sign, flat or two-level.
+    four = by_name["lion_cub_4bit"]
+    assert four["inter_node_bytes_per_step"] > cub["inter_node_bytes_per_step"]
+    assert by_name["lion_cub_4bit_node"]["inter_node_bytes_per_step"] <= (
+        four["inter_node_bytes_per_step"] / 4
+    )
 
 
 def test_the_cores_speed_is_fitted_on_the_fit_set_and_scales_the_cores_work_only() -> None:

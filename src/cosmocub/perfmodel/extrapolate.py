@@ -51,6 +51,7 @@ COLUMNS = (
     "exchange_share",
     "samples_per_s",
     "comm_bytes_per_step",
+    "inter_node_bytes_per_step",
 )
 
 
@@ -131,15 +132,23 @@ def _row(p: Prediction, optimizer: str) -> dict[str, Any]:
         "exchange_share": (s.exchange_s + s.momentum_sync_s) / s.step_s,
         "samples_per_s": p.samples_per_s,
         "comm_bytes_per_step": s.comm_bytes_per_step,
+        "inter_node_bytes_per_step": s.inter_node_bytes_per_step,
     }
 
 
 def headline(
-    rows: Sequence[Mapping[str, Any]], *, reference: str, candidate: str, halo_limit: float
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    reference: str,
+    candidate: str,
+    halo_limit: float,
+    others: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Per accelerator, sample size, link and GPU count: the smallest spatial split that fits in
     memory, the candidate's speedup over the reference there, and the largest split whose halo
-    time stays under the limit, as a share of the candidate's step and of its compute + halo."""
+    time stays under the limit, as a share of the candidate's step and of its compute + halo;
+    for each of `others`, its step and speedup on the same split (`<name>_step_s`,
+    `<name>_speedup`)."""
     keys = sorted({(r["accelerator"], r["sample_size"], r["link_gbit"], r["gpus"]) for r in rows})
     out = []
     for acc, size, link, gpus in keys:
@@ -172,6 +181,11 @@ def headline(
                 "speedup": ref["step_s"] / cand["step_s"],
                 "halo_share": cand["halo_share"],
             }
+            for name in others:
+                row |= {
+                    f"{name}_step_s": pick[name]["step_s"],
+                    f"{name}_speedup": ref["step_s"] / pick[name]["step_s"],
+                }
         out.append(row)
     return out
 
@@ -207,7 +221,11 @@ ranks consecutive, so on one node while spatial <= GPUs per node). Ring collecti
 2(P-1)/P (all-reduce) or (P-1)/P (all-gather) per rank through one link per node per group;
 an all-to-all's ranks of a node share its link. Halo swaps: two faces per split dim, forward
 and backward, at {settings.activation_bytes} bytes per value, plus the all-gather of the
-features before the head. DDP's all-reduce (the Lion rows) overlaps backward as torch runs it:
+features before the head. Lion Cub with `hierarchy: node` (the `_node` rows): the fp32
+reduce-scatter of the pre-sign vector over a node's GPUs on the intra-node link, the compressed
+vote over the nodes on 1/G of it per GPU (G rails sharing the node's link), the all-gather of the
+voted bits inside the node; the 4-bit rows keep 7 levels at any data size (all-to-all).
+DDP's all-reduce (the Lion rows) overlaps backward as torch runs it:
 buckets in reverse parameter order (1 MiB the first, 25 MiB the rest), each all-reduced once
 the backward of its layer (2/3 of the layer's forward + backward) is done, one at a time; the
 step holds what is left after backward. Nothing else overlaps (Lion Cub's exchange follows
@@ -219,7 +237,8 @@ pessimistic against NCCL's tree algorithms and penalises many small messages (Li
 Optimizer update: memory-bound, about 20 (Lion) to 28 (Lion Cub, AdamW) bytes per parameter at
 the HBM bandwidth. Memory: activations saved for backward (bf16) + {STATE_BYTES_PER_PARAM} bytes
 per parameter.
-Speedups compare the two optimizers on the same mesh (the smallest spatial split that fits);
+Speedups compare each optimizer with the first on the same mesh (the smallest spatial split
+that fits);
 the step model ignores data loading and convergence per step.
 """
 

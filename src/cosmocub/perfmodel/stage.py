@@ -225,17 +225,21 @@ def extrapolate(cfg: Config, *, model_config: str, out: Path) -> None:
     settings = cfg.perf_model.extrapolate
     base = load_config(model_config)
     names = list(settings.optimizers)
-    if len(names) != 2:
+    if len(names) < 2:
         raise ValueError(
             f"key 'perf_model.extrapolate.optimizers': {len(names)} given ({names}); the "
-            "headline compares two (reference first, then the candidate)"
+            "headline compares at least two (the reference first, then the candidates)"
         )
     from cosmocub.perfmodel.extrapolate import extrapolate as extrapolate_rows
 
     rows = extrapolate_rows(base, settings)
     write_tsv(rows, COLUMNS, out / "extrapolation.tsv")
     top = headline(
-        rows, reference=names[0], candidate=names[1], halo_limit=settings.halo_share_limit
+        rows,
+        reference=names[0],
+        candidate=names[1],
+        halo_limit=settings.halo_share_limit,
+        others=names[2:],
     )
     write_tsv(top, list(top[0]), out / "headline.tsv")
     plot_extrapolation(rows, out / "extrapolation.png")
@@ -261,6 +265,8 @@ def extrapolate(cfg: Config, *, model_config: str, out: Path) -> None:
                 r["max_spatial_halo_of_step"],
                 r["max_spatial_halo_of_compute"],
             )
+            for name in names[2:]:
+                log.info("  %s %.3f s (%.2fx)", name, r[f"{name}_step_s"], r[f"{name}_speedup"])
 
 
 def predict(
