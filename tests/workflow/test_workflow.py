@@ -141,6 +141,29 @@ def test_empty_public_folder_is_a_clear_error(tmp_path):
     assert "holds no univ_*.hdf5 files" in proc.stdout + proc.stderr
 
 
+def _validate_inputs(stdout: str) -> list[str]:
+    block = stdout.split("rule perf_model_validate:", 1)[1]
+    line = next(x for x in block.splitlines() if x.strip().startswith("input:"))
+    return [p.strip() for p in line.split(":", 1)[1].split(",")]
+
+
+def test_perf_model_validates_on_the_study_tables_the_same_invocation_makes(tmp_path):
+    """`snakemake network_study scaling_study perf_model` from empty results: the validation
+    waits for both tables (it used to see only those that existed when the Snakefile was
+    parsed); `perf_model` alone does not make the studies run."""
+    config = str(REPO / "config" / "test.yaml")
+    both = snakemake("-n", "network_study", "scaling_study", "perf_model", "--configfile",
+                     config, cwd=tmp_path)  # fmt: skip
+    assert both.returncode == 0, both.stderr[-2000:]
+    tables = [p for p in _validate_inputs(both.stdout) if p.endswith("points.tsv")]
+    assert [Path(p).parent.name for p in tables] == ["step_time", "network", "scaling"]
+    alone = snakemake("-n", "perf_model", "--configfile", config, cwd=tmp_path)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    tables = [p for p in _validate_inputs(alone.stdout) if p.endswith("points.tsv")]
+    assert [Path(p).parent.name for p in tables] == ["step_time"]
+    assert "network_study" not in job_counts(alone.stdout)
+
+
 def test_lint_is_clean(tmp_path):
     proc = snakemake("--lint", cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -175,12 +175,18 @@ def study_gather_inputs(wildcards):
 
 def perf_model_tables(wildcards):
     """The step-time study's table (it holds the calibration point), and the network and
-    scaling studies' where they have been run: `snakemake perf_model` does not run them.
+    scaling studies' where they have been run or are asked for in the same invocation
+    (`snakemake network_study perf_model` validates on the table it makes): `snakemake
+    perf_model` alone does not run them.
     """
-    tables = [
-        f"{RESULTS}/studies/{s}/points.tsv" for s in ("step_time", "network", "scaling")
+    # The invocation's targets (rule names or files); None in a job that names none.
+    asked = {str(t) for t in (workflow.dag_settings.targets or ())}
+    tables = {s: f"{RESULTS}/studies/{s}/points.tsv" for s in ("step_time", "network", "scaling")}
+    return [
+        t
+        for s, t in tables.items()
+        if s == "step_time" or os.path.exists(t) or f"{s}_study" in asked or t in asked
     ]
-    return tables[:1] + [t for t in tables[1:] if os.path.exists(t)]
 
 
 def gathered_study_sections(wildcards):
