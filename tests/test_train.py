@@ -24,7 +24,7 @@ from cosmocub.launch.torchrun import torchrun_argv
 from cosmocub.models.factory import load_model_file
 from cosmocub.parallel.mesh import LaunchEnv, ParallelDims, _first_slurm_host, detect_launch_env
 from cosmocub.train.checkpoint import CheckpointManager, CheckpointMismatchError
-from cosmocub.train.conditions import read_sched_ns
+from cosmocub.train.conditions import read_core_ticks, read_sched_ns
 from cosmocub.train.data import ResumableSampler
 from cosmocub.train.loop import NonFiniteLossError
 from cosmocub.train.main import train
@@ -122,6 +122,7 @@ def test_outputs_follow_the_run_format(shards: Path, tmp_path: Path) -> None:
         *("cpu_s", "wall_s", "cpu_share", "nivcsw", "load_1m_start", "load_1m_end"),
         *("torch_threads", "cores_granted"),
         *(("ready_share",) if read_sched_ns() is not None else ()),
+        *(("steal_share",) if read_core_ticks() is not None else ()),
     } | {f"val_mae_{p}" for p in ("Omega_m", "sigma_8", "N_spec", "H_0")}
     assert set(records[0]) == expected_keys
     assert records[-1]["torch_threads"] == 1 and 0 < records[-1]["cpu_share"] < 1.5
@@ -198,7 +199,7 @@ def test_deterministic_resume_is_bit_identical(shards: Path, tmp_path: Path) -> 
         lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
         # wall-clock, memory and the machine's conditions (train/conditions.py): not reproducible
         timing = ("samples_per_s", "data_wait_share", "time_", "elapsed_s", "peak_rss_mb")
-        timing += ("cpu_", "wall_s", "ready_share", "nivcsw", "load_1m")
+        timing += ("cpu_", "wall_s", "ready_share", "steal_share", "nivcsw", "load_1m")
         return [{k: v for k, v in json.loads(x).items() if not k.startswith(timing)} for x in lines]
 
     assert losses("whole") == losses("broken")
