@@ -6,16 +6,15 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-import yaml
+from test_spatial_train import run_trainings
 from test_train import TINY  # the plain tiny recipe the training tests share
 from torch import nn
 
 from cosmocub.config import ConfigError, load_config
-from cosmocub.launch import multirank
-from cosmocub.launch.torchrun import torchrun_argv
 from cosmocub.optim.collectives import COLLECTIVES
 from cosmocub.optim.factory import build_optimizer, check_group_size
 from cosmocub.optim.lion import Lion
@@ -339,20 +338,6 @@ def test_four_gloo_ranks_collectives_agree(four_gloo_ranks: subprocess.Completed
 
 # --- training through the loop, several gloo ranks ----------------------------------------------
 
-TRAIN_RANK = """
-import os, sys
-from cosmocub.config import load_config
-from cosmocub.train.main import train
-cfg_path, shards, run, die_at = sys.argv[1:5]
-first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-
-def hook(step, model):
-    if first_attempt and os.environ["RANK"] == "1" and step == int(die_at):
-        os._exit(17)  # a rank dies; torchrun restarts every rank, which resume
-
-train(load_config(cfg_path), shards_dir=shards, run_dir=run, on_step_end=hook)
-"""
-
 # Plain, as these tests were written against (the schema's defaults are now the laptop recipe:
 # batch norm, augmentation, a decay schedule).
 LION_TINY = {
@@ -362,19 +347,12 @@ LION_TINY = {
 }
 
 
-def _torchrun(tmp_path: Path, name: str, nproc: int, optimizer: dict, shards: Path, **kw) -> Path:
+def _values(optimizer: dict, **train: Any) -> dict[str, Any]:
+    """LION_TINY with `optimizer` and `train` updated."""
     values = json.loads(json.dumps(LION_TINY))
     values["optimizer"].update(optimizer)
-    values["train"].update(kw.get("train", {}))
-    cfg_path = tmp_path / f"{name}.yaml"
-    cfg_path.write_text(yaml.safe_dump(values))
-    script = tmp_path / "rank.py"
-    script.write_text(TRAIN_RANK)
-    run = tmp_path / name
-    args = [str(script), str(cfg_path), str(shards), str(run), str(kw.get("die_at", 0))]
-    proc = multirank.run_ranks(torchrun_argv(nproc, *args, max_restarts=1), timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return run
+    values["train"].update(train)
+    return values
 
 
 def _records(run: Path) -> list[dict]:
@@ -388,11 +366,9 @@ def shards32(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_four_rank_lion_cub_trains_as_well_as_lion(tmp_path: Path, shards32: Path) -> None:
-    lion = _records(_torchrun(tmp_path, "lion", 4, {}, shards32))
     cub_options = {"quantizer": "l1", "bits": 4, "collective": "alltoall"}
-    cub = _records(
-        _torchrun(tmp_path, "cub", 4, {"name": "lion_cub", "lion_cub": cub_options}, shards32)
-    )
+    runs = {"lion": _values({}), "cub": _values({"name": "lion_cub", "lion_cub": cub_options})}
+    lion, cub = map(_records, run_trainings(tmp_path, shards32, runs, nproc=4).values())
     print([r["val_loss"] for r in lion], [r["val_loss"] for r in cub])
     assert cub[-1]["val_loss"] < 1.5 * lion[-1]["val_loss"]
     assert cub[-1]["val_loss"] < 0.7 * cub[0]["val_loss"]
@@ -409,9 +385,11 @@ def test_two_rank_lion_cub_resumes_exactly(tmp_path: Path, shards32: Path) -> No
         "name": "lion_cub",
         "lion_cub": {"quantizer": "sign", "momentum_sync": {"schedule": "every", "every_steps": 3}},
     }
-    short = {"train": {"epochs": 2, "local_batch_size": 4}}  # 4 steps per epoch
-    whole = _torchrun(tmp_path, "whole", 2, options, shards32, **short)
-    broken = _torchrun(tmp_path, "broken", 2, options, shards32, die_at=7, **short)
+    short = {"epochs": 2, "local_batch_size": 4}  # 4 steps per epoch
+    # Rank 1 dies at step 7 of `broken`; torchrun restarts both ranks, which resume it (`whole`
+    # trained before, in the first attempt).
+    runs = {"whole": _values(options, **short), "broken": _values(options, **short)}
+    whole, broken = run_trainings(tmp_path, shards32, runs, nproc=2, die_at={"broken": 7}).values()
     summary = json.loads((broken / "train_summary.json").read_text())
     assert summary["resumed_from"].endswith("step_00000005.pt")
     a = torch.load(whole / "model.pt", weights_only=True)["state_dict"]
