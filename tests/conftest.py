@@ -1,4 +1,5 @@
-"""Shared pytest fixtures: small random universes written with the package's own writer."""
+"""Shared pytest fixtures: small random universes written with the package's own writer, and the
+one 4-gloo-rank spawn that tests in two modules read (tests/four_gloo_ranks.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import atexit
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from four_gloo_ranks import run_four_gloo_ranks
 
 from cosmocub.config import ModelConfig, load_config
 from cosmocub.cosmology.parameters import phys_from_unit
@@ -78,3 +81,9 @@ def real_samples() -> list[Path]:
 def mlperf_model_cfg() -> ModelConfig:
     """The MLPerf HPC reference model, as config/cosmoflow-mlperf.yaml builds it."""
     return load_config(Path(__file__).resolve().parents[1] / "config/cosmoflow-mlperf.yaml").model
+
+
+@pytest.fixture(scope="session")
+def four_gloo_ranks(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess:
+    """The one torchrun of 4 gloo ranks that runs every program of tests/four_gloo_ranks.py."""
+    return run_four_gloo_ranks(tmp_path_factory.mktemp("four_gloo_ranks"))

@@ -4,17 +4,17 @@ optimizers at one data rank against Lion and lion-pytorch, config errors, and 4 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-import yaml
+from test_spatial_train import run_trainings
 from test_train import TINY  # the plain tiny recipe the training tests share
 from torch import nn
 
 from cosmocub.config import ConfigError, load_config
-from cosmocub.launch import multirank
-from cosmocub.launch.torchrun import torchrun_argv
 from cosmocub.optim.collectives import COLLECTIVES
 from cosmocub.optim.factory import build_optimizer, check_group_size
 from cosmocub.optim.lion import Lion
@@ -326,184 +326,17 @@ def test_lion_cub_defaults_and_group_size_check() -> None:
 
 # --- four gloo ranks ----------------------------------------------------------------------------
 
-FOUR_RANKS = """
-import itertools, sys, torch, torch.distributed as dist
-from torch import nn
-from cosmocub.optim.collectives import COLLECTIVES, CommStats, build_collective
-from cosmocub.optim.lion_cub import LionCub
-from cosmocub.optim.quantize import quantize, quantizer_levels, wire_bits
-from cosmocub.optim.vote import tie_pattern, vote
-from cosmocub.optim.wire import WireSpec, wire_values
-
-dist.init_process_group("gloo")
-rank, P = dist.get_rank(), dist.get_world_size()
-group = dist.new_group(list(range(P)))
-EXCHANGES = [(name, "int8") for name in COLLECTIVES] + [("allreduce", "fp16")]
-
-# The fp16 sum over gloo is exact wherever quantizer_levels lets it run: at N = 2048/s ranks of
-# codes at ±s every partial sum is an integer in [-2048, 2048], and every addition a reduction
-# can make (ring or tree, any order) adds two such integers. Ranks 0 and 1 (each standing for
-# N/2 ranks, their codes pre-summed) all-reduce every pair of them, 4097² sums: each must be
-# a + b rounded to fp16, which is a + b itself wherever |a + b| <= 2048 (12,589,057 pairs; every
-# integer there is an fp16 value, 2049 is not: the bound is tight).
-pair = dist.new_group([0, 1])
-if rank < 2:
-    m = 2048
-    v = torch.arange(-m, m + 1, dtype=torch.float16)
-    assert torch.equal(v.float(), torch.arange(-m, m + 1, dtype=torch.float32))
-    a, b = v.repeat_interleave(2 * m + 1), v.repeat(2 * m + 1)  # the square, row-major
-    total = (a if rank == 0 else b).clone()
-    dist.all_reduce(total, group=pair)
-    expected = a.float() + b.float()  # exact in fp32
-    assert torch.equal(total, expected.half()), "gloo's fp16 sum is not the rounded a + b"
-    assert int((expected.abs() <= m).sum()) == 12_589_057
-    assert float(torch.tensor(2049.0).half()) == 2048.0
-
-def q_of(r, n, quantizer, levels, case):
-    c = torch.randn(n, generator=torch.Generator().manual_seed(1000 * case + r))
-    c[::5] = 0.0  # zeros: a 1-bit wire must send them as the tie pattern
-    if case % 3 == 0:
-        c[: n // 2] = 0.0  # whole runs of zeros: many ties
-    return quantize(c, quantizer=quantizer, levels=levels, segments=[n // 2, n - n // 2])
-
-# The wiring (chunks, padding, async handles) of each exchange; the sums' arithmetic at up to
-# 4,096 ranks is tests/test_lion_cub_levels.py's. Equal levels (the int8 all-reduce's at P), so
-# that every exchange must give the same update.
-cases = 0
-for case, (quantizer, bits, n, step) in enumerate(itertools.product(
-        ("sign", "l1", "linf", "l0"), (2, 8), (1, 33, 1000), (0, 1))):
-    if quantizer == "sign" and bits != 2:
-        continue
-    bits = 1 if quantizer == "sign" else bits
-    levels = quantizer_levels(quantizer, bits, P, collective="allreduce")
-    tie = tie_pattern(n, step=step)
-    q = q_of(rank, n, quantizer, levels, case)
-    spec = WireSpec(quantizer, levels, wire_bits(quantizer, levels))
-    # Every rank can rebuild every rank's q: the expected vote without any communication.
-    total = sum(wire_values(q_of(r, n, quantizer, levels, case), tie, spec).to(torch.int16)
-                for r in range(P))
-    expected = vote(total, tie)
-    for name, dtype in EXCHANGES:
-        spec = WireSpec(quantizer, levels, wire_bits(quantizer, levels), dtype)
-        stats = CommStats()
-        coll = build_collective(name, group, stats)
-        got = coll.finish(coll.start(q, tie, spec), spec)
-        assert torch.equal(got, expected), (name, dtype, quantizer, bits, n, step)
-        assert stats.bytes_sent > 0
-    cases += 1
-
-# Bytes at n = 1024·P, 1-bit: alltoall+allgather 2(P-1)/P·n/8; allgather (P-1)·n/8;
-# allreduce 2(P-1)/P·n in int8, twice that in fp16.
-n = 1024 * P
-sent = {}
-for name, dtype in EXCHANGES:
-    spec = WireSpec("sign", 1, 1, dtype)
-    stats = CommStats()
-    coll = build_collective(name, group, stats)
-    coll.finish(coll.start(torch.ones(n, dtype=torch.int8), tie_pattern(n, step=0), spec), spec)
-    sent[name, dtype] = stats.bytes_sent
-    # Each collective times its own phases: the encode, its collectives' waits, the vote.
-    second = {"alltoall": {"allgather"}, "allgather": set(), "allreduce": set()}[name]
-    assert set(stats.phase_s) == {"encode", name, "vote"} | second, stats.phase_s
-    assert all(v >= 0 for v in stats.phase_s.values())
-assert sent == {("alltoall", "int8"): 2 * (P - 1) / P * n / 8,
-                ("allgather", "int8"): (P - 1) * n / 8,
-                ("allreduce", "int8"): 2 * (P - 1) / P * n,
-                ("allreduce", "fp16"): 2 * 2 * (P - 1) / P * n}, sent
-
-# The optimizer: the same local gradients give the same parameters under every collective and
-# with or without overlap; parameters stay identical across ranks; momenta differ until synced.
-def run(collective, overlap, quantizer="l1", bits=4, dtype="int8"):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(5, 12), nn.Tanh(), nn.Linear(12, 2))
-    opt = LionCub(model.named_parameters(), group=group, lr=0.01, weight_decay=0.1,
-                  quantizer=quantizer, bits=bits, collective=collective, overlap=overlap,
-                  allreduce_dtype=dtype if collective == "allreduce" else None,
-                  momentum_sync="every", sync_every=3, sync_patterns=["0.*"],
-                  bucket_mb=40 * 4 / 2**20)
-    gen = torch.Generator().manual_seed(rank)
-    for _ in range(4):
-        x, y = torch.randn(6, 5, generator=gen), torch.randn(6, 2, generator=gen)
-        opt.zero_grad(set_to_none=True)
-        nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-    return model, opt
-
-# l1 4-bit at P = 4: 7 levels in every exchange, the fp16 all-reduce's included.
-runs = {}
-for (collective, dtype), overlap in itertools.product(EXCHANGES, (False, True)):
-    if dtype == "fp16" and overlap:
-        continue  # overlap starts buckets early the same way whatever the exchange
-    model, opt = runs[collective, dtype, overlap] = run(collective, overlap, dtype=dtype)
-    phases, exchange = opt.comm_stats.phase_s, opt.comm_stats.exchange_s
-    assert "quantize" in phases and collective in phases, (collective, phases)
-    if not overlap:  # the phases are disjoint parts of the timed exchange
-        assert 0 < sum(phases.values()) <= exchange, (collective, phases, exchange)
-ref_model, ref_opt = runs["allreduce", "int8", False]
-flat = torch.cat([p.detach().reshape(-1) for p in ref_model.parameters()])
-everyone = [torch.empty_like(flat) for _ in range(P)]
-dist.all_gather(everyone, flat, group=group)
-assert all(torch.equal(everyone[0], x) for x in everyone)
-for key, (model, _) in runs.items():
-    for a, b in zip(ref_model.parameters(), model.parameters()):
-        assert torch.equal(a, b), key
-# Momentum synced at step 3 for layer 0 only, then one local step: layer 0's momenta are
-# β2·mean + (1-β2)·g_local; check the sync itself by replaying: state_dict has every rank's.
-def gather(t):
-    out = [torch.empty_like(t) for _ in range(P)]
-    dist.all_gather(out, t.contiguous(), group=group)
-    return out
-
-saved = ref_opt.state_dict()
-per_rank = saved["state"]
-assert saved["data_group_size"] == P and saved["step_count"] == 4
-w2 = per_rank[2]["exp_avg_per_data_rank"]  # layer 2 weight: never synced, ranks differ
-mine = ref_opt.state[list(ref_model.parameters())[2]]["exp_avg"]
-everyone_m = gather(mine)
-if rank == 0:  # the checkpoint's writer holds every data rank's momentum, in rank order
-    assert w2.shape == (P, 2, 12) and not torch.equal(w2[0], w2[1])
-    assert all(torch.equal(w2[r], everyone_m[r]) for r in range(P))
-else:  # the others only their own: nothing of P × the parameters
-    assert w2.shape == (1, 2, 12) and torch.equal(w2[0], mine)
-_, synced = run("alltoall", False, quantizer="sign", bits=1)
-
-m0, m2 = (synced.state[synced.param_groups[0]["params"][i]]["exp_avg"] for i in (0, 2))
-before0, before2 = gather(m0), gather(m2)
-assert not torch.equal(before0[0], before0[1])
-synced._average_momenta()  # patterns ["0.*"]: layer 0 only
-after0, after2 = gather(m0), gather(m2)
-assert all(torch.equal(after0[0], g) for g in after0)
-assert torch.allclose(after0[0], torch.stack(before0).mean(0), atol=1e-7)
-assert all(torch.equal(a, b) for a, b in zip(before2, after2))  # layer 2 untouched
-print(f"rank {rank}: {cases} cases OK", flush=True)
-dist.destroy_process_group()
-"""
-
 
 @pytest.mark.slow
-def test_four_gloo_ranks_collectives_agree(tmp_path: Path) -> None:
-    script = tmp_path / "four.py"
-    script.write_text(FOUR_RANKS)
-    proc = multirank.run_ranks(torchrun_argv(4, str(script)), timeout=180)
+def test_four_gloo_ranks_collectives_agree(four_gloo_ranks: subprocess.CompletedProcess) -> None:
+    # The program is tests/four_gloo_ranks.py's COLLECTIVES_AGREE, in a spawn shared with
+    # tests/test_lion_cub_hierarchy.py's 2 nodes × 2.
+    proc = four_gloo_ranks
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.count("cases OK") == 4, proc.stdout
 
 
 # --- training through the loop, several gloo ranks ----------------------------------------------
-
-TRAIN_RANK = """
-import os, sys
-from cosmocub.config import load_config
-from cosmocub.train.main import train
-cfg_path, shards, run, die_at = sys.argv[1:5]
-first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-
-def hook(step, model):
-    if first_attempt and os.environ["RANK"] == "1" and step == int(die_at):
-        os._exit(17)  # a rank dies; torchrun restarts every rank, which resume
-
-train(load_config(cfg_path), shards_dir=shards, run_dir=run, on_step_end=hook)
-"""
 
 # Plain, as these tests were written against (the schema's defaults are now the laptop recipe:
 # batch norm, augmentation, a decay schedule).
@@ -514,19 +347,12 @@ LION_TINY = {
 }
 
 
-def _torchrun(tmp_path: Path, name: str, nproc: int, optimizer: dict, shards: Path, **kw) -> Path:
+def _values(optimizer: dict, **train: Any) -> dict[str, Any]:
+    """LION_TINY with `optimizer` and `train` updated."""
     values = json.loads(json.dumps(LION_TINY))
     values["optimizer"].update(optimizer)
-    values["train"].update(kw.get("train", {}))
-    cfg_path = tmp_path / f"{name}.yaml"
-    cfg_path.write_text(yaml.safe_dump(values))
-    script = tmp_path / "rank.py"
-    script.write_text(TRAIN_RANK)
-    run = tmp_path / name
-    args = [str(script), str(cfg_path), str(shards), str(run), str(kw.get("die_at", 0))]
-    proc = multirank.run_ranks(torchrun_argv(nproc, *args, max_restarts=1), timeout=240)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return run
+    values["train"].update(train)
+    return values
 
 
 def _records(run: Path) -> list[dict]:
@@ -540,11 +366,9 @@ def shards32(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_four_rank_lion_cub_trains_as_well_as_lion(tmp_path: Path, shards32: Path) -> None:
-    lion = _records(_torchrun(tmp_path, "lion", 4, {}, shards32))
     cub_options = {"quantizer": "l1", "bits": 4, "collective": "alltoall"}
-    cub = _records(
-        _torchrun(tmp_path, "cub", 4, {"name": "lion_cub", "lion_cub": cub_options}, shards32)
-    )
+    runs = {"lion": _values({}), "cub": _values({"name": "lion_cub", "lion_cub": cub_options})}
+    lion, cub = map(_records, run_trainings(tmp_path, shards32, runs, nproc=4).values())
     print([r["val_loss"] for r in lion], [r["val_loss"] for r in cub])
     assert cub[-1]["val_loss"] < 1.5 * lion[-1]["val_loss"]
     assert cub[-1]["val_loss"] < 0.7 * cub[0]["val_loss"]
@@ -561,9 +385,11 @@ def test_two_rank_lion_cub_resumes_exactly(tmp_path: Path, shards32: Path) -> No
         "name": "lion_cub",
         "lion_cub": {"quantizer": "sign", "momentum_sync": {"schedule": "every", "every_steps": 3}},
     }
-    short = {"train": {"epochs": 2, "local_batch_size": 4}}  # 4 steps per epoch
-    whole = _torchrun(tmp_path, "whole", 2, options, shards32, **short)
-    broken = _torchrun(tmp_path, "broken", 2, options, shards32, die_at=7, **short)
+    short = {"epochs": 2, "local_batch_size": 4}  # 4 steps per epoch
+    # Rank 1 dies at step 7 of `broken`; torchrun restarts both ranks, which resume it (`whole`
+    # trained before, in the first attempt).
+    runs = {"whole": _values(options, **short), "broken": _values(options, **short)}
+    whole, broken = run_trainings(tmp_path, shards32, runs, nproc=2, die_at={"broken": 7}).values()
     summary = json.loads((broken / "train_summary.json").read_text())
     assert summary["resumed_from"].endswith("step_00000005.pt")
     a = torch.load(whole / "model.pt", weights_only=True)["state_dict"]

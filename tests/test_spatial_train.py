@@ -41,21 +41,35 @@ TINY: dict[str, Any] = {
     "tracking": {"enabled": False},
 }
 
+# Several trainings one after another in one process group (process start-up is the cost).
 RANK_SCRIPT = textwrap.dedent(
     """
-    import os, sys
+    import json, os, sys
+    from pathlib import Path
     from cosmocub.config import load_config
+    from cosmocub.parallel.mesh import build_parallel_dims, close_parallel_dims
     from cosmocub.train.main import train
-    cfg_path, shards, run, die_at = sys.argv[1:5]
+    shards, runs = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    # The process group every run trains in: `train` leaves a group it did not start open (one
+    # that starts and ends its own could not start a second in the same attempt's store).
+    world = build_parallel_dims()
 
-    def hook(step, model):
-        if first_attempt and os.environ["RANK"] == "1" and step == int(die_at):
-            os._exit(17)  # a rank dies without cleaning up; torchrun restarts every rank
+    for run in runs:
+        if (Path(run["dir"]) / "train_summary.json").exists():
+            continue  # finished before a rank died in a later run: this is torchrun's restart
 
-    train(load_config(cfg_path), shards_dir=shards, run_dir=run, on_step_end=hook)
+        def hook(step, model, die_at=run["die_at"]):
+            if first_attempt and os.environ["RANK"] == "1" and step == die_at:
+                os._exit(17)  # a rank dies without cleaning up; torchrun restarts every rank
+
+        if os.environ["RANK"] == "0":  # the runs' log lines (rank 0's) apart: see run_trainings
+            print(f"=== training {run['name']}", file=sys.stderr, flush=True)
+        train(load_config(run["config"]), shards_dir=shards, run_dir=run["dir"], on_step_end=hook)
+    close_parallel_dims(world)
     """
 )
+MARK = "=== training "  # the line RANK_SCRIPT's rank 0 prints before each run
 
 
 @pytest.fixture(scope="module")
@@ -64,24 +78,59 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_random_shards(folder, counts={"train": 16, "val": 8}, size=8, slab_depth=2)
 
 
-def run_ranks(
-    tmp: Path, shards: Path, name: str, *, nproc: int, die_at: int = 0, **sections: dict
-) -> Path:
+def tiny(**sections: dict) -> dict[str, Any]:
+    """TINY with each of `sections` updated."""
     values = json.loads(json.dumps(TINY))
     for section, changes in sections.items():
         values.setdefault(section, {}).update(changes)
-    cfg_path = tmp / f"{name}.yaml"
-    cfg_path.write_text(yaml.safe_dump(values))
+    return values
+
+
+def run_trainings(
+    tmp: Path,
+    shards: Path,
+    runs: dict[str, dict[str, Any]],
+    *,
+    nproc: int,
+    die_at: dict[str, int] | None = None,
+) -> dict[str, Path]:
+    """One torchrun of `nproc` gloo ranks that trains `runs` ({name: config values}) in order,
+    each into tmp/<name>; returns {name: run folder}, each with its part of the log (rank 0's
+    lines from its start to the next run's) in stderr.txt. In run `name` of die_at, rank 1 dies
+    at step die_at[name] of the first attempt; torchrun restarts every rank, which skip the runs
+    that finished and resume that one from its checkpoint."""
+    die_at = die_at or {}
+    manifest = []
+    for name, values in runs.items():
+        cfg_path = tmp / f"{name}.yaml"
+        cfg_path.write_text(yaml.safe_dump(values))
+        (tmp / name).mkdir(exist_ok=True)
+        manifest.append(
+            {
+                "name": name,
+                "config": str(cfg_path),
+                "dir": str(tmp / name),
+                "die_at": die_at.get(name, 0),
+            }
+        )
+    manifest_path = tmp / f"trainings-{'-'.join(runs)}.json"
+    manifest_path.write_text(json.dumps(manifest))
     script = tmp / "rank.py"
     script.write_text(RANK_SCRIPT)
-    run = tmp / name
-    run.mkdir(exist_ok=True)
-    args = [str(script), str(cfg_path), str(shards), str(run), str(die_at)]
+    args = [str(script), str(shards), str(manifest_path)]
     argv = torchrun_argv(nproc, *args, max_restarts=1 if die_at else 0)
-    proc = multirank.run_ranks(argv, timeout=240)
+    proc = multirank.run_ranks(argv, timeout=240 * len(runs))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    (run / "stderr.txt").write_text(proc.stderr)
-    return run
+    logs: dict[str, list[str]] = {name: [] for name in runs}
+    current = None
+    for line in proc.stderr.splitlines(keepends=True):
+        if line.startswith(MARK):
+            current = line.removeprefix(MARK).strip()
+        elif current is not None:
+            logs[current].append(line)
+    for name, lines in logs.items():
+        (tmp / name / "stderr.txt").write_text("".join(lines))
+    return {name: tmp / name for name in runs}
 
 
 def step_losses(run: Path) -> dict[int, float]:
@@ -108,16 +157,11 @@ def test_data2_spatial2_matches_data4(shards: Path, tmp_path: Path) -> None:
     # The same global batch of 8: 4 data ranks × 2, or 2 data ranks × 4 (each split in two).
     # Batch norm normalises over the global batch in both.
     model = {"batch_norm": True}
-    flat = run_ranks(tmp_path, shards, "data4", nproc=4, train={"local_batch_size": 2}, model=model)
-    split = run_ranks(
-        tmp_path,
-        shards,
-        "data2_spatial2",
-        nproc=4,
-        train={"local_batch_size": 4},
-        parallel={"spatial": 2},
-        model=model,
-    )
+    runs = {
+        "data4": tiny(train={"local_batch_size": 2}, model=model),
+        "data2_spatial2": tiny(train={"local_batch_size": 4}, parallel={"spatial": 2}, model=model),
+    }
+    flat, split = run_trainings(tmp_path, shards, runs, nproc=4).values()
     summary = json.loads((split / "train_summary.json").read_text())
     assert (summary["data_parallel"], summary["spatial_parallel"], summary["steps"]) == (2, 2, 4)
     flat_losses, split_losses = step_losses(flat), step_losses(split)
@@ -145,9 +189,10 @@ def test_spatial2_resumes_exactly(shards: Path, tmp_path: Path) -> None:
         "train": {"local_batch_size": 4, "augment": True},
         "model": {"batch_norm": True, "dropout": 0.3},
     }
-    whole = run_ranks(tmp_path, shards, "whole", nproc=2, **sections)
-    # Rank 1 dies at step 5 of 8, after the checkpoint at step 3; torchrun restarts both.
-    broken = run_ranks(tmp_path, shards, "broken", nproc=2, die_at=5, **sections)
+    # Rank 1 dies at step 5 of 8 of `broken`, after the checkpoint at step 3; torchrun restarts
+    # both, which resume it (`whole` trained before, in the first attempt).
+    runs = {"whole": tiny(**sections), "broken": tiny(**sections)}
+    whole, broken = run_trainings(tmp_path, shards, runs, nproc=2, die_at={"broken": 5}).values()
     summary = json.loads((broken / "train_summary.json").read_text())
     assert summary["resumed_from"].endswith("step_00000003.pt") and summary["steps"] == 8
     assert (summary["world_size"], summary["spatial_parallel"]) == (2, 2)

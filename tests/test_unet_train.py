@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_spatial_train import epoch_records, run_ranks, step_losses
+from test_spatial_train import epoch_records, run_trainings, step_losses, tiny
 
 from cosmocub.models.factory import load_model_file
 from cosmocub.models.unet import UNet3d
@@ -36,12 +36,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     shards = make_random_shards(
         tmp / "shards", counts={"train": 16, "val": 8}, size=8, slab_depth=2
     )
-    split = {**UNET, "parallel": {"spatial": 2}}
+    split = tiny(**UNET, parallel={"spatial": 2})
     return {
-        "s1": run_ranks(tmp, shards, "s1", nproc=1, **UNET),
-        "s2": run_ranks(tmp, shards, "s2", nproc=2, **split),
-        # Rank 1 dies at step 5 of 8, after the checkpoint at step 3; torchrun restarts both.
-        "s2_broken": run_ranks(tmp, shards, "s2_broken", nproc=2, die_at=5, **split),
+        **run_trainings(tmp, shards, {"s1": tiny(**UNET)}, nproc=1),
+        # Rank 1 dies at step 5 of 8 of s2_broken, after the checkpoint at step 3; torchrun
+        # restarts both ranks, which resume it (s2 trained before, in the first attempt).
+        **run_trainings(
+            tmp, shards, {"s2": split, "s2_broken": split}, nproc=2, die_at={"s2_broken": 5}
+        ),
     }
 
 

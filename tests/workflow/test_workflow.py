@@ -227,6 +227,11 @@ def test_tiny_pipeline_end_to_end_with_tracking(tmp_path):
     # 6 universes are one simulate group (cluster.simulate.universes_per_job 16: the links into
     # place log no run) and one preprocess group (cluster.preprocess.universes_per_job 64) + gather.
     assert rules == ["evaluate", "preprocess", "preprocess_group", "simulate_group", "train"]
+    # The preprocessing jobs' runs (records, system metrics being off) with what they logged.
+    group_run = next(r for r in children if r.data.tags["rule"] == "preprocess_group")
+    assert group_run.data.params["group"] == "0" and group_run.info.status == "FINISHED"
+    gather_run = next(r for r in children if r.data.tags["rule"] == "preprocess")
+    assert gather_run.data.metrics["samples_train"] == 24
     train_run = next(r for r in children if r.data.tags["rule"] == "train")
     assert train_run.data.params["train.epochs"] == "2"
     assert "val_loss" in train_run.data.metrics

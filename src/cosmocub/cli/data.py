@@ -87,7 +87,14 @@ def _cmd_preprocess_group(args: argparse.Namespace) -> int:
     from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
-    with job_run(cfg, stage="preprocess", params={"group": args.group}):
+    # Deferred unless system metrics are on (only a live run samples them): the run holds nothing
+    # a record cannot, and inside a workflow MLflow's import and store would cost this job ~3.5 s.
+    with job_run(
+        cfg,
+        stage="preprocess",
+        params={"group": args.group},
+        defer=not cfg.tracking.system_metrics,
+    ):
         crop_group(
             Path(args.staging),
             args.group,
@@ -104,7 +111,8 @@ def _cmd_preprocess_gather(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     staging = Path(args.staging)
     groups = group_files(staging, Path(args.groups_dir))
-    with job_run(cfg, stage="preprocess") as tracker:
+    # Deferred unless system metrics are on, as a group's run (its metrics fit a record too).
+    with job_run(cfg, stage="preprocess", defer=not cfg.tracking.system_metrics) as tracker:
         manifest = gather_shards(
             staging, groups, Path(args.out), settings=cfg.preprocess, config_hash=cfg.hash
         )

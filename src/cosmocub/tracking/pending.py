@@ -3,8 +3,9 @@
 A workflow's short jobs would spend most of their time on MLflow itself: a 64³ simulate computes
 for ~2 s and importing MLflow plus opening the SQLite store costs ~3.5 s more, 48 times. Inside a
 workflow (a parent run exists) such a job writes its run as one JSON record under
-`<results>/mlflow-pending/`; the next job that opens the store (preprocess, train, evaluate), or
-the workflow's end, logs it as the same child run, with the job's own start and end times.
+`<results>/mlflow-pending/`; the next job that opens the store (train, evaluate, and preprocess
+where system metrics are on), or the workflow's end, logs it as the same child run, with the job's
+own start and end times.
 """
 
 from __future__ import annotations
