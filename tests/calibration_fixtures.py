@@ -16,6 +16,8 @@ TRUE = {"call": 3e-4, "flops": 1 / 40e9, "out_bytes": 1 / 0.2e9, "unfold_bytes":
 # A batch norm's, plain and synced (one thread): a call and a time per element.
 NORM_CALL_S = {"plain": 2e-5, "synced": 2e-4}
 NORM_ELEMENT_S = {"plain": 1e-9, "synced": 4e-9}
+# The compressed exchange's host work per bucket (one thread): a call and a time per element.
+VOTE_CALL_S, VOTE_ELEMENT_S = 2.5e-4, 1e-8
 
 
 def synthetic_calibration(threads: tuple[int, ...] = (1, 2)) -> cpu_model.Calibration:
@@ -58,6 +60,17 @@ def synthetic_calibration(threads: tuple[int, ...] = (1, 2)) -> cpu_model.Calibr
         for fmt in grid.FORMATS
         for t in threads
     }
+    votes = {
+        grid.vote_key(kind, collective, t): RateFit(
+            seconds_per_unit={"call": VOTE_CALL_S / t, "elements": VOTE_ELEMENT_S / t},
+            samples=4,
+            median_rel_error=0,
+            worst_rel_error=0,
+        )
+        for kind in grid.VOTE_QUANTIZERS
+        for collective in ("allgather", "alltoall", "allreduce")
+        for t in threads
+    }
     settings = load_config(TEST_CONFIG).perf_model.calibration
     return cpu_model.Calibration(
         machine=cpu_model.machine_key(threads),
@@ -66,4 +79,5 @@ def synthetic_calibration(threads: tuple[int, ...] = (1, 2)) -> cpu_model.Calibr
         glue_s=glue,
         updates=updates,
         norms=norms,
+        votes=votes,
     )

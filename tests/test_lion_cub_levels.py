@@ -231,3 +231,26 @@ def test_accumulator_is_wide_enough_and_wire_bytes_do_not_grow() -> None:
     assert fp16.dtype == torch.float16 and fp16.tolist() == [3.0, -3.0, 0.0, 1.0]
     signs = allreduce_payload(q, tie, WireSpec("sign", 1, 1, "int8"))
     assert signs.dtype == torch.int8 and signs.tolist() == [1, -1, 1, 1]  # the zero sends t = +1
+
+
+@pytest.mark.parametrize(("quantizer", "bits"), QUANTIZERS[:2], ids=lambda x: str(x))
+@pytest.mark.parametrize("collective", ("allgather", "alltoall", "allreduce"))
+def test_host_work_is_the_collectives_own_vote_of_two_equal_ranks(
+    quantizer: str, bits: int, collective: str
+) -> None:
+    """What the performance model's calibration times (collectives.host_work: encode, vote,
+    unpack, the wire's arrivals stood in by this rank's own sends) is the real vote: two ranks
+    that send the same q vote as the float64 reference of two equal rows."""
+    from cosmocub.optim.collectives import host_collective
+
+    levels = quantizer_levels(quantizer, bits, 2, collective=collective)
+    spec = WireSpec(quantizer, levels, wire_bits(quantizer, levels), "int8")
+    q = _quantized(quantizer, levels, 2)[0]
+    tie = tie_pattern(N_VALUES, step=1)
+    update = host_collective(collective, 2).host_work(q, tie, spec)
+    _, expected, _ = _reference(torch.stack([q, q]), tie, quantizer)
+    # An all-to-all rank votes on its chunk only (rank 0: the first of two, 24 of the 48
+    # padded values); the others' votes are stood in by its own.
+    n = 24 if collective == "alltoall" else N_VALUES
+    assert update.dtype == torch.int8 and torch.equal(update[:n], expected[:n])
+    assert update.numel() == N_VALUES

@@ -30,7 +30,7 @@ from cosmocub.perfmodel.links import (
     write_fits,
 )
 from cosmocub.perfmodel.mesh import Mesh, Network
-from cosmocub.perfmodel.model import predict_step
+from cosmocub.perfmodel.model import parameter_sizes, predict_step
 
 TRUE = {"allreduce": (40e-6, 1 / 1.1e9), "alltoall": (90e-6, 1 / 0.7e9), "halo": (25e-6, 1e-9)}
 
@@ -425,6 +425,33 @@ def test_synced_batch_norms_cost_two_collectives_a_block_over_the_mesh() -> None
     )  # fmt: skip
     assert step.norm_sync_s == pytest.approx(seconds)
     assert step.step_s == pytest.approx(0.01 + seconds + step.exchange_s)
+
+
+def test_the_votes_host_work_is_in_the_exchange_once_a_bucket() -> None:
+    cfg = load_config(None, overrides={"optimizer": {"name": "lion_cub"}})
+    net = AlphaBeta(alpha_s=1e-4, beta_s_per_byte=1e-8)
+    network = Network.uniform(net, net, ranks_per_node=1)
+    calls = []
+
+    def host(quantizer: str, collective: str, n: int) -> float:
+        calls.append((quantizer, collective, n))
+        return 1e-3
+
+    def step(data: int, **kw):
+        return predict_step(
+            model_cfg=cfg.model, optimizer_cfg=cfg.optimizer, local_batch=2,
+            mesh=Mesh(data=data, split=(1, 1, 1)), network=network, layer_seconds={},
+            optimizer_s=0.0, **kw,
+        )  # fmt: skip
+
+    lc = cfg.optimizer.lion_cub
+    with_host, without = step(2, vote_host=host), step(2)
+    buckets = len(calls)
+    assert buckets >= 1 and sum(n for *_, n in calls) == sum(parameter_sizes(cfg.model))
+    assert {c[:2] for c in calls} == {(lc.quantizer, lc.collective)}
+    assert with_host.exchange_s == pytest.approx(without.exchange_s + 1e-3 * buckets)
+    calls.clear()
+    assert step(1, vote_host=host).exchange_s == 0 and not calls  # one rank: no vote
 
 
 def test_validation_compares_each_part_and_reports_errors(tmp_path: Path) -> None:

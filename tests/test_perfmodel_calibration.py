@@ -16,6 +16,8 @@ from calibration_fixtures import (
     NORM_ELEMENT_S,
     TEST_CONFIG,
     TRUE,
+    VOTE_CALL_S,
+    VOTE_ELEMENT_S,
     synthetic_calibration,
 )
 
@@ -206,3 +208,23 @@ def test_batch_norms_plain_and_synced_are_timed_in_a_group_of_one_and_fitted() -
     synced = fits[grid.norm_key("synced", "channels_last_3d", 1)].seconds_per_unit
     assert synced["call"] == pytest.approx(2e-4, rel=1e-6)
     assert synced["elements"] == pytest.approx(4e-9, rel=1e-6)
+
+
+def test_the_votes_host_work_is_timed_without_a_wire_and_fitted_per_bucket() -> None:
+    rows = grid.measure_votes(threads=(1,), repeats=1)
+    kinds = [(k, c) for k in grid.VOTE_QUANTIZERS for c in ("allgather", "alltoall", "allreduce")]
+    assert len(rows) == len(kinds) * len(grid.VOTE_SIZES) and all(r["seconds"] > 0 for r in rows)
+    for r in rows:  # the fit at known rates on the grid's sizes
+        r["seconds"] = 3e-4 + 2e-8 * r["elements"]
+    fits = grid.fit_votes(rows)
+    assert set(fits) == {grid.vote_key(k, c, 1) for k, c in kinds}
+    per = fits[grid.vote_key("sign", "alltoall", 1)].seconds_per_unit
+    assert per["call"] == pytest.approx(3e-4, rel=1e-6)
+    assert per["elements"] == pytest.approx(2e-8, rel=1e-6)
+    cal = synthetic_calibration()
+    # A scaled quantizer costs as the scaled kind; two threads twice as fast (the fixture's).
+    assert cal.vote_seconds("l1", "allgather", 1000, 2) == pytest.approx(
+        (VOTE_CALL_S + 1000 * VOTE_ELEMENT_S) / 2
+    )
+    with pytest.raises(ValueError, match=r"no vote fit 'vote_sign/alltoall@1'.*rerun"):
+        dataclasses.replace(cal, votes={}).vote_seconds("sign", "alltoall", 10, 1)

@@ -193,13 +193,19 @@ class Collective:
     def _finish(self, pending: Pending, spec: WireSpec) -> torch.Tensor:
         raise NotImplementedError
 
+    def host_work(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> torch.Tensor:
+        """start's and finish's work on this host for a group of `size`, the wire left out:
+        what arrives stands in as copies of what this rank sends (each peer's is as large).
+        What the exchange costs besides its collectives (perfmodel's calibration times it)."""
+        raise NotImplementedError
+
 
 class AllGatherVote(Collective):
     name = "allgather"
 
     def _start(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> Pending:
         t = time.perf_counter()
-        payload = encode(pad(q, 8), pad(tie, 8), spec).reshape(-1)
+        payload = self._encode(q, tie, spec)
         out = payload.new_empty(self.size * payload.numel())
         t = self.stats.lap("encode", t)
         work = all_gather_flat(out, payload, group=self.group, async_op=True)
@@ -212,10 +218,19 @@ class AllGatherVote(Collective):
         pending.work.wait()
         t = self.stats.lap("allgather", t)
         (out,) = pending.buffers
-        total = decode_sum(ranks_view(out, self.size, spec), spec)[: pending.q.numel()]
-        update = vote(total, pending.tie)
+        update = self._vote(out, pending.tie, pending.q.numel(), spec)
         self.stats.lap("vote", t)
         return update
+
+    def _encode(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> torch.Tensor:
+        return encode(pad(q, 8), pad(tie, 8), spec).reshape(-1)
+
+    def _vote(self, out: torch.Tensor, tie: torch.Tensor, n: int, spec: WireSpec) -> torch.Tensor:
+        return vote(decode_sum(ranks_view(out, self.size, spec), spec)[:n], tie)
+
+    def host_work(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> torch.Tensor:
+        payload = self._encode(q, tie, spec)
+        return self._vote(payload.repeat(self.size), tie, q.numel(), spec)
 
 
 class AllToAllVote(Collective):
@@ -223,9 +238,7 @@ class AllToAllVote(Collective):
 
     def _start(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> Pending:
         t = time.perf_counter()
-        q_pad, tie_pad = pad(q, 8 * self.size), pad(tie, 8 * self.size)
-        # (P, chunk): row r is the chunk rank r votes on.
-        send = encode(q_pad.view(self.size, -1), tie_pad.view(self.size, -1), spec).contiguous()
+        send, tie_pad = self._encode(q, tie, spec)
         recv = torch.empty_like(send)
         t = self.stats.lap("encode", t)
         work = dist.all_to_all_single(recv, send, group=self.group, async_op=True)
@@ -238,17 +251,41 @@ class AllToAllVote(Collective):
         pending.work.wait()
         t = self.stats.lap("alltoall", t)
         recv, tie_pad = pending.buffers
-        chunk = tie_pad.numel() // self.size
-        my_tie = tie_pad[self.rank * chunk : (self.rank + 1) * chunk]
-        result = chunk_vote_bits(recv, my_tie, spec)
+        result = self._chunk_vote(recv, tie_pad, spec)
         gathered = result.new_empty(self.size * result.numel())
         t = self.stats.lap("vote", t)
         all_gather_flat(gathered, result, group=self.group)
         t = self.stats.lap("allgather", t)
         self.stats.add_bytes(allgather_bytes(result.numel(), self.size), self.ring_inter)
-        update = bits_to_signs(unpack_bits(gathered))[: pending.q.numel()]
+        update = self._signs(gathered, pending.q.numel())
         self.stats.lap("vote", t)
         return update
+
+    def _encode(
+        self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q_pad, tie_pad = pad(q, 8 * self.size), pad(tie, 8 * self.size)
+        # (P, chunk): row r is the chunk rank r votes on.
+        send = encode(q_pad.view(self.size, -1), tie_pad.view(self.size, -1), spec).contiguous()
+        return send, tie_pad
+
+    def _chunk_vote(
+        self, recv: torch.Tensor, tie_pad: torch.Tensor, spec: WireSpec
+    ) -> torch.Tensor:
+        chunk = tie_pad.numel() // self.size
+        my_tie = tie_pad[self.rank * chunk : (self.rank + 1) * chunk]
+        return chunk_vote_bits(recv, my_tie, spec)
+
+    def _signs(self, gathered: torch.Tensor, n: int) -> torch.Tensor:
+        return bits_to_signs(unpack_bits(gathered))[:n]
+
+    def host_work(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> torch.Tensor:
+        """As the base's; every rank's chunk of this rank's is this rank's own, and every rank's
+        voted chunk this rank's: the update holds this rank's chunk's vote in every chunk."""
+        send, tie_pad = self._encode(q, tie, spec)
+        recv = send[self.rank].expand(self.size, *send.shape[1:]).contiguous()
+        result = self._chunk_vote(recv, tie_pad, spec)
+        return self._signs(result.repeat(self.size), q.numel())
 
 
 class AllReduceVote(Collective):
@@ -275,6 +312,9 @@ class AllReduceVote(Collective):
         self.stats.lap("vote", t)
         return update
 
+    def host_work(self, q: torch.Tensor, tie: torch.Tensor, spec: WireSpec) -> torch.Tensor:
+        return vote(allreduce_payload(q, tie, spec) * self.size, tie)
+
 
 def build_collective(
     name: str,
@@ -286,3 +326,10 @@ def build_collective(
         if cls.name == name:
             return cls(group, stats, ranks_per_node)
     raise ValueError(f"unknown collective {name!r} ({', '.join(COLLECTIVES)})")
+
+
+def host_collective(name: str, size: int) -> Collective:
+    """Collective `name` of `size` ranks without a group, for its `host_work` alone."""
+    collective = build_collective(name, None, CommStats())
+    collective.size = size
+    return collective

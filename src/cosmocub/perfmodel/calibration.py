@@ -57,6 +57,12 @@ UPDATE_OPTIMIZERS = {
 # float64, a Python autograd function), each time = a call + per element.
 NORM_GRID = ((2, 8, 32), (2, 16, 16), (4, 32, 16), (2, 64, 8), (8, 8, 16), (1, 128, 4))
 NORM_KINDS = ("plain", "synced")
+# The compressed exchange's host work (optim.collectives' host_work: encode, the vote, unpack; the
+# wire left out) in a group of two, per element of a bucket: (quantizer, bits) of the sign and of a
+# scaled quantizer, each collective, at these bucket sizes.
+VOTE_QUANTIZERS = {"sign": ("sign", 1), "scaled": ("l1", 4)}
+VOTE_SIZES = (1 << 12, 1 << 15, 1 << 18, 1 << 19)
+VOTE_GROUP = 2
 
 
 def conv_kind(*, batch_norm: bool, memory_format: str) -> str:
@@ -330,6 +336,59 @@ def fit_norms(rows: Sequence[Mapping[str, Any]]) -> dict[str, RateFit]:
             [norm_work(r["elements"]) for r in group],
             [r["seconds"] for r in group],
             what=f"norm calibration {key}",
+        )
+        for key, group in groups.items()
+    }
+
+
+def vote_kind(quantizer: str) -> str:
+    """VOTE_QUANTIZERS' entry that costs a quantizer's codes: the sign's, or a scaled one's."""
+    return "sign" if quantizer == "sign" else "scaled"
+
+
+def vote_key(kind: str, collective: str, threads: int) -> str:
+    return f"vote_{kind}/{collective}@{threads}"
+
+
+def measure_votes(*, threads: Sequence[int], repeats: int) -> list[dict[str, Any]]:
+    """The compressed exchange's host work per bucket (no wire) over VOTE_SIZES, per quantizer
+    kind, collective and thread count, in a group of VOTE_GROUP."""
+    from cosmocub.optim.collectives import COLLECTIVES, host_collective
+    from cosmocub.optim.quantize import quantizer_levels, wire_bits
+    from cosmocub.optim.vote import tie_pattern
+    from cosmocub.optim.wire import WireSpec
+
+    rows = []
+    for t in threads:
+        with torch_threads(t):
+            for kind, (quantizer, bits) in VOTE_QUANTIZERS.items():
+                for name in COLLECTIVES:
+                    levels = quantizer_levels(quantizer, bits, VOTE_GROUP, collective=name)
+                    spec = WireSpec(quantizer, levels, wire_bits(quantizer, levels), "int8")
+                    collective = host_collective(name, VOTE_GROUP)
+                    for n in VOTE_SIZES:
+                        q = torch.randint(-levels, levels + 1, (n,), dtype=torch.int8)
+                        tie = tie_pattern(n, step=1)
+                        seconds = fastest_time(
+                            functools.partial(collective.host_work, q, tie, spec), repeats
+                        )
+                        rows.append(
+                            {"kind": kind, "collective": name, "threads": t, "elements": n,
+                             "seconds": seconds}
+                        )  # fmt: skip
+    return rows
+
+
+def fit_votes(rows: Sequence[Mapping[str, Any]]) -> dict[str, RateFit]:
+    """A per-call (bucket) and per-element cost per vote_key."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault(vote_key(row["kind"], row["collective"], row["threads"]), []).append(row)
+    return {
+        key: fit_rates(
+            [norm_work(r["elements"]) for r in group],
+            [r["seconds"] for r in group],
+            what=f"vote calibration {key}",
         )
         for key, group in groups.items()
     }

@@ -26,7 +26,7 @@ from cosmocub.perfmodel.rates import RateFit
 from cosmocub.train.conditions import read_core_ticks, steal_share
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 3  # 3: batch norms, plain and synced
+FORMAT_VERSION = 4  # 3: batch norms, plain and synced; 4: the vote's host work
 # The models whose whole step, less their layers' fitted sum, is the step's glue (loss,
 # zero_grad, autograd between layers): test.yaml's and one twice its side.
 GLUE_MODELS = ({"input_size": 8, "base_filters": 4}, {"input_size": 16, "base_filters": 8})
@@ -61,6 +61,7 @@ def grid_settings(settings: CalibrationConfig) -> dict[str, Any]:
         "head_grid": [[f, list(d)] for f, d in grid.HEAD_GRID],
         "update_grid": [list(u) for u in grid.UPDATE_GRID],
         "norm_grid": [list(n) for n in grid.NORM_GRID],
+        "vote_sizes": list(grid.VOTE_SIZES),
     }
 
 
@@ -68,8 +69,9 @@ def grid_settings(settings: CalibrationConfig) -> dict[str, Any]:
 class Calibration:
     """The rate fits of one machine: per layer kind, threads and batch class; the step's glue
     per memory format and threads; the update per optimizer and threads; the batch norm, plain
-    and synced, per memory format and threads; with the timings, how long they took and the
-    load they were taken at."""
+    and synced, per memory format and threads; the compressed exchange's host work per quantizer
+    kind, collective and threads; with the timings, how long they took and the load they were
+    taken at."""
 
     machine: Mapping[str, Any]
     grid: Mapping[str, Any]
@@ -77,6 +79,7 @@ class Calibration:
     glue_s: Mapping[str, float]
     updates: Mapping[str, RateFit]
     norms: Mapping[str, RateFit] = field(default_factory=dict)
+    votes: Mapping[str, RateFit] = field(default_factory=dict)
     timings: Sequence[Mapping[str, Any]] = field(default=(), repr=False)
     wall_s: float = 0.0
     load_1m: tuple[float, float] = (math.nan, math.nan)
@@ -154,6 +157,17 @@ class Calibration:
         plain, synced = (self.norms[k].seconds(work) for k in keys)
         return max(0.0, synced - plain)
 
+    def vote_seconds(self, quantizer: str, collective: str, elements: int, threads: int) -> float:
+        """The host work of one bucket's compressed exchange (encode, vote, unpack) of
+        `elements` values, beside its collectives."""
+        key = grid.vote_key(grid.vote_kind(quantizer), collective, threads)
+        if key not in self.votes:
+            raise ValueError(
+                f"compute calibration: no vote fit {key!r} (a calibration from before the vote "
+                "was timed); rerun `cosmocub perf-model calibrate`"
+            )
+        return self.votes[key].seconds(grid.norm_work(elements))
+
     def optimizer_seconds(
         self, sizes: Sequence[int], optimizer_cfg: OptimizerConfig, *, threads: int
     ) -> float:
@@ -174,6 +188,7 @@ class Calibration:
             "glue_s": dict(self.glue_s),
             "updates": {k: u.as_dict() for k, u in self.updates.items()},
             "norms": {k: n.as_dict() for k, n in self.norms.items()},
+            "votes": {k: v.as_dict() for k, v in self.votes.items()},
             "timings": list(self.timings),
         }
 
@@ -186,6 +201,7 @@ class Calibration:
             glue_s=d["glue_s"],
             updates={k: RateFit.from_dict(v) for k, v in d["updates"].items()},
             norms={k: RateFit.from_dict(v) for k, v in d.get("norms", {}).items()},
+            votes={k: RateFit.from_dict(v) for k, v in d.get("votes", {}).items()},
             timings=d.get("timings", ()),
             wall_s=d.get("wall_s", 0.0),
             load_1m=tuple(d.get("load_1m", (math.nan, math.nan))),  # type: ignore[arg-type]
@@ -201,6 +217,7 @@ def calibrate(settings: CalibrationConfig, *, cores: int) -> Calibration:
     layers = grid.fit_grid(timings)
     updates = grid.fit_updates(grid.measure_updates(threads=threads, repeats=settings.repeats))
     norms = grid.fit_norms(grid.measure_norms(threads=threads, repeats=settings.repeats))
+    votes = grid.fit_votes(grid.measure_votes(threads=threads, repeats=settings.repeats))
     partial = Calibration(
         machine=machine_key(threads),
         grid=grid_settings(settings),
@@ -208,6 +225,7 @@ def calibrate(settings: CalibrationConfig, *, cores: int) -> Calibration:
         glue_s={},
         updates=updates,
         norms=norms,
+        votes=votes,
     )
     glue = _measure_glue(partial, settings)
     return dataclasses.replace(
@@ -311,6 +329,12 @@ def describe(cal: Calibration) -> str:
         lines.append(
             f"  {key}: {1e9 * per['elements']:.3g} ns per element + {1e6 * per['call']:.3g} us "
             "per call"
+        )
+    for key, v in cal.votes.items():
+        per = v.seconds_per_unit
+        lines.append(
+            f"  {key}: {1e9 * per['elements']:.3g} ns per element + {1e6 * per['call']:.3g} us "
+            "per bucket"
         )
     lines.append(
         f"  step glue: {', '.join(f'{k} {1e3 * v:.3g} ms' for k, v in cal.glue_s.items())}"

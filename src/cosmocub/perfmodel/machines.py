@@ -40,6 +40,8 @@ class Accelerator:
     name: str
     spec: AcceleratorConfig
     bytes_per_value: int
+    # The vote's host passes are in the update's memory-bound cost (UPDATE_BYTES_PER_PARAM).
+    vote_host = None
 
     @property
     def memory_bytes(self) -> float | None:
@@ -115,6 +117,11 @@ class ThisCpu:
             synced_norm=synced_norm,
         )
         return {k: v * self.slowdown for k, v in layers.items()}
+
+    def vote_host(self, quantizer: str, collective: str, elements: int) -> float:
+        """One bucket's compressed-exchange host work (model.VoteHost), from the calibration."""
+        seconds = self.calibration.vote_seconds(quantizer, collective, elements, self.threads)
+        return self.slowdown * seconds
 
     def optimizer_seconds(self, model_cfg: ModelConfig, optimizer_cfg: OptimizerConfig) -> float:
         sizes = parameter_sizes(model_cfg)

@@ -20,7 +20,7 @@ Byte counts come from the optimizer's own functions (cosmocub.optim.collectives)
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cosmocub.config import ModelConfig, OptimizerConfig
@@ -34,6 +34,10 @@ from cosmocub.perfmodel.mesh import Mesh, Network
 from cosmocub.perfmodel.overlap import ddp_buckets, exposed_allreduce, parameter_layers
 
 DDP_OPTIMIZERS = ("sgd", "adamw", "lion")
+# The compressed exchange's host work of one bucket (encode, vote, unpack; the wire apart):
+# seconds for (quantizer, collective, elements). A CPU's from its calibration; None where the
+# update's cost holds it (an accelerator's, memory-bound).
+VoteHost = Callable[[str, str, int], float]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +108,7 @@ def exchange(
     steps: int,
     layer_seconds: Mapping[str, float],
     ddp_overlap: bool = False,
+    vote_host: VoteHost | None = None,
 ) -> Exchange:
     """The step's exchange; for DDP, per bucket as torch fills them, blocking (every bucket in
     the step) or overlapped with backward (`layer_seconds` sets when each bucket is ready)."""
@@ -155,7 +160,7 @@ def exchange(
     lc = optimizer_cfg.lion_cub if optimizer_cfg.name == "lion_cub" else None
     if lc is not None and lc.hierarchy == "node" and 1 < per_node < p:
         two = two_level_exchange(
-            sizes, optimizer_cfg, mesh, network, per_node=per_node, steps=steps
+            sizes, optimizer_cfg, mesh, network, per_node=per_node, steps=steps, host=vote_host
         )
         return Exchange(
             seconds=seconds + two.seconds,
@@ -172,6 +177,8 @@ def exchange(
         # phase (alltoall: the vote, then the all-gather of its 1-bit result) at its own fit.
         for bucket in split_into_buckets([_Sized(n) for n in sizes], cap):
             n = sum(t.numel() for t in bucket)
+            if vote_host is not None:  # encode, vote, unpack on the host, beside the wire
+                seconds += vote_host(quantizer, collective, n)
             phases = vote_phase_bytes(collective, n, wire, p, allreduce_dtype=dtype)
             for phase, nbytes in phases.items():
                 costs = network.costs(p, mesh.spatial, phase)
@@ -197,16 +204,24 @@ def exchange(
 
 
 def two_level_exchange(
-    sizes: tuple[int, ...], optimizer_cfg: OptimizerConfig, mesh: Mesh, network: Network, **kw: int
+    sizes: tuple[int, ...],
+    optimizer_cfg: OptimizerConfig,
+    mesh: Mesh,
+    network: Network,
+    *,
+    per_node: int,
+    steps: int,
+    host: VoteHost | None = None,
 ) -> Exchange:
     """Lion Cub's hierarchy node (optim.hierarchy), per bucket: the fp32 reduce-scatter of c over
     the g data ranks of a node and the 1-bit all-gather of the voted slices, on the intra-node
     link; the vote on 1/g of the bucket over the rail of P/g nodes (levels from the nodes), the
     g rails of a node sharing its link. Momentum syncs: reduce-scatter, the slice's all-reduce
-    over the rail, all-gather. Inter-node bytes: the rail's. kw: per_node (g) and steps."""
+    over the rail, all-gather. Inter-node bytes: the rail's. per_node: g; steps: the horizon of
+    the momentum syncs; host: the vote's host work on the slice (as `exchange`'s)."""
     lc = optimizer_cfg.lion_cub
     assert lc is not None
-    g, nodes, steps = kw["per_node"], mesh.data // kw["per_node"], kw["steps"]
+    g, nodes = per_node, mesh.data // per_node
     intra_stride, rail_stride = mesh.spatial, mesh.spatial * g
     kind_args = {"collective": lc.collective, "allreduce_dtype": lc.resolved_allreduce_dtype}
     wire = wire_bits(
@@ -216,6 +231,8 @@ def two_level_exchange(
     for bucket in split_into_buckets([_Sized(n) for n in sizes], int(lc.bucket_mb * 2**18)):
         n = sum(t.numel() for t in bucket)
         m = (n + (-n % (8 * g))) // g
+        if host is not None:
+            seconds += host(lc.quantizer, lc.collective, m)
         for kind, nbytes in (("allreduce", (g - 1) * m * 4.0), ("allgather", (g - 1) * m / 8)):
             costs = network.costs(g, intra_stride, kind)
             seconds += costs.alpha_s * (g - 1) + costs.beta_s_per_byte * nbytes
@@ -285,11 +302,14 @@ def predict_step(
     bytes_per_value: int = 4,
     steps: int = 1000,
     ddp_overlap: bool = False,
+    vote_host: VoteHost | None = None,
 ) -> StepPrediction:
     """The step on one rank. layer_seconds: forward + backward per layer on this rank's block at
     `local_batch` (compute.measure_layers or compute.accelerator_seconds); steps: the horizon over
     which momentum syncs are amortised; ddp_overlap: DDP's all-reduce overlaps backward (as
-    train.ddp_exchange_timing overlapped runs it) instead of blocking in it."""
+    train.ddp_exchange_timing overlapped runs it) instead of blocking in it; vote_host: the
+    compressed exchange's host work per bucket (a CPU's; in the exchange, as the optimizer
+    times it)."""
     ex = exchange(
         model_cfg,
         optimizer_cfg,
@@ -298,6 +318,7 @@ def predict_step(
         steps=steps,
         layer_seconds=layer_seconds,
         ddp_overlap=ddp_overlap,
+        vote_host=vote_host,
     )
     halo_s, halo_bytes = halo(
         model_cfg, batch=local_batch, mesh=mesh, network=network, bytes_per_value=bytes_per_value

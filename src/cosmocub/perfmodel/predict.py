@@ -166,6 +166,7 @@ def predict(
             bytes_per_value=device.bytes_per_value,
             steps=horizon,
             ddp_overlap=overlap,
+            vote_host=device.vote_host,
         )
 
     return Prediction(

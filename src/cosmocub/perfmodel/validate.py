@@ -115,6 +115,7 @@ def cpu_predictor(
             optimizer_s=optimizer_s * slowdown,
             steps=max(1, int(float(row.get("steps") or 1000))),
             ddp_overlap=cfg.train.ddp_exchange_timing == "overlapped",
+            vote_host=lambda q, c, n: slowdown * device.vote_host(q, c, n),
         )
         return prediction, cfg.optimizer.name
 
