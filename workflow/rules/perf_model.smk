@@ -23,7 +23,9 @@ rule perf_model_bench:
         runtime=CFG.cluster.small.runtime,
         mpi="",  # `cosmocub perf-model bench` starts the ranks itself
     params:
-        settings=section("perf_model"),
+        # Its own settings only: a change to the extrapolation or the calibration does not
+        # rerun the links' benchmark (and so the fit and every validation).
+        settings=lambda w: config["perf_model"]["bench"],
         rates=[*CFG.network_study.bandwidths_mbit, CFG.scaling_study.bandwidth_mbit],
     shell:
         "cosmocub perf-model bench --out {output} > {log} 2>&1"
