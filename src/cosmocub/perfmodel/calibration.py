@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -201,19 +201,31 @@ def row_work(row: Mapping[str, Any], *, kernel: int = KERNEL) -> dict[str, float
     )
 
 
-def fit_grid(rows: Sequence[Mapping[str, Any]]) -> dict[str, RateFit]:
-    """One rate fit per fit_key (kind, threads, batch class) of the timings."""
+def fit_by_key(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    key: Callable[[Mapping[str, Any]], str],
+    work: Callable[[Mapping[str, Any]], dict[str, float]],
+    what: str,
+) -> dict[str, RateFit]:
+    """One rate fit (perfmodel.rates) per key(row) of the timings, each row's work its terms."""
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
-        groups.setdefault(fit_key(row["kind"], row["threads"], row["batch"]), []).append(row)
+        groups.setdefault(key(row), []).append(row)
     return {
-        key: fit_rates(
-            [row_work(r) for r in group],
-            [r["seconds"] for r in group],
-            what=f"compute calibration {key}",
-        )
-        for key, group in groups.items()
+        k: fit_rates([work(r) for r in group], [r["seconds"] for r in group], what=f"{what} {k}")
+        for k, group in groups.items()
     }
+
+
+def fit_grid(rows: Sequence[Mapping[str, Any]]) -> dict[str, RateFit]:
+    """One rate fit per fit_key (kind, threads, batch class) of the timings."""
+    return fit_by_key(
+        rows,
+        key=lambda r: fit_key(r["kind"], r["threads"], r["batch"]),
+        work=row_work,
+        what="compute calibration",
+    )
 
 
 def update_parameters(tensors: int, elements: int) -> list[tuple[str, nn.Parameter]]:
@@ -254,17 +266,12 @@ def update_work(tensors: int, elements: int) -> dict[str, float]:
 def fit_updates(rows: Sequence[Mapping[str, Any]]) -> dict[str, RateFit]:
     """A per-tensor and per-element cost per "optimizer@threads" (perfmodel.rates' fit, as the
     layers')."""
-    groups: dict[str, list[Mapping[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault(f"{row['optimizer']}@{row['threads']}", []).append(row)
-    return {
-        key: fit_rates(
-            [update_work(r["tensors"], r["elements"]) for r in group],
-            [r["seconds"] for r in group],
-            what=f"update calibration {key}",
-        )
-        for key, group in groups.items()
-    }
+    return fit_by_key(
+        rows,
+        key=lambda r: f"{r['optimizer']}@{r['threads']}",
+        work=lambda r: update_work(r["tensors"], r["elements"]),
+        what="update calibration",
+    )
 
 
 def update_key(optimizer_cfg: OptimizerConfig) -> str:
@@ -286,7 +293,9 @@ def norm_key(kind: str, memory_format: str, threads: int) -> str:
     return f"norm_{kind}/{memory_format}@{threads}"
 
 
-def norm_work(elements: int) -> dict[str, float]:
+def call_work(elements: int) -> dict[str, float]:
+    """The work of a call over `elements` values (a norm, a bucket's vote): a fixed cost and a
+    per-element one."""
     return {"call": 1.0, "elements": float(elements)}
 
 
@@ -328,17 +337,12 @@ def measure_norms(*, threads: Sequence[int], repeats: int) -> list[dict[str, Any
 
 def fit_norms(rows: Sequence[Mapping[str, Any]]) -> dict[str, RateFit]:
     """A per-call and per-element cost per norm_key (perfmodel.rates' fit, as the layers')."""
-    groups: dict[str, list[Mapping[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault(norm_key(row["kind"], row["format"], row["threads"]), []).append(row)
-    return {
-        key: fit_rates(
-            [norm_work(r["elements"]) for r in group],
-            [r["seconds"] for r in group],
-            what=f"norm calibration {key}",
-        )
-        for key, group in groups.items()
-    }
+    return fit_by_key(
+        rows,
+        key=lambda r: norm_key(r["kind"], r["format"], r["threads"]),
+        work=lambda r: call_work(r["elements"]),
+        what="norm calibration",
+    )
 
 
 def vote_kind(quantizer: str) -> str:
@@ -381,14 +385,9 @@ def measure_votes(*, threads: Sequence[int], repeats: int) -> list[dict[str, Any
 
 def fit_votes(rows: Sequence[Mapping[str, Any]]) -> dict[str, RateFit]:
     """A per-call (bucket) and per-element cost per vote_key."""
-    groups: dict[str, list[Mapping[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault(vote_key(row["kind"], row["collective"], row["threads"]), []).append(row)
-    return {
-        key: fit_rates(
-            [norm_work(r["elements"]) for r in group],
-            [r["seconds"] for r in group],
-            what=f"vote calibration {key}",
-        )
-        for key, group in groups.items()
-    }
+    return fit_by_key(
+        rows,
+        key=lambda r: vote_key(r["kind"], r["collective"], r["threads"]),
+        work=lambda r: call_work(r["elements"]),
+        what="vote calibration",
+    )

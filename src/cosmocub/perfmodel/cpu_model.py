@@ -23,7 +23,7 @@ from cosmocub.config import CalibrationConfig, Config, ModelConfig, OptimizerCon
 from cosmocub.io import read_json, write_json
 from cosmocub.perfmodel import calibration as grid
 from cosmocub.perfmodel.rates import RateFit
-from cosmocub.train.conditions import read_core_ticks, steal_share
+from cosmocub.train.conditions import read_core_ticks, steal_between
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 4  # 3: batch norms, plain and synced; 4: the vote's host work
@@ -153,7 +153,7 @@ class Calibration:
                 f"compute calibration: no batch-norm fit {missing} (a calibration from before "
                 "norms were timed); rerun `cosmocub perf-model calibrate`"
             )
-        work = grid.norm_work(elements)
+        work = grid.call_work(elements)
         plain, synced = (self.norms[k].seconds(work) for k in keys)
         return max(0.0, synced - plain)
 
@@ -166,7 +166,7 @@ class Calibration:
                 f"compute calibration: no vote fit {key!r} (a calibration from before the vote "
                 "was timed); rerun `cosmocub perf-model calibrate`"
             )
-        return self.votes[key].seconds(grid.norm_work(elements))
+        return self.votes[key].seconds(grid.call_work(elements))
 
     def optimizer_seconds(
         self, sizes: Sequence[int], optimizer_cfg: OptimizerConfig, *, threads: int
@@ -234,15 +234,8 @@ def calibrate(settings: CalibrationConfig, *, cores: int) -> Calibration:
         timings=timings,
         wall_s=time.perf_counter() - start,
         load_1m=(load_start, os.getloadavg()[0]),
-        steal_share=_steal_since(ticks_start),
+        steal_share=steal_between(ticks_start, read_core_ticks()),
     )
-
-
-def _steal_since(start: tuple[int, int] | None) -> float:
-    end = read_core_ticks()
-    if start is None or end is None:
-        return math.nan
-    return steal_share(*(b - a for a, b in zip(start, end, strict=True)))
 
 
 def _measure_glue(partial: Calibration, settings: CalibrationConfig) -> dict[str, float]:
@@ -324,18 +317,13 @@ def describe(cal: Calibration) -> str:
             f"  update {key}: {1e9 * per['elements']:.3g} ns per element + "
             f"{1e6 * per['tensors']:.3g} us per tensor"
         )
-    for key, n in cal.norms.items():
-        per = n.seconds_per_unit
-        lines.append(
-            f"  {key}: {1e9 * per['elements']:.3g} ns per element + {1e6 * per['call']:.3g} us "
-            "per call"
-        )
-    for key, v in cal.votes.items():
-        per = v.seconds_per_unit
-        lines.append(
-            f"  {key}: {1e9 * per['elements']:.3g} ns per element + {1e6 * per['call']:.3g} us "
-            "per bucket"
-        )
+    for fits, call in ((cal.norms, "call"), (cal.votes, "bucket")):
+        for key, fit in fits.items():
+            per = fit.seconds_per_unit
+            lines.append(
+                f"  {key}: {1e9 * per['elements']:.3g} ns per element + "
+                f"{1e6 * per['call']:.3g} us per {call}"
+            )
     lines.append(
         f"  step glue: {', '.join(f'{k} {1e3 * v:.3g} ms' for k, v in cal.glue_s.items())}"
     )

@@ -64,14 +64,12 @@ def is_contended(conditions: Mapping[str, Any], limits: StudiesConfig) -> bool:
     in steal_share. A run without the kernel's per-thread scheduler counters (no
     /proc/self/task/*/schedstat) has no ready_share and is not judged on it (`conditions_note`
     says so); one without /proc/stat's steal not on that."""
-    ready, steal = conditions.get("ready_share"), conditions.get("steal_share")
-    return (ready is not None and ready < limits.contended_ready_share) or (
-        steal is not None and steal > limits.contended_steal_share
-    )
+    return bool(why_contended(conditions, limits))
 
 
 def why_contended(conditions: Mapping[str, Any], limits: StudiesConfig) -> str:
-    """The shares that made `conditions` contended, for a one-line message."""
+    """The shares that make `conditions` contended, for a one-line message ("": not
+    contended)."""
     ready, steal = conditions.get("ready_share"), conditions.get("steal_share")
     parts = []
     if ready is not None and ready < limits.contended_ready_share:

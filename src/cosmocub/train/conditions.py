@@ -118,6 +118,13 @@ def steal_share(busy: int, stolen: int) -> float:
     return stolen / total if total > 0 else 0.0
 
 
+def steal_between(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float:
+    """steal_share between two read_core_ticks readings; NaN where either has none."""
+    if start is None or end is None:
+        return math.nan
+    return steal_share(*(b - a for a, b in zip(start, end, strict=True)))
+
+
 def take_sample() -> Sample:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return Sample(
@@ -161,16 +168,13 @@ def rank_conditions(start: Sample, end: Sample, *, threads: int, cores: int) -> 
     without /proc/stat)."""
     wall, cpu = end.wall_s - start.wall_s, end.cpu_s - start.cpu_s
     sched = sched_delta_s(start, end)
-    steal = math.nan
-    if start.core_ticks is not None and end.core_ticks is not None:
-        steal = steal_share(*(b - a for a, b in zip(start.core_ticks, end.core_ticks, strict=True)))
     return {
         "cpu_s": cpu,
         "wall_s": wall,
         "cpu_share": cpu_share(cpu, wall, threads=threads, cores=cores),
         "ready_share": ready_share(*sched) if sched else math.nan,
         "nivcsw": float(end.nivcsw - start.nivcsw),
-        "steal_share": steal,
+        "steal_share": steal_between(start.core_ticks, end.core_ticks),
         "load_1m_start": start.load_1m,
         "load_1m_end": end.load_1m,
         "torch_threads": float(threads),
