@@ -90,6 +90,13 @@ def test_steal_is_read_per_core_from_proc_stat_over_the_busy_time() -> None:
         threads=1, cores=1,
     )  # fmt: skip
     assert c["steal_share"] == pytest.approx(0.25)
+    # 90 ticks of work between them (under a core-second): too short to read a share from
+    short = rank_conditions(
+        _sample(0, 0, 0, 0, None, (1000, 50)), _sample(1, 1, 0, 0, None, (1080, 60)),
+        threads=1, cores=1,
+    )  # fmt: skip
+    assert math.isnan(short["steal_share"])
+    assert "steal_share" not in reduce_over_ranks([c, short])  # not judged on a rank without
     assert math.isnan(rank_conditions(_sample(0, 0, 0, 0, None), _sample(1, 1, 0, 0, None),
                                       threads=1, cores=1)["steal_share"])  # fmt: skip
 
@@ -329,4 +336,10 @@ def test_a_point_beside_a_cpu_hog_is_marked_contended_and_alone_it_is_not(tmp_pa
     best_alone = max(a["ready_share"] for a in alone["runs"])
     assert best_alone > max(a["ready_share"] for a in busy["runs"]) + 0.2
     if alone["runs"][-1]["load_1m"] < len(before):
-        assert alone["contended"] is False  # after its rerun, if the first met a busy moment
+        # after its rerun, if the first met a busy moment; the host's other guests (steal) are not
+        # what this test holds still, so a point they contend is let be (seen once in CI: 0.16
+        # then 0.10 of two short epochs' ticks stolen, ready share 0.90 and 0.98)
+        last = alone["runs"][-1]
+        assert last["ready_share"] >= cfg.studies.contended_ready_share
+        steal_limit = cfg.studies.contended_steal_share
+        assert alone["contended"] is False or last.get("steal_share", 0) > steal_limit

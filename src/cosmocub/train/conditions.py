@@ -118,11 +118,22 @@ def steal_share(busy: int, stolen: int) -> float:
     return stolen / total if total > 0 else 0.0
 
 
+# Fewer busy + stolen ticks than this between two readings read no steal share: /proc/stat counts
+# in ticks of 1/USER_HZ (10 ms here), so over a short window a tick or two is already the 10 %
+# threshold (seen: 0.16 and then 0.10 over two 0.2 s epochs of a test point whose ready share was
+# 0.90-0.98; the next readings were 0.0). 100 ticks is a core-second: one tick is then 1 %.
+STEAL_MIN_TICKS = 100
+
+
 def steal_between(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float:
-    """steal_share between two read_core_ticks readings; NaN where either has none."""
+    """steal_share between two read_core_ticks readings; NaN where either has none or the cores
+    had fewer than STEAL_MIN_TICKS ticks of work between them (too short to read a share)."""
     if start is None or end is None:
         return math.nan
-    return steal_share(*(b - a for a, b in zip(start, end, strict=True)))
+    busy, stolen = (b - a for a, b in zip(start, end, strict=True))
+    if busy + stolen < STEAL_MIN_TICKS:
+        return math.nan
+    return steal_share(busy, stolen)
 
 
 def take_sample() -> Sample:
