@@ -20,6 +20,7 @@ from cosmocub.studies.conditions import (
     conditions_note,
     is_contended,
     measured_epochs,
+    own_share,
     point_conditions,
     why_contended,
 )
@@ -170,6 +171,13 @@ def test_contended_is_below_the_threshold_in_ready_share_or_above_it_in_steal() 
     assert is_contended(stolen, LIMITS)
     assert why_contended(stolen, LIMITS) == "steal share 0.29 > 0.1"
     assert not is_contended({**stolen, "steal_share": 0.03}, LIMITS)
+    # Four one-thread ranks on two cores wait for each other: judged against the half they leave
+    assert own_share(0.5, 1) == 0.5 and own_share(2.0, 1) == 1.0 and own_share(None, None) == 1.0
+    shared = {"cpu_share": 0.5, "ready_share": 0.4}
+    assert is_contended(shared, LIMITS) and not is_contended(shared, LIMITS, expected_ready=0.5)
+    assert why_contended({"ready_share": 0.3}, LIMITS, expected_ready=0.5) == (
+        "ready share 0.30 < 0.35"
+    )
 
 
 def test_contended_points_leave_efficiencies_and_model_errors_and_the_report_says_so() -> None:

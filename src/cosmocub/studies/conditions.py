@@ -2,7 +2,8 @@
 (cosmocub.train.conditions records them per epoch), the `contended` mark, and what is left out.
 
 A point is contended when its worst-served rank's ready_share (the share of the time its threads
-were ready to run that they ran) is below `studies.contended_ready_share`, or when the hypervisor
+were ready to run that they ran) is below `studies.contended_ready_share` (times the share its
+own ranks leave each other where they share cores: `own_share`), or when the hypervisor
 took more than `studies.contended_steal_share` of its most stolen rank's cores' busy time
 (steal_share: other guests on the host, which no share inside this machine sees); the study-point
 runner runs it once more, and a point contended twice is left out of efficiencies, fits and model
@@ -59,21 +60,37 @@ def point_conditions(epochs: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return out
 
 
-def is_contended(conditions: Mapping[str, Any], limits: StudiesConfig) -> bool:
-    """Below limits.contended_ready_share in ready_share, or above limits.contended_steal_share
-    in steal_share. A run without the kernel's per-thread scheduler counters (no
+def own_share(cores_per_rank: float | None, threads_per_rank: float | None) -> float:
+    """The ready share a point's own ranks leave each other: 1 on cores of their own, else the
+    cores each rank had over its threads (4 one-thread ranks on 2 cores: 0.5), since ranks
+    that share cores wait for each other's threads as they would for another process's. 1
+    where the runner did not say (a local point: its ranks on cores of their own)."""
+    if not cores_per_rank or not threads_per_rank:
+        return 1.0
+    return min(1.0, cores_per_rank / threads_per_rank)
+
+
+def is_contended(
+    conditions: Mapping[str, Any], limits: StudiesConfig, *, expected_ready: float = 1.0
+) -> bool:
+    """Below limits.contended_ready_share × expected_ready (`own_share`: what the point's own
+    ranks leave each other) in ready_share, or above limits.contended_steal_share in
+    steal_share. A run without the kernel's per-thread scheduler counters (no
     /proc/self/task/*/schedstat) has no ready_share and is not judged on it (`conditions_note`
     says so); one without /proc/stat's steal not on that."""
-    return bool(why_contended(conditions, limits))
+    return bool(why_contended(conditions, limits, expected_ready=expected_ready))
 
 
-def why_contended(conditions: Mapping[str, Any], limits: StudiesConfig) -> str:
+def why_contended(
+    conditions: Mapping[str, Any], limits: StudiesConfig, *, expected_ready: float = 1.0
+) -> str:
     """The shares that make `conditions` contended, for a one-line message ("": not
     contended)."""
     ready, steal = conditions.get("ready_share"), conditions.get("steal_share")
     parts = []
-    if ready is not None and ready < limits.contended_ready_share:
-        parts.append(f"ready share {ready:.2f} < {limits.contended_ready_share:g}")
+    ready_limit = limits.contended_ready_share * expected_ready
+    if ready is not None and ready < ready_limit:
+        parts.append(f"ready share {ready:.2f} < {ready_limit:.3g}")
     if steal is not None and steal > limits.contended_steal_share:
         parts.append(f"steal share {steal:.2f} > {limits.contended_steal_share:g}")
     return ", ".join(parts)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from cosmocub.config import Config, StudiesConfig, load_config, write_config
 from cosmocub.io import read_jsonl
-from cosmocub.studies.conditions import is_contended, point_conditions, why_contended
+from cosmocub.studies.conditions import is_contended, own_share, point_conditions, why_contended
 from cosmocub.studies.engine import (
     find_point,
     point_config,
@@ -195,7 +195,8 @@ def rerun_if_contended(
     if not metrics.is_file():
         return 0, dict(extra)  # a runner that trained nothing here (a test's stand-in)
     first = point_conditions(read_jsonl(metrics))
-    contended = is_contended(first, limits)
+    expected = own_share(extra.get("cores_per_rank"), extra.get("threads_per_rank"))
+    contended = is_contended(first, limits, expected_ready=expected)
     runs = [{**first, "contended": contended, "run": run_dir.name}]
     if contended:
         aside = run_dir.with_name(f"{run_dir.name}_contended")
@@ -203,7 +204,8 @@ def rerun_if_contended(
         run_dir.rename(aside)
         runs[0]["run"] = aside.name
         print(
-            f"study point {run_dir.parent.name}: contended ({why_contended(first, limits)}, "
+            f"study point {run_dir.parent.name}: contended "
+            f"({why_contended(first, limits, expected_ready=expected)}, "
             f"load {first['load_1m']:.2f}): running it once more",
             file=sys.stderr,
         )
@@ -211,7 +213,7 @@ def rerun_if_contended(
         if rc != 0:
             return rc, dict(extra)
         second = point_conditions(read_jsonl(metrics))
-        contended = is_contended(second, limits)
+        contended = is_contended(second, limits, expected_ready=expected)
         runs.append({**second, "contended": contended, "run": run_dir.name})
     # `runs`, not `attempts`: that is the launcher's restarts within one run (emulated runner).
     return 0, {**extra, "contended": contended, "runs": runs}
