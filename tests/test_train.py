@@ -122,9 +122,13 @@ def test_outputs_follow_the_run_format(shards: Path, tmp_path: Path) -> None:
         *("cpu_s", "wall_s", "cpu_share", "nivcsw", "load_1m_start", "load_1m_end"),
         *("torch_threads", "cores_granted"),
         *(("ready_share",) if read_sched_ns() is not None else ()),
-        *(("steal_share",) if read_core_ticks() is not None else ()),
     } | {f"val_mae_{p}" for p in ("Omega_m", "sigma_8", "N_spec", "H_0")}
-    assert set(records[0]) == expected_keys
+    # steal_share: where /proc/stat is, over an epoch whose cores had a core-second of work
+    # (STEAL_MIN_TICKS); these epochs are shorter, so it may be absent.
+    assert set(records[0]) - {"steal_share"} == expected_keys
+    for record in records:
+        assert "steal_share" not in record or 0.0 <= record["steal_share"] <= 1.0
+    assert read_core_ticks() is not None or "steal_share" not in records[0]
     assert records[-1]["torch_threads"] == 1 and 0 < records[-1]["cpu_share"] < 1.5
     # Wall time since training start, growing with every epoch; this rank's peak memory.
     elapsed = [r["elapsed_s"] for r in records]
