@@ -38,10 +38,11 @@ def test_smoothed_curve_is_a_trailing_mean_from_the_kth_evaluation() -> None:
     assert network.smoothed(curve[:2], 3) == []
 
 
-def _row(variant, mbit, step, exchange, curve, final):
+def _row(variant, mbit, step, exchange, curve, final, seed=None):
     return {
         "variant": variant,
         "bandwidth_mbit": mbit,
+        "seed": seed,
         "step_s": step,
         "exchange_s": exchange,
         "momentum_sync_s": 0.0,
@@ -75,6 +76,51 @@ def test_speedup_and_exchange_share_against_the_reference_at_each_rate() -> None
     assert out["cub", 10]["reference_exchange_share"] == pytest.approx(0.9)
     assert out["lion", 0]["reference_exchange_share"] == pytest.approx(0.2)
     assert "time_to_target_s" not in out["adamw", 10]
+
+
+def test_each_seed_is_held_to_the_references_run_of_its_seed_and_summed_up_over_seeds() -> None:
+    cfg = _with_smoothing(1)  # config.yaml: seeds [0, 1, 2]
+    rows = [
+        _row("lion", 0, 0.1, 0.02, [(5.0, 0.8), (10.0, 0.5)], 0.5, seed=0),
+        _row("lion", 0, 0.1, 0.02, [(5.0, 0.7), (10.0, 0.6)], 0.6, seed=1),
+        _row("cub", 0, 0.05, 0.01, [(4.0, 0.5), (8.0, 0.45)], 0.45, seed=0),
+        _row("cub", 0, 0.08, 0.01, [(4.0, 0.65), (8.0, 0.55)], 0.55, seed=1),
+        _row("cub", 0, 0.08, 0.01, [(4.0, 0.65), (8.0, 0.7)], 0.7, seed=2),  # no lion of seed 2
+    ]
+    out = {(r["variant"], r["seed"]): r for r in network.finish(rows, cfg)}
+    assert out["cub", 0]["target_val_loss"] == 0.5 and out["cub", 1]["target_val_loss"] == 0.6
+    assert out["cub", 0]["speedup_vs_reference"] == pytest.approx(10.0 / 4.0)
+    assert out["cub", 1]["speedup_vs_reference"] == pytest.approx(10.0 / 8.0)
+    assert out["cub", 1]["step_speedup_vs_reference"] == pytest.approx(0.1 / 0.08)
+    assert out["cub", 2]["target_val_loss"] is None and "speedup_vs_reference" not in out["cub", 2]
+    (lion, cub) = network.over_seeds(rows)
+    assert (cub["variant"], cub["seeds"], cub["met_target"]) == ("cub", 3, 2)
+    assert cub["speedup_vs_reference"] == pytest.approx(1.875)  # median of the two that met it
+    assert (cub["speedup_vs_reference_min"], cub["speedup_vs_reference_max"]) == (1.25, 2.5)
+    assert cub["final_val_loss_smoothed"] == 0.55 and lion["time_to_target_s"] == 10.0
+    section = network.over_seeds_section(rows, cfg)
+    assert (
+        "| cub | 0 | 3 | 2 | 0.08 [0.05, 0.08] | 1.62 [1.25, 2] | 6 [4, 8] | 1.88 [1.25, 2.5] |"
+        in section
+    )
+    assert network.over_seeds_section(rows, load_config(REPO / "config" / "test.yaml")) == ""
+
+
+def test_the_default_study_trains_every_variant_and_rate_once_per_seed_on_the_same_shards() -> None:
+    from cosmocub.studies.engine import point_config
+
+    cfg = load_config(REPO / "config" / "config.yaml")
+    study = cfg.network_study
+    points = network.points(cfg)
+    assert len(points) == len(study.variants) * len(study.bandwidths_mbit) * len(study.seeds)
+    by_name = {p.name: p for p in points}
+    point = by_name["lion_cub_1bit_node_10mbit_seed2"]
+    assert point.labels == {"variant": "lion_cub_1bit_node", "bandwidth_mbit": 10, "seed": 2}
+    assert (point.launch.nodes, point.launch.nproc_per_node) == (2, 2)
+    trained = point_config(cfg, "network", point)
+    assert trained.training_seed == 2 and trained.seed == cfg.seed  # the same universes
+    assert trained.optimizer.lion_cub.hierarchy == "node"
+    assert load_config(REPO / "config" / "config.yaml").training_seed == cfg.seed  # null: seed
 
 
 def test_one_noisy_validation_neither_sets_nor_meets_the_smoothed_target() -> None:
@@ -284,7 +330,7 @@ def test_study_point_config_writes_the_plan_that_study_point_runs(
     written = json.loads((folder / "launch.json").read_text())
     assert written == {
         "study": "network", "name": "lion_10mbit", "runner": "emulated",
-        "labels": {"variant": "lion", "bandwidth_mbit": 10},
+        "labels": {"variant": "lion", "bandwidth_mbit": 10, "seed": 0},
         "launch": {"nodes": 2, "nproc_per_node": 1, "bandwidth_mbit": 10},
         "nodes": 2, "nproc_per_node": 1, "bandwidth_mbit": 10.0,
     }  # fmt: skip

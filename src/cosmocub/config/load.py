@@ -89,6 +89,11 @@ class Config:
     def hash(self) -> str:
         return config_hash(self.values)
 
+    @property
+    def training_seed(self) -> int:
+        """The seed of the training's weights, data order and draws: train.seed, else seed."""
+        return self.seed if self.train.seed is None else self.train.seed
+
     def __post_init__(self) -> None:
         inputs = len(self.task.input_redshifts)
         if self.model.name == "unet" and self.model.in_channels != inputs:

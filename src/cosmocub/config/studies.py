@@ -79,6 +79,7 @@ class NetworkStudyConfig:
     nodes: int
     nproc_per_node: int
     bandwidths_mbit: tuple[float, ...]
+    seeds: tuple[int, ...]
     epochs: int
     max_steps_per_epoch: int
     local_batch_size: int
@@ -103,6 +104,8 @@ class NetworkStudyConfig:
             raise ConfigError(
                 f"key 'network_study.bandwidths_mbit': {list(self.bandwidths_mbit)} repeats a rate"
             )
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"key 'network_study.seeds': {list(self.seeds)} repeats a seed")
 
 
 @dataclass(frozen=True, kw_only=True)

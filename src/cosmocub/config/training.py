@@ -110,6 +110,7 @@ class TrainConfig:
     collective_timeout_s: float
     ddp_exchange_timing: str
     max_steps_per_epoch: int | None
+    seed: int | None  # None: the config's seed (Config.training_seed)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -115,6 +115,8 @@ class StudyDefinition:
     # finish(rows): columns that compare points (e.g. speedup over a reference point), after
     # every point's rows are read; skipped points' rows have no measurements.
     finish: Callable[[list[dict[str, Any]], Config], list[dict[str, Any]]] | None = None
+    # extra_section(rows, cfg): markdown after the table in the report (e.g. over seeds).
+    extra_section: Callable[[Sequence[Mapping[str, Any]], Config], str] | None = None
 
 
 def definition(name: str) -> StudyDefinition:
@@ -264,6 +266,8 @@ def gather(
         columns=("point", *defn.columns),
         plot=out_png.name,
     )
+    if defn.extra_section and (extra := defn.extra_section(rows, cfg)):
+        text += "\n" + extra
     with atomic_path(out_summary) as tmp:
         tmp.write_text(text)
     for path in (out_tsv, out_png, out_summary):

@@ -2,7 +2,11 @@
 (cosmocub.netemu), one training each, and how much sooner each reaches the reference's final
 validation loss than the reference (Lion) does at the same rate.
 
-Points are `<variant>_<rate>mbit` (rate 0 = unshaped, still on the emulated network). Validation
+Points are `<variant>_<rate>mbit` (rate 0 = unshaped, still on the emulated network), with
+`_seed<s>` after it when the study has several `seeds` (train.seed: initial weights, data order;
+every point trains on the same shards). Each seed is its own comparison: its target, times and
+speedups are against the reference's run of the same seed, and the report's second table gives
+each variant and rate over the seeds (median [min, max]). Validation
 losses are noisy (a small validation set), so the target is set and met on a smoothed curve: the
 trailing mean over `target_smoothing` = k evaluations (k = min(that, the reference's evaluations)),
 defined from a run's k-th evaluation on. The target is the reference variant's last smoothed loss
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,6 +41,7 @@ from cosmocub.studies.launch_plan import PointLaunch
 COLUMNS = (
     "variant",
     "bandwidth_mbit",
+    "seed",
     "nodes",
     "nproc_per_node",
     "cores_per_rank",
@@ -58,14 +64,16 @@ COLUMNS = (
     "target_val_loss",
     "time_to_target_s",
     "speedup_vs_reference",
+    "step_speedup_vs_reference",
     "reference_exchange_share",
     *CONDITION_COLUMNS,
     "skipped",
 )
 
 
-def point_name(variant: str, mbit: float) -> str:
-    return f"{variant}_{mbit:g}mbit"
+def point_name(variant: str, mbit: float, seed: int | None = None) -> str:
+    """`<variant>_<rate>mbit`, then `_seed<s>` where the study has several seeds."""
+    return f"{variant}_{mbit:g}mbit" + (f"_seed{seed}" if seed is not None else "")
 
 
 def points(cfg: Config) -> list[Point]:
@@ -89,17 +97,21 @@ def points(cfg: Config) -> list[Point]:
             },
         }
         for mbit in study.bandwidths_mbit:
-            out.append(
-                Point(
-                    name=point_name(variant, mbit),
-                    overrides=overrides,
-                    labels={"variant": variant, "bandwidth_mbit": mbit},
-                    launch=PointLaunch(
-                        nodes=study.nodes, nproc_per_node=study.nproc_per_node, bandwidth_mbit=mbit
-                    ),
-                    runner="emulated",
+            for seed in study.seeds:
+                named_seed = seed if len(study.seeds) > 1 else None
+                out.append(
+                    Point(
+                        name=point_name(variant, mbit, named_seed),
+                        overrides={**overrides, "train": {**overrides["train"], "seed": seed}},
+                        labels={"variant": variant, "bandwidth_mbit": mbit, "seed": seed},
+                        launch=PointLaunch(
+                            nodes=study.nodes,
+                            nproc_per_node=study.nproc_per_node,
+                            bandwidth_mbit=mbit,
+                        ),
+                        runner="emulated",
+                    )
                 )
-            )
     return out
 
 
@@ -126,8 +138,16 @@ def time_to(curve: Sequence[tuple[float, float]], target: float) -> float | None
 
 
 def finish(all_rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
+    """Per seed: the target from that seed's reference run, and every point against the
+    reference's run of its seed at its rate."""
     study = cfg.network_study
     measured = [r for r in all_rows if not r.get("skipped")]
+    for seed in dict.fromkeys(r.get("seed") for r in measured):
+        _finish_seed([r for r in measured if r.get("seed") == seed], study)
+    return all_rows
+
+
+def _finish_seed(measured: list[dict[str, Any]], study: Any) -> None:
     rates = list(study.bandwidths_mbit)
     ref_rate = 0 if 0 in rates else rates[0]
     by_key = {(r["variant"], r["bandwidth_mbit"]): r for r in measured}
@@ -150,9 +170,73 @@ def finish(all_rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
             r["reference_exchange_share"] = (ref["exchange_s"] + ref["momentum_sync_s"]) / ref[
                 "step_s"
             ]
+            if r.get("step_s"):
+                r["step_speedup_vs_reference"] = ref["step_s"] / r["step_s"]
         if ref.get("time_to_target_s") and r.get("time_to_target_s"):
             r["speedup_vs_reference"] = ref["time_to_target_s"] / r["time_to_target_s"]
-    return all_rows
+
+
+# The report's table over seeds: per variant and rate, these columns as median [min, max].
+OVER_SEEDS = (
+    "step_s",
+    "step_speedup_vs_reference",
+    "time_to_target_s",
+    "speedup_vs_reference",
+    "final_val_loss_smoothed",
+    "reference_exchange_share",
+)
+
+
+def over_seeds(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (variant, rate) of the measured points: how many seeds ran, how many met
+    the target, and each OVER_SEEDS column's median and range over the seeds that have it
+    (`<column>`: the median, `<column>_min`, `<column>_max`)."""
+    measured = [r for r in rows if not r.get("skipped")]
+    out = []
+    for key in dict.fromkeys((r["variant"], r["bandwidth_mbit"]) for r in measured):
+        group = [r for r in measured if (r["variant"], r["bandwidth_mbit"]) == key]
+        row: dict[str, Any] = {
+            "variant": key[0],
+            "bandwidth_mbit": key[1],
+            "seeds": len(group),
+            "met_target": sum(r.get("time_to_target_s") is not None for r in group),
+        }
+        for column in OVER_SEEDS:
+            values = sorted(r[column] for r in group if r.get(column) is not None)
+            if values:
+                row[column] = statistics.median(values)
+                row[f"{column}_min"], row[f"{column}_max"] = values[0], values[-1]
+        out.append(row)
+    return out
+
+
+def over_seeds_section(rows: Sequence[Mapping[str, Any]], cfg: Config) -> str:
+    """The report's table over seeds (markdown), "" with a single seed."""
+    if len(cfg.network_study.seeds) < 2:
+        return ""
+    table = over_seeds(rows)
+    columns = ("variant", "bandwidth_mbit", "seeds", "met_target", *OVER_SEEDS)
+
+    def cell(row: Mapping[str, Any], column: str) -> str:
+        if column not in OVER_SEEDS:
+            return str(row[column])
+        if column not in row:
+            return ""
+        lo, mid, hi = row[f"{column}_min"], row[column], row[f"{column}_max"]
+        return f"{mid:.3g} [{lo:.3g}, {hi:.3g}]"
+
+    lines = [
+        "### Over seeds",
+        "",
+        f"Median [min, max] over the seeds {list(cfg.network_study.seeds)}, each seed against "
+        "the reference's run of the same seed; met_target: the seeds whose point reached its "
+        "seed's target.",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+    ]
+    lines += ["| " + " | ".join(cell(r, c) for c in columns) + " |" for r in table]
+    return "\n".join([*lines, ""])
 
 
 def point_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -240,6 +324,7 @@ STUDY = StudyDefinition(
     plot=plot,
     point_metrics=point_metrics,
     finish=finish,
+    extra_section=over_seeds_section,
     description=(
         "Each optimizer variant at each link rate on emulated nodes (0 = unshaped). Per-step "
         "means after the first epoch; exchange_s is what the step waited for the optimizer's "
@@ -252,7 +337,8 @@ STUDY = StudyDefinition(
         "time_to_target_s: wall time since training start (validation included) of the first "
         "smoothed validation at or below target_val_loss, the reference's last smoothed loss "
         "unshaped; "
-        "speedup_vs_reference = the reference's time to target at the same rate / the point's; "
+        "speedup_vs_reference = the reference's time to target at the same rate (and seed) / the "
+        "point's; step_speedup_vs_reference the same of step_s; "
         "reference_exchange_share = the reference's exchange share of its step at that rate. "
         "A point skipped here (no CAP_NET_ADMIN) has blank measurements and says why."
     ),

@@ -51,7 +51,7 @@ def build_trainer(
         raise ValueError(f"{val_set.path}: the validation shard holds no samples")
     global_batch = tc.local_batch_size * dims.data
 
-    runtime.seed_everything(cfg.seed)  # same initial weights on every rank
+    runtime.seed_everything(cfg.training_seed)  # same initial weights on every rank
     layout = memory_layout.memory_format(dims.device, spatial=dims.spatial)
     model = _parallelize(build_model(cfg.model).to(dims.device, memory_format=layout), cfg, dims)
     optimizer = build_optimizer(model.named_parameters(), cfg.optimizer, global_batch, dims=dims)
@@ -59,7 +59,7 @@ def build_trainer(
         train_set,
         dims,
         batch_size=tc.local_batch_size,
-        seed=cfg.seed,
+        seed=cfg.training_seed,
         num_workers=num_workers,
         symmetries=symmetries_for_split(cfg.parallel.split_dhw) if tc.augment else None,
         # Whole universes (preprocess.train_crops random): a random crop per sample per epoch.
@@ -75,7 +75,7 @@ def build_trainer(
     # Per data rank, not per rank: a spatial group runs the replicated dense layers together, so
     # its dropout masks must agree; and spatial rank 0, which draws them, then has the stream of
     # the same data rank in an unsplit run, so a split run drops what the unsplit one drops.
-    runtime.seed_everything(runtime.rank_seed(cfg.seed, dims.axis_rank("data")))
+    runtime.seed_everything(runtime.rank_seed(cfg.training_seed, dims.axis_rank("data")))
     state = TrainState()
     # One checkpoint folder per (resume-relevant config, training data): a re-run with the same
     # inputs resumes; a changed config or new shards start afresh beside the old checkpoints
