@@ -109,6 +109,32 @@ def test_ddp_exchange_is_timed_either_way_with_the_same_gradients(timing):
         close_parallel_dims(dims)
 
 
+def test_ddp_broadcasts_buffers_only_where_a_norm_is_not_synced():
+    """Synced norms' running statistics come from the mesh-wide batch, equal on every rank, so
+    DDP's broadcast of them before each forward is left out; a plain norm keeps it."""
+    from cosmocub.parallel.layers import SyncBatchNorm3d
+    from cosmocub.parallel.mesh import build_parallel_dims, close_parallel_dims
+    from cosmocub.train.grad_sync import has_unsynced_buffers
+
+    dims = build_parallel_dims(backend="gloo", environ={}, timeout_s=7)
+    try:
+
+        def model(synced: bool) -> torch.nn.Module:
+            norm = torch.nn.BatchNorm3d(2)
+            if synced:
+                norm = SyncBatchNorm3d(norm, dims.world_group)
+            return torch.nn.Sequential(torch.nn.Conv3d(1, 2, 3), norm)
+
+        assert not has_unsynced_buffers(torch.nn.Linear(2, 2))
+        for synced in (True, False):
+            assert has_unsynced_buffers(model(synced)) is not synced
+            wrapped = DDPAllReduce(dims, timing="overlapped").wrap(model(synced))
+            assert wrapped.broadcast_buffers is not synced
+            wrapped(torch.randn(2, 1, 4, 4, 4)).sum().backward()  # trains either way
+    finally:
+        close_parallel_dims(dims)
+
+
 def test_ddp_timing_must_be_known():
     with pytest.raises(ValueError, match=r"train\.ddp_exchange_timing: 'sometimes'"):
         DDPAllReduce(_dims(2, 1), timing="sometimes")

@@ -35,6 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.optim import Optimizer
 
 from cosmocub.optim.collectives import ring_allreduce_bytes
+from cosmocub.parallel.layers import SyncBatchNorm3d
 from cosmocub.parallel.mesh import ParallelDims
 from cosmocub.parallel.nodes import ring_inter_fraction
 from cosmocub.parallel.timing import Spans, clock_for
@@ -99,7 +100,15 @@ class DDPAllReduce:
         device_ids = [self.dims.device.index] if self.dims.device.type == "cuda" else None
         group = self.dims.group("data") if self.dims.spatial == 1 else self.dims.world_group
         # DDP broadcasts rank 0's parameters and buffers here, so every rank starts identical.
-        ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=group)
+        # It would broadcast the buffers again before every forward (broadcast_buffers): a
+        # blocking collective a step, for nothing where every buffer is a synced norm's, whose
+        # running statistics come from the mesh-wide batch and so stay equal on every rank.
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=device_ids,
+            process_group=group,
+            broadcast_buffers=has_unsynced_buffers(model),
+        )
         hook = self._blocking_allreduce if self.timing == "blocking" else self._timed_allreduce
         ddp.register_comm_hook(group, hook)
         return ddp
@@ -231,3 +240,18 @@ def build_gradient_sync(
     if dims.data * dims.spatial == 1:
         return LocalGradients()
     return DDPAllReduce(dims, timing=ddp_timing)
+
+
+def has_unsynced_buffers(model: nn.Module) -> bool:
+    """Whether `model` holds a buffer outside a SyncBatchNorm3d (a plain norm's statistics, or
+    anything else a rank may change on its own): DDP must then broadcast the buffers before
+    every forward to keep the ranks equal."""
+    synced = {
+        id(sub) for module in model.modules() if isinstance(module, SyncBatchNorm3d)
+        for sub in module.modules()
+    }  # fmt: skip
+    return any(
+        next(module.buffers(recurse=False), None) is not None
+        for module in model.modules()
+        if id(module) not in synced
+    )
