@@ -251,8 +251,8 @@ def point_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 
 def plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
     """Left: speedup over the reference in time to target against link rate (unshaped drawn at
-    the right edge), the reference's exchange share on a second axis. Right: counted and wire
-    bytes per step per variant."""
+    the right edge; the median over seeds, their range as error bars), the reference's exchange
+    share on a second axis. Right: counted and wire bytes per step per variant."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -267,25 +267,33 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
         return mbit if mbit else unshaped_x
 
     variants = list(dict.fromkeys(r["variant"] for r in measured))
+    # Over seeds: the median, with the range over the seeds as error bars (none with one seed).
+    summed = over_seeds(measured)
     for variant in variants:
         pts = sorted(
-            (x_of(r["bandwidth_mbit"]), r.get("speedup_vs_reference"))
-            for r in measured
-            if r["variant"] == variant
-        )
-        xs = [x for x, s in pts if s is not None]
-        ys = [s for x, s in pts if s is not None]
-        ax.plot(xs, ys, "o-", label=variant)
+            ((x_of(r["bandwidth_mbit"]), r)
+             for r in summed
+             if r["variant"] == variant and "speedup_vs_reference" in r),
+            key=lambda point: point[0],
+        )  # fmt: skip
+        xs = [x for x, _ in pts]
+        ys = [r["speedup_vs_reference"] for _, r in pts]
+        low = [r["speedup_vs_reference"] - r["speedup_vs_reference_min"] for _, r in pts]
+        high = [r["speedup_vs_reference_max"] - r["speedup_vs_reference"] for _, r in pts]
+        ax.errorbar(xs, ys, yerr=[low, high], fmt="o-", capsize=3, label=variant)
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log")
     ticks = [*shaped, unshaped_x]
     ax.set_xticks(ticks, [f"{t:g}" for t in shaped] + ["unshaped"])
     ax.set_xlabel("link rate per node (Mbit/s)")
     ax.set_ylabel("speedup over the reference (time to target)")
+    # One value per rate: every variant's row there carries the same reference's share.
     share = sorted(
-        (x_of(r["bandwidth_mbit"]), r["reference_exchange_share"])
-        for r in measured
-        if r.get("reference_exchange_share") is not None
+        {
+            x_of(r["bandwidth_mbit"]): r["reference_exchange_share"]
+            for r in summed
+            if r.get("reference_exchange_share") is not None
+        }.items()
     )
     if share:
         twin = ax.twinx()
