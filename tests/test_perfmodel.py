@@ -189,7 +189,7 @@ def test_the_bench_covers_every_study_rate_and_sizes_that_fit_the_rate() -> None
     from cosmocub.perfmodel.microbench import buffer_elements
 
     cfg = load_config(None)
-    assert study_rates(cfg) == (0, 1000, 100, 10)  # network_study's; scaling_study's 1000 again
+    assert study_rates(cfg) == (0, 100, 10, 1000)  # network_study's, then scaling_study's 1000
     # At 10 Mbit/s a 2 s call carries 2.5 MB: the halo swap of 1 MiB (2 MiB) fits, 4 MiB not.
     assert sizes_for_rate(SIZES, 10, 2.0) == list(SIZES[:-1])
     assert sizes_for_rate(SIZES, 0, 2.0) == list(SIZES)
@@ -224,8 +224,8 @@ def test_without_namespaces_the_bench_skips_the_emulated_links_saying_why(
     out = tmp_path / "perf" / "bench.tsv"
     bench_links.bench_links(load_config(None), config_path=None, out=out)
     assert capsys.readouterr().err.splitlines() == [
-        "emulated points skipped: perf-model bench emulated_unshaped, emulated_1000mbit, "
-        "emulated_100mbit, emulated_10mbit: network namespaces need root or CAP_NET_ADMIN (uid 1)"
+        "emulated points skipped: perf-model bench emulated_unshaped, emulated_100mbit, "
+        "emulated_10mbit, emulated_1000mbit: network namespaces need root or CAP_NET_ADMIN (uid 1)"
     ]
     assert list(read_samples(out)) == [LOOPBACK]
 
