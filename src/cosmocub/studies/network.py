@@ -26,7 +26,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cosmocub.config import Config, optimizer_variant
+from cosmocub.config import Config, NetworkStudyConfig, optimizer_variant
 from cosmocub.io import atomic_path
 from cosmocub.studies.conditions import CONDITION_COLUMNS
 from cosmocub.studies.engine import (
@@ -147,7 +147,7 @@ def finish(all_rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
     return all_rows
 
 
-def _finish_seed(measured: list[dict[str, Any]], study: Any) -> None:
+def _finish_seed(measured: list[dict[str, Any]], study: NetworkStudyConfig) -> None:
     rates = list(study.bandwidths_mbit)
     ref_rate = 0 if 0 in rates else rates[0]
     by_key = {(r["variant"], r["bandwidth_mbit"]): r for r in measured}
@@ -212,31 +212,28 @@ def over_seeds(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def over_seeds_section(rows: Sequence[Mapping[str, Any]], cfg: Config) -> str:
     """The report's table over seeds (markdown), "" with a single seed."""
+    from cosmocub.evaluation.report import format_study_section
+
     if len(cfg.network_study.seeds) < 2:
         return ""
-    table = over_seeds(rows)
-    columns = ("variant", "bandwidth_mbit", "seeds", "met_target", *OVER_SEEDS)
 
-    def cell(row: Mapping[str, Any], column: str) -> str:
-        if column not in OVER_SEEDS:
-            return str(row[column])
+    def ranged(row: Mapping[str, Any], column: str) -> str:
         if column not in row:
             return ""
         lo, mid, hi = row[f"{column}_min"], row[column], row[f"{column}_max"]
         return f"{mid:.3g} [{lo:.3g}, {hi:.3g}]"
 
-    lines = [
-        "### Over seeds",
-        "",
-        f"Median [min, max] over the seeds {list(cfg.network_study.seeds)}, each seed against "
-        "the reference's run of the same seed; met_target: the seeds whose point reached its "
-        "seed's target.",
-        "",
-        "| " + " | ".join(columns) + " |",
-        "|" + "---|" * len(columns),
-    ]
-    lines += ["| " + " | ".join(cell(r, c) for c in columns) + " |" for r in table]
-    return "\n".join([*lines, ""])
+    table = [{**r, **{c: ranged(r, c) for c in OVER_SEEDS}} for r in over_seeds(rows)]
+    return format_study_section(
+        title="Over seeds",
+        description=(
+            f"Median [min, max] over the seeds {list(cfg.network_study.seeds)}, each seed "
+            "against the reference's run of the same seed; met_target: the seeds whose point "
+            "reached its seed's target."
+        ),
+        rows=table,
+        columns=("variant", "bandwidth_mbit", "seeds", "met_target", *OVER_SEEDS),
+    )
 
 
 def point_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
