@@ -13,8 +13,9 @@ import pytest
 from cosmocub import cli
 from cosmocub.config import ConfigError, from_values, load_config
 from cosmocub.cosmology.parameters import NAME_PAR
+from cosmocub.studies.accuracy import level_rows
 from cosmocub.studies.engine import Point, gather, plan, point_values
-from cosmocub.studies.sample_size import STUDY, level_rows, select_lr, size_config_values
+from cosmocub.studies.sample_size import STUDY, select_lr, size_config_values
 
 NAMES = NAME_PAR  # ("Omega_m", "sigma_8", "N_spec", "H_0")
 
@@ -224,7 +225,7 @@ def test_points_share_shards_and_may_not_touch_fixed_sections() -> None:
 
 def test_cli_study_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert cli.main(["study-gather", "--study", "nope", "--dir", str(tmp_path)]) == 2
-    known = "network, sample_size, scaling, step_time"
+    known = "network, sample_size, scaling, step_time, universes"
     assert f"study 'nope': unknown ({known})" in capsys.readouterr().err
     args = ["study-point-config", "--study", "sample_size", "--point", "7", "--out", "o.yaml"]
     assert cli.main(args) == 2

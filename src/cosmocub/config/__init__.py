@@ -51,6 +51,7 @@ from cosmocub.config.studies import (
     StepTimePoint,
     StepTimeStudyConfig,
     StudiesConfig,
+    UniversesStudyConfig,
 )
 from cosmocub.config.training import (
     ClusterConfig,
@@ -107,6 +108,7 @@ __all__ = [
     "UNetRunConfig",
     "UNetShape",
     "UniversesConfig",
+    "UniversesStudyConfig",
     "coerce_cli_strings",
     "config_hash",
     "deep_merge",

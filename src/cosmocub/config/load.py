@@ -41,6 +41,7 @@ from cosmocub.config.studies import (
     ScalingStudyConfig,
     StepTimeStudyConfig,
     StudiesConfig,
+    UniversesStudyConfig,
 )
 from cosmocub.config.training import (
     ClusterConfig,
@@ -70,6 +71,7 @@ class Config:
     parallel: ParallelConfig
     task: TaskConfig
     sample_size_study: SampleSizeStudyConfig
+    universes_study: UniversesStudyConfig
     optimizer: OptimizerConfig
     train: TrainConfig
     evaluate: EvaluateConfig
@@ -146,6 +148,9 @@ def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
             task=TaskConfig(**_tuple_fields(TaskConfig, values["task"])),
             sample_size_study=SampleSizeStudyConfig(
                 **_tuple_fields(SampleSizeStudyConfig, values["sample_size_study"])
+            ),
+            universes_study=UniversesStudyConfig(
+                **_tuple_fields(UniversesStudyConfig, values["universes_study"])
             ),
             optimizer=OptimizerConfig(**_tuple_fields(OptimizerConfig, values["optimizer"])),
             train=TrainConfig(**values["train"]),

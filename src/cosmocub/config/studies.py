@@ -1,4 +1,4 @@
-"""Typed sections of the studies (sample size, step time, network, scaling) and of the
+"""Typed sections of the studies (sample size, universes, step time, network, scaling) and of the
 performance model (bench, extrapolate, accelerators).
 """
 
@@ -36,6 +36,20 @@ class SampleSizeStudyConfig:
         (to 3 significant digits, so that point names stay short)."""
         scale = self.lr_scales[self.sizes.index(size)]
         return tuple(float(f"{lr * scale:.3g}") for lr in self.lrs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UniversesStudyConfig:
+    train_universes: tuple[int, ...]
+    lrs: tuple[float, ...]
+    epochs: int
+    max_steps_per_epoch: int
+
+    def __post_init__(self) -> None:
+        for key in ("train_universes", "lrs"):
+            values = list(getattr(self, key))
+            if len(set(values)) != len(values):
+                raise ConfigError(f"key 'universes_study.{key}': {values} repeats a value")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -111,6 +111,7 @@ class TrainConfig:
     ddp_exchange_timing: str
     max_steps_per_epoch: int | None
     seed: int | None  # None: the config's seed (Config.training_seed)
+    universes: int | None  # None: every training universe
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,6 +22,7 @@ from torch.utils.data import Dataset
 from cosmocub.config import ModelConfig
 from cosmocub.data.augment import cube_symmetry, source_region
 from cosmocub.data.periodic import read_periodic
+from cosmocub.data.shard_file import first_universe_rows
 
 SPLITS = ("train", "val", "test")
 
@@ -253,6 +254,26 @@ class UniverseCropDataset(ShardDataset):
             self._open()["x"], int(self._universe_of[sample]), origin, region, self.size
         )
         return self._finish(x, symmetry, self._open()["y"][sample])
+
+
+class FirstUniverses(Dataset):
+    """The samples of `dataset` (a shard's) cut from its first `count` universes
+    (first_universe_rows), in the shard's order: index k is the dataset's row rows[k], and an
+    index tuple (k, symmetry[, origin]) keeps its symmetry and origin."""
+
+    def __init__(self, dataset: ShardDataset, count: int) -> None:
+        self.dataset = dataset
+        self.path = dataset.path
+        self.random_origins = dataset.random_origins
+        self.rows = first_universe_rows(dataset.path, count)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(index, tuple):
+            return self.dataset[(int(self.rows[index[0]]), *index[1:])]
+        return self.dataset[int(self.rows[index])]
 
 
 def holds_universes(f: h5py.File) -> bool:

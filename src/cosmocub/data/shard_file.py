@@ -7,6 +7,7 @@ A shard holds crops, or (the training split under preprocess.train_crops random)
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -125,3 +126,19 @@ def verify_written(path: Path, metas: list[UniverseMeta], settings: PreprocessCo
                     f"{path}: sample {i} read back through HDF5 differs from {metas[u].path} "
                     f"at origin ({d}, {h}, {w}): the shard writer wrote a corrupt shard"
                 )
+
+
+def first_universe_rows(path: str | os.PathLike, count: int | None) -> np.ndarray | None:
+    """The rows of shard `path` cut from the first `count` of its universes (`source_files`
+    order, the key `train.universes`), or None for `count` None (every row). A shard holding
+    fewer universes is an error naming both numbers."""
+    if count is None:
+        return None
+    with h5py.File(path, "r") as f:
+        universes = len(json.loads(f.attrs["source_files"]))
+        universe_of = f["universe_index"][:]
+    if count > universes:
+        raise ValueError(
+            f"{path}: key 'train.universes' is {count} but the shard holds {universes} universes"
+        )
+    return np.flatnonzero(universe_of < count)

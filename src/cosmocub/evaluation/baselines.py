@@ -17,6 +17,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from cosmocub.data.features import FEATURES_FILE, read_features
+from cosmocub.data.shard_file import first_universe_rows
 
 # Feature set of each fitted baseline (datasets of features.h5).
 BASELINE_FEATURES = {"one_point": "one_point", "pk": "pk"}
@@ -44,16 +45,23 @@ def _targets(shard: Path) -> np.ndarray:
         return f["y"][:].astype(np.float64)
 
 
-def baseline_predictions(shards_dir: Path, split: str) -> dict[str, np.ndarray]:
+def baseline_predictions(
+    shards_dir: Path, split: str, *, train_universes: int | None = None
+) -> dict[str, np.ndarray]:
     """Each baseline's (N, P) unitPar predictions for `split`, every fit made on train only.
 
     "mean" predicts the training targets' mean; "one_point" and "pk" are ridge fits on the
-    features of features.h5. Only the training split's targets are read.
+    features of features.h5. Only the training split's targets are read; with
+    `train_universes` (the key train.universes) only those of its first universes, the ones
+    the CNN trained on.
     """
     shards_dir = Path(shards_dir)
     features_path = shards_dir / FEATURES_FILE
     y_train = _targets(shards_dir / "train.h5")
     train = read_features(features_path, "train")
+    rows = first_universe_rows(shards_dir / "train.h5", train_universes)
+    if rows is not None:
+        y_train, train = y_train[rows], {k: v[rows] for k, v in train.items()}
     target = read_features(features_path, split)
     n = target["pk"].shape[0]
     out = {"mean": np.broadcast_to(y_train.mean(axis=0), (n, y_train.shape[1])).copy()}

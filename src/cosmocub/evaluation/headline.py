@@ -37,7 +37,8 @@ def comparison_table(
     """Per parameter: unitPar MAE of every estimator, and the CNN's MAE over each baseline's.
 
     With `bootstrap` > 0, also `cnn_over_pk_lo` and `_hi`: the 16th and 84th percentiles of the
-    ratio over `bootstrap` resamplings of the rows (the test universes), i.e. its ±1σ range.
+    ratio over `bootstrap` resamplings of the rows (the test universes), i.e. its ±1σ range; and
+    `<estimator>_lo` / `_hi`, the same range of each estimator's MAE.
     """
     table: dict[str, dict[str, float]] = {}
     rng = np.random.default_rng(seed)
@@ -52,6 +53,9 @@ def comparison_table(
                 ratios = errors["cnn"][resamples].mean(1) / errors["pk"][resamples].mean(1)
             lo, hi = np.nanpercentile(ratios, [16, 84])
             row["cnn_over_pk_lo"], row["cnn_over_pk_hi"] = float(lo), float(hi)
+            for est, err in errors.items():
+                lo, hi = np.percentile(err[resamples].mean(1), [16, 84])
+                row[f"{est}_lo"], row[f"{est}_hi"] = float(lo), float(hi)
         table[name] = row
     return table
 
@@ -63,6 +67,7 @@ def field_level_metrics(
     test: Mapping[str, np.ndarray],
     val: Mapping[str, np.ndarray] | None,
     split: str = "test",
+    train_universes: int | None = None,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """(metrics, arrays): the CNN against the baselines per crop and per universe, and for the
     gaussian head the coverage of its intervals before and after calibration on validation.
@@ -70,9 +75,10 @@ def field_level_metrics(
     `test` and `val` hold "mean" (N, P), "true" (N, P), "universe_index" (N,) and, for the
     gaussian head, "var" (N, P); `val` is needed for the gaussian head only. A universe's
     estimate is its crops' mean (point head) or their inverse-variance weighted mean (gaussian).
-    `split` names the shard `test` comes from (the baselines predict the same samples).
+    `split` names the shard `test` comes from (the baselines predict the same samples);
+    `train_universes` (train.universes) the training universes the baselines are fitted on.
     """
-    baselines = baseline_predictions(shards_dir, split)
+    baselines = baseline_predictions(shards_dir, split, train_universes=train_universes)
     true, where = test["true"], test["universe_index"]
     crop_preds = {"cnn": test["mean"], **baselines}
     true_u = unc.mean_per_universe(true, where)

@@ -13,6 +13,7 @@ import numpy as np
 
 from cosmocub.config import Config
 from cosmocub.cosmology.parameters import BASE_PHYS_PAR, NAME_PAR
+from cosmocub.data.shard_file import first_universe_rows
 from cosmocub.evaluation.headline import field_level_metrics, plot_calibration
 from cosmocub.evaluation.headline import tracker_metrics as field_tracker_metrics
 from cosmocub.evaluation.metrics import parameter_metrics, to_physical, tracker_metrics
@@ -68,7 +69,7 @@ def evaluate(
     test = open_split(shards_dir, "test", model_cfg)
     if len(test) == 0:
         raise ValueError(f"{test.path}: test shard holds 0 samples, nothing to evaluate")
-    train_mean_unit = _train_target_mean(shards_dir / "train.h5")
+    train_mean_unit = _train_target_mean(shards_dir / "train.h5", cfg.train.universes)
 
     opts = {"batch_size": cfg.evaluate.batch_size, "symmetries": cfg.evaluate.symmetries}
     test_pred = split_predictions(model, test, **opts)
@@ -81,7 +82,11 @@ def evaluate(
     )
     metrics = parameter_metrics(pred_unit, true_unit, train_mean_unit)
     field_level, field_arrays = field_level_metrics(
-        shards_dir=shards_dir, names=NAME_PAR, test=test_pred, val=val_pred
+        shards_dir=shards_dir,
+        names=NAME_PAR,
+        test=test_pred,
+        val=val_pred,
+        train_universes=cfg.train.universes,
     )
     metrics.update(field_level)
     metrics.update(
@@ -149,13 +154,16 @@ def evaluate(
     return metrics
 
 
-def _train_target_mean(path: Path) -> np.ndarray:
+def _train_target_mean(path: Path, universes: int | None) -> np.ndarray:
+    """The mean target of the training rows the run trained on (train.universes)."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: train shard not found (its targets give the baseline)")
     with h5py.File(path, "r") as f:
         if "y" not in f:
             raise ValueError(f"{path}: dataset 'y' missing (not a cosmocub shard)")
         y = f["y"][:]
+    if (rows := first_universe_rows(path, universes)) is not None:
+        y = y[rows]
     if y.ndim != 2 or y.shape[1] != len(NAME_PAR) or y.shape[0] == 0:
         raise ValueError(
             f"{path}: dataset 'y' has shape {y.shape}, expected (N > 0, {len(NAME_PAR)})"

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 # name -> module defining STUDY; a new study is one entry here and one config block.
 STUDY_MODULES = {
     "sample_size": "cosmocub.studies.sample_size",
+    "universes": "cosmocub.studies.universes",
     "step_time": "cosmocub.studies.step_time",
     "network": "cosmocub.studies.network",
     "scaling": "cosmocub.studies.scaling",
@@ -117,12 +118,23 @@ class StudyDefinition:
     finish: Callable[[list[dict[str, Any]], Config], list[dict[str, Any]]] | None = None
     # extra_section(rows, cfg): markdown after the table in the report (e.g. over seeds).
     extra_section: Callable[[Sequence[Mapping[str, Any]], Config], str] | None = None
+    # check(cfg): what the points need of the base config beyond each point's own validity
+    # (enough universes, say), a ConfigError otherwise; run by `check_study` in the study's own
+    # jobs, not where the workflow plans every study at parse time (the default config need
+    # not fit every study's).
+    check: Callable[[Config], None] | None = None
 
 
 def definition(name: str) -> StudyDefinition:
     if name not in STUDY_MODULES:
         raise ValueError(f"study {name!r}: unknown ({', '.join(sorted(STUDY_MODULES))})")
     return importlib.import_module(STUDY_MODULES[name]).STUDY
+
+
+def check_study(cfg: Config, name: str) -> None:
+    """The study's own check of the base config (StudyDefinition.check), where it has one."""
+    if (check := definition(name).check) is not None:
+        check(cfg)
 
 
 def study_points(cfg: Config, name: str) -> list[Point]:

@@ -23,6 +23,7 @@ from cosmocub.config import Config, StudiesConfig, load_config, write_config
 from cosmocub.io import read_jsonl
 from cosmocub.studies.conditions import is_contended, own_share, point_conditions, why_contended
 from cosmocub.studies.engine import (
+    check_study,
     find_point,
     point_config,
     point_launch_plan,
@@ -134,6 +135,7 @@ def runner(name: str) -> Runner:
 def prepare_point(cfg: Config, study: str, point: str, config_out: Path) -> None:
     """`cosmocub study-point-config`: the point's config at `config_out` and its launch plan
     beside it (launch.json), the only things `cosmocub study-point` reads."""
+    check_study(cfg, study)
     found = find_point(cfg, study, point)
     point_cfg = point_config(cfg, study, found)
     write_config(point_cfg.values, config_out)

@@ -16,17 +16,18 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from cosmocub.config import Config, ConfigError
 from cosmocub.cosmology.parameters import NAME_PAR
-from cosmocub.io import atomic_path, read_json
+from cosmocub.io import atomic_path
 from cosmocub.optim.schedule import stretched
+from cosmocub.studies.accuracy import (
+    evaluated_point_rows,
+    point_metrics,
+    select_lr_per_group,
+    selected_rows,
+)
 from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition, point_values
 
-LEVELS = ("universe", "sample")
-# metrics.json's comparison / calibration scope of each level.
-SCOPES = {"universe": "per_universe", "sample": "per_crop"}
 COLUMNS = (
     "sample_size",
     "lr",
@@ -98,95 +99,16 @@ def size_config_values(cfg: Config, size: int, lr: float) -> dict[str, Any]:
     return point_values(cfg, "sample_size", size_point(cfg, size, lr))
 
 
-def level_rows(metrics: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Rows per (level, parameter and "mean") from one point's eval/metrics.json: the unitPar
-    MAE of the CNN, predict-the-mean and the P(k) ridge fit, the CNN's ratios to both (with the
-    bootstrap range of CNN ÷ P(k) per universe), and, for the gaussian head, the mean width of
-    its calibrated 68% intervals. The "mean" row averages the MAEs over parameters and gives the
-    ratios of those averages."""
-    comparison = metrics["comparison"]
-    calibration = metrics.get("calibration")
-    names = list(comparison["per_universe"])  # the parameters, in metrics.json's order
-    rows = []
-    for level in LEVELS:
-        scope = SCOPES[level]
-        table = comparison[scope]
-        count = comparison["num_universes" if level == "universe" else "num_crops"]
-        widths = calibration[scope]["after"]["width68"] if calibration else {}
-        level_out = []
-        for name in names:
-            t = table[name]
-            level_out.append(
-                {
-                    "level": level,
-                    "parameter": name,
-                    "count": count,
-                    "cnn_mae": t["cnn"],
-                    "mean_mae": t["mean"],
-                    "pk_mae": t["pk"],
-                    "cnn_over_mean": t["cnn_over_mean"],
-                    "cnn_over_pk": t["cnn_over_pk"],
-                    "cnn_over_pk_lo": t.get("cnn_over_pk_lo", math.nan),
-                    "cnn_over_pk_hi": t.get("cnn_over_pk_hi", math.nan),
-                    "width68": widths.get(name, math.nan),
-                }
-            )
-        mean = {
-            k: float(np.mean([r[k] for r in level_out]))
-            for k in ("cnn_mae", "mean_mae", "pk_mae", "width68")
-        }
-        level_out.append(
-            {
-                "level": level,
-                "parameter": "mean",
-                "count": count,
-                **mean,
-                "cnn_over_mean": _ratio(mean["cnn_mae"], mean["mean_mae"]),
-                "cnn_over_pk": _ratio(mean["cnn_mae"], mean["pk_mae"]),
-                "cnn_over_pk_lo": math.nan,
-                "cnn_over_pk_hi": math.nan,
-            }
-        )
-        rows += level_out
-    return rows
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b > 0 else math.nan  # undefined where the baseline is exact
-
-
 def select_lr(rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
-    """Per size, mark the learning rate with the lowest final validation loss (`selected` = 1,
-    the others 0; the first of the grid on a tie) and record the size's grid; refuse unequal
-    budgets (points that took different numbers of optimizer steps)."""
+    """Per size, mark the learning rate with the lowest final validation loss and record the
+    size's grid (accuracy.select_lr_per_group); refuse unequal budgets."""
     study = cfg.sample_size_study
-    steps: dict[str, int] = {}
-    for r in rows:
-        if r.get("steps") is not None:
-            steps.setdefault(r["point"], r["steps"])
-    if len({r["steps"] for r in rows if r.get("steps") is not None}) > 1:
-        raise ValueError(
-            "sample-size study: unequal budgets, optimizer steps per point "
-            f"{steps} (a size has fewer than sample_size_study.max_steps_per_epoch = "
-            f"{cfg.sample_size_study.max_steps_per_epoch} batches per epoch)"
-        )
-    best: dict[int, tuple[float, float]] = {}
-    for r in rows:
-        loss = r.get("final_val_loss")
-        if loss is None or not math.isfinite(loss):
-            continue
-        size = r["sample_size"]
-        if size not in best or loss < best[size][0]:
-            best[size] = (loss, r["lr"])
-    for r in rows:
-        chosen = best.get(r["sample_size"])
-        r["selected"] = int(chosen is not None and r["lr"] == chosen[1])
-        r["lr_grid"] = " ".join(f"{lr:g}" for lr in study.lr_grid(r["sample_size"]))
-    return rows
-
-
-def selected_rows(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [r for r in rows if r.get("selected") == 1]
+    return select_lr_per_group(
+        rows,
+        group="sample_size",
+        grid=study.lr_grid,
+        budget_key=f"sample_size_study.max_steps_per_epoch = {study.max_steps_per_epoch}",
+    )
 
 
 def plot_study(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
@@ -231,27 +153,9 @@ def plot_study(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> No
 
 def point_rows(outputs: PointOutputs, cfg: Config) -> list[dict[str, Any]]:
     size = int(outputs.point.labels["sample_size"])
-    path = outputs.eval_dir / "metrics.json"
-    metrics = read_json(path, not_found="not found (run `cosmocub evaluate`)")
-    if "comparison" not in metrics:
-        raise ValueError(f"{path}: no 'comparison' block (evaluated by an older cosmocub)")
-    epochs = outputs.metrics()
-    point = {
-        "spatial": cfg.sample_size_study.spatial[cfg.sample_size_study.sizes.index(size)],
-        "steps": outputs.train_summary()["steps"],
-        "final_val_loss": epochs[-1].get("val_loss") if epochs else None,
-    }
-    return [{**point, **r} for r in level_rows(metrics)]
-
-
-def point_metrics(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """Per point, the same names: per-universe CNN ÷ mean and CNN ÷ P(k) per parameter."""
-    out = {}
-    for r in rows:
-        if r["level"] == "universe":
-            out[f"univ_cnn_over_mean_{r['parameter']}"] = r["cnn_over_mean"]
-            out[f"univ_cnn_over_pk_{r['parameter']}"] = r["cnn_over_pk"]
-    return out
+    study = cfg.sample_size_study
+    spatial = study.spatial[study.sizes.index(size)]
+    return [{"spatial": spatial, **r} for r in evaluated_point_rows(outputs)]
 
 
 STUDY = StudyDefinition(

@@ -12,6 +12,7 @@ from torch import nn
 
 from cosmocub.config import Config, config_hash
 from cosmocub.data.augment import symmetries_for_split
+from cosmocub.data.dataset import FirstUniverses
 from cosmocub.models import memory_layout
 from cosmocub.models.factory import build_model
 from cosmocub.optim.factory import build_optimizer, build_schedule
@@ -40,6 +41,8 @@ def build_trainer(
     task = build_task(cfg)
     block = _spatial_block(cfg, dims)
     train_set = task.open_split(shards_dir, "train", block=block)
+    if tc.universes is not None:  # the universes study's learning curve
+        train_set = FirstUniverses(train_set, tc.universes)
     val_set = task.open_split(shards_dir, "val", block=block)
     per_rank = len(train_set) // dims.data
     if per_rank < tc.local_batch_size:
