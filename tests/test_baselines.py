@@ -6,24 +6,10 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
+from baseline_shards import write_split
 
 from cosmocub.data.features import FEATURES_FILE, write_features
 from cosmocub.evaluation.baselines import baseline_predictions, fit_ridge, usable_columns
-
-SIZE = 8
-
-
-def _write_split(path, rng, n_universes, crops=2):
-    """Crops whose Poisson rate grows with the first parameter (so the fits have signal)."""
-    y_u = rng.uniform(-1, 1, size=(n_universes, 4)).astype(np.float32)
-    y = np.repeat(y_u, crops, axis=0)
-    rate = 3.0 + 2.0 * y[:, 0]
-    x = rng.poisson(rate[:, None, None, None, None], size=(len(y), 2, SIZE, SIZE, SIZE))
-    with h5py.File(path, "w") as f:
-        f["x"] = np.log1p(x).astype(np.float16)
-        f["y"] = y
-        f["universe_index"] = np.repeat(np.arange(n_universes), crops).astype(np.int32)
-        f.attrs["log1p"] = True
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +17,7 @@ def shards(tmp_path_factory):
     folder = tmp_path_factory.mktemp("shards")
     rng = np.random.default_rng(0)
     for split, n in (("train", 12), ("val", 2), ("test", 4)):
-        _write_split(folder / f"{split}.h5", rng, n)
+        write_split(folder / f"{split}.h5", rng, n)
     write_features(folder, folder / FEATURES_FILE, num_workers=1)
     return folder
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from baseline_shards import write_split
 
 from cosmocub.config import ConfigError, load_config
 from cosmocub.cosmology.parameters import NAME_PAR
@@ -22,32 +23,13 @@ from cosmocub.evaluation.headline import comparison_table
 from cosmocub.studies.accuracy import level_rows
 from cosmocub.studies.engine import check_study, gather, plan, point_config
 
-SIZE = 8
-
-
-def _write_split(path: Path, rng: np.random.Generator, universes: int, crops: int = 2) -> None:
-    """`crops` crops per universe, rows grouped by universe, whose Poisson rate follows the
-    first parameter (so the fits have signal); universe u is source_files[u]."""
-    y_u = rng.uniform(-1, 1, size=(universes, 4)).astype(np.float32)
-    y = np.repeat(y_u, crops, axis=0)
-    rate = 3.0 + 2.0 * y[:, 0]
-    x = rng.poisson(rate[:, None, None, None, None], size=(len(y), 2, SIZE, SIZE, SIZE))
-    with h5py.File(path, "w") as f:
-        f["x"] = np.log1p(x).astype(np.float16)
-        f["y"] = y
-        # Interleaved, so "the first N universes" is not "the first rows".
-        f["universe_index"] = np.tile(np.arange(universes), crops).astype(np.int32)
-        f["y"][...] = np.tile(y_u, (crops, 1))
-        f.attrs["log1p"] = True
-        f.attrs["source_files"] = json.dumps([f"u{k}.hdf5" for k in range(universes)])
-
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("shards")
     rng = np.random.default_rng(0)
     for split, n in (("train", 12), ("val", 2), ("test", 4)):
-        _write_split(folder / f"{split}.h5", rng, n)
+        write_split(folder / f"{split}.h5", rng, n, interleaved=True)
     write_features(folder, folder / FEATURES_FILE, num_workers=1)
     return folder
 
