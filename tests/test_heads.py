@@ -122,3 +122,33 @@ def test_combine_crops_is_inverse_variance_weighting():
     np.testing.assert_allclose(v[:, 0], [2.0, 0.75])
     with pytest.raises(ValueError, match="must match"):
         unc.combine_crops(mean, np.zeros_like(var), np.array([0, 0, 1]))
+
+
+def test_coverage_scale_calibrates_a_barely_learnt_parameter_where_the_likelihood_cannot():
+    # A parameter the net has not learnt: predictions near 0 of values uniform on [-1, 1], so
+    # the errors are uniform (bounded), not Gaussian.
+    rng = np.random.default_rng(3)
+
+    def rows(n):
+        true = rng.uniform(-1, 1, size=(n, 2))
+        mean = np.stack([rng.normal(0, 0.02, n), true[:, 1] + rng.normal(0, 0.3, n)], axis=1)
+        return mean, np.full_like(mean, 0.05), true
+
+    val, test = rows(400), rows(4000)
+    likelihood = unc.variance_scale(*val)
+    by_coverage = unc.coverage_scale(*val)
+    # Uniform errors: the RMS interval covers 58 % at 68 % and everything at 95 %.
+    fitted_on_likelihood = unc.coverage(test[0], test[1] * likelihood, test[2])
+    assert fitted_on_likelihood[0, 0] == pytest.approx(0.58, abs=0.03)
+    observed = unc.coverage(test[0], test[1] * by_coverage, test[2])
+    np.testing.assert_allclose(observed[:, 0], [0.68, 1.0], atol=0.03)
+    assert not unc.miscalibrated(observed)
+    # Gaussian errors (the second parameter): both fits agree, to within what 400 validation
+    # rows can tell (a coverage fraction's binomial σ there is 2.3 points; 0.05 is about 2σ).
+    assert by_coverage[1] == pytest.approx(likelihood[1], rel=0.15)
+    np.testing.assert_allclose(observed[:, 1], [0.68, 0.95], atol=0.05)
+
+
+def test_coverage_scale_of_exact_rows_keeps_the_likelihood_scale():
+    mean = np.zeros((5, 1))
+    np.testing.assert_array_equal(unc.coverage_scale(mean, np.ones_like(mean), mean), [0.0])

@@ -122,11 +122,11 @@ def _calibration(
     true_u: np.ndarray,
     names: Sequence[str],
 ) -> tuple[dict[str, Any], np.ndarray]:
-    # Scales fitted on validation only: a temperature² for single crops, an inflation factor for
-    # the combination of a universe's correlated crops.
-    temperature_sq = unc.variance_scale(val["mean"], val["var"], val["true"])
+    # Scales fitted on validation only, on the coverage they give there: a temperature² for
+    # single crops, an inflation factor for the combination of a universe's correlated crops.
+    temperature_sq = unc.coverage_scale(val["mean"], val["var"], val["true"])
     val_mean_u, val_var_u = unc.combine_crops(val["mean"], val["var"], val["universe_index"])
-    inflation = unc.variance_scale(
+    inflation = unc.coverage_scale(
         val_mean_u, val_var_u, unc.mean_per_universe(val["true"], val["universe_index"])
     )
     var_u_cal = var_u * inflation
