@@ -84,11 +84,12 @@ def coverage_scale(
         candidates = np.unique(candidates[candidates > 0])
         if not len(candidates):  # every row exact: nothing to widen for
             continue
-        # (C, L) coverage at each candidate: a row is inside where z ≤ h·√s.
-        inside = (
-            z[None, :, j, None] <= half_widths[None, None, :] * np.sqrt(candidates)[:, None, None]
-        )
-        gaps = ((inside.mean(axis=1) - np.asarray(levels)[None, :]) ** 2).sum(axis=1)
+        # (C, L) coverage at each candidate, by counting in the sorted |z| (a row is inside
+        # where z ≤ h·√s): C log N, not a (C, N) table, since validation can hold many crops.
+        sorted_z = np.sort(z[:, j])
+        bounds = half_widths[None, :] * np.sqrt(candidates)[:, None]
+        observed = np.searchsorted(sorted_z, bounds, side="right") / len(sorted_z)
+        gaps = ((observed - np.asarray(levels)[None, :]) ** 2).sum(axis=1)
         best = np.flatnonzero(gaps <= gaps.min() + 1e-12)
         near = np.argmin(np.abs(np.log(candidates[best] / likelihood[j])))
         out[j] = candidates[best[near]]
