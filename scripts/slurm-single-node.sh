@@ -25,7 +25,10 @@ install() {
 write_config() {
   local host cpus mem
   host=$(hostname -s)
-  cpus=$(nproc)
+  # The CPUs slurmd itself finds (what it registers, whatever this shell's affinity or
+  # OMP_NUM_THREADS, both of which `nproc` obeys); the hardware count where it says nothing.
+  cpus=$(/usr/sbin/slurmd -C 2>/dev/null | sed -n 's/.*CPUs=\([0-9]*\).*/\1/p' | head -n 1 || true)
+  [ -n "$cpus" ] || cpus=$(nproc --all)
   # Leave 1 GiB to the system; Slurm refuses a node that has less than it says.
   mem=$(( $(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) - 1024 ))
   if [ -f "$CONF" ] && ! grep -qF "$MARKER" "$CONF"; then

@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import os
 import time
 from pathlib import Path
+from unittest import mock
 
 import h5py
 import numpy as np
@@ -169,14 +171,21 @@ def test_dask_local_cluster_over_tcp_writes_the_same_shards(universes, tmp_path)
     preprocess(
         universes, tmp_path / "threads", settings=cfg, seed=5, config_hash="h", universes_per_job=7
     )
-    with distributed.LocalCluster(
-        n_workers=2,
-        threads_per_worker=1,
-        processes=True,
-        host="127.0.0.1",
-        protocol="tcp",
-        dashboard_address=None,
-    ) as cluster:
+    # The nannies set their workers' environment (distributed.nanny.pre-spawn-environ:
+    # OMP_NUM_THREADS=1 and others) in this process's os.environ and leave it there: every later
+    # test in this pytest worker would inherit it (`nproc` then says 1, and the one-node Slurm is
+    # written with one CPU). patch.dict puts os.environ back as it was.
+    with (
+        mock.patch.dict(os.environ),
+        distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            protocol="tcp",
+            dashboard_address=None,
+        ) as cluster,
+    ):
         assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")
         on_cluster = dataclasses.replace(cfg, dask_scheduler=cluster.scheduler_address)
         preprocess(

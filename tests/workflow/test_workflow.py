@@ -183,7 +183,8 @@ def test_ci_runs_the_readme_test_command(tmp_path):
         text=True,
         check=True,
     ).stdout.strip()
-    assert extracted.endswith("&& pytest")
+    # the install, then pytest (in the two workers the README explains)
+    assert extracted.endswith("&& pytest -n 2 --dist loadscope")
     assert extracted in readme
     assert "constraints/cpu.txt" in extracted
     ci = (REPO / ".ci" / "run").read_text()
