@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from cosmocub.config import load_config
@@ -12,7 +13,15 @@ from cosmocub.perfmodel.rates import RateFit
 ROOT = Path(__file__).resolve().parents[1]
 TEST_CONFIG = ROOT / "config/test.yaml"
 # A conv's true rates: 0.3 ms a call, 40 GFLOP/s peak, 0.2 and 1 GB/s on its two byte terms.
-TRUE = {"call": 3e-4, "flops": 1 / 40e9, "out_bytes": 1 / 0.2e9, "unfold_bytes": 1 / 1e9}
+TRUE = {
+    "call": 3e-4,
+    "voxels": 3e-8,
+    "flops": 1 / 40e9,
+    "out_bytes": 1 / 0.2e9,
+    "unfold_bytes": 1 / 1e9,
+}
+# The first block's (no input gradient): this share of every rate.
+FIRST_SHARE = 0.6
 # A batch norm's, plain and synced (one thread): a call and a time per element.
 NORM_CALL_S = {"plain": 2e-5, "synced": 2e-4}
 NORM_ELEMENT_S = {"plain": 1e-9, "synced": 4e-9}
@@ -29,11 +38,12 @@ def synthetic_calibration(threads: tuple[int, ...] = (1, 2)) -> cpu_model.Calibr
             speed = t * (2 if batch > 1 else 1)
             conv = {k: v / speed for k, v in TRUE.items()}
             head = {"call": 1e-4 / speed, "flops": 1 / (20e9 * speed), "bytes": 0.0}
-            for bn in (False, True):
+            for bn, first in itertools.product((False, True), repeat=2):
                 for fmt in grid.FORMATS:
-                    kind = grid.conv_kind(batch_norm=bn, memory_format=fmt)
+                    kind = grid.conv_kind(batch_norm=bn, memory_format=fmt, first=first)
+                    rates = {k: v * FIRST_SHARE for k, v in conv.items()} if first else conv
                     layers[grid.fit_key(kind, t, batch)] = RateFit(
-                        seconds_per_unit=conv, samples=18, median_rel_error=0, worst_rel_error=0
+                        seconds_per_unit=rates, samples=18, median_rel_error=0, worst_rel_error=0
                     )
             layers[grid.fit_key("head", t, batch)] = RateFit(
                 seconds_per_unit=head, samples=12, median_rel_error=0, worst_rel_error=0

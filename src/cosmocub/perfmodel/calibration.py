@@ -65,19 +65,23 @@ VOTE_SIZES = (1 << 12, 1 << 15, 1 << 18, 1 << 19)
 VOTE_GROUP = 2
 
 
-def conv_kind(*, batch_norm: bool, memory_format: str) -> str:
-    return f"conv{'_bn' if batch_norm else ''}/{memory_format}"
+def conv_kind(*, batch_norm: bool, memory_format: str, first: bool = False) -> str:
+    """`first`: the model's first block, whose input is the data: backward computes no input
+    gradient there (for 4 input channels at 32³ that gradient cost half the block's time)."""
+    return f"conv{'_bn' if batch_norm else ''}{'_first' if first else ''}/{memory_format}"
 
 
 def conv_work(
     *, batch: int, cin: int, cout: int, shape: Sequence[int], kernel: int
 ) -> dict[str, float]:
-    """A conv block's work: one call, its training FLOPs, the bytes of its output activations
-    (conv, norm, activation, pool passes over them) and of its input unfolded over the kernel
-    (what a convolution on few channels spends its time moving), fp32."""
+    """A conv block's work: one call, its voxels (what each output position costs whatever its
+    channels: the kernels' loops, the pool's window), its training FLOPs, the bytes of its output
+    activations (conv, norm, activation, pool passes over them) and of its input unfolded over
+    the kernel (what a convolution on few channels spends its time moving), fp32."""
     voxels = batch * math.prod(shape)
     return {
         "call": 1.0,
+        "voxels": float(voxels),
         "flops": TRAIN_FLOPS_FACTOR * 2.0 * voxels * cin * cout * kernel**3,
         "out_bytes": 4.0 * voxels * cout,
         "unfold_bytes": 4.0 * voxels * cin * kernel**3,
@@ -120,8 +124,8 @@ def fit_key(kind: str, threads: int, batch: int) -> str:
     return f"{kind}@{threads}/{batch_class(batch)}"
 
 
-def _time_train(module: nn.Module, x: torch.Tensor, repeats: int) -> float:
-    x = x.requires_grad_(True)
+def _time_train(module: nn.Module, x: torch.Tensor, repeats: int, input_grad: bool = True) -> float:
+    x = x.requires_grad_(input_grad)
 
     def run() -> None:
         module.zero_grad(set_to_none=True)
@@ -144,15 +148,15 @@ def measure_grid(
     base = base_model()
     for t in threads:
         with torch_threads(t):
-            for batch_norm in (False, True):
+            for batch_norm, first in itertools.product((False, True), repeat=2):
                 for fmt, layout in FORMATS.items():
-                    kind = conv_kind(batch_norm=batch_norm, memory_format=fmt)
+                    kind = conv_kind(batch_norm=batch_norm, memory_format=fmt, first=first)
                     for (cin, cout), size, batch in _conv_points(settings):
                         block = conv_block(
                             cin, cout, kernel_size=kernel, batch_norm=batch_norm, slope=0.3
                         ).to(memory_format=layout)
                         x = torch.randn(batch, cin, size, size, size).to(memory_format=layout)
-                        seconds = _time_train(block.train(), x, settings.repeats)
+                        seconds = _time_train(block.train(), x, settings.repeats, not first)
                         shape = {"batch": batch, "cin": cin, "cout": cout, "size": size}
                         rows.append({"kind": kind, "threads": t, **shape, "seconds": seconds})
             for features, dense in HEAD_GRID:

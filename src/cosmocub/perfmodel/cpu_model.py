@@ -26,7 +26,8 @@ from cosmocub.perfmodel.rates import RateFit
 from cosmocub.train.conditions import read_core_ticks, steal_between
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 4  # 3: batch norms, plain and synced; 4: the vote's host work
+# 3: batch norms, plain and synced; 4: the vote's host work; 5: the first block apart
+FORMAT_VERSION = 5
 # The models whose whole step, less their layers' fitted sum, is the step's glue (loss,
 # zero_grad, autograd between layers): test.yaml's and one twice its side.
 GLUE_MODELS = ({"input_size": 8, "base_filters": 4}, {"input_size": 16, "base_filters": 8})
@@ -124,11 +125,18 @@ class Calibration:
                 f"key 'model.kernel_size': {model_cfg.kernel_size}; the compute calibration "
                 f"timed {grid.KERNEL}^3 convolutions only"
             )
-        kind = grid.conv_kind(batch_norm=model_cfg.batch_norm, memory_format=memory_format)
-        conv = self.layers[grid.fit_key(kind, threads, batch)]
+        first, inner = (
+            self.layers[grid.fit_key(kind, threads, batch)]
+            for kind in (
+                grid.conv_kind(batch_norm=model_cfg.batch_norm, memory_format=memory_format,
+                               first=is_first)
+                for is_first in (True, False)
+            )
+        )  # fmt: skip
         shape = [model_cfg.input_size // s for s in split]
         channels, out = model_cfg.in_channels, {}
         for i in range(model_cfg.num_conv_blocks):
+            conv = first if i == 0 else inner  # the first block's input is the data
             filters = model_cfg.base_filters * 2**i
             work = grid.conv_work(
                 batch=batch, cin=channels, cout=filters, shape=shape, kernel=model_cfg.kernel_size
