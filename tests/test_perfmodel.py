@@ -598,6 +598,10 @@ def test_the_cores_speed_is_fitted_on_the_fit_set_and_scales_the_cores_work_only
     assert skip_reason({"contended": "True"}) == "contended"
     assert skip_reason({"contended": "False", "oversubscribed": "True"}) == "oversubscribed"
     assert skip_reason({"contended": "False", "oversubscribed": "False"}) is None
+    # The scaling table's cell says why (read back from its TSV as text), blank when not.
+    why = "4 ranks of 1 thread(s) on 2 core(s)"
+    assert skip_reason({"contended": "False", "oversubscribed": why}) == "oversubscribed"
+    assert skip_reason({"contended": "False", "oversubscribed": ""}) is None
 
 
 def test_an_optimizer_without_an_update_cost_is_an_error_naming_it() -> None:

@@ -127,7 +127,9 @@ def skip_reason(row: Mapping[str, object]) -> str | None:
     held (contended), or shared cores among themselves (oversubscribed); None if it can."""
     if is_marked(row):
         return "contended"
-    if row.get("oversubscribed") in (True, "True"):
+    # The scaling table says why ("4 ranks of 1 thread(s) on 2 core(s)"), others True; blank
+    # or False where each rank had cores of its own.
+    if row.get("oversubscribed") not in (None, "", False, "False"):
         return "oversubscribed"
     return None
 
