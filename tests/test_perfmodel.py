@@ -31,6 +31,7 @@ from cosmocub.perfmodel.links import (
 )
 from cosmocub.perfmodel.mesh import Mesh, Network
 from cosmocub.perfmodel.model import parameter_sizes, predict_step
+from cosmocub.perfmodel.overlap import ddp_buckets
 
 TRUE = {"allreduce": (40e-6, 1 / 1.1e9), "alltoall": (90e-6, 1 / 0.7e9), "halo": (25e-6, 1e-9)}
 
@@ -425,6 +426,23 @@ def test_synced_batch_norms_cost_two_collectives_a_block_over_the_mesh() -> None
     )  # fmt: skip
     assert step.norm_sync_s == pytest.approx(seconds)
     assert step.step_s == pytest.approx(0.01 + seconds + step.exchange_s)
+    # Layer times that hold the norms' collectives as they ran within a node (a CPU's two-rank
+    # calibration): the link is charged its excess over the node's costs, never below 0.
+    slow = AlphaBeta(alpha_s=3e-3, beta_s_per_byte=2e-6)
+    two_nodes = Network.uniform(slow, net, ranks_per_node=1)
+    full, _ = norm_sync(cfg.model, mesh=two, network=two_nodes)
+    local = predict_step(
+        model_cfg=cfg.model, optimizer_cfg=cfg.optimizer, local_batch=2, mesh=two,
+        network=two_nodes, layer_seconds={"block0": 0.01}, optimizer_s=0.0,
+        norm_sync_local_in_layers=True,
+    )  # fmt: skip
+    assert local.norm_sync_s == pytest.approx(full - seconds) and full > seconds
+    on_one_node = predict_step(
+        model_cfg=cfg.model, optimizer_cfg=cfg.optimizer, local_batch=2, mesh=two,
+        network=network, layer_seconds={"block0": 0.01}, optimizer_s=0.0,
+        norm_sync_local_in_layers=True,
+    )  # fmt: skip
+    assert on_one_node.norm_sync_s == 0.0
 
 
 def test_the_votes_host_work_is_in_the_exchange_once_a_bucket() -> None:
@@ -452,6 +470,32 @@ def test_the_votes_host_work_is_in_the_exchange_once_a_bucket() -> None:
     assert with_host.exchange_s == pytest.approx(without.exchange_s + 1e-3 * buckets)
     calls.clear()
     assert step(1, vote_host=host).exchange_s == 0 and not calls  # one rank: no vote
+    # A CPU's wake-up after compute: once per collective the step waits on (the vote's two
+    # phases a bucket, alltoall then the all-gather of its result); nothing on one rank.
+    woken = step(2, collective_wake_s=5e-4)
+    phases = 2 if lc.collective == "alltoall" else 1
+    assert woken.exchange_s == pytest.approx(without.exchange_s + 5e-4 * phases * buckets)
+    assert step(1, collective_wake_s=5e-4).exchange_s == 0
+    # DDP blocking waits on every bucket; overlapped, on the exposed tail once.
+    ddp = load_config(None, overrides={"optimizer": {"name": "lion"}})
+
+    def lion(**kw):
+        return predict_step(
+            model_cfg=ddp.model, optimizer_cfg=ddp.optimizer, local_batch=2,
+            mesh=Mesh(data=2, split=(1, 1, 1)), network=network,
+            layer_seconds={f"block{i}": 1e-3 for i in range(ddp.model.num_conv_blocks)}
+            | {"head": 1e-4}, optimizer_s=0.0, **kw,
+        )  # fmt: skip
+
+    ddp_buckets_n = len(ddp_buckets(ddp.model))
+    assert lion(collective_wake_s=5e-4).exchange_s == pytest.approx(
+        lion().exchange_s + 5e-4 * ddp_buckets_n
+    )
+    overlapped = lion(ddp_overlap=True)
+    assert overlapped.exchange_s > 0
+    assert lion(ddp_overlap=True, collective_wake_s=5e-4).exchange_s == pytest.approx(
+        overlapped.exchange_s + 5e-4
+    )
 
 
 def test_validation_compares_each_part_and_reports_errors(tmp_path: Path) -> None:

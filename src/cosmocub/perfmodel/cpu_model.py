@@ -22,11 +22,13 @@ import torch
 from cosmocub.config import CalibrationConfig, Config, ModelConfig, OptimizerConfig
 from cosmocub.io import read_json, write_json
 from cosmocub.perfmodel import calibration as grid
+from cosmocub.perfmodel.norm_pairs import fit_pairs, measure_pairs, pair_extra_s, pair_key
 from cosmocub.perfmodel.rates import RateFit
 from cosmocub.train.conditions import read_core_ticks, steal_between
 
 log = logging.getLogger(__name__)
-# 3: batch norms, plain and synced; 4: the vote's host work; 5: the first block apart
+# 3: batch norms, plain and synced; 4: the vote's host work; 5: the first block apart, and
+# the synced norms in a two-rank step
 FORMAT_VERSION = 5
 # The models whose whole step, less their layers' fitted sum, is the step's glue (loss,
 # zero_grad, autograd between layers): test.yaml's and one twice its side.
@@ -80,6 +82,12 @@ class Calibration:
     glue_s: Mapping[str, float]
     updates: Mapping[str, RateFit]
     norms: Mapping[str, RateFit] = field(default_factory=dict)
+    # The synced norms in a two-rank step beyond plain ones, their loopback collectives in
+    # (perfmodel.norm_pairs); empty on one core.
+    norm_pairs: Mapping[str, RateFit] = field(default_factory=dict)
+    # What a blocking collective costs after compute beyond back to back (norm_pairs), per call
+    # of the exchange's collectives; 0 on one core.
+    wake_s: float = 0.0
     votes: Mapping[str, RateFit] = field(default_factory=dict)
     timings: Sequence[Mapping[str, Any]] = field(default=(), repr=False)
     wall_s: float = 0.0
@@ -153,8 +161,17 @@ class Calibration:
         out["overhead"] = self.glue_s[f"{memory_format}@{threads}"]
         return out
 
+    def norms_hold_local_collectives(self, memory_format: str, threads: int) -> bool:
+        """Whether synced_norm_extra_s holds the norms' collectives on loopback (the two-rank
+        fit, perfmodel.norm_pairs), so that a link is charged only its cost beyond loopback."""
+        return threads == 1 and pair_key(memory_format) in self.norm_pairs
+
     def synced_norm_extra_s(self, elements: int, memory_format: str, threads: int) -> float:
-        """What the synced batch norm costs on this CPU beyond the plain one (never below 0)."""
+        """What the synced batch norm costs on this CPU beyond the plain one (never below 0): in
+        a two-rank step where that was timed (one thread per rank), else alone in a group of
+        one (its arithmetic only)."""
+        if self.norms_hold_local_collectives(memory_format, threads):
+            return pair_extra_s(self.norm_pairs[pair_key(memory_format)], elements)
         keys = [grid.norm_key(k, memory_format, threads) for k in grid.NORM_KINDS]
         if missing := [k for k in keys if k not in self.norms]:
             raise ValueError(
@@ -196,6 +213,8 @@ class Calibration:
             "glue_s": dict(self.glue_s),
             "updates": {k: u.as_dict() for k, u in self.updates.items()},
             "norms": {k: n.as_dict() for k, n in self.norms.items()},
+            "norm_pairs": {k: n.as_dict() for k, n in self.norm_pairs.items()},
+            "wake_s": self.wake_s,
             "votes": {k: v.as_dict() for k, v in self.votes.items()},
             "timings": list(self.timings),
         }
@@ -209,6 +228,8 @@ class Calibration:
             glue_s=d["glue_s"],
             updates={k: RateFit.from_dict(v) for k, v in d["updates"].items()},
             norms={k: RateFit.from_dict(v) for k, v in d.get("norms", {}).items()},
+            norm_pairs={k: RateFit.from_dict(v) for k, v in d.get("norm_pairs", {}).items()},
+            wake_s=d.get("wake_s", 0.0),
             votes={k: RateFit.from_dict(v) for k, v in d.get("votes", {}).items()},
             timings=d.get("timings", ()),
             wall_s=d.get("wall_s", 0.0),
@@ -226,6 +247,7 @@ def calibrate(settings: CalibrationConfig, *, cores: int) -> Calibration:
     updates = grid.fit_updates(grid.measure_updates(threads=threads, repeats=settings.repeats))
     norms = grid.fit_norms(grid.measure_norms(threads=threads, repeats=settings.repeats))
     votes = grid.fit_votes(grid.measure_votes(threads=threads, repeats=settings.repeats))
+    pair_rows, wake_s = measure_pairs(batches=settings.batches, formats=grid.FORMATS, cores=cores)
     partial = Calibration(
         machine=machine_key(threads),
         grid=grid_settings(settings),
@@ -233,6 +255,8 @@ def calibrate(settings: CalibrationConfig, *, cores: int) -> Calibration:
         glue_s={},
         updates=updates,
         norms=norms,
+        norm_pairs=fit_pairs(pair_rows, norms),
+        wake_s=wake_s,
         votes=votes,
     )
     glue = _measure_glue(partial, settings)
@@ -325,7 +349,7 @@ def describe(cal: Calibration) -> str:
             f"  update {key}: {1e9 * per['elements']:.3g} ns per element + "
             f"{1e6 * per['tensors']:.3g} us per tensor"
         )
-    for fits, call in ((cal.norms, "call"), (cal.votes, "bucket")):
+    for fits, call in ((cal.norms, "call"), (cal.norm_pairs, "norm"), (cal.votes, "bucket")):
         for key, fit in fits.items():
             per = fit.seconds_per_unit
             lines.append(
@@ -333,7 +357,8 @@ def describe(cal: Calibration) -> str:
                 f"{1e6 * per['call']:.3g} us per {call}"
             )
     lines.append(
-        f"  step glue: {', '.join(f'{k} {1e3 * v:.3g} ms' for k, v in cal.glue_s.items())}"
+        f"  step glue: {', '.join(f'{k} {1e3 * v:.3g} ms' for k, v in cal.glue_s.items())}; "
+        f"a blocking collective after compute: {1e3 * cal.wake_s:.3g} ms more"
     )
     return "\n".join(lines)
 

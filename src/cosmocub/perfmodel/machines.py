@@ -42,6 +42,8 @@ class Accelerator:
     bytes_per_value: int
     # The vote's host passes are in the update's memory-bound cost (UPDATE_BYTES_PER_PARAM).
     vote_host = None
+    # NCCL's waits spin on the device: no thread to wake.
+    collective_wake_s = 0.0
 
     @property
     def memory_bytes(self) -> float | None:
@@ -66,6 +68,11 @@ class Accelerator:
             peak_flops=self.spec.peak_tflops * 1e12,
             efficiency=self.spec.efficiency,
         )
+
+    def norm_collectives_in_layers(self, split: tuple[int, int, int]) -> bool:
+        """The synced norms' collectives are the network's (model.norm_sync), all of them."""
+        del split
+        return False
 
     def optimizer_seconds(self, model_cfg: ModelConfig, optimizer_cfg: OptimizerConfig) -> float:
         if optimizer_cfg.name not in UPDATE_BYTES_PER_PARAM:
@@ -117,6 +124,17 @@ class ThisCpu:
             synced_norm=synced_norm,
         )
         return {k: v * self.slowdown for k, v in layers.items()}
+
+    def norm_collectives_in_layers(self, split: tuple[int, int, int]) -> bool:
+        """Whether layer_seconds' synced norms hold their collectives as they ran on loopback
+        (the calibration's two-rank fit), so a link costs only its excess (model.predict_step)."""
+        fmt = training_memory_format(split)
+        return self.calibration.norms_hold_local_collectives(fmt, self.threads)
+
+    @property
+    def collective_wake_s(self) -> float:
+        """What a blocking collective costs after compute beyond its α (the calibration's)."""
+        return self.calibration.wake_s
 
     def vote_host(self, quantizer: str, collective: str, elements: int) -> float:
         """One bucket's compressed-exchange host work (model.VoteHost), from the calibration."""

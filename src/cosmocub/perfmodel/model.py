@@ -19,6 +19,7 @@ Byte counts come from the optimizer's own functions (cosmocub.optim.collectives)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -109,9 +110,12 @@ def exchange(
     layer_seconds: Mapping[str, float],
     ddp_overlap: bool = False,
     vote_host: VoteHost | None = None,
+    wake_s: float = 0.0,
 ) -> Exchange:
     """The step's exchange; for DDP, per bucket as torch fills them, blocking (every bucket in
-    the step) or overlapped with backward (`layer_seconds` sets when each bucket is ready)."""
+    the step) or overlapped with backward (`layer_seconds` sets when each bucket is ready).
+    wake_s: what each collective the step waits on costs after compute beyond its α (a CPU's,
+    from its calibration; 0 elsewhere)."""
     sizes = parameter_sizes(model_cfg)
     payload = 4 * sum(sizes)  # fp32 gradients
     if optimizer_cfg.name in DDP_OPTIMIZERS:
@@ -125,6 +129,8 @@ def exchange(
         total = sum(seconds for _, seconds in buckets)
         layers = list(dict.fromkeys(layer for layer, _ in parameter_layers(model_cfg)))
         exposed = exposed_allreduce(buckets, layer_seconds, layers) if ddp_overlap else total
+        # Blocking, the step waits on every bucket; overlapped, on the last once it is exposed.
+        exposed += wake_s * (len(buckets) if not ddp_overlap else float(exposed > 0))
         sent = ring_allreduce_bytes(payload, group)
         return Exchange(
             seconds=exposed,
@@ -135,7 +141,7 @@ def exchange(
     # distributed_lion / lion_cub: spatial average in fp32, then the vote over the data group.
     seconds, sent, inter = 0.0, 0.0, 0.0
     if mesh.spatial > 1:
-        seconds += network.costs(mesh.spatial, 1, "allreduce").time(
+        seconds += wake_s + network.costs(mesh.spatial, 1, "allreduce").time(
             "allreduce", payload, mesh.spatial
         )
         averaged = ring_allreduce_bytes(payload, mesh.spatial)
@@ -160,8 +166,9 @@ def exchange(
     lc = optimizer_cfg.lion_cub if optimizer_cfg.name == "lion_cub" else None
     if lc is not None and lc.hierarchy == "node" and 1 < per_node < p:
         two = two_level_exchange(
-            sizes, optimizer_cfg, mesh, network, per_node=per_node, steps=steps, host=vote_host
-        )
+            sizes, optimizer_cfg, mesh, network, per_node=per_node, steps=steps, host=vote_host,
+            wake_s=wake_s,
+        )  # fmt: skip
         return Exchange(
             seconds=seconds + two.seconds,
             sync_s=two.sync_s,
@@ -183,7 +190,7 @@ def exchange(
             for phase, nbytes in phases.items():
                 costs = network.costs(p, mesh.spatial, phase)
                 rounds = rounds_and_bytes(phase, 1.0, p)[0]
-                seconds += costs.alpha_s * rounds + costs.beta_s_per_byte * nbytes
+                seconds += wake_s + costs.alpha_s * rounds + costs.beta_s_per_byte * nbytes
                 sent += nbytes
                 inter += nbytes if data_spans else 0.0
     fraction = _sync_fraction(optimizer_cfg, steps)
@@ -191,7 +198,7 @@ def exchange(
     if fraction > 0 and p > 1:
         synced = 4 * _synced_elements(sizes, optimizer_cfg)
         costs = network.costs(p, mesh.spatial, "allreduce")
-        sync_s = fraction * costs.time("allreduce", synced, p)
+        sync_s = fraction * (wake_s + costs.time("allreduce", synced, p))
         sync_bytes = fraction * ring_allreduce_bytes(synced, p)
         inter += sync_bytes if data_spans else 0.0
     return Exchange(
@@ -212,13 +219,14 @@ def two_level_exchange(
     per_node: int,
     steps: int,
     host: VoteHost | None = None,
+    wake_s: float = 0.0,
 ) -> Exchange:
     """Lion Cub's hierarchy node (optim.hierarchy), per bucket: the fp32 reduce-scatter of c over
     the g data ranks of a node and the 1-bit all-gather of the voted slices, on the intra-node
     link; the vote on 1/g of the bucket over the rail of P/g nodes (levels from the nodes), the
     g rails of a node sharing its link. Momentum syncs: reduce-scatter, the slice's all-reduce
     over the rail, all-gather. Inter-node bytes: the rail's. per_node: g; steps: the horizon of
-    the momentum syncs; host: the vote's host work on the slice (as `exchange`'s)."""
+    the momentum syncs; host: the vote's host work on the slice; wake_s: as `exchange`'s."""
     lc = optimizer_cfg.lion_cub
     assert lc is not None
     g, nodes = per_node, mesh.data // per_node
@@ -235,14 +243,14 @@ def two_level_exchange(
             seconds += host(lc.quantizer, lc.collective, m)
         for kind, nbytes in (("allreduce", (g - 1) * m * 4.0), ("allgather", (g - 1) * m / 8)):
             costs = network.costs(g, intra_stride, kind)
-            seconds += costs.alpha_s * (g - 1) + costs.beta_s_per_byte * nbytes
+            seconds += wake_s + costs.alpha_s * (g - 1) + costs.beta_s_per_byte * nbytes
             sent += nbytes
         for phase, nbytes in vote_phase_bytes(
             num_values=m, bits=wire, group_size=nodes, **kind_args
         ).items():
             costs = network.costs(nodes, rail_stride, phase)
             rounds = rounds_and_bytes(phase, 1.0, nodes)[0]
-            seconds += costs.alpha_s * rounds + costs.beta_s_per_byte * nbytes
+            seconds += wake_s + costs.alpha_s * rounds + costs.beta_s_per_byte * nbytes
             sent += nbytes
             inter += nbytes
     fraction = _sync_fraction(optimizer_cfg, steps)
@@ -255,7 +263,7 @@ def two_level_exchange(
             network.costs(k, d, "allreduce") for k, d in ((g, intra_stride), (nodes, rail_stride))
         )
         sync_s = intra.alpha_s * 2 * (g - 1) + intra.beta_s_per_byte * intra_bytes
-        sync_s = fraction * (sync_s + rail.time("allreduce", m * 4.0, nodes))
+        sync_s = fraction * (3 * wake_s + sync_s + rail.time("allreduce", m * 4.0, nodes))
         rail_bytes = ring_allreduce_bytes(m * 4.0, nodes)
         sync_bytes = fraction * (intra_bytes + rail_bytes)
         inter += fraction * rail_bytes
@@ -303,13 +311,17 @@ def predict_step(
     steps: int = 1000,
     ddp_overlap: bool = False,
     vote_host: VoteHost | None = None,
+    norm_sync_local_in_layers: bool = False,
+    collective_wake_s: float = 0.0,
 ) -> StepPrediction:
     """The step on one rank. layer_seconds: forward + backward per layer on this rank's block at
     `local_batch` (compute.measure_layers or compute.accelerator_seconds); steps: the horizon over
     which momentum syncs are amortised; ddp_overlap: DDP's all-reduce overlaps backward (as
     train.ddp_exchange_timing overlapped runs it) instead of blocking in it; vote_host: the
     compressed exchange's host work per bucket (a CPU's; in the exchange, as the optimizer
-    times it)."""
+    times it); norm_sync_local_in_layers: layer_seconds hold the synced norms' collectives as
+    they ran within a node (a CPU's two-rank calibration), so norm_sync is only what the
+    network costs beyond that; collective_wake_s: `exchange`'s wake_s."""
     ex = exchange(
         model_cfg,
         optimizer_cfg,
@@ -319,12 +331,16 @@ def predict_step(
         layer_seconds=layer_seconds,
         ddp_overlap=ddp_overlap,
         vote_host=vote_host,
+        wake_s=collective_wake_s,
     )
     halo_s, halo_bytes = halo(
         model_cfg, batch=local_batch, mesh=mesh, network=network, bytes_per_value=bytes_per_value
     )
     halo_inter = halo_bytes if network.spans_nodes(mesh.spatial, 1) else 0.0
     norm_sync_s, _ = norm_sync(model_cfg, mesh=mesh, network=network)
+    if norm_sync_local_in_layers:
+        one_node = dataclasses.replace(network, ranks_per_node=max(mesh.world, 1))
+        norm_sync_s = max(0.0, norm_sync_s - norm_sync(model_cfg, mesh=mesh, network=one_node)[0])
     return StepPrediction(
         compute_s=sum(layer_seconds.values()),
         halo_s=halo_s,

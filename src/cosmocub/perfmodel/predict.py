@@ -167,6 +167,8 @@ def predict(
             steps=horizon,
             ddp_overlap=overlap,
             vote_host=device.vote_host,
+            norm_sync_local_in_layers=device.norm_collectives_in_layers(mesh.split),
+            collective_wake_s=device.collective_wake_s,
         )
 
     return Prediction(

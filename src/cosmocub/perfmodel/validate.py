@@ -116,6 +116,8 @@ def cpu_predictor(
             steps=max(1, int(float(row.get("steps") or 1000))),
             ddp_overlap=cfg.train.ddp_exchange_timing == "overlapped",
             vote_host=lambda q, c, n: slowdown * device.vote_host(q, c, n),
+            norm_sync_local_in_layers=device.norm_collectives_in_layers(cfg.parallel.split_dhw),
+            collective_wake_s=device.collective_wake_s,
         )
         return prediction, cfg.optimizer.name
 
