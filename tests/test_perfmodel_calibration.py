@@ -231,9 +231,11 @@ def test_batch_norms_plain_and_synced_are_timed_in_a_group_of_one_and_fitted() -
 
 
 def test_synced_norms_are_timed_in_a_step_of_two_real_ranks_and_fitted() -> None:
-    """Two gloo ranks on loopback, one core each: the synced step does all of the plain step's
-    work and its norms' collectives besides, so it is slower at every model and batch; the fit
-    is tested at known costs on the pair models' real sizes; on one core nothing is timed."""
+    """Two real gloo ranks on loopback, one core each, time every pair model at every batch and
+    leave no rank or group behind; on one core nothing is timed. (How the synced step compares
+    with the plain one is a measurement, not asserted: beside the other pytest worker on 2 cores
+    a plain step alone once took 10.7 ms against the pair's synced 9.5.) The fit is tested at
+    known costs on the pair models' real sizes."""
     import psutil
 
     from cosmocub.perfmodel import norm_pairs
@@ -248,13 +250,13 @@ def test_synced_norms_are_timed_in_a_step_of_two_real_ranks_and_fitted() -> None
     before = ranks()
     layout = {"channels_last_3d": grid.FORMATS["channels_last_3d"]}
     rows, wake_s = norm_pairs.measure_pairs(batches=[1, 2], formats=layout, cores=2)
-    # A small all-reduce after 2 ms of compute: some tenth of a millisecond more than back to
-    # back (0.1-0.6 ms seen here), never tens of milliseconds on loopback.
-    assert 0 <= wake_s < 0.02
-    assert len(rows) == len(norm_pairs.PAIR_MODELS) * 2
-    for r in rows:
-        assert r["synced_s"] > r["plain_s"] > 0, r
-        assert r["calls"] == 3
+    # Seconds, not milliseconds or a timeout's worth (0.4-0.65 ms seen on a quiet machine).
+    assert 0 <= wake_s < 0.5
+    expected = [
+        norm_pairs.norm_elements(cfg, batch) for cfg in norm_pairs.pair_models() for batch in (1, 2)
+    ]
+    assert [(r["calls"], r["elements"]) for r in rows] == expected
+    assert all(r["synced_s"] > 0 and r["plain_s"] > 0 and r["format"] in layout for r in rows)
     assert ranks() <= before
     assert not torch.distributed.is_initialized()
     assert norm_pairs.measure_pairs(batches=[1, 2], formats=layout, cores=1) == ([], 0.0)
