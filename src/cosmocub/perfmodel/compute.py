@@ -21,16 +21,21 @@ from cosmocub.models.summary import summarize
 TRAIN_FLOPS_FACTOR = 3
 
 
-def fastest_time(fn: Callable[[], None], repeats: int) -> float:
-    """The fastest of `repeats` calls after a warm-up (allocations, oneDNN's kernel choice):
-    other processes on the cores only ever add time, so the fastest is the work's own."""
-    fn()
+def call_times(fn: Callable[[], None], repeats: int) -> list[float]:
+    """Seconds of each of `repeats` calls of `fn` (no warm-up: the caller's)."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return min(times)
+    return times
+
+
+def fastest_time(fn: Callable[[], None], repeats: int) -> float:
+    """The fastest of `repeats` calls after a warm-up (allocations, oneDNN's kernel choice):
+    other processes on the cores only ever add time, so the fastest is the work's own."""
+    fn()
+    return min(call_times(fn, repeats))
 
 
 def local_shape(model_cfg: ModelConfig, split: tuple[int, int, int]) -> tuple[int, int, int]:

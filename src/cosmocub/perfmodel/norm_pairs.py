@@ -30,7 +30,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from cosmocub.config import ModelConfig
-from cosmocub.perfmodel.calibration import base_model, call_work, norm_key
+from cosmocub.perfmodel.calibration import NORM_KINDS, base_model, call_work, norm_key
+from cosmocub.perfmodel.compute import call_times
 from cosmocub.perfmodel.rates import RateFit
 
 # CosmoFlow shapes of the pair timings (3 conv blocks, a small head), apart from the studies'.
@@ -85,12 +86,7 @@ def _step_seconds(model: nn.Module, cfg: ModelConfig, batch: int, layout, barrie
     for _ in range(PAIR_WARMUP):
         step()
     barrier()
-    times = []
-    for _ in range(PAIR_STEPS):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(call_times(step, PAIR_STEPS))
 
 
 def _wake_seconds() -> float:
@@ -107,11 +103,7 @@ def _wake_seconds() -> float:
 
     for _ in range(5):
         dist.all_reduce(buf)
-    tight, after = [], []
-    for _ in range(WAKE_REPEATS):
-        start = time.perf_counter()
-        dist.all_reduce(buf)
-        tight.append(time.perf_counter() - start)
+    tight, after = call_times(lambda: dist.all_reduce(buf), WAKE_REPEATS), []
     for _ in range(WAKE_REPEATS):
         compute()
         start = time.perf_counter()
@@ -209,7 +201,7 @@ def fit_pairs(
     fits = {}
     for fmt, group in groups.items():
         plain, synced = (arithmetic[norm_key(kind, fmt, 1)].seconds_per_unit
-                         for kind in ("plain", "synced"))  # fmt: skip
+                         for kind in NORM_KINDS)  # fmt: skip
         per_call = synced["call"] - plain["call"]
         per_element = max(0.0, synced["elements"] - plain["elements"])
         in_step = statistics.median(
