@@ -43,6 +43,9 @@ class SimulateConfig:
     initial_redshift: float
     lpt_order: int
     force_mesh_factor: int
+    # "finite_difference" (the 4-point stencil on the mesh, one inverse FFT a step) or
+    # "spectral" (i·k in Fourier space, three): config.schema.yaml says what each costs.
+    force_gradient: str = "finite_difference"
 
     def __post_init__(self) -> None:
         # Every snapshot (z = 3, 1.5, 0.5, 0: cosmocub.data.simulate.SNAPSHOT_REDSHIFTS,

@@ -141,7 +141,11 @@ def simulate_universe(
             momenta += psi2 * np.float32(background.momentum_growth(a_initial) * (-6.0 / 7.0) * d1)
         del psi1, psi2
         force = ParticleMeshForce(
-            n=size, mesh_factor=settings.force_mesh_factor, omega_m=omega_m, fft=fft
+            n=size,
+            mesh_factor=settings.force_mesh_factor,
+            omega_m=omega_m,
+            fft=fft,
+            gradient=settings.force_gradient,
         )
         steps_a = step_scale_factors(a_initial, snapshots_a, settings.pm_steps)
         show = sys.stderr.isatty() if progress is None else progress
@@ -201,6 +205,7 @@ def run_simulate(
         "initial_redshift": settings.initial_redshift,
         "lpt_order": settings.lpt_order,
         "force_mesh_factor": settings.force_mesh_factor,
+        "force_gradient": settings.force_gradient,
         "omega_b": OMEGA_B,
         "transfer_function": "eisenstein98 (colossus)",
     }
