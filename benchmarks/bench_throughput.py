@@ -6,6 +6,7 @@ forward + backward).
 
     python benchmarks/bench_throughput.py --models default,reference --steps 3 --batch 4
     python benchmarks/bench_throughput.py --device cuda --amp bf16 --batch 8 --steps 20
+    python benchmarks/bench_throughput.py --models universes --batch 8 --steps 20
 """
 
 from __future__ import annotations
@@ -13,14 +14,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import time
+from pathlib import Path
 
 import torch
+import yaml
 from torch import nn
 
 from cosmocub.config import ModelConfig, load_config
 from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.models.summary import summarize
 from cosmocub.optim.factory import build_optimizer
+
+REPO = Path(__file__).resolve().parents[1]
 
 MODELS = {
     "default": {},
@@ -29,6 +34,8 @@ MODELS = {
         "preprocess": {"sample_size": 128},
         "model": {"input_size": 128, "base_filters": 32, "num_conv_blocks": 5},
     },
+    # The universes study's recipe (gaussian head, 16 base filters, 4 blocks, 32³ crops).
+    "universes": {"model": yaml.safe_load((REPO / "config/universes.yaml").read_text())["model"]},
 }
 
 
@@ -41,7 +48,9 @@ def measure(
     opt = build_optimizer(model.parameters(), cfg.optimizer, global_batch=batch)
     size = model_cfg.input_size
     x_bcdhw = torch.randn(batch, model_cfg.in_channels, size, size, size, device=device)
-    y_bp = torch.rand(batch, model_cfg.num_outputs, device=device) * 2 - 1
+    with torch.no_grad():  # the head's width: parameters, or means and variances (gaussian)
+        width = model(x_bcdhw).shape[1]
+    y_bp = torch.rand(batch, width, device=device) * 2 - 1
     autocast = (
         torch.autocast(device.type, dtype=torch.bfloat16) if amp else contextlib.nullcontext()
     )
