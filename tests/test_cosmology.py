@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from itertools import pairwise
 
 import numpy as np
@@ -407,14 +408,9 @@ def test_finite_difference_and_spectral_forces_give_the_same_universe(universe_3
     # The default force (4-point stencil) against the exact spectral gradient, same seed: the
     # fields differ voxel by voxel (chaos), their statistics must not. Measured at 128³ with
     # benchmarks/realism.py: std within 1 % at every redshift, P(k) within 3 %.
-    spectral = SimulateConfig(
-        pm_steps=10,
-        initial_redshift=9.0,
-        lpt_order=2,
-        force_mesh_factor=2,
-        force_gradient="spectral",
+    other = simulate_universe(
+        size=32, seed=7, settings=dataclasses.replace(PM, force_gradient="spectral")
     )
-    other = simulate_universe(size=32, seed=7, settings=spectral)
     a = universe_32.counts_dhwc.astype(np.float64)
     b = other.counts_dhwc.astype(np.float64)
     assert np.any(a != b)  # not the same code path

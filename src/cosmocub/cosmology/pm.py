@@ -68,8 +68,10 @@ class ParticleMeshForce:
         self.ik, inv_k2 = _force_kernels(self.mesh_size, mesh_factor)
         self.green = np.float32(1.5 * omega_m) * inv_k2  # −φ_k / δ_k
         self._density = np.empty((m, m, m), dtype=np.float32)
-        self._force_mesh = np.empty((m, m, m, 3), dtype=np.float32)  # (m, m, m, 3): F channels last
-        self._force_k: np.ndarray | None = None  # the spectral gradient's (m, m, m//2+1, 3)
+        if gradient == "finite_difference":
+            self._force_mesh = np.empty((m, m, m, 3), dtype=np.float32)  # F, channels last
+        else:
+            self._force_k = np.empty((m, m, m // 2 + 1, 3), dtype=np.complex64)  # F_k, the same
         self._forces = np.empty((3, n**3), dtype=np.float32)
 
     def __call__(self, positions: np.ndarray) -> np.ndarray:
@@ -90,8 +92,6 @@ class ParticleMeshForce:
         else:
             # F_k = −i·k·φ_k = i·k·(−φ_k), the three axes channels last so that one batched
             # inverse FFT gives (m, m, m, 3).
-            if self._force_k is None:
-                self._force_k = np.empty((*neg_potential_k.shape, 3), dtype=neg_potential_k.dtype)
             for axis in range(3):
                 np.multiply(neg_potential_k, self.ik[axis], out=self._force_k[..., axis])
             force_mesh = self.fft.irfftn(self._force_k, m, axes=(0, 1, 2))
