@@ -21,6 +21,7 @@ from cosmocub.data.h5chunks import (
     ChunkWriter,
     chunk_offsets,
     create_preallocated,
+    offsets_by_coord,
     open_source,
 )
 from cosmocub.data.preprocess import preprocess
@@ -295,6 +296,22 @@ def test_chunk_writer_after_pickling_writes_the_right_chunks(tmp_path: Path) -> 
     with h5py.File(path) as f:
         np.testing.assert_array_equal(f["x"][...], expect)
         np.testing.assert_array_equal(f["after"][...], np.arange(10))
+
+
+def test_the_chunk_table_without_a_chunk_iterator_is_the_iterators(tmp_path: Path) -> None:
+    """HDF5 before 1.12.3 has no chunk iterator: the lookups by coordinate must give the same
+    offset for every (sample, slab), not merely the same set of offsets."""
+    path = tmp_path / "shard.h5"
+    with h5py.File(path, "w") as f:
+        create_preallocated(f, "x", shape=(5, 2, 8, 4, 4), dtype="float16", chunks=(1, 2, 2, 4, 4))
+    with h5py.File(path) as f:
+        x = f["x"]
+        by_iter, by_coord = {}, {}
+        x.id.chunk_iter(lambda i: by_iter.__setitem__(i.chunk_offset, i.byte_offset))
+        offsets_by_coord(x, lambda i: by_coord.__setitem__(i.chunk_offset, i.byte_offset))
+    assert len(by_iter) == 5 * 4
+    assert by_coord == by_iter
+    assert len(set(by_coord.values())) == 20  # distinct chunks, not one offset twenty times
 
 
 @pytest.mark.parametrize(

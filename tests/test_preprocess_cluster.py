@@ -18,6 +18,7 @@ import pytest
 import yaml
 from test_preprocess import settings  # the same tiny preprocess settings
 
+from cosmocub.data.h5chunks import ChunkWriter
 from cosmocub.data.preprocess import preprocess
 from cosmocub.data.shard_jobs import crop_group, gather_shards, plan_shards
 from cosmocub.data.splits import PreprocessError
@@ -68,6 +69,25 @@ def test_groups_then_gather_equal_one_job(universes, tmp_path, per_job) -> None:
     # The stats are not trivially equal: 4 channels of log1p(Poisson(1)) values.
     stats = json.loads((tmp_path / "many" / "stats.json").read_text())
     assert all(0.4 < m < 0.7 for m in stats["mean"])
+
+
+@pytest.mark.parametrize("train_crops", ["fixed", "random"])
+def test_a_group_reads_each_shards_chunk_table_once(universes, tmp_path, train_crops) -> None:
+    """A group shares one writer per shard among its universes: a writer per universe read the
+    whole shard's table twice each (layout check and offsets), n² in the shard's size."""
+    cfg = settings(train_crops=train_crops)
+    staging = tmp_path / "staging"
+    plan_shards(universes, staging, settings=cfg, seed=3, universes_per_job=7)
+    made = []
+    real_init = ChunkWriter.__init__
+
+    def counting(self, path, chunk_bytes):
+        made.append(Path(path).name)
+        real_init(self, path, chunk_bytes)
+
+    with mock.patch.object(ChunkWriter, "__init__", counting):
+        crop_group(staging, 0, tmp_path / "0.npz", settings=cfg)
+    assert sorted(made) == ["test.h5", "train.h5", "val.h5"]
 
 
 class _FrozenClock(datetime.datetime):

@@ -156,12 +156,26 @@ def chunk_offsets(path: str, token: str) -> np.ndarray:
 
         if hasattr(x.id, "chunk_iter"):
             x.id.chunk_iter(record)
-        else:  # HDF5 < 1.14: one call per chunk, slower but the same answer
-            for i in range(x.id.get_num_chunks()):
-                record(x.id.get_chunk_info(i))
+        else:
+            offsets_by_coord(x, record)
     if np.any(offsets < 0):
         raise ChunkFormatError(f"{path}: 'x' has unallocated chunks (not created early)")
     return offsets
+
+
+def offsets_by_coord(x: h5py.Dataset, record: Any) -> None:
+    """`record` every chunk of `x` (N, C, S, S, S) chunked (1, C, slab, S, S), one lookup by
+    coordinate each: the table's path where HDF5 has no chunk iterator (before 1.12.3).
+
+    Not `get_chunk_info(i)`: HDF5 finds the i-th chunk by walking the index from its start, so
+    a table of n chunks costs n²/2 steps (measured: 0.29 s for the first 2,000 of a
+    1,000-universe training shard's 8,000 chunks, ~5 s for all of them, built once per writer);
+    a lookup by coordinate is one index search (0.55 s for the 8,000).
+    """
+    slab = x.chunks[2]
+    for sample in range(x.shape[0]):
+        for depth in range(0, x.shape[2], slab):
+            record(x.id.get_chunk_info_by_coord((sample, 0, depth, 0, 0)))
 
 
 def check_raw_writable(path: str, chunk_bytes: int) -> np.dtype:

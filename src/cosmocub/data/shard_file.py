@@ -93,16 +93,18 @@ class RowOffset:
         self.writer[(shifted, *key[1:])] = block
 
 
-def universe_rows(
-    shard: Path, meta: UniverseMeta, first_sample: int, settings: PreprocessConfig, *, whole: bool
-) -> RowOffset:
-    """Where a universe's samples go: its rows of `shard`, from `first_sample` on (`whole`: the
-    universe is one row of a shard that `keeps_universes`)."""
+def shard_writer(
+    shard: Path, meta: UniverseMeta, settings: PreprocessConfig, *, whole: bool
+) -> ChunkWriter:
+    """The chunk writer of `shard`, whose samples are crops of `meta`'s universes (`whole`: the
+    universes themselves, one a row, in a shard that `keeps_universes`). One per shard and
+    process: it checks the layout and reads the chunk table (one entry per chunk of the whole
+    shard) when made, so every universe written into the shard shares it through `RowOffset`."""
     s = meta.size if whole else settings.sample_size
     chunk_bytes = (
         meta.num_channels * settings.slab_depth * s * s * np.dtype(settings.dtype).itemsize
     )
-    return RowOffset(ChunkWriter(shard, chunk_bytes=chunk_bytes), first_sample)
+    return ChunkWriter(shard, chunk_bytes=chunk_bytes)
 
 
 def verify_written(path: Path, metas: list[UniverseMeta], settings: PreprocessConfig) -> None:

@@ -30,10 +30,12 @@ from cosmocub.data.crop import (
 )
 from cosmocub.data.dask_compute import compute_into
 from cosmocub.data.features import FEATURES_FILE, write_features
+from cosmocub.data.h5chunks import ChunkWriter
 from cosmocub.data.shard_file import (
+    RowOffset,
     create_shard,
     keeps_universes,
-    universe_rows,
+    shard_writer,
     verify_written,
 )
 from cosmocub.data.shard_summary import shard_manifest, shard_stats
@@ -99,6 +101,7 @@ def crop_group(staging: Path, group: int, out: Path, *, settings: PreprocessConf
     crop = cropper(settings)
     samples: dict[str, da.Array] = {}
     targets: dict[str, Any] = {}
+    writers: dict[str, ChunkWriter] = {}  # one per split's shard, shared by its universes
     train_counts = None
     for m in metas:
         where = plan["place"][str(m.path)]
@@ -112,9 +115,11 @@ def crop_group(staging: Path, group: int, out: Path, *, settings: PreprocessConf
         else:
             counts = open_universes([m], sample_size=settings.sample_size)
             samples[key] = crop(counts).data
-        targets[key] = universe_rows(
-            staging / f"{where['split']}.h5", m, where["first_sample"], settings, whole=whole
-        )
+        if where["split"] not in writers:
+            writers[where["split"]] = shard_writer(
+                staging / f"{where['split']}.h5", m, settings, whole=whole
+            )
+        targets[key] = RowOffset(writers[where["split"]], where["first_sample"])
         if where["split"] == "train":
             train_counts = (
                 counts if train_counts is None else xr.concat([train_counts, counts], "universe")
