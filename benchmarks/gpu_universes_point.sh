@@ -29,17 +29,28 @@
 # AMP (off), TOTAL_S (470: wall deadline from start), SLOWDOWN (0.6 x the long points, at least
 # 1.2: assumed step-time factor with the long points side by side on the GPU, for STEPS_LONG
 # auto), LONG_MIN, STEPS_LONG_MAX (see STEPS_LONG), PYTHON (python3), WHEELS (.whl), SITE (/tmp/site),
-# RESULTS_DIR (results-gpu-universes), OUT ($OUT or ./gpu-out).
+# RESULTS_DIR (results-gpu-universes), OUT ($OUT or ./gpu-out), WATCHDOG_S ("45 45": the waits
+# before each stack dump of the preprocessing groups still running).
 #
 # Measured once on a lent H200 machine (16 cores, 2026-12-04, TOTAL_S=470, config/universes.yaml's
 # 1,400 universes): simulate 104.9 s; the 16 preprocess groups did not finish inside their 200 s
-# timeout, so the run stopped there (exit 1) with no training. A run of the whole point needs a
-# deadline of ~900 s or more (TOTAL_S), more than the 15 min of device time a session had.
+# timeout, with empty logs, so the run stopped there (exit 1) with no training. A group of 88
+# takes 3 s on this 2-core machine since cdf2d85 (one chunk writer per shard; 6 s before): if that
+# machine's h5py has no chunk_iter (HDF5 < 1.12.3), every universe's writer had read the shard's
+# chunk table by get_chunk_info(i), n² steps, ~10 s a universe. The script now prints h5py's HDF5
+# and dumps the groups' stacks into their logs if they run long.
 set -euo pipefail
 PY=${PYTHON:-python3}; SITE=${SITE:-/tmp/site}; WHEELS=${WHEELS:-.whl}; T_START=$(date +%s.%N)
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl || "$PY" -c 'import glob, sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in glob.glob(sys.argv[2] + "/*.whl")]' "$SITE" "$WHEELS" && export PYTHONPATH=$PWD/src:$SITE${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache} NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-/tmp/numba-cache}
+# Nothing here needs HDF5's advisory locks (readers only, and the shards' chunks are written by
+# offset), and the machine's sandbox (gVisor) is one more place for them to misbehave.
+export HDF5_USE_FILE_LOCKING=FALSE
+# `kill -USR1` makes any of these Python processes print every thread's stack to its log: the
+# watchdog below does it to preprocessing groups still running after 45 and 90 s.
+printf 'import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n' \
+  > "$SITE/sitecustomize.py"
 
 JOBS=${JOBS:-16}; N_MAIN=${N_MAIN:-1000}; LR=${LR:-0.001}; EPOCHS=${EPOCHS:-25}
 STEPS_PER_EPOCH=${STEPS_PER_EPOCH:-30}; STEPS_LONG=${STEPS_LONG:-auto}; EXTRA_N=${EXTRA_N-30 100 300}
@@ -337,6 +348,9 @@ PYEOF
 echo "=== $(date -u +%FT%TZ) $(nproc) cores; $("$PY" --version 2>&1); deadline ${TOTAL_S} s"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
+# Preprocessing reads each shard's chunk table through h5py's chunk_iter where HDF5 has it
+# (>= 1.12.3) and by coordinate where not (src/cosmocub/data/h5chunks.py).
+"$PY" -c 'import h5py; print("h5py", h5py.__version__, "HDF5", h5py.version.hdf5_version, "chunk_iter", hasattr(h5py.h5d.DatasetID, "chunk_iter"))'
 NG=$("$PY" "$R/helper.py" base)
 CFG=$R/cfg/base.yaml
 echo "base config: config/universes.yaml + $(tr '\n' ' ' < "$R/cfg/overrides.yaml")"
@@ -358,10 +372,17 @@ t=$(now); T=$(budget 200 150)
 echo "=== preprocess: plan, $NG groups ($JOBS at a time), gather (timeout $T s)"
 timeout -k 10 "$T" "$PY" -m cosmocub.cli preprocess-plan --config "$CFG" --universes-dir "$R/universes" \
   --staging "$R/.shards-staging" > "$LOGS/preprocess_plan.log" 2>&1 || { cat "$LOGS/preprocess_plan.log"; exit 1; }
+# the Python processes alone (their command line starts with the interpreter): a USR1 would
+# kill the `sh -c` around each of them
+( for wait_s in ${WATCHDOG_S:-45 45}; do
+    sleep "$wait_s"; pkill -USR1 -f '^[^ ]+ -m cosmocub.cli preprocess-group'
+  done ) &
+WATCHDOG=$!
 seq 0 $((NG - 1)) | timeout -k 10 "$(budget 200 150)" xargs -P "$JOBS" -I{} env OMP_NUM_THREADS=1 \
   MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
-  sh -c '"$0" -m cosmocub.cli preprocess-group --config "$1" --staging "$2/.shards-staging" --group {} --out "$2/.shards-groups/{}.npz" --threads 1 > "$2/logs/preprocess_group_{}.log" 2>&1' \
-  "$PY" "$CFG" "$R" || { tail -5 "$LOGS"/preprocess_group_*.log | tail -20; exit 1; }
+  sh -c 'exec > "$2/logs/preprocess_group_{}.log" 2>&1; date +"start %s.%N"; "$0" -m cosmocub.cli preprocess-group --config "$1" --staging "$2/.shards-staging" --group {} --out "$2/.shards-groups/{}.npz" --threads 1; rc=$?; date +"end %s.%N rc $rc"; exit $rc' \
+  "$PY" "$CFG" "$R" || { kill "$WATCHDOG" 2>/dev/null; tail -n 40 "$LOGS"/preprocess_group_0.log; exit 1; }
+kill "$WATCHDOG" 2>/dev/null || true
 timeout -k 10 "$(budget 200 140)" "$PY" -m cosmocub.cli preprocess-gather --config "$CFG" \
   --staging "$R/.shards-staging" --groups-dir "$R/.shards-groups" --out "$R/shards" \
   > "$LOGS/preprocess_gather.log" 2>&1 || { tail -20 "$LOGS/preprocess_gather.log"; exit 1; }
