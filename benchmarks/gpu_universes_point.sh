@@ -38,7 +38,9 @@
 # takes 3 s on this 2-core machine since cdf2d85 (one chunk writer per shard; 6 s before): if that
 # machine's h5py has no chunk_iter (HDF5 < 1.12.3), every universe's writer had read the shard's
 # chunk table by get_chunk_info(i), n² steps, ~10 s a universe. The script now prints h5py's HDF5
-# and dumps the groups' stacks into their logs if they run long.
+# and dumps the groups' stacks into their logs if they run long. A second run (TOTAL_S=520) had
+# the 16 groups done in 9-12 s each, and then the gather ran past its 200 s: the shards'
+# features at 16 Dask threads, GIL-bound (since the next commit: numpy moments, processes).
 set -euo pipefail
 PY=${PYTHON:-python3}; SITE=${SITE:-/tmp/site}; WHEELS=${WHEELS:-.whl}; T_START=$(date +%s.%N)
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl || "$PY" -c 'import glob, sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in glob.glob(sys.argv[2] + "/*.whl")]' "$SITE" "$WHEELS" && export PYTHONPATH=$PWD/src:$SITE${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}
@@ -48,7 +50,7 @@ export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache} NUMBA_CACHE_DIR=
 # offset), and the machine's sandbox (gVisor) is one more place for them to misbehave.
 export HDF5_USE_FILE_LOCKING=FALSE
 # `kill -USR1` makes any of these Python processes print every thread's stack to its log: the
-# watchdog below does it to preprocessing groups still running after 45 and 90 s.
+# watchdog below does it to preprocessing jobs (groups, gather) still running after 45 and 90 s.
 printf 'import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n' \
   > "$SITE/sitecustomize.py"
 
@@ -375,17 +377,17 @@ timeout -k 10 "$T" "$PY" -m cosmocub.cli preprocess-plan --config "$CFG" --unive
 # the Python processes alone (their command line starts with the interpreter): a USR1 would
 # kill the `sh -c` around each of them
 ( for wait_s in ${WATCHDOG_S:-45 45}; do
-    sleep "$wait_s"; pkill -USR1 -f '^[^ ]+ -m cosmocub.cli preprocess-group'
+    sleep "$wait_s"; pkill -USR1 -f '^[^ ]+ -m cosmocub.cli preprocess-(group|gather)'
   done ) &
 WATCHDOG=$!
 seq 0 $((NG - 1)) | timeout -k 10 "$(budget 200 150)" xargs -P "$JOBS" -I{} env OMP_NUM_THREADS=1 \
   MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
   sh -c 'exec > "$2/logs/preprocess_group_{}.log" 2>&1; date +"start %s.%N"; "$0" -m cosmocub.cli preprocess-group --config "$1" --staging "$2/.shards-staging" --group {} --out "$2/.shards-groups/{}.npz" --threads 1; rc=$?; date +"end %s.%N rc $rc"; exit $rc' \
   "$PY" "$CFG" "$R" || { kill "$WATCHDOG" 2>/dev/null; tail -n 40 "$LOGS"/preprocess_group_0.log; exit 1; }
-kill "$WATCHDOG" 2>/dev/null || true
 timeout -k 10 "$(budget 200 140)" "$PY" -m cosmocub.cli preprocess-gather --config "$CFG" \
   --staging "$R/.shards-staging" --groups-dir "$R/.shards-groups" --out "$R/shards" \
-  > "$LOGS/preprocess_gather.log" 2>&1 || { tail -20 "$LOGS/preprocess_gather.log"; exit 1; }
+  > "$LOGS/preprocess_gather.log" 2>&1 || { kill "$WATCHDOG" 2>/dev/null; tail -40 "$LOGS/preprocess_gather.log"; exit 1; }
+kill "$WATCHDOG" 2>/dev/null || true
 phase preprocess "$(since "$t")" "ok; $(du -sh "$R/shards" | cut -f1) of shards"
 
 # ---------------------------------------------------------------- 3. train + evaluate

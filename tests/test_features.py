@@ -75,6 +75,19 @@ def test_one_point_statistics_of_known_values():
     assert stats["skewness"] > 0  # the long tail is to the right
 
 
+def test_one_point_moments_are_scipys():
+    """The moments are written out in numpy; scipy.stats's biased skewness and Fisher kurtosis
+    are the reference, on a skewed field where both are far from 0."""
+    import scipy.stats
+
+    values = np.log1p(np.random.default_rng(2).poisson(0.7, size=(16, 16, 16)))
+    stats = dict(zip(ONE_POINT_NAMES, one_point_statistics(values), strict=True))
+    assert stats["skewness"] == pytest.approx(scipy.stats.skew(values.ravel()), rel=1e-12)
+    assert stats["kurtosis"] == pytest.approx(scipy.stats.kurtosis(values.ravel()), rel=1e-12)
+    assert stats["std"] == pytest.approx(values.std(), rel=1e-12)
+    assert abs(stats["skewness"]) > 0.3 and abs(stats["kurtosis"]) > 0.3
+
+
 def test_sample_features_same_from_counts_and_log1p():
     counts = np.random.default_rng(1).poisson(3.0, size=(2, 8, 8, 8)).astype(np.float64)
     pk_a, op_a = sample_features(counts, log1p=False)
