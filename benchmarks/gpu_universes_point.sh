@@ -41,6 +41,9 @@
 # and dumps the groups' stacks into their logs if they run long. A second run (TOTAL_S=520) had
 # the 16 groups done in 9-12 s each, and then the gather ran past its 200 s: the shards'
 # features at 16 Dask threads, GIL-bound (since the next commit: numpy moments, processes).
+# A third (TOTAL_S=420, 33251e8): simulate 121.7 s, preprocess 80.6 s, the 750-step point trained
+# in 61 s (11.4 ms a step, loader-bound: GPU 4 % busy) and evaluated in 30.6 s; the long point
+# had 55 s left and was stopped (docs/universes_study.md, "On a GPU").
 set -euo pipefail
 PY=${PYTHON:-python3}; SITE=${SITE:-/tmp/site}; WHEELS=${WHEELS:-.whl}; T_START=$(date +%s.%N)
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl || "$PY" -c 'import glob, sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in glob.glob(sys.argv[2] + "/*.whl")]' "$SITE" "$WHEELS" && export PYTHONPATH=$PWD/src:$SITE${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}
