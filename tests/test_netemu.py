@@ -235,6 +235,18 @@ def test_namespaces_exist_only_inside_and_go_on_exit_error_signal_and_kill(tmp_p
     assert list_namespaces(PREFIX) == [] and _ip_links() == host_links
 
 
+@needs_netns
+def test_an_idle_network_sends_nothing() -> None:
+    """No byte on a node's link that a rank did not send: an idle emulated network's links stay
+    silent (IPv6's neighbour discovery, listener reports and router solicitations, ~586 bytes a
+    node in the first ~6 s, had landed in the wire bytes of whatever epoch was running)."""
+    with emulated_nodes(nodes=2, bandwidth_mbit=10, prefix=PREFIX) as net:
+        start = net.tx_bytes()
+        time.sleep(2.5)  # with IPv6, 426-516 bytes a node by now
+        assert [end - s for s, end in zip(start, net.tx_bytes(), strict=True)] == [0, 0]
+        assert start == [0, 0]
+
+
 @pytest.mark.slow
 @needs_netns
 @pytest.mark.parametrize("rate_mbit", [10, 100])
