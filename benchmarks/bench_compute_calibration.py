@@ -1,6 +1,6 @@
 """How well the compute calibration predicts layers it never timed: calibrate this CPU (or read a
 cached calibration), then time a few models' conv blocks and heads directly
-(`perfmodel.compute.measure_layers`, at the memory format training uses) and print predicted
+(`perfmodel.measure.compute.measure_layers`, at the memory format training uses) and print predicted
 against measured per layer, with the relative error. Prints `uptime` before and after (the load
 the figures were taken at) and the calibration's own wall time.
 
@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from cosmocub.config import load_config
-from cosmocub.perfmodel import cpu_model
-from cosmocub.perfmodel.compute import measure_layers, torch_threads
-from cosmocub.perfmodel.machines import training_memory_format
+from cosmocub.perfmodel.cost_model.machines import training_memory_format
+from cosmocub.perfmodel.measure import calibration_cache, cpu_model
+from cosmocub.perfmodel.measure.compute import measure_layers, torch_threads
 
 # (label, model overrides, local batch, split): the test model, the network study's, the default.
 NETWORK = {"base_filters": 16, "dense_sizes": (128,), "batch_norm": False}
@@ -54,7 +54,9 @@ def main() -> None:
     cores = cfg.perf_model.cores or torch.get_num_threads()
     print(f"before: {uptime()}")
     start = time.perf_counter()
-    cal = cpu_model.load_or_calibrate(Path(args.out), cfg.perf_model.calibration, cores=cores)
+    cal = calibration_cache.load_or_calibrate(
+        Path(args.out), cfg.perf_model.calibration, cores=cores
+    )
     print(f"calibration ready in {time.perf_counter() - start:.1f} s ({args.out})")
     print(cpu_model.describe(cal))
     print("\n| point | threads | layer | predicted ms | measured ms | error |")

@@ -56,7 +56,7 @@ def _rank_main(args: argparse.Namespace) -> None:
     import torch
 
     from cosmocub.models import memory_layout
-    from cosmocub.parallel.mesh import build_parallel_dims
+    from cosmocub.parallel.parallel_dims import build_parallel_dims
     from cosmocub.train.testing import train_runs
 
     if args.contiguous:

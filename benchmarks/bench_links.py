@@ -20,7 +20,7 @@ import sys
 
 from cosmocub.netemu import EmulationUnavailableError, emulated_nodes
 from cosmocub.netemu.linkprobe import ideal_seconds, time_messages
-from cosmocub.netemu.nodes import check_privileges
+from cosmocub.netemu.namespaces import check_privileges
 
 KIB = 1024
 SIZES = [16 * KIB, 64 * KIB, 256 * KIB, 1024 * KIB, 4096 * KIB]

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from cosmocub.netemu import EmulationUnavailableError
-from cosmocub.netemu.nodes import check_privileges
+from cosmocub.netemu.namespaces import check_privileges
 from cosmocub.netemu.runner import run_training_on_nodes
 from cosmocub.train.testing import make_random_shards
 

@@ -31,7 +31,7 @@ import yaml
 
 from cosmocub.config import load_config
 from cosmocub.netemu import EmulationUnavailableError
-from cosmocub.netemu.nodes import check_privileges
+from cosmocub.netemu.namespaces import check_privileges
 from cosmocub.netemu.runner import run_training_on_nodes
 from cosmocub.studies.engine import find_point, point_values, shards_dir
 from cosmocub.studies.network import point_name

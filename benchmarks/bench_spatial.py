@@ -69,10 +69,10 @@ def _vm_data_bytes() -> int:
 
 
 def _rank_main(args: argparse.Namespace) -> None:
-    from cosmocub.models.factory import build_model, parallelize
+    from cosmocub.models.model_factory import build_model, parallelize
     from cosmocub.models.parallelize import spatial_block
     from cosmocub.parallel import halo
-    from cosmocub.parallel.mesh import build_parallel_dims, close_parallel_dims
+    from cosmocub.parallel.parallel_dims import build_parallel_dims, close_parallel_dims
     from cosmocub.train.grad_sync import build_gradient_sync
 
     torch.set_num_threads(args.threads)
@@ -256,7 +256,7 @@ def bench_model_config(name: str):
 
     cfg = load_config(ROOT / "config/config.yaml")
     if name == "unet":
-        from cosmocub.fields.run_config import unet_config_values
+        from cosmocub.emulator.unet_run_config import unet_config_values
 
         cfg = from_values(unet_config_values(cfg))
     return cfg.model

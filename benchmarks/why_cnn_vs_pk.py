@@ -48,8 +48,8 @@ from cosmocub.data.dataset import open_split
 from cosmocub.data.features import FEATURES_FILE, read_features
 from cosmocub.evaluation import uncertainty as unc
 from cosmocub.evaluation.baselines import baseline_predictions, ridge_predictions, usable_columns
-from cosmocub.evaluation.predict import split_predictions
-from cosmocub.models.factory import load_model_file
+from cosmocub.evaluation.split_predictions import split_predictions
+from cosmocub.models.model_factory import load_model_file
 from cosmocub.optim.schedule import stretched
 
 

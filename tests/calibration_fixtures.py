@@ -6,9 +6,9 @@ import itertools
 from pathlib import Path
 
 from cosmocub.config import load_config
-from cosmocub.perfmodel import calibration as grid
-from cosmocub.perfmodel import cpu_model
-from cosmocub.perfmodel.rates import RateFit
+from cosmocub.perfmodel.measure import calibration as grid
+from cosmocub.perfmodel.measure import cpu_model
+from cosmocub.perfmodel.measure.rates import RateFit
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_CONFIG = ROOT / "config/test.yaml"

@@ -29,7 +29,7 @@ from cosmocub.models.heads import regression_loss
 from cosmocub.models.parallelize import parallelize_cosmoflow, spatial_block
 from cosmocub.models.summary import activation_bytes
 from cosmocub.parallel.halo import HaloPlan, halo_exchange, spatial_coords
-from cosmocub.parallel.mesh import ParallelDims, build_parallel_dims
+from cosmocub.parallel.parallel_dims import ParallelDims, build_parallel_dims
 from cosmocub.train.grad_sync import build_gradient_sync
 
 Results = dict[str, dict[str, Any]]
@@ -299,7 +299,7 @@ def dropout_unsplit_case(dims: ParallelDims, split, *, seed: int) -> dict[str, A
 
 def groups_left_case(split) -> int:
     """Process groups a build + parallelize + close leaves behind in a caller's default group."""
-    from cosmocub.parallel.mesh import close_parallel_dims
+    from cosmocub.parallel.parallel_dims import close_parallel_dims
 
     before = len(dist.distributed_c10d._world.pg_map)
     dims = build_parallel_dims(spatial=math.prod(split))

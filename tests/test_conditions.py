@@ -14,9 +14,16 @@ from pathlib import Path
 import pytest
 
 from cosmocub.config import StudiesConfig, load_config
-from cosmocub.perfmodel.validate import error_summary
+from cosmocub.host_probe import (
+    parse_proc_stat,
+    parse_schedstat,
+    read_core_ticks,
+    read_sched_ns,
+    steal_share,
+)
+from cosmocub.perfmodel.uses.validate import error_summary
 from cosmocub.studies import runners, scaling
-from cosmocub.studies.conditions import (
+from cosmocub.studies.contention import (
     conditions_note,
     is_contended,
     measured_epochs,
@@ -25,18 +32,13 @@ from cosmocub.studies.conditions import (
     why_contended,
 )
 from cosmocub.studies.engine import gather, write_point_record
-from cosmocub.train.conditions import (
+from cosmocub.train.epoch_conditions import (
     Sample,
     cpu_share,
     kept,
-    parse_proc_stat,
-    parse_schedstat,
     rank_conditions,
-    read_core_ticks,
-    read_sched_ns,
     ready_share,
     reduce_over_ranks,
-    steal_share,
 )
 
 REPO = Path(__file__).resolve().parents[1]

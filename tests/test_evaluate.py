@@ -15,6 +15,7 @@ import torch
 
 from cosmocub.config import ModelConfig, load_config
 from cosmocub.data.features import FEATURES_FILE, write_features
+from cosmocub.evaluation.evaluate_run import evaluate
 from cosmocub.evaluation.headline import comparison_table
 from cosmocub.evaluation.metrics import (
     parameter_metrics,
@@ -23,9 +24,8 @@ from cosmocub.evaluation.metrics import (
     tracker_metrics,
 )
 from cosmocub.evaluation.report import format_run
-from cosmocub.evaluation.stage import evaluate
 from cosmocub.io import read_jsonl
-from cosmocub.models import cosmoflow, factory
+from cosmocub.models import cosmoflow, model_factory
 
 NAMES = ("Omega_m", "sigma_8", "N_spec", "H_0")
 
@@ -182,7 +182,7 @@ def tiny_run(tmp_path):
     (shards / "stats.json").write_text(json.dumps({"mean": mean, "std": std, "split": "train"}))
     torch.manual_seed(0)
     model = cosmoflow.CosmoFlow(_tiny_model_cfg())
-    factory.save_model_file(run_dir / "model.pt", model, _tiny_model_cfg())
+    model_factory.save_model_file(run_dir / "model.pt", model, _tiny_model_cfg())
     records = [
         {"epoch": e, "step": 3 * e, "train_loss": 0.4 / e, "val_loss": 0.5 / e, "val_mae": 0.3 / e}
         | {f"val_mae_{n}": 0.2 / e for n in NAMES}
@@ -213,7 +213,7 @@ def test_evaluate_gaussian_head_writes_calibration(tiny_run):
     cfg, shards, run_dir, out_dir, *_ = tiny_run
     model_cfg = dataclasses.replace(_tiny_model_cfg(), head="gaussian")
     torch.manual_seed(1)
-    factory.save_model_file(run_dir / "model.pt", cosmoflow.CosmoFlow(model_cfg), model_cfg)
+    model_factory.save_model_file(run_dir / "model.pt", cosmoflow.CosmoFlow(model_cfg), model_cfg)
     tracker = RecordingTracker()
     metrics = evaluate(cfg, shards_dir=shards, run_dir=run_dir, out_dir=out_dir, tracker=tracker)
     assert (out_dir / "calibration.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -321,7 +321,7 @@ class _CornerModel(torch.nn.Module):
 
 
 def test_predict_averages_over_the_reflections_of_the_cube():
-    from cosmocub.evaluation.predict import predict
+    from cosmocub.evaluation.split_predictions import predict
 
     x = torch.randn(3, 2, 4, 4, 4)
     dataset = [(x[i], torch.zeros(4)) for i in range(3)]

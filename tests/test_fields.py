@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cosmocub.cosmology.spectra import cross_spectra, transfer_and_correlation
-from cosmocub.fields.evaluate import field_metrics, growth_ratio, to_counts
+from cosmocub.emulator.evaluate_emulator import field_metrics, growth_ratio, to_counts
 
 
 def field(seed: int, n: int = 16) -> np.ndarray:
@@ -69,7 +69,7 @@ def test_unet_run_config(tmp_path) -> None:
     from pathlib import Path
 
     from cosmocub.config import from_values, load_config
-    from cosmocub.fields.run_config import unet_config_values
+    from cosmocub.emulator.unet_run_config import unet_config_values
 
     repo = Path(__file__).resolve().parents[1]
     base = load_config(repo / "config" / "config.yaml")
@@ -95,7 +95,7 @@ def test_unet_nproc_per_node_counts_every_rank(tmp_path) -> None:
     import pytest
 
     from cosmocub.config import ConfigError, load_config
-    from cosmocub.fields.run_config import unet_world_size
+    from cosmocub.emulator.unet_run_config import unet_world_size
 
     path = tmp_path / "c.yaml"
     path.write_text("unet: {parallel: {spatial: 2}, train: {nproc_per_node: 2}}\n")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from cosmocub.parallel.mesh import LaunchEnv, ParallelDims
+from cosmocub.parallel.parallel_dims import LaunchEnv, ParallelDims
 from cosmocub.train.grad_sync import DDPAllReduce, LocalGradients, SpatialAverage
 
 
@@ -69,7 +69,7 @@ def test_ddp_exchange_is_timed_either_way_with_the_same_gradients(timing):
     step waits only from the second bucket's launch, less than the all-reduce ran."""
     import datetime
 
-    from cosmocub.parallel.mesh import build_parallel_dims, close_parallel_dims
+    from cosmocub.parallel.parallel_dims import build_parallel_dims, close_parallel_dims
 
     dims = build_parallel_dims(backend="gloo", environ={}, timeout_s=7)
     try:
@@ -113,7 +113,7 @@ def test_ddp_broadcasts_buffers_only_where_a_norm_is_not_synced():
     """Synced norms' running statistics come from the mesh-wide batch, equal on every rank, so
     DDP's broadcast of them before each forward is left out; a plain norm keeps it."""
     from cosmocub.parallel.layers import SyncBatchNorm3d
-    from cosmocub.parallel.mesh import build_parallel_dims, close_parallel_dims
+    from cosmocub.parallel.parallel_dims import build_parallel_dims, close_parallel_dims
     from cosmocub.train.grad_sync import has_unsynced_buffers
 
     dims = build_parallel_dims(backend="gloo", environ={}, timeout_s=7)

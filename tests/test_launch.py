@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cosmocub.launch.launcher import RankLayout, launch_command
-from cosmocub.parallel.mesh import detect_launch_env
+from cosmocub.parallel.parallel_dims import detect_launch_env
 
 TRAIN = ["train", "--shards", "s", "--out", "r"]
 

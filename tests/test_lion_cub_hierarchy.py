@@ -12,7 +12,7 @@ import torch
 from cosmocub.config import ConfigError, load_config
 from cosmocub.optim.hierarchy import partial_stats, scales_from_stats, slice_segments
 from cosmocub.optim.quantize import quantize, tensor_scales
-from cosmocub.parallel.nodes import NodeLayout, pairwise_inter_fraction, ring_inter_fraction
+from cosmocub.parallel.node_layout import NodeLayout, pairwise_inter_fraction, ring_inter_fraction
 
 
 def test_node_layout_groups_and_refusals() -> None:

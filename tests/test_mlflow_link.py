@@ -7,7 +7,7 @@ import pytest
 
 from cosmocub.config import load_config
 from cosmocub.tracking import store
-from cosmocub.tracking.workflow import (
+from cosmocub.tracking.workflow_run import (
     MAX_RUN_NAME,
     mlflow_runs_link,
     runs_view_url,

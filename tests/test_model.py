@@ -13,7 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from cosmocub.config import ModelConfig, load_config
 from cosmocub.models.cosmoflow import CosmoFlow
-from cosmocub.models.factory import load_model_file, save_model_file
+from cosmocub.models.model_factory import load_model_file, save_model_file
 from cosmocub.models.summary import format_summary, summarize
 
 torch.set_num_threads(1)

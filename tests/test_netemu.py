@@ -42,7 +42,7 @@ import yaml
 
 from cosmocub.netemu import EmulationUnavailableError, emulated_nodes
 from cosmocub.netemu.linkprobe import time_messages
-from cosmocub.netemu.nodes import check_privileges, list_namespaces
+from cosmocub.netemu.namespaces import check_privileges, list_namespaces
 from cosmocub.netemu.runner import run_training_on_nodes, split_cores
 from cosmocub.train.testing import make_random_shards
 

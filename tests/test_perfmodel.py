@@ -19,8 +19,11 @@ import yaml
 from cosmocub.config import load_config
 from cosmocub.launch import multirank
 from cosmocub.launch.torchrun import torchrun_argv
-from cosmocub.perfmodel.costs import KINDS, AlphaBeta, Sample, fit_alpha_beta, fit_per_kind
-from cosmocub.perfmodel.links import (
+from cosmocub.perfmodel.cost_model.overlap import ddp_buckets
+from cosmocub.perfmodel.cost_model.step_model import parameter_sizes, predict_step
+from cosmocub.perfmodel.cost_model.topology import Mesh, Network
+from cosmocub.perfmodel.measure.costs import KINDS, AlphaBeta, Sample, fit_alpha_beta, fit_per_kind
+from cosmocub.perfmodel.measure.link_fits import (
     LOOPBACK,
     LinkFits,
     emulated_link,
@@ -29,9 +32,6 @@ from cosmocub.perfmodel.links import (
     read_fits,
     write_fits,
 )
-from cosmocub.perfmodel.mesh import Mesh, Network
-from cosmocub.perfmodel.model import parameter_sizes, predict_step
-from cosmocub.perfmodel.overlap import ddp_buckets
 
 TRUE = {"allreduce": (40e-6, 1 / 1.1e9), "alltoall": (90e-6, 1 / 0.7e9), "halo": (25e-6, 1e-9)}
 
@@ -98,7 +98,7 @@ def _synthetic_samples(group_sizes=(2,)) -> dict[str, list[Sample]]:
 
 
 def test_alpha_and_beta_are_recovered_per_link_and_kind(tmp_path: Path) -> None:
-    from cosmocub.perfmodel.microbench import read_samples, write_samples
+    from cosmocub.perfmodel.measure.microbench import read_samples, write_samples
 
     # Two ranks, as the bench runs every link (one group size: α is the per-round intercept).
     write_samples(_synthetic_samples(), tmp_path / "bench.tsv")
@@ -121,7 +121,7 @@ def test_alpha_and_beta_are_recovered_per_link_and_kind(tmp_path: Path) -> None:
 
 
 def test_the_lookup_picks_the_link_a_collective_crosses(caplog) -> None:
-    from cosmocub.perfmodel.validate import network_for
+    from cosmocub.perfmodel.uses.validate import network_for
 
     fits = LinkFits(fits=fit_per_link(_synthetic_samples()), source="fit.tsv")
     assert (emulated_link(10), emulated_link(0), emulated_link(2.5)) == (
@@ -160,7 +160,7 @@ def test_the_lookup_picks_the_link_a_collective_crosses(caplog) -> None:
         TRUE_LINKS["emulated_10mbit"]["alltoall"][0], rel=0.1
     )
     # A rate not measured: the nearest measured one's, with a note naming both.
-    with caplog.at_level(logging.WARNING, logger="cosmocub.perfmodel.validate"):
+    with caplog.at_level(logging.WARNING, logger="cosmocub.perfmodel.uses.validate"):
         net = network_for({**two_nodes, "bandwidth_mbit": "20"}, fits)
     assert alpha(net.costs(2, 1, "allreduce")) == pytest.approx(slow, rel=0.1)
     assert "'emulated_20mbit' was not measured: using the fit of 'emulated_10mbit'" in caplog.text
@@ -186,8 +186,8 @@ def test_the_lookup_picks_the_link_a_collective_crosses(caplog) -> None:
 
 
 def test_the_bench_covers_every_study_rate_and_sizes_that_fit_the_rate() -> None:
-    from cosmocub.perfmodel.bench_links import sizes_for_rate, study_rates
-    from cosmocub.perfmodel.microbench import buffer_elements
+    from cosmocub.perfmodel.measure.bench_links import sizes_for_rate, study_rates
+    from cosmocub.perfmodel.measure.microbench import buffer_elements
 
     cfg = load_config(None)
     assert study_rates(cfg) == (0, 100, 10, 1000)  # network_study's, then scaling_study's 1000
@@ -206,9 +206,9 @@ def test_without_namespaces_the_bench_skips_the_emulated_links_saying_why(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:
     from cosmocub.netemu import EmulationUnavailableError
-    from cosmocub.netemu import nodes as netemu_nodes
-    from cosmocub.perfmodel import bench_links
-    from cosmocub.perfmodel.microbench import read_samples, write_samples
+    from cosmocub.netemu import namespaces as netemu_nodes
+    from cosmocub.perfmodel.measure import bench_links
+    from cosmocub.perfmodel.measure.microbench import read_samples, write_samples
 
     def no_netns() -> None:
         raise EmulationUnavailableError("network namespaces need root or CAP_NET_ADMIN (uid 1)")
@@ -235,7 +235,7 @@ def test_without_namespaces_the_bench_skips_the_emulated_links_saying_why(
 def test_the_bench_runs_on_loopback_and_an_emulated_link(tmp_path: Path) -> None:
     """`cosmocub perf-model bench` at one rate and two sizes, then the fit of both links."""
     from cosmocub.netemu import EmulationUnavailableError
-    from cosmocub.netemu.nodes import check_privileges
+    from cosmocub.netemu.namespaces import check_privileges
 
     try:
         check_privileges()
@@ -309,7 +309,7 @@ import torch
 from cosmocub.config import load_config
 from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.optim.factory import build_optimizer
-from cosmocub.parallel.mesh import build_parallel_dims
+from cosmocub.parallel.parallel_dims import build_parallel_dims
 from cosmocub.parallel.timing import clock_for
 from cosmocub.train.comm_meter import CommMeter
 from cosmocub.train.grad_sync import build_gradient_sync
@@ -404,7 +404,7 @@ def test_model_bytes_equal_what_the_optimizers_count_and_ddp_times_both_ways(
 def test_synced_batch_norms_cost_two_collectives_a_block_over_the_mesh() -> None:
     """The synced norm (parallel.layers._SyncBatchNorm): forward all-gathers (count, mean, M2)
     in float64, backward all-reduces (Σdy, Σdy·x̂) in float32, per conv block."""
-    from cosmocub.perfmodel.layer_collectives import norm_sync
+    from cosmocub.perfmodel.cost_model.layer_collectives import norm_sync
 
     cfg = load_config(
         None, overrides={"model": {"base_filters": 4, "num_conv_blocks": 2, "batch_norm": True}}
@@ -499,8 +499,8 @@ def test_the_votes_host_work_is_in_the_exchange_once_a_bucket() -> None:
 
 
 def test_validation_compares_each_part_and_reports_errors(tmp_path: Path) -> None:
-    from cosmocub.perfmodel.model import StepPrediction
-    from cosmocub.perfmodel.validate import (
+    from cosmocub.perfmodel.cost_model.step_model import StepPrediction
+    from cosmocub.perfmodel.uses.validate import (
         compare,
         error_summary,
         plot_results,
@@ -554,8 +554,8 @@ def test_validation_compares_each_part_and_reports_errors(tmp_path: Path) -> Non
 
 
 def test_extrapolation_rows_and_headline() -> None:
-    from cosmocub.perfmodel.extrapolate import balanced_split, extrapolate, headline
-    from cosmocub.perfmodel.model import parameter_sizes
+    from cosmocub.perfmodel.cost_model.step_model import parameter_sizes
+    from cosmocub.perfmodel.uses.extrapolate import balanced_split, extrapolate, headline
 
     assert [balanced_split(s) for s in (1, 2, 4, 8, 16)] == [
         (1, 1, 1),
@@ -610,8 +610,8 @@ def test_extrapolation_rows_and_headline() -> None:
 
 
 def test_the_cores_speed_is_fitted_on_the_fit_set_and_scales_the_cores_work_only() -> None:
-    from cosmocub.perfmodel.model import StepPrediction
-    from cosmocub.perfmodel.validate import fit_correction, scaled_predictor, skip_reason
+    from cosmocub.perfmodel.cost_model.step_model import StepPrediction
+    from cosmocub.perfmodel.uses.validate import fit_correction, scaled_predictor, skip_reason
 
     def stub(row):
         p = StepPrediction(
@@ -649,8 +649,8 @@ def test_the_cores_speed_is_fitted_on_the_fit_set_and_scales_the_cores_work_only
 
 
 def test_an_optimizer_without_an_update_cost_is_an_error_naming_it() -> None:
-    from cosmocub.perfmodel.extrapolate import update_bytes_per_param
-    from cosmocub.perfmodel.machines import UPDATE_BYTES_PER_PARAM
+    from cosmocub.perfmodel.cost_model.machines import UPDATE_BYTES_PER_PARAM
+    from cosmocub.perfmodel.uses.extrapolate import update_bytes_per_param
 
     assert update_bytes_per_param("lion_cub", "cub") == UPDATE_BYTES_PER_PARAM["lion_cub"]
     with pytest.raises(ValueError, match=r"optimizers\.mine: no update cost for .* 'rmsprop'"):

@@ -24,9 +24,9 @@ from calibration_fixtures import (
 )
 
 from cosmocub.config import load_config
-from cosmocub.perfmodel import calibration as grid
-from cosmocub.perfmodel import cpu_model
-from cosmocub.perfmodel.rates import RateFit, fit_rates
+from cosmocub.perfmodel.measure import calibration as grid
+from cosmocub.perfmodel.measure import calibration_cache, cpu_model
+from cosmocub.perfmodel.measure.rates import RateFit, fit_rates
 
 
 def _conv_works() -> list[dict[str, float]]:
@@ -152,19 +152,19 @@ def test_a_cache_from_another_machine_or_grid_is_refused(tmp_path: Path) -> None
     from cosmocub.io import write_json
 
     write_json(path, cal.as_dict())
-    back = cpu_model.load_or_calibrate(path, settings, cores=2)
+    back = calibration_cache.load_or_calibrate(path, settings, cores=2)
     assert back.layers == cal.layers and back.updates == cal.updates
     foreign = json.loads(path.read_text())
     foreign["machine"]["hostname"] = "elsewhere"
     write_json(path, foreign)
     with pytest.raises(ValueError, match=r"calibrated with machine hostname 'elsewhere'"):
-        cpu_model.load_or_calibrate(path, settings, cores=2)
+        calibration_cache.load_or_calibrate(path, settings, cores=2)
     write_json(path, cal.as_dict())
     other_grid = dataclasses.replace(settings, sizes=(4, 8))
     with pytest.raises(ValueError, match=r"grid sizes \[4, 8, 16\], this run has \[4, 8\]"):
-        cpu_model.read_calibration(path, settings=other_grid, cores=2)
+        calibration_cache.read_calibration(path, settings=other_grid, cores=2)
     with pytest.raises(ValueError, match=r"machine threads \[1, 2\], this run has \[1, 2, 4\]"):
-        cpu_model.read_calibration(path, settings=settings, cores=4)
+        calibration_cache.read_calibration(path, settings=settings, cores=4)
 
 
 def test_a_tiny_grid_is_timed_here_fitted_per_kind_and_cached(
@@ -205,10 +205,10 @@ def test_a_tiny_grid_is_timed_here_fitted_per_kind_and_cached(
         calls.append(cores)
         return dataclasses.replace(synthetic, grid=cpu_model.grid_settings(settings))
 
-    monkeypatch.setattr(cpu_model, "calibrate", calibrate)
+    monkeypatch.setattr(calibration_cache, "calibrate", calibrate)
     path = tmp_path / "cal.json"
-    first = cpu_model.load_or_calibrate(path, settings, cores=1)
-    again = cpu_model.load_or_calibrate(path, settings, cores=1)
+    first = calibration_cache.load_or_calibrate(path, settings, cores=1)
+    again = calibration_cache.load_or_calibrate(path, settings, cores=1)
     assert path.exists() and calls == [1]  # measured once, then read back
     assert again.layers == first.layers and again.glue_s == first.glue_s
     assert again.norms == first.norms
@@ -238,7 +238,7 @@ def test_synced_norms_are_timed_in_a_step_of_two_real_ranks_and_fitted() -> None
     known costs on the pair models' real sizes."""
     import psutil
 
-    from cosmocub.perfmodel import norm_pairs
+    from cosmocub.perfmodel.measure import norm_pairs
 
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("the pair calibration gives each rank a core of its own: needs 2")

@@ -10,14 +10,14 @@ import pytest
 
 from cosmocub.config import load_config, write_config
 from cosmocub.optim.collectives import ring_allreduce_bytes
-from cosmocub.perfmodel import machines
-from cosmocub.perfmodel.costs import AlphaBeta, Fit
-from cosmocub.perfmodel.links import LinkFits
-from cosmocub.perfmodel.machines import Accelerator, fitted_network, this_cpu
-from cosmocub.perfmodel.mesh import Mesh, Network
-from cosmocub.perfmodel.model import parameter_sizes
-from cosmocub.perfmodel.overlap import exposed_allreduce
-from cosmocub.perfmodel.predict import PARTS, Workload, lion_reference, predict
+from cosmocub.perfmodel.cost_model import machines
+from cosmocub.perfmodel.cost_model.machines import Accelerator, fitted_network, this_cpu
+from cosmocub.perfmodel.cost_model.overlap import exposed_allreduce
+from cosmocub.perfmodel.cost_model.step_model import parameter_sizes
+from cosmocub.perfmodel.cost_model.topology import Mesh, Network
+from cosmocub.perfmodel.measure.costs import AlphaBeta, Fit
+from cosmocub.perfmodel.measure.link_fits import LinkFits
+from cosmocub.perfmodel.uses.run_prediction import PARTS, Workload, lion_reference, predict
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_CONFIG = ROOT / "config/test.yaml"
@@ -75,7 +75,7 @@ POINTS = {
 
 @pytest.mark.parametrize("point", sorted(POINTS))
 def test_predict_equals_the_validation_path_for_the_same_point(point: str, tmp_path: Path) -> None:
-    from cosmocub.perfmodel.validate import cpu_predictor
+    from cosmocub.perfmodel.uses.validate import cpu_predictor
 
     overrides, labels = POINTS[point]
     cfg = load_config(TEST_CONFIG, overrides=overrides)
@@ -212,7 +212,7 @@ def test_bad_predict_input_is_one_line_naming_the_flag(
 def test_an_extrapolation_row_is_the_prediction_of_its_case() -> None:
     import dataclasses
 
-    from cosmocub.perfmodel.extrapolate import extrapolate, optimizer_configs
+    from cosmocub.perfmodel.uses.extrapolate import extrapolate, optimizer_configs
 
     settings = {"sample_sizes": [8], "gpus": [8], "gpus_per_node": 4, "link_gbit": [25]}
     cfg = load_config(TEST_CONFIG, overrides={"perf_model": {"extrapolate": settings}})
@@ -233,8 +233,8 @@ def test_an_extrapolation_row_is_the_prediction_of_its_case() -> None:
 
 def test_validate_holds_out_all_but_the_fit_set_and_skips_busy_points(tmp_path: Path) -> None:
     from cosmocub.io import write_json, write_tsv
-    from cosmocub.perfmodel.links import write_fits
-    from cosmocub.perfmodel.stage import validate
+    from cosmocub.perfmodel.measure.link_fits import write_fits
+    from cosmocub.perfmodel.uses.entry_points import validate
 
     cfg = load_config(TEST_CONFIG)
     cal = _calibration()
@@ -292,7 +292,7 @@ def test_validate_holds_out_all_but_the_fit_set_and_skips_busy_points(tmp_path: 
 
 
 def test_lion_cub_exchange_bytes_follow_the_levels_and_the_allreduce_dtype() -> None:
-    from cosmocub.perfmodel.model import exchange
+    from cosmocub.perfmodel.cost_model.step_model import exchange
 
     net = AlphaBeta(alpha_s=1e-5, beta_s_per_byte=1e-9)
     network = Network.uniform(net, net, ranks_per_node=4)

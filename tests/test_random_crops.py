@@ -23,7 +23,7 @@ from cosmocub.data.preprocess import preprocess
 from cosmocub.data.universe import read_universe, read_universe_meta, write_universe
 from cosmocub.io import sha256_file
 from cosmocub.parallel.halo import spatial_coords
-from cosmocub.train.data import ResumableSampler
+from cosmocub.train.loaders import ResumableSampler
 from cosmocub.train.main import train
 
 SIZE, CROP, SLAB = 16, 8, 4

@@ -20,7 +20,7 @@ from test_train import TINY  # the plain tiny recipe the training tests share
 
 from cosmocub.launch import multirank
 from cosmocub.launch.torchrun import torchrun_argv
-from cosmocub.models.factory import load_model_file
+from cosmocub.models.model_factory import load_model_file
 from cosmocub.train.main import train
 from cosmocub.train.run_lock import LOCK_FILE, RunFolderBusyError, acquire_run_lock
 from cosmocub.train.testing import make_random_shards
@@ -221,7 +221,7 @@ STARTUP_RANKS = textwrap.dedent(
     from pathlib import Path
     import torch.distributed as dist
     from cosmocub.config import load_config
-    from cosmocub.parallel.mesh import build_parallel_dims, close_parallel_dims
+    from cosmocub.parallel.parallel_dims import build_parallel_dims, close_parallel_dims
     from cosmocub.train.build import build_trainer
     from cosmocub.train.checkpoint import CheckpointManager
     from cosmocub.train.run_lock import RunFolderBusyError, hold_run_folder

@@ -21,7 +21,7 @@ from cosmocub.data.augment import (
     symmetries_for_split,
 )
 from cosmocub.data.dataset import ShardDataset, read_stats
-from cosmocub.train.data import ResumableSampler
+from cosmocub.train.loaders import ResumableSampler
 from cosmocub.train.testing import make_random_shards
 
 SIZE, CHANNELS, SLAB = 16, 4, 4
@@ -186,7 +186,7 @@ def test_parallel_config_errors_name_the_numbers() -> None:
 
 
 def test_world_size_not_divisible_by_spatial() -> None:
-    from cosmocub.parallel.mesh import build_parallel_dims
+    from cosmocub.parallel.parallel_dims import build_parallel_dims
 
     env = {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "MASTER_PORT": "1"}
     with pytest.raises(

@@ -21,7 +21,7 @@ from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.models.parallelize import check_spatial_split, parallelize_cosmoflow
 from cosmocub.models.summary import activation_bytes
 from cosmocub.parallel.halo import spatial_coords, spatial_rank
-from cosmocub.parallel.mesh import LaunchEnv, ParallelDims
+from cosmocub.parallel.parallel_dims import LaunchEnv, ParallelDims
 
 RANKS_SCRIPT = Path(__file__).with_name("spatial_ranks.py")
 TOLERANCE = 1e-5  # fp32 rounding, as the issue asks

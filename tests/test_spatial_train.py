@@ -15,7 +15,7 @@ import yaml
 from cosmocub.launch import multirank
 from cosmocub.launch.torchrun import torchrun_argv
 from cosmocub.models.cosmoflow import CosmoFlow
-from cosmocub.models.factory import load_model_file
+from cosmocub.models.model_factory import load_model_file
 from cosmocub.train.testing import make_random_shards
 
 pytestmark = pytest.mark.slow
@@ -47,7 +47,7 @@ RANK_SCRIPT = textwrap.dedent(
     import json, os, sys
     from pathlib import Path
     from cosmocub.config import load_config
-    from cosmocub.parallel.mesh import build_parallel_dims, close_parallel_dims
+    from cosmocub.parallel.parallel_dims import build_parallel_dims, close_parallel_dims
     from cosmocub.train.main import train
     shards, runs = sys.argv[1], json.loads(Path(sys.argv[2]).read_text())
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"

@@ -35,7 +35,7 @@ from cosmocub.tracking.store import (
     tracking_uri,
 )
 from cosmocub.tracking.tracker import NullTracker, Tracker
-from cosmocub.tracking.workflow import TARGETS_TAG, finish_tracking, start_tracking
+from cosmocub.tracking.workflow_run import TARGETS_TAG, finish_tracking, start_tracking
 
 JOB_ENVS = (
     "COSMOCUB_PARENT_RUN_ID",
@@ -161,7 +161,7 @@ def test_a_studys_points_are_children_of_its_gather_run_under_the_named_workflow
 ):
     from study_outputs import write_scaling_outputs
 
-    from cosmocub.studies.stage import gather_study
+    from cosmocub.studies.gather import gather_study
 
     cfg = load_config(
         None,

@@ -109,7 +109,7 @@ def test_jobs_log_over_http_to_the_server_the_workflow_starts(tmp_path, monkeypa
     from cosmocub.tracking.runs import PARENT_RUN_ENV
     from cosmocub.tracking.server import SERVER_PID_ENV
     from cosmocub.tracking.store import tracking_uri
-    from cosmocub.tracking.workflow import finish_tracking, start_tracking
+    from cosmocub.tracking.workflow_run import finish_tracking, start_tracking
 
     port = _free_port()
     config = tmp_path / "config.yaml"

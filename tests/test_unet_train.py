@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_spatial_train import epoch_records, run_trainings, step_losses, tiny
 
-from cosmocub.models.factory import load_model_file
+from cosmocub.models.model_factory import load_model_file
 from cosmocub.models.unet import UNet3d
 from cosmocub.train.testing import make_random_shards
 

@@ -22,7 +22,7 @@ from cosmocub.config import ModelConfig, UNetShape
 from cosmocub.models.parallelize import parallelize_unet, spatial_block
 from cosmocub.models.unet import UNet3d
 from cosmocub.parallel.layers import SpatialConv3d
-from cosmocub.parallel.mesh import ParallelDims, build_parallel_dims
+from cosmocub.parallel.parallel_dims import ParallelDims, build_parallel_dims
 from cosmocub.train.grad_sync import build_gradient_sync
 
 

@@ -5,7 +5,7 @@ import os
 from cosmocub.config import CONFIG_ENV, coerce_cli_strings, from_values, resolve
 from cosmocub.data.naming import universe_ids
 from cosmocub.data.naming import group_seeds
-from cosmocub.fields.run_config import unet_world_size
+from cosmocub.emulator.unet_run_config import unet_world_size
 from cosmocub.launch.resources import (
     node_cpus,
     node_gres,
@@ -18,7 +18,7 @@ from cosmocub.launch.resources import (
     train_world_size,
 )
 from cosmocub.studies import engine as study_engine
-from cosmocub.tracking.workflow import (
+from cosmocub.tracking.workflow_run import (
     finish_tracking,
     mlflow_runs_link,
     resolved_config_path,

@@ -12,34 +12,41 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from cosmocub.cli import data, evaluate, perf_model, studies, train, workflow
+from cosmocub.cli import (
+    data_commands,
+    evaluate_commands,
+    perf_model_commands,
+    study_commands,
+    train_commands,
+    workflow_commands,
+)
 from cosmocub.launch.agent import arm_rank
 from cosmocub.launch.launcher import record_user_error
 
 # Every subcommand, in the order `cosmocub --help` lists them; each family module adds its own.
 SUBCOMMANDS = (
-    data.add_inspect,
-    data.add_simulate,
-    data.add_simulate_group,
-    data.add_preprocess,
-    data.add_preprocess_plan,
-    data.add_preprocess_group,
-    data.add_preprocess_gather,
-    train.add_launch,
-    train.add_model_summary,
-    train.add_train,
-    evaluate.add_evaluate,
-    data.add_features,
-    workflow.add_link_universe,
-    evaluate.add_summarize,
-    workflow.add_tracking,
-    studies.add_study_point_config,
-    studies.add_study_point,
-    workflow.add_unet_config,
-    evaluate.add_evaluate_fields,
-    studies.add_study_gather,
-    perf_model.add_perf_model,
-    workflow.add_resolve_config,
+    data_commands.add_inspect,
+    data_commands.add_simulate,
+    data_commands.add_simulate_group,
+    data_commands.add_preprocess,
+    data_commands.add_preprocess_plan,
+    data_commands.add_preprocess_group,
+    data_commands.add_preprocess_gather,
+    train_commands.add_launch,
+    train_commands.add_model_summary,
+    train_commands.add_train,
+    evaluate_commands.add_evaluate,
+    data_commands.add_features,
+    workflow_commands.add_link_universe,
+    evaluate_commands.add_summarize,
+    workflow_commands.add_tracking,
+    study_commands.add_study_point_config,
+    study_commands.add_study_point,
+    workflow_commands.add_unet_config,
+    evaluate_commands.add_evaluate_fields,
+    study_commands.add_study_gather,
+    perf_model_commands.add_perf_model,
+    workflow_commands.add_resolve_config,
 )
 
 

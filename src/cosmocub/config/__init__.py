@@ -38,7 +38,7 @@ from cosmocub.config.sections import (
     UNetShape,
     UniversesConfig,
 )
-from cosmocub.config.studies import (
+from cosmocub.config.study_configs import (
     AcceleratorConfig,
     BenchConfig,
     CalibrationConfig,

@@ -31,7 +31,7 @@ from cosmocub.config.sections import (
     UNetRunConfig,
     UniversesConfig,
 )
-from cosmocub.config.studies import (
+from cosmocub.config.study_configs import (
     BenchConfig,
     CalibrationConfig,
     ExtrapolateConfig,

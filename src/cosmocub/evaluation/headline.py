@@ -3,7 +3,7 @@ predict-the-mean and than ridge fits on field statistics (one-point; P(k)), and,
 head, do its intervals cover the truth?
 
 `field_level_metrics` assembles metrics.json's "comparison" and "calibration" sections from
-predictions (`cosmocub.evaluation.predict.split_predictions` makes them).
+predictions (`cosmocub.evaluation.split_predictions.split_predictions` makes them).
 """
 
 from __future__ import annotations

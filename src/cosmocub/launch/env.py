@@ -14,7 +14,7 @@ AGENT_PID_ENV = "COSMOCUB_AGENT_PID"
 # cluster's nodes share), and which attempt the ranks run in (0 = first).
 USER_ERROR_ENV = "COSMOCUB_USER_ERROR_FILE"
 ATTEMPT_ENV = "COSMOCUB_LAUNCH_ATTEMPT"
-# The cores each rank was granted; read on the ranks' side by cosmocub.parallel.mesh.
+# The cores each rank was granted; read on the ranks' side by cosmocub.parallel.parallel_dims.
 CPUS_PER_RANK_ENV = "COSMOCUB_CPUS_PER_RANK"
 # Variables of an enclosing `cosmocub launch` that must not leak into a nested one.
 LAUNCH_VARS = (USER_ERROR_ENV, ATTEMPT_ENV, AGENT_PID_ENV)

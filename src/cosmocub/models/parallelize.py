@@ -23,7 +23,7 @@ from cosmocub.parallel.layers import (
     SpatialGlobalMoments,
     SyncBatchNorm3d,
 )
-from cosmocub.parallel.mesh import ParallelDims
+from cosmocub.parallel.parallel_dims import ParallelDims
 
 Split = tuple[int, int, int]
 

@@ -1,7 +1,7 @@
 """Emulated cluster nodes on one Linux machine (network namespaces, a bridge, shaped links) and
 the training launch over them; see docs/netemu.md."""
 
-from cosmocub.netemu.nodes import (
+from cosmocub.netemu.namespaces import (
     DEFAULT_PREFIX,
     EmulatedNetwork,
     EmulatedNode,

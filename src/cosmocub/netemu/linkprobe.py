@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cosmocub.netemu.nodes import EmulatedNetwork
+from cosmocub.netemu.namespaces import EmulatedNetwork
 
 HEADER = struct.Struct("!Q")  # the message's length, ahead of it
 ACK = struct.Struct("!d")  # the receiver's clock when the message's last byte arrived

@@ -32,7 +32,7 @@ from cosmocub.launch.launcher import (
     run_attempts,
     torchrun_agent,
 )
-from cosmocub.netemu.nodes import DEFAULT_PREFIX, EmulatedNetwork, emulated_nodes
+from cosmocub.netemu.namespaces import DEFAULT_PREFIX, EmulatedNetwork, emulated_nodes
 
 # An agent still running this long after another one failed is stopped (its ranks would wait
 # for the collective timeout anyway); then killed after the same again.

@@ -42,7 +42,7 @@ from cosmocub.optim.wire import (
     pad,
     ranks_view,
 )
-from cosmocub.parallel.nodes import pairwise_inter_fraction, ring_inter_fraction
+from cosmocub.parallel.node_layout import pairwise_inter_fraction, ring_inter_fraction
 from cosmocub.parallel.timing import Spans
 
 COLLECTIVES = ("allgather", "alltoall", "allreduce")
@@ -160,7 +160,7 @@ class Collective:
     `ranks_per_node`: the group's ranks run node by node, that many on each (None: each rank on
     its own node, so every byte counts as inter-node); what crosses nodes is then counted as an
     all-to-all's chunks to the other nodes' ranks and a ring's one crossing a node (see
-    `cosmocub.parallel.nodes`)."""
+    `cosmocub.parallel.node_layout`)."""
 
     name = "base"
 

@@ -16,8 +16,8 @@ from cosmocub.optim.lion import Lion
 from cosmocub.optim.lion_cub import LionCub
 from cosmocub.optim.quantize import quantizer_levels
 from cosmocub.optim.schedule import EpochSchedule, lr_at
-from cosmocub.parallel.mesh import ParallelDims
-from cosmocub.parallel.nodes import NodeLayout
+from cosmocub.parallel.node_layout import NodeLayout
+from cosmocub.parallel.parallel_dims import ParallelDims
 
 OPTIMIZERS = ("sgd", "adamw", "lion", "distributed_lion", "lion_cub")
 

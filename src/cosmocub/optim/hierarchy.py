@@ -24,7 +24,7 @@ from cosmocub.optim.packing import pack_bits, unpack_bits
 from cosmocub.optim.quantize import quantize
 from cosmocub.optim.vote import bits_to_signs
 from cosmocub.optim.wire import pad
-from cosmocub.parallel.nodes import NodeLayout
+from cosmocub.parallel.node_layout import NodeLayout
 
 # torch 2.13 renamed reduce_scatter_tensor (deprecated) to reduce_scatter_single.
 reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

@@ -9,6 +9,7 @@ Gradients arrive reduced over the spatial group only (see train.grad_sync): no D
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,14 +21,16 @@ from torch.optim import Optimizer
 from cosmocub.optim.collectives import CommStats, Pending, build_collective, ring_allreduce_bytes
 from cosmocub.optim.hierarchy import NodeSlice, TwoLevel
 from cosmocub.optim.lion import check_lion_hyperparameters, lion_apply, lion_interpolation
+from cosmocub.optim.lion_cub_checkpoint import load_own_state, own_state
 from cosmocub.optim.momentum_sync import average_momenta, is_sync_step, matches
-from cosmocub.optim.quantize import quantize, quantizer_levels, wire_bits
+from cosmocub.optim.quantize import levels_shrunk, quantize, quantizer_levels, wire_bits
 from cosmocub.optim.vote import tie_pattern
 from cosmocub.optim.wire import WireSpec
-from cosmocub.parallel.nodes import ring_inter_fraction
+from cosmocub.parallel.node_layout import ring_inter_fraction
 from cosmocub.parallel.timing import Spans, clock_for
 
 HIERARCHIES = ("flat", "node")
+GROUP_OPTIONS = ("lr", "betas", "weight_decay")  # what a parameter group may set for itself
 
 
 @dataclass
@@ -35,6 +38,7 @@ class _Bucket:
     """Parameters exchanged together; their momenta are views of one flat buffer."""
 
     params: list[torch.Tensor]
+    group: dict[str, Any]  # the parameter group: its lr, betas, weight_decay (a schedule sets lr)
     momentum: torch.Tensor  # flat (n,)
     ties: tuple[torch.Tensor, torch.Tensor]  # tie pattern on even and odd steps
     # Reused every step: c, then the update as floats; q. Fresh n-sized tensors per step cost
@@ -71,12 +75,37 @@ def split_into_buckets(
     return out
 
 
+def named_groups(params: Iterable[Any]) -> list[dict[str, Any]]:
+    """Parameter groups of (name, parameter) from `model.parameters()`, `named_parameters()` or
+    a list of dicts whose "params" is either; plain tensors are named "param_<i>" (i counts
+    through all groups). ValueError for a group option LionCub cannot hold per group."""
+    items = list(params)
+    groups = items if items and isinstance(items[0], dict) else [{"params": items}]
+    out, count = [], 0
+    for k, group in enumerate(groups):
+        if not isinstance(group, dict) or "params" not in group:
+            raise ValueError(f"LionCub: parameter group {k} is not a dict with 'params'")
+        if other := sorted(set(group) - {"params", *GROUP_OPTIONS}):
+            raise ValueError(
+                f"LionCub: parameter group {k} sets {', '.join(other)}: a group may set only "
+                f"{', '.join(GROUP_OPTIONS)}; pass the others to LionCub, for all groups"
+            )
+        given = group["params"]
+        named = []
+        for x in [given] if isinstance(given, torch.Tensor) else given:
+            named.append(x if isinstance(x, tuple) else (f"param_{count}", x))
+            count += 1
+        out.append({**group, "params": named})
+    return out
+
+
 class LionCub(Optimizer):
     """Lion whose update is voted over `group` (the data axis); `distributed_lion` is the 1-bit
     sign / all-gather / never-sync case of it.
 
     Every rank of `group` builds it on the same parameters and steps it together; each keeps
-    its own momentum. Gradients are this rank's own (no DDP, no gradient all-reduce); the
+    its own momentum. `params`: `model.parameters()`, `named_parameters()` (momentum_sync
+    patterns match the names) or parameter groups with their own lr, betas, weight_decay. Gradients are this rank's own (no DDP, no gradient all-reduce); the
     parameters stay identical on every rank. `group` None is a group of one: Lion exactly.
       quantizer, bits   "sign" (1 bit) or "l1" / "linf" / "l0" with bits 2..8
       collective        "alltoall" (default), "allgather" or "allreduce"
@@ -94,15 +123,17 @@ class LionCub(Optimizer):
                         1/G of it over node_groups[1] (my rail: my local index on every node),
                         levels from the number of nodes; the same as flat where G = 1 or all
                         ranks share one node (see optim.hierarchy: a vote of nodes, not ranks)
-    `comm_stats` counts the bytes this rank sent and the exchange's seconds. Checkpoints: see
-    `state_dict` (a collective: every rank calls it).
+    `comm_stats` counts the bytes this rank sent and the exchange's seconds; `levels_in_use`
+    the levels the quantizer keeps (a warning at construction where fewer than `bits` asked).
+    Checkpoints: `state_dict` is this data rank's own; each rank saves and loads its own.
     """
 
     communicates_gradients = True
+    state_per_data_rank = True  # train.checkpoint: each data rank writes its state_dict apart
 
     def __init__(
         self,
-        named_params: Iterable[tuple[str, torch.Tensor]],
+        params: Iterable[Any],
         *,
         group: dist.ProcessGroup | None,
         lr: float = 1e-4,
@@ -122,10 +153,17 @@ class LionCub(Optimizer):
         hierarchy: str = "flat",
         node_groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None,
     ) -> None:
-        check_lion_hyperparameters("LionCub", lr=lr, betas=betas)
-        named = [(n, p) for n, p in named_params if p.requires_grad]
-        params = [p for _, p in named]
-        super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
+        groups = named_groups(params)
+        named = [(n, p) for g in groups for n, p in g["params"] if p.requires_grad]
+        trained = [{**g, "params": [p for n, p in g["params"] if p.requires_grad]} for g in groups]
+        super().__init__(trained, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
+        for g in self.param_groups:
+            check_lion_hyperparameters("LionCub", lr=g["lr"], betas=g["betas"])
+        if quantizer == "sign" and bits != 1:
+            raise ValueError(
+                f"LionCub: quantizer 'sign' sends 1 bit, got bits={bits} (pass bits=1, or "
+                "quantizer 'l1', 'linf' or 'l0' for 2..8 bits)"
+            )
         self.comm_stats = CommStats()
         self.group = group
         self.group_size = 1 if group is None else dist.get_world_size(group)
@@ -151,17 +189,28 @@ class LionCub(Optimizer):
             quantizer, bits, self.collective.size, collective=collective, allreduce_dtype=dtype
         )
         self.spec = WireSpec(quantizer, levels, wire_bits(quantizer, levels), dtype)
+        voters = f"{self.nodes} nodes" if self.two_level else f"{self.group_size} data ranks"
+        if shrunk := levels_shrunk(quantizer, bits, levels, voters, dtype):
+            warnings.warn(f"LionCub: {shrunk}", stacklevel=2)
         self.sync = {"schedule": momentum_sync, "every": sync_every, "k": sync_k}
         self.sync_params = {id(p) for n, p in named if matches(n, sync_patterns)}
         self.step_count = 0
         self.overlap = overlap
+        cap = int(bucket_mb * 2**18)  # a bucket holds one group's parameters
         self.buckets = [
-            self._new_bucket(b) for b in split_into_buckets(params, int(bucket_mb * 2**18))
+            self._new_bucket(b, g)
+            for g in self.param_groups
+            for b in split_into_buckets(g["params"], cap)
         ]
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         if overlap:
-            for p in params:
+            for _, p in named:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    @property
+    def levels_in_use(self) -> int:
+        """s: the largest |q| a rank sends, as quantizer_levels allows at this group size."""
+        return self.spec.levels
 
     def _check_hierarchy(
         self, hierarchy: str, node_groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None
@@ -184,14 +233,15 @@ class LionCub(Optimizer):
             )
         return True
 
-    def _new_bucket(self, params: list[torch.Tensor]) -> _Bucket:
+    def _new_bucket(self, params: list[torch.Tensor], group: dict[str, Any]) -> _Bucket:
         n = sum(p.numel() for p in params)
         momentum = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
         even = tie_pattern(n, step=0, device=momentum.device)
         whole = n if self.node is None else 0  # two levels quantize a slice (its own buffers)
         q = torch.zeros(whole, dtype=torch.int8, device=momentum.device)
         work = momentum.new_zeros(whole) if self.spec.quantizer != "sign" else momentum[:0]
-        bucket = _Bucket(params, momentum, (even, -even), torch.zeros_like(momentum), q, work)
+        ties = (even, -even)
+        bucket = _Bucket(params, group, momentum, ties, torch.zeros_like(momentum), q, work)
         if self.node is not None:
             bucket.node = self.node.new_slice(bucket.sizes, bucket.ties, momentum)
         offset = 0
@@ -208,7 +258,7 @@ class LionCub(Optimizer):
     # -- the exchange ---------------------------------------------------------------------------
 
     def _start(self, bucket: _Bucket, step: int) -> None:
-        beta1 = self.param_groups[0]["betas"][0]
+        beta1 = bucket.group["betas"][0]
         started = time.perf_counter()
         c, offset = bucket.scratch, 0  # c = β1·m + (1−β1)·g, per tensor as Lion computes it
         for p, m in zip(bucket.params, bucket.views, strict=True):
@@ -262,8 +312,6 @@ class LionCub(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        group = self.param_groups[0]
-        lr, wd, (_, beta2) = group["lr"], group["weight_decay"], group["betas"]
         step = self.step_count + 1
 
         def exchange() -> list[torch.Tensor]:
@@ -282,6 +330,8 @@ class LionCub(Optimizer):
 
         updates = self._timed(exchange, self.comm_stats.exchange)
         for bucket, update in zip(self.buckets, updates, strict=True):
+            g = bucket.group
+            lr, wd, (_, beta2) = g["lr"], g["weight_decay"], g["betas"]
             update = bucket.scratch.copy_(update)  # c is spent: its buffer holds the update
             offset = 0
             for p, m in zip(bucket.params, bucket.views, strict=True):
@@ -326,62 +376,16 @@ class LionCub(Optimizer):
         inter = ring_inter_fraction(self.group_size, self.ranks_per_node)
         self.comm_stats.add_bytes(ring_allreduce_bytes(payload, self.group_size), inter)
 
-    # -- checkpoints: every data rank's momentum, and the schedule's position -----------------
+    # -- checkpoints: this data rank's momentum, and the schedule's position ---------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """A collective over the data group: every rank must call it (the checkpoint does).
-
-        {"state": {i: {"exp_avg_per_data_rank": (D, *shape of parameter i)}}, "param_groups",
-        "step_count", "data_group_size": D}, on the CPU. Each data rank's momentum is gathered
-        onto the group's rank 0 alone, the one that holds the whole state (D rows, in group rank
-        order) and writes it (the checkpoint's writer is data rank 0 of spatial rank 0); the
-        others return their own momentum only, as a 1-row state that is not meant to be written.
-        The parameters themselves are the model's (identical on every rank): save them apart.
-        """
-        flat = torch.cat([b.momentum for b in self.buckets]) if self.buckets else torch.zeros(0)
-        rank = self.rank
-        if self.group_size > 1:
-            rows = flat.new_empty(self.group_size, flat.numel()) if rank == 0 else flat[None]
-            parts = list(rows.unbind(0)) if rank == 0 else None  # views: one (D, n) buffer
-            dist.gather(flat, parts, group=self.group, group_dst=0)
-        else:
-            rows = flat.unsqueeze(0)
-        rows = rows.cpu()
-        base = super().state_dict()
-        index = {id(p): i for i, p in enumerate(self.param_groups[0]["params"])}
-        state, offset = {}, 0
-        for b in self.buckets:
-            for p in b.params:
-                per_rank = rows[:, offset : offset + p.numel()]
-                state[index[id(p)]] = {"exp_avg_per_data_rank": per_rank.reshape(-1, *p.shape)}
-                offset += p.numel()
-        return {
-            "state": state,
-            "param_groups": base["param_groups"],
-            "step_count": self.step_count,
-            "data_group_size": self.group_size,
-        }
+        """This data rank's own state, no communication (see optim.lion_cub_checkpoint):
+        {"state": {i: {"exp_avg"}}, "param_groups", "step_count", "data_group_size": D,
+        "data_rank": r}. Every data rank saves its own (a file of its own) and loads it back into
+        an optimizer built the same way over a group of D; another rank's state is refused. The
+        parameters are the model's (identical on every rank): save them apart, once."""
+        return own_state(self, super().state_dict())
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Every rank loads the state rank 0 returned (all D rows) and takes its own row."""
-        saved = state_dict["data_group_size"]
-        if saved != self.group_size:
-            raise ValueError(
-                f"LionCub checkpoint holds {saved} data ranks' momenta, this run has "
-                f"{self.group_size}"
-            )
-        rows = {e["exp_avg_per_data_rank"].shape[0] for e in state_dict["state"].values()}
-        if rows - {saved}:
-            raise ValueError(
-                f"LionCub state holds {sorted(rows)} rows of momenta for {saved} data ranks: "
-                "load the state_dict that data rank 0 returned (the others hold their own row)"
-            )
-        super().load_state_dict({"state": {}, "param_groups": state_dict["param_groups"]})
-        rank = self.rank
-        params = self.param_groups[0]["params"]
-        for b in self.buckets:
-            self._register_state(b)  # the base class replaced self.state
-        with torch.no_grad():
-            for i, entry in state_dict["state"].items():
-                self.state[params[int(i)]]["exp_avg"].copy_(entry["exp_avg_per_data_rank"][rank])
-        self.step_count = int(state_dict["step_count"])
+        """Load this data rank's state_dict (or data rank 0's of every rank, as written before)."""
+        load_own_state(self, state_dict, super().load_state_dict)

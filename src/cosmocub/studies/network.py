@@ -28,7 +28,7 @@ from typing import Any
 
 from cosmocub.config import Config, NetworkStudyConfig, optimizer_variant
 from cosmocub.io import atomic_path
-from cosmocub.studies.conditions import CONDITION_COLUMNS
+from cosmocub.studies.contention import CONDITION_COLUMNS
 from cosmocub.studies.engine import (
     Point,
     PointOutputs,

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from cosmocub.config import Config, StudiesConfig, load_config, write_config
 from cosmocub.io import read_jsonl
-from cosmocub.studies.conditions import is_contended, own_share, point_conditions, why_contended
+from cosmocub.studies.contention import is_contended, own_share, point_conditions, why_contended
 from cosmocub.studies.engine import (
     check_study,
     find_point,
@@ -190,7 +190,7 @@ def rerun_if_contended(
     run_dir: Path,
     limits: StudiesConfig,
 ) -> tuple[int, dict[str, Any]]:
-    """Judge the finished run by the conditions it recorded (cosmocub.studies.conditions); a
+    """Judge the finished run by the conditions it recorded (cosmocub.studies.contention); a
     contended run is moved aside (`<run>_contended`) and the point runs once more in a fresh
     folder. The runner's report gains `contended` and `runs`, each run's conditions."""
     metrics = run_dir / "metrics.jsonl"

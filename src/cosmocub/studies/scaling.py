@@ -21,7 +21,7 @@ from typing import Any
 
 from cosmocub.config import Config
 from cosmocub.io import atomic_path
-from cosmocub.studies.conditions import CONDITION_COLUMNS
+from cosmocub.studies.contention import CONDITION_COLUMNS
 from cosmocub.studies.engine import (
     Point,
     PointOutputs,
@@ -30,7 +30,7 @@ from cosmocub.studies.engine import (
     training_row,
 )
 from cosmocub.studies.launch_plan import PointLaunch
-from cosmocub.train.conditions import kept
+from cosmocub.train.epoch_conditions import kept
 
 COLUMNS = (
     "mode",

@@ -12,7 +12,7 @@ from typing import Any
 
 from cosmocub.config import Config, optimizer_variant
 from cosmocub.io import atomic_path
-from cosmocub.studies.conditions import CONDITION_COLUMNS
+from cosmocub.studies.contention import CONDITION_COLUMNS
 from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition, training_row
 
 COLUMNS = (

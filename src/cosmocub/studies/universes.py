@@ -138,7 +138,7 @@ def plot_study(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> No
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from cosmocub.evaluation.plots import LABELS
+    from cosmocub.evaluation.parameter_plots import LABELS
 
     chosen = [r for r in selected_rows(rows) if r["level"] == "universe"]
     names = [*NAME_PAR, "mean"]

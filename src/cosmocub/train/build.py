@@ -14,13 +14,13 @@ from cosmocub.config import Config, config_hash
 from cosmocub.data.augment import symmetries_for_split
 from cosmocub.data.dataset import FirstUniverses
 from cosmocub.models import memory_layout
-from cosmocub.models.factory import build_model
+from cosmocub.models.model_factory import build_model
 from cosmocub.optim.factory import build_optimizer, build_schedule
-from cosmocub.parallel.mesh import ParallelDims
+from cosmocub.parallel.parallel_dims import ParallelDims
 from cosmocub.train import runtime
 from cosmocub.train.checkpoint import CheckpointManager, resume_values, shard_identity
-from cosmocub.train.data import build_eval_loader, build_train_loader
 from cosmocub.train.grad_sync import build_gradient_sync
+from cosmocub.train.loaders import build_eval_loader, build_train_loader
 from cosmocub.train.loop import Trainer, TrainState
 from cosmocub.train.tasks import build_task
 
@@ -132,7 +132,7 @@ def _spatial_block(cfg: Config, dims: ParallelDims) -> tuple[slice, slice, slice
     split fits every layer of the model (an error at start rather than at the first step)."""
     if dims.spatial == 1:
         return None
-    from cosmocub.models.factory import check_split
+    from cosmocub.models.model_factory import check_split
     from cosmocub.models.parallelize import spatial_block
 
     split, size = cfg.parallel.split_dhw, cfg.model.input_size
@@ -145,7 +145,7 @@ def _parallelize(model: nn.Module, cfg: Config, dims: ParallelDims) -> nn.Module
     split, and batch norm over the global batch whenever there is more than one rank, so that
     every data × spatial decomposition of a run computes the same thing. On one rank, and
     without batch norm at spatial = 1, it is the model itself."""
-    from cosmocub.models.factory import parallelize
+    from cosmocub.models.model_factory import parallelize
 
     pc = cfg.parallel
     return parallelize(model, dims, split=pc.split_dhw, periodic=pc.periodic)

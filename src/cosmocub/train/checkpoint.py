@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from cosmocub.config import Config, config_hash
 from cosmocub.io import atomic_path, sigterm_deferred
-from cosmocub.parallel.mesh import ParallelDims
+from cosmocub.parallel.parallel_dims import ParallelDims
 
 CHECKPOINT_FORMAT = "cosmocub.checkpoint/1"
 _NAME = re.compile(r"^step_(\d{8})\.pt$")

@@ -6,7 +6,7 @@ the whole mesh when spatial > 1; the spatial average ahead of a self-communicati
 plus what such an optimizer counted (its compressed exchange and momentum syncs).
 comm_bytes_intra_per_step and comm_bytes_inter_per_step: its parts sent to ranks on this node and
 to other nodes (Lion Cub counts them by its groups; a ring over ranks on several nodes crosses
-each node once, counted as 1/G of every rank's bytes on a node of G; see parallel/nodes.py).
+each node once, counted as 1/G of every rank's bytes on a node of G; see parallel/node_layout.py).
 halo_bytes_per_step: bytes this rank's halo exchanges send per step under a spatial split (the
 planes sent to neighbours in forward, and their gradients sent back in backward), apart from
 comm_bytes_per_step because they are activations. The feature gather before the head and the

@@ -17,7 +17,8 @@ launches DDP's own all-reduce of each bucket (same averaging math) without waiti
 when it completed; the exposed part (exchange_s) is from the last bucket's launch, which is when
 backward hands over its last gradients, to the last completion, and busy the time some bucket's
 all-reduce was in flight (the union of each bucket's launch to its completion: the model's sum
-of bucket times, perfmodel.overlap, without the gaps where backward had no bucket ready). With
+of bucket times, perfmodel.cost_model.overlap, without the gaps where backward had no bucket
+ready). With
 "blocking" the hook waits for each bucket's all-reduce (on a GPU the compute stream waits for
 it), so the rest of backward cannot overlap it and the exchange is measured whole: exchange_s =
 exchange_busy_s, the sum of the buckets' waits.
@@ -36,8 +37,8 @@ from torch.optim import Optimizer
 
 from cosmocub.optim.collectives import ring_allreduce_bytes
 from cosmocub.parallel.layers import SyncBatchNorm3d
-from cosmocub.parallel.mesh import ParallelDims
-from cosmocub.parallel.nodes import ring_inter_fraction
+from cosmocub.parallel.node_layout import ring_inter_fraction
+from cosmocub.parallel.parallel_dims import ParallelDims
 from cosmocub.parallel.timing import Spans, clock_for
 
 DDP_TIMINGS = ("overlapped", "blocking")
@@ -47,7 +48,7 @@ class GradientSync(Protocol):
     """wrap(model) once before training; after_backward(model) after every backward pass;
     bytes_sent_per_step(payload) for the byte accounting (what this rank sends per step), and
     inter_node_fraction, the share of it that crosses nodes (a ring's one crossing a node, shared
-    by the node's ranks: cosmocub.parallel.nodes);
+    by the node's ranks: cosmocub.parallel.node_layout);
     exchange_s: seconds the steps waited for the exchange so far; exchange_busy_s: seconds it
     ran (more than exchange_s where it overlaps backward)."""
 

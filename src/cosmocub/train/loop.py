@@ -28,13 +28,13 @@ from tqdm import tqdm
 from cosmocub.config import Config
 from cosmocub.io import atomic_path
 from cosmocub.optim.schedule import EpochSchedule
-from cosmocub.parallel.mesh import ParallelDims
+from cosmocub.parallel.parallel_dims import ParallelDims
 from cosmocub.parallel.timing import clock_for
 from cosmocub.train.checkpoint import CheckpointManager
 from cosmocub.train.comm_meter import CommMeter
-from cosmocub.train.conditions_meter import ConditionsMeter
-from cosmocub.train.data import ResumableSampler
+from cosmocub.train.epoch_conditions_meter import ConditionsMeter
 from cosmocub.train.grad_sync import GradientSync
+from cosmocub.train.loaders import ResumableSampler
 from cosmocub.train.tasks import Task
 from cosmocub.train.wire_meter import WireMeter
 

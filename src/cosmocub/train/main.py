@@ -21,8 +21,8 @@ from torch import nn
 
 from cosmocub.config import Config
 from cosmocub.io import atomic_path
-from cosmocub.models.factory import build_model, save_model_file
-from cosmocub.parallel.mesh import build_parallel_dims, close_parallel_dims
+from cosmocub.models.model_factory import build_model, save_model_file
+from cosmocub.parallel.parallel_dims import build_parallel_dims, close_parallel_dims
 from cosmocub.tracking.runs import job_run
 from cosmocub.train import runtime
 from cosmocub.train.build import build_trainer

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from cosmocub.config import TrainConfig
-from cosmocub.parallel.mesh import ParallelDims
+from cosmocub.parallel.parallel_dims import ParallelDims
 
 
 def set_threads(cfg: TrainConfig, dims: ParallelDims) -> int:

@@ -20,9 +20,9 @@ from torch.utils.data import DataLoader, Dataset
 from cosmocub.config import Config, ConfigError
 from cosmocub.cosmology.parameters import NAME_PAR
 from cosmocub.data.dataset import open_split
-from cosmocub.data.fields import open_field_split
+from cosmocub.data.field_pairs import open_field_split
 from cosmocub.models.heads import gaussian_nll, gaussian_nll_terms, split_output
-from cosmocub.parallel.mesh import ParallelDims
+from cosmocub.parallel.parallel_dims import ParallelDims
 
 Block = tuple[slice, slice, slice]
 Autocast = Callable[[], contextlib.AbstractContextManager]

@@ -1,0 +1,219 @@
+"""`perf-model predict`: its flags resolved to the mesh, the device and one network per link
+rate, the train split's size; a bad flag is a ValueError naming it and the numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from cosmocub.config import Config
+from cosmocub.perfmodel.cost_model.machines import (
+    THIS_CPU,
+    Accelerator,
+    ThisCpu,
+    assumed_network,
+    fitted_network,
+    this_cpu,
+)
+from cosmocub.perfmodel.cost_model.step_model import DDP_OPTIMIZERS
+from cosmocub.perfmodel.cost_model.topology import Mesh, Network
+from cosmocub.perfmodel.measure.calibration_cache import calibration_path, load_or_calibrate
+from cosmocub.perfmodel.measure.link_fits import LinkFits, read_fits
+from cosmocub.perfmodel.uses.run_prediction import (
+    Workload,
+    format_table,
+    lion_reference,
+    train_samples,
+)
+from cosmocub.perfmodel.uses.run_prediction import predict as predict_run
+
+
+def mesh_from_flags(
+    cfg: Config,
+    data: int | None,
+    spatial: int | None,
+    split: tuple[int, int, int] | None,
+    *,
+    nodes: int,
+    ranks_per_node: int,
+) -> Mesh:
+    """The mesh of --mesh / --data / --spatial / --split, checked against --nodes × --ranks-per-
+    node; spatial defaults to the split's or parallel.spatial, data to what the ranks leave."""
+    world = nodes * ranks_per_node
+    if split is not None and spatial is not None and math.prod(split) != spatial:
+        raise ValueError(
+            f"--split {','.join(map(str, split))} multiplies to {math.prod(split)}, not the "
+            f"mesh's spatial {spatial}"
+        )
+    if spatial is None:
+        spatial = math.prod(split) if split is not None else cfg.parallel.spatial
+    if data is None:
+        if world % spatial:
+            raise ValueError(
+                f"spatial {spatial} does not divide --nodes {nodes} x --ranks-per-node "
+                f"{ranks_per_node} = {world} ranks"
+            )
+        data = world // spatial
+    if data * spatial != world:
+        raise ValueError(
+            f"--mesh {data}x{spatial} is {data * spatial} ranks, not --nodes {nodes} x "
+            f"--ranks-per-node {ranks_per_node} = {world}"
+        )
+    if split is None:
+        # As training splits it: the config's split at its spatial, else depth only.
+        split = cfg.parallel.split_dhw if cfg.parallel.spatial == spatial else (spatial, 1, 1)
+    return Mesh(data=data, split=split)
+
+
+def machine_from_flags(
+    cfg: Config,
+    accelerator: str | None,
+    fits: LinkFits | None,
+    rates_mbit: Sequence[float] | None,
+    *,
+    nodes: int,
+    ranks_per_node: int,
+    calibration: Path | None = None,
+) -> tuple[Accelerator | ThisCpu, list[Network], list[float]]:
+    """(device, one network per link rate, the rates) of --accelerator, --fit (read: `fits`),
+    --calibration (this CPU's: measured now where there is none) and --rate-mbit."""
+    settings = cfg.perf_model.extrapolate
+    known = ", ".join(settings.accelerators)
+    name = accelerator or (THIS_CPU if fits is not None else None)
+    if name is None:
+        raise ValueError(
+            f"--accelerator: none given; one of {known} (perf_model.extrapolate.accelerators), "
+            f"or {THIS_CPU} (this machine) with --fit FILE"
+        )
+    if name == THIS_CPU:
+        if fits is None:
+            raise ValueError(
+                f"--accelerator {THIS_CPU}: needs --fit FILE (this machine's alpha-beta fit: "
+                "cosmocub perf-model fit)"
+            )
+
+        cores = cfg.perf_model.cores or len(os.sched_getaffinity(0))
+        path = calibration_path(cfg, calibration)
+        device = this_cpu(
+            threads_per_rank=cfg.train.threads_per_rank,
+            ranks_per_node=ranks_per_node,
+            cores=cores,
+            calibration=load_or_calibrate(path, cfg.perf_model.calibration, cores=cores),
+        )
+    elif name in settings.accelerators:
+        device = Accelerator(
+            name=name, spec=settings.accelerators[name], bytes_per_value=settings.activation_bytes
+        )
+    else:
+        raise ValueError(
+            f"--accelerator {name}: not one of {known} (perf_model.extrapolate.accelerators) "
+            f"nor {THIS_CPU} (this machine)"
+        )
+    if rates_mbit is None:
+        rates = [0.0] if fits is not None else [1e3 * g for g in settings.link_gbit]
+    else:
+        rates = list(rates_mbit)
+    if bad := [r for r in rates if r < 0 or (r == 0 and fits is None)]:
+        need = ">= 0 (0: the fitted link)" if fits is not None else "> 0 (no --fit to take it from)"
+        raise ValueError(f"--rate-mbit {bad[0]:g}: a link rate must be {need}")
+    if fits is not None:
+        # One node: no link between nodes to take a rate of (loopback only is enough).
+        networks = [
+            fitted_network(fits, rate_mbit=r if nodes > 1 else None, ranks_per_node=ranks_per_node)
+            for r in rates
+        ]
+    else:
+        spec = settings.accelerators[name]
+        networks = [
+            assumed_network(settings, spec, rate_mbit=r, ranks_per_node=ranks_per_node)
+            for r in rates
+        ]
+    return device, networks, rates
+
+
+def samples_from_flags(
+    cfg: Config, given: int | None, epochs: int | None
+) -> tuple[int | None, str | None]:
+    """(train samples, a note when they are unknown): --train-samples, else the config's dataset
+    sizes; unknown is an error only when --epochs asks for the epochs' time."""
+    if given is not None:
+        return given, None
+    try:
+        return train_samples(cfg), None
+    except ValueError as err:
+        if epochs is not None:
+            raise ValueError(
+                f"--epochs {epochs}: needs the train split's size ({err}); give --train-samples"
+            ) from None
+        return None, f"epoch time: not predicted ({err}; give --train-samples N)"
+
+
+def predict(
+    cfg: Config,
+    *,
+    data: int | None,
+    spatial: int | None,
+    split: tuple[int, int, int] | None,
+    nodes: int,
+    ranks_per_node: int,
+    rates_mbit: Sequence[float] | None,
+    accelerator: str | None,
+    fit_path: Path | None,
+    epochs: int | None,
+    train_samples: int | None,
+    as_json: bool,
+    calibration: Path | None = None,
+) -> None:
+    """Print the step of `cfg` on a data × spatial mesh of nodes × ranks_per_node, one column per
+    link rate (a table, or JSON); the arguments are `perf-model predict`'s flags."""
+
+    mesh = mesh_from_flags(cfg, data, spatial, split, nodes=nodes, ranks_per_node=ranks_per_node)
+    fits = None if fit_path is None else read_fits(fit_path)
+    device, networks, rates = machine_from_flags(
+        cfg,
+        accelerator,
+        fits,
+        rates_mbit,
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        calibration=calibration,
+    )
+    samples, note = samples_from_flags(cfg, train_samples, epochs)
+    work = Workload.of(cfg)
+    if epochs is not None:
+        work = dataclasses.replace(work, epochs=epochs)
+    lion = lion_reference(cfg)
+    predictions = [
+        predict_run(work, mesh, network, device, lion=lion, train_samples=samples)
+        for network in networks
+    ]
+    if as_json:
+        out = [{"rate_mbit": r, **p.as_dict()} for r, p in zip(rates, predictions, strict=True)]
+        print(json.dumps({"config": cfg.source, "note": note, "predictions": out}, indent=1))
+        return
+    p = predictions[0]
+    links = (
+        f"alpha-beta fitted in {fit_path} (between nodes: the fit's alpha, beta at the rate)"
+        if fit_path
+        else f"assumed: {cfg.perf_model.extrapolate.latency_us:g} us a message round between "
+        f"nodes, {cfg.perf_model.extrapolate.intra_latency_us:g} us within one"
+    )
+    ddp = ""
+    if cfg.optimizer.name in DDP_OPTIMIZERS:
+        how = "overlapped with backward" if p.ddp_overlap else "blocking"
+        ddp = f", DDP all-reduce {how} (train.ddp_exchange_timing)"
+    print(
+        f"{cfg.source}: {cfg.optimizer.name}{ddp}, {cfg.model.input_size}^3 samples, local "
+        f"batch {cfg.train.local_batch_size}\n"
+        f"mesh {mesh.data} data x {mesh.spatial} spatial (split "
+        f"{'x'.join(map(str, mesh.split))}) = {mesh.world} ranks on {p.nodes} nodes x "
+        f"{ranks_per_node}\n{device.describe()}\nlinks: {links}\n"
+    )
+    print(format_table(rates, predictions))
+    if note:
+        print(note)

@@ -1,0 +1,67 @@
+"""What a prediction runs on: the mesh of ranks (data × spatial split) and the network between
+them (α–β per collective kind within a node and between nodes, shared by the streams that cross a
+node's link at once).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from cosmocub.perfmodel.measure.costs import KINDS, AlphaBeta
+
+
+@dataclass(frozen=True, kw_only=True)
+class Network:
+    """α–β per collective kind between nodes (per rank, at the node's link) and between ranks of
+    one node, each fitted where it runs (cosmocub.perfmodel.measure.link_fits); a kind the model
+    asks for and the mapping lacks is an error."""
+
+    inter_node: Mapping[str, AlphaBeta]
+    intra_node: Mapping[str, AlphaBeta]
+    ranks_per_node: int
+
+    @classmethod
+    def uniform(cls, inter: AlphaBeta, intra: AlphaBeta, ranks_per_node: int) -> Network:
+        return cls(
+            inter_node=dict.fromkeys(KINDS, inter),
+            intra_node=dict.fromkeys(KINDS, intra),
+            ranks_per_node=ranks_per_node,
+        )
+
+    def spans_nodes(self, group_size: int, stride: int) -> bool:
+        """Whether a group of `group_size` ranks, `stride` apart, crosses a node's link."""
+        return group_size * stride > self.ranks_per_node
+
+    def costs(self, group_size: int, stride: int, kind: str) -> AlphaBeta:
+        """The α–β that a group of `group_size` ranks, `stride` apart, sees: within a node if it
+        fits in one, else the node's link, shared by the streams that cross it at once — one per
+        group for a ring (min(stride, ranks per node) groups meet on a node), every rank of the
+        node for an all-to-all."""
+        k = self.ranks_per_node
+        if not self.spans_nodes(group_size, stride):
+            return _pick(self.intra_node, kind, "within a node")
+        inter = _pick(self.inter_node, kind, "between nodes")
+        sharing = k if kind == "alltoall" else min(stride, k)
+        return AlphaBeta(alpha_s=inter.alpha_s, beta_s_per_byte=inter.beta_s_per_byte * sharing)
+
+
+def _pick(costs: Mapping[str, AlphaBeta], kind: str, where: str) -> AlphaBeta:
+    if kind not in costs:
+        raise ValueError(f"perf model: no alpha-beta of {kind!r} {where} (have {sorted(costs)})")
+    return costs[kind]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mesh:
+    data: int
+    split: tuple[int, int, int]
+
+    @property
+    def spatial(self) -> int:
+        return math.prod(self.split)
+
+    @property
+    def world(self) -> int:
+        return self.data * self.spatial
