@@ -1,6 +1,5 @@
 """This CPU's compute rates: forward + backward of conv blocks and dense heads timed over a small
-grid (threads, batch, voxels, channels, memory format), fitted per layer kind
-(perfmodel.measure.rates),
+grid (threads, batch, voxels, channels, memory format), fitted per layer kind (measure.rates),
 and the optimizer's update per element; any point's layer times then come from the fit.
 """
 
