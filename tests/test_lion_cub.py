@@ -3,6 +3,7 @@ optimizers at one data rank against Lion and lion-pytorch, config errors, and 4 
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 from pathlib import Path
@@ -230,9 +231,11 @@ def test_lion_cub_state_dict_round_trip_at_one_rank() -> None:
     opt = LionCub(model.named_parameters(), group=None, momentum_sync="exponential", **HYPER)
     _train_steps(model, opt, 3)
     saved = opt.state_dict()
-    assert saved["step_count"] == 3 and saved["data_group_size"] == 1
-    first = saved["state"][0]["exp_avg_per_data_rank"]
-    assert first.shape == (1, 16, 6)
+    assert (saved["step_count"], saved["data_group_size"], saved["data_rank"]) == (3, 1, 0)
+    first = saved["state"][0]["exp_avg"]
+    assert first.shape == (16, 6)  # this rank's own momentum: no row of any other rank
+    assert first.data_ptr() == opt.state[next(model.parameters())]["exp_avg"].data_ptr()  # no copy
+    saved = copy.deepcopy(saved)
     fresh_model = _tiny_model()
     fresh = LionCub(fresh_model.named_parameters(), group=None, **HYPER)
     fresh.load_state_dict(saved)
@@ -244,13 +247,34 @@ def test_lion_cub_state_dict_round_trip_at_one_rank() -> None:
     for p, view in zip(bucket.params, bucket.views, strict=True):
         assert fresh.state[p]["exp_avg"] is view
     assert bucket.momentum.abs().sum() > 0
-    rows = saved["state"][0]["exp_avg_per_data_rank"]
-    saved["state"][0]["exp_avg_per_data_rank"] = torch.cat([rows, rows])  # not one row a rank
-    with pytest.raises(ValueError, match=r"\[1, 2\] rows of momenta for 1 data ranks"):
-        fresh.load_state_dict(saved)
+    with pytest.raises(ValueError, match="state of data rank 1 loaded on data rank 0 of 1"):
+        fresh.load_state_dict({**saved, "data_rank": 1})  # another rank's own momentum
     saved["data_group_size"] = 4
     with pytest.raises(ValueError, match="4 data ranks' momenta, this run has 1"):
         fresh.load_state_dict(saved)
+
+
+def test_lion_cub_loads_the_gathered_layout_written_before() -> None:
+    """Checkpoints written before each rank saved its own: data rank 0's (D, *shape) rows."""
+    model = _tiny_model()
+    opt = LionCub(model.named_parameters(), group=None, **HYPER)
+    _train_steps(model, opt, 3)
+    own = opt.state_dict()
+    state = {
+        i: {"exp_avg_per_data_rank": e["exp_avg"][None].clone()} for i, e in own["state"].items()
+    }
+    old = {k: v for k, v in own.items() if k != "data_rank"} | {"state": state}
+    fresh_model = _tiny_model()
+    fresh = LionCub(fresh_model.named_parameters(), group=None, **HYPER)
+    fresh.load_state_dict(old)
+    fresh_model.load_state_dict(model.state_dict())
+    for p, q in zip(model.parameters(), fresh_model.parameters(), strict=True):
+        assert torch.equal(opt.state[p]["exp_avg"], fresh.state[q]["exp_avg"])
+    assert _train_steps(model, opt, 2)[-1].equal(_train_steps(fresh_model, fresh, 2)[-1])
+    rows = state[0]["exp_avg_per_data_rank"]
+    state[0]["exp_avg_per_data_rank"] = torch.cat([rows, rows])  # not one row a rank
+    with pytest.raises(ValueError, match=r"\[1, 2\] rows of momenta for 1 data ranks"):
+        fresh.load_state_dict(old)
 
 
 # --- config errors ------------------------------------------------------------------------------
@@ -396,14 +420,24 @@ def test_two_rank_lion_cub_resumes_exactly(tmp_path: Path, shards32: Path) -> No
     b = torch.load(broken / "model.pt", weights_only=True)["state_dict"]
     assert all(torch.equal(a[k], b[k]) for k in a)
     (ca,), (cb,) = ((r / "checkpoints").iterdir() for r in (whole, broken))
-    sa = torch.load(ca / "step_00000008.pt", weights_only=True)["optimizer"]
-    sb = torch.load(cb / "step_00000008.pt", weights_only=True)["optimizer"]
-    assert sa["step_count"] == sb["step_count"] == 8
-    for i, entry in sa["state"].items():
-        m = entry["exp_avg_per_data_rank"]
-        assert m.shape[0] == 2 and torch.equal(m, sb["state"][i]["exp_avg_per_data_rank"])
+    sa, sb = (momenta_per_data_rank(c / "step_00000008.pt") for c in (ca, cb))
+    for i, m in sa.items():
+        assert m.shape[0] == 2 and torch.equal(m, sb[i])
     # Step 8 is not a sync step (3, 6): the two ranks' momenta differ, and both were kept.
     assert not torch.equal(m[0], m[1])
+    # The checkpoint itself holds no momentum: each data rank's file its own.
+    assert "optimizer" not in torch.load(ca / "step_00000008.pt", weights_only=True)
+
+
+def momenta_per_data_rank(checkpoint: Path) -> dict[int, torch.Tensor]:
+    """{parameter index: (D, *shape)}: every data rank's LionCub momentum beside `checkpoint`
+    (step_<n>.pt), stacked in data rank order; each file's step_count must be the step's."""
+    files = sorted(checkpoint.parent.glob(checkpoint.name.replace(".pt", ".data_rank_*.pt")))
+    states = [torch.load(f, weights_only=True)["optimizer"] for f in files]
+    assert [s["data_rank"] for s in states] == list(range(len(files))), files
+    step = int(checkpoint.name[5:13])
+    assert {(s["step_count"], s["data_group_size"]) for s in states} == {(step, len(files))}
+    return {i: torch.stack([s["state"][i]["exp_avg"] for s in states]) for i in states[0]["state"]}
 
 
 def test_build_refuses_unsafe_group_size_and_spatial_overlap() -> None:

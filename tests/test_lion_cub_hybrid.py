@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from test_lion_cub import momenta_per_data_rank
 from test_spatial_layers import run_ranks
 from test_spatial_train import TINY, epoch_records
 
@@ -132,11 +133,8 @@ def final_state(run_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch
     (folder,) = (run_dir / "checkpoints").iterdir()
     payload = torch.load(folder / f"step_{STEPS:08d}.pt", weights_only=True)
     names = [n for n, p in CosmoFlow(load_model_config(run_dir)).named_parameters()]
-    momenta = {
-        names[int(i)]: entry["exp_avg_per_data_rank"]
-        for i, entry in payload["optimizer"]["state"].items()
-    }
-    return payload["model"], momenta
+    per_rank = momenta_per_data_rank(folder / f"step_{STEPS:08d}.pt")
+    return payload["model"], {names[i]: m for i, m in per_rank.items()}
 
 
 def load_model_config(run_dir: Path):

@@ -21,7 +21,7 @@ from torch.optim import Optimizer
 from cosmocub.optim.collectives import CommStats, Pending, build_collective, ring_allreduce_bytes
 from cosmocub.optim.hierarchy import NodeSlice, TwoLevel
 from cosmocub.optim.lion import check_lion_hyperparameters, lion_apply, lion_interpolation
-from cosmocub.optim.lion_cub_checkpoint import load_own_state, own_state
+from cosmocub.optim.lion_cub_checkpoint import own_rows, own_state
 from cosmocub.optim.momentum_sync import average_momenta, is_sync_step, matches
 from cosmocub.optim.quantize import levels_shrunk, quantize, quantizer_levels, wire_bits
 from cosmocub.optim.vote import tie_pattern
@@ -105,8 +105,9 @@ class LionCub(Optimizer):
 
     Every rank of `group` builds it on the same parameters and steps it together; each keeps
     its own momentum. `params`: `model.parameters()`, `named_parameters()` (momentum_sync
-    patterns match the names) or parameter groups with their own lr, betas, weight_decay. Gradients are this rank's own (no DDP, no gradient all-reduce); the
-    parameters stay identical on every rank. `group` None is a group of one: Lion exactly.
+    patterns match the names) or parameter groups with their own lr, betas, weight_decay.
+    Gradients are this rank's own (no DDP, no gradient all-reduce); the parameters stay
+    identical on every rank. `group` None is a group of one: Lion exactly.
       quantizer, bits   "sign" (1 bit) or "l1" / "linf" / "l0" with bits 2..8
       collective        "alltoall" (default), "allgather" or "allreduce"
       allreduce_dtype   the allreduce collective's sum: "int8" (None; ⌊127/N⌋ levels, 1 byte a
@@ -379,13 +380,19 @@ class LionCub(Optimizer):
     # -- checkpoints: this data rank's momentum, and the schedule's position ---------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """This data rank's own state, no communication (see optim.lion_cub_checkpoint):
-        {"state": {i: {"exp_avg"}}, "param_groups", "step_count", "data_group_size": D,
-        "data_rank": r}. Every data rank saves its own (a file of its own) and loads it back into
-        an optimizer built the same way over a group of D; another rank's state is refused. The
-        parameters are the model's (identical on every rank): save them apart, once."""
-        return own_state(self, super().state_dict())
+        """This data rank's own momentum, no communication (optim.lion_cub_checkpoint.own_state):
+        each data rank saves its own and loads it back; the parameters are the model's."""
+        mine = {"data_group_size": self.group_size, "data_rank": self.rank}
+        return own_state(super().state_dict(), step_count=self.step_count, **mine)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load this data rank's state_dict (or data rank 0's of every rank, as written before)."""
-        load_own_state(self, state_dict, super().load_state_dict)
+        rows = own_rows(state_dict, data_group_size=self.group_size, data_rank=self.rank)
+        super().load_state_dict({"state": {}, "param_groups": state_dict["param_groups"]})
+        for b in self.buckets:
+            self._register_state(b)  # the base class replaced self.state
+        params = [p for g in self.param_groups for p in g["params"]]
+        with torch.no_grad():
+            for i, row in rows.items():
+                self.state[params[i]]["exp_avg"].copy_(row)
+        self.step_count = int(state_dict["step_count"])

@@ -91,6 +91,24 @@ def _alternatives(quantizer: str, bits: int, group_size: int, allreduce_dtype: s
     return " or ".join(out)
 
 
+def levels_shrunk(
+    quantizer: str, bits: int, levels: int, voters: str, allreduce_dtype: str
+) -> str | None:
+    """What a quantizer that keeps fewer levels than its `bits` ask for loses, and what keeps
+    them (None where it keeps them all); `voters` names the N the levels came from ("1024 data
+    ranks"). Only an all-reduce's sum bounds the levels; it sends its dtype's bytes anyway."""
+    top = max_levels(quantizer, bits)
+    if levels >= top:
+        return None
+    width = {"int8": 1, "fp16": 2}[allreduce_dtype]
+    return (
+        f"{quantizer!r} {bits}-bit asks for {top} levels, keeps {levels}: an {allreduce_dtype} "
+        f"all-reduce over {voters} sums exactly only up to {EXACT_SUM_LIMIT[allreduce_dtype]}, "
+        f"and still sends {width} byte{'s' if width > 1 else ''} a value; collective alltoall "
+        f"or allgather keeps all {top} levels at any number of ranks"
+    )
+
+
 def wire_bits(quantizer: str, levels: int) -> int:
     """Bits per value on the wire: 1 for sign, else enough for the codes q + s ∈ [0, 2s]."""
     return 1 if quantizer == "sign" else max(1, (2 * levels).bit_length())

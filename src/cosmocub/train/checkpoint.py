@@ -1,4 +1,4 @@
-"""Training checkpoints: one atomic file per save in run_dir/checkpoints/<hash>, the last few kept.
+"""Training checkpoints: atomic files per save in run_dir/checkpoints/<hash>, the last few kept.
 
 A checkpoint holds everything a resumed run needs to continue bit for bit: model, optimizer,
 schedule, every rank's RNG states, the sampler position, and the hash of the resume-relevant config.
@@ -25,6 +25,9 @@ from cosmocub.parallel.parallel_dims import ParallelDims
 
 CHECKPOINT_FORMAT = "cosmocub.checkpoint/1"
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
+# Beside it, each data rank's own state (LionCub's momentum: D × the model in all), written by
+# the data rank's spatial rank 0 (its spatial ranks hold the same); no rank holds another's.
+_STEP_FILE = re.compile(r"^step_(\d{8})(\.data_rank_\d{5})?\.pt$")  # either
 # Beside the checkpoints of a folder: the resume-relevant values its hash was computed from, so a
 # run that starts afresh can say which keys changed.
 IDENTITY_FILE = "resume.json"
@@ -180,7 +183,8 @@ class CheckpointManager:
 
     `stateful` maps names to objects with state_dict/load_state_dict (model, optimizer, schedule,
     train state); `invariants` are values a resumed run must share (e.g. the data-parallel size).
-    Only rank 0 of `dims` writes; every rank reads. Without `dims`, one process and no collectives.
+    Rank 0 of `dims` writes it, and a piece with `state_per_data_rank` (LionCub) has each data
+    rank write its own state beside it; every rank reads. Without `dims`, one process.
     """
 
     def __init__(
@@ -229,9 +233,17 @@ class CheckpointManager:
             dist.all_gather_object(gathered, rng, group=self.dims.world_group)
         else:
             gathered = [rng]
-        # Every rank asks for the states: a distributed optimizer's state_dict gathers each data
-        # rank's momentum (a collective), which rank 0 then writes.
         states = {name: obj.state_dict() for name, obj in self.stateful.items()}
+        # A state_dict that is its data rank's own (LionCub's): a file per data rank.
+        mine = [n for n, o in self.stateful.items() if getattr(o, "state_per_data_rank", False)]
+        own = {n: states.pop(n) for n in mine}
+        if own:  # each data rank's file is whole before rank 0 writes the checkpoint naming it
+            data_rank, writes = self._own_writer()
+            if writes:
+                with sigterm_deferred(), atomic_path(self.own_path_for(step, data_rank)) as tmp:
+                    torch.save(own, tmp)
+            if self.dims is not None:
+                self.dims.barrier()
         if not self.is_main:
             return None
         payload = {
@@ -240,6 +252,7 @@ class CheckpointManager:
             "step": step,
             "rng_per_rank": gathered,
             "invariants": self.invariants,
+            "per_data_rank": sorted(own),
             **states,
         }
         path = self.path_for(step)
@@ -254,7 +267,20 @@ class CheckpointManager:
                     tmp.write_text(json.dumps(self.identity, indent=1) + "\n")
         for old in self.list()[: -self.keep]:
             old.unlink(missing_ok=True)
+        kept = {_NAME.match(p.name)[1] for p in self.list()}  # type: ignore[index]
+        for f in self.folder.iterdir():  # of pruned checkpoints, or of a save that died
+            if (m := _STEP_FILE.match(f.name)) and m[2] and m[1] not in kept:
+                f.unlink(missing_ok=True)
         return path
+
+    def own_path_for(self, step: int, data_rank: int) -> Path:
+        return self.folder / f"step_{step:08d}.data_rank_{data_rank:05d}.pt"
+
+    def _own_writer(self) -> tuple[int, bool]:
+        """This rank's data rank, and whether it writes its file (spatial rank 0 does)."""
+        if self.dims is None or self.dims.world_size == 1:
+            return 0, True
+        return self.dims.axis_rank("data"), self.dims.axis_rank("spatial") == 0
 
     def load(self, path: str | Path) -> dict[str, Any]:
         """Read a checkpoint on CPU; a foreign config raises CheckpointMismatchError."""
@@ -300,6 +326,9 @@ class CheckpointManager:
         if path is None:
             return None
         payload = self.load(path)
+        if payload.get("per_data_rank"):  # a rank pages in its own data rank's file only
+            own_path = self.own_path_for(payload["step"], self._own_writer()[0])
+            payload.update(torch.load(own_path, map_location="cpu", weights_only=True, mmap=True))
         for name, obj in self.stateful.items():
             obj.load_state_dict(payload[name])
         per_rank = payload["rng_per_rank"]
@@ -361,7 +390,7 @@ class CheckpointManager:
         deleted = []
         for folder in self.other_folders()[keep:]:
             names = [p.name for p in folder.iterdir()]
-            if all(_NAME.match(n) or n == IDENTITY_FILE or n.endswith(".tmp") for n in names):
+            if all(_STEP_FILE.match(n) or n == IDENTITY_FILE or n.endswith(".tmp") for n in names):
                 shutil.rmtree(folder)
                 deleted.append(folder)
                 log.info(
