@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, S
 
 from cosmocub.data.augment import draw_crop_origins, draw_symmetries
 from cosmocub.parallel.parallel_dims import ParallelDims
+from cosmocub.train.resident_loader import ResidentLoader, build_resident_loader
 
 
 class ResumableSampler(Sampler[int]):
@@ -94,7 +95,12 @@ def build_train_loader(
     symmetries: Sequence[int] | None = None,
     random_origins: int | None = None,
     max_batches: int | None = None,
-) -> DataLoader:
+    placement: str = "loader",
+    memory_format: torch.memory_format = torch.contiguous_format,
+) -> DataLoader | ResidentLoader:
+    """The training batches: read by DataLoader workers (placement "loader"), or cut from the
+    shard held on the device or in pinned memory ("device", "pinned": resident_loader.py); both
+    from the same sampler's draws, so the same batches."""
     sampler = ResumableSampler(
         dataset,
         num_replicas=dims.data,
@@ -105,6 +111,15 @@ def build_train_loader(
         random_origins=random_origins,
         max_batches=max_batches,
     )
+    if placement != "loader":
+        return build_resident_loader(
+            dataset,
+            sampler,
+            placement=placement,
+            batch_size=batch_size,
+            device=dims.device,
+            memory_format=memory_format,
+        )
     return DataLoader(
         dataset,
         batch_size=batch_size,
