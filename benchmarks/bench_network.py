@@ -96,7 +96,7 @@ def main() -> int:
                     shards_dir=shards,
                     out_dir=root / f"{variant}-{mbit:g}",
                     nodes=args.nodes,
-                    nproc_per_node=1,
+                    ranks_per_node=1,
                     bandwidth_mbit=mbit,
                 )
                 if result.returncode != 0:

@@ -57,7 +57,7 @@ def run_point(
         shards_dir=shards,
         out_dir=root / name,
         nodes=cfg.network_study.nodes,
-        nproc_per_node=cfg.network_study.nproc_per_node,
+        ranks_per_node=cfg.network_study.ranks_per_node,
         bandwidth_mbit=mbit,
     )
     if result.returncode != 0:
@@ -191,7 +191,7 @@ def main() -> int:
         bn_on = base[args.reference, unshaped]["batch_norm"]
         flipped = [run(v, unshaped, batch_norm=not bn_on) for v in variants]
     print(
-        f"{study.nodes} emulated nodes × {study.nproc_per_node} rank, the network study's points "
+        f"{study.nodes} emulated nodes × {study.ranks_per_node} rank, the network study's points "
         f"({study.epochs} epochs × {study.max_steps_per_epoch} steps, batch "
         f"{study.local_batch_size}/rank); shards {shards}"
     )

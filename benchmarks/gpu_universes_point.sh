@@ -10,7 +10,7 @@
 #   2. preprocess `preprocess-plan`, JOBS `preprocess-group --threads 1` in parallel,
 #                 `preprocess-gather` (shards do not depend on the grouping: shard_jobs.py)
 #   3. train      the point's config from `study-point-config --study universes` (the study's
-#                 stretched schedule), trained by `launch --tasks-per-node 1 -- train` (what
+#                 stretched schedule), trained by `launch --ranks-per-node 1 -- train` (what
 #                 `study-point` runs locally, without its rerun-if-contended), then `evaluate`:
 #                 u<N_MAIN> at EPOCHS x STEPS_PER_EPOCH (25 x 30 = 750 steps, the study), then
 #                 u<N_MAIN> and every N of EXTRA_N at STEPS_LONG steps, side by side on the GPU
@@ -415,7 +415,7 @@ prepare() {
 # train NAME TIMEOUT: `launch -- train` with one rank, as rule train / study-point run it
 train() {
   local name=$1 t0; t0=$(now)
-  timeout -k 20 "$2" "$PY" -m cosmocub.cli launch --nodes 1 --tasks-per-node 1 \
+  timeout -k 20 "$2" "$PY" -m cosmocub.cli launch --nodes 1 --ranks-per-node 1 \
     --cpus-per-rank "$CPUS_PER_RANK" --max-restarts 0 -- train \
     --config "$R/points/$name/config.yaml" --shards "$R/shards" --out "$R/points/$name/run" \
     > "$LOGS/train_$name.log" 2>&1 && st=ok || st="failed rc $?"

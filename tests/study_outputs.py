@@ -60,7 +60,7 @@ def write_scaling_outputs(
         record = {
             "point": point.name,
             "nodes": point.launch.nodes,
-            "nproc_per_node": point.launch.nproc_per_node,
+            "ranks_per_node": point.launch.ranks_per_node,
             "cores_per_rank": 0.5 if shared else 1.0,
             "threads_per_rank": 1,
             "oversubscribed": shared,

@@ -263,7 +263,7 @@ def test_gather_shows_the_mark_in_points_tsv_and_the_report_counts_what_is_left_
     for name, ready, attempts in (("dp1", 0.95, [0.95]), ("dp2", 0.3, [0.2, 0.3])):
         _fake_run(tmp_path / name / "run", ready)
         (tmp_path / name / "run" / "train_summary.json").write_text(json.dumps(summary))
-        record = {"point": name, "nodes": 1, "nproc_per_node": 1, "contended": ready < 0.7,
+        record = {"point": name, "nodes": 1, "ranks_per_node": 1, "contended": ready < 0.7,
                   "runs": [{"ready_share": a} for a in attempts]}  # fmt: skip
         write_point_record(record, tmp_path / name)
     gather(
@@ -313,7 +313,7 @@ def test_a_point_beside_a_cpu_hog_is_marked_contended_and_alone_it_is_not(tmp_pa
 
     def in_process(plan, *, config_path, shards_dir, out_dir, cpus_per_rank, max_restarts):
         train(load_config(config_path), shards_dir=shards_dir, run_dir=out_dir)
-        return 0, {"nodes": 1, "nproc_per_node": 1}
+        return 0, {"nodes": 1, "ranks_per_node": 1}
 
     monkeypatch.setitem(runners.RUNNERS, "local", in_process)
     core = max(os.sched_getaffinity(0))

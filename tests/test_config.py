@@ -186,3 +186,64 @@ def test_pooled_branch_is_off_unless_asked_and_checked(tmp_path):
     values = {"model": {"name": "unet", "in_channels": 1, "pooled": {"stats": "mean"}}}
     with pytest.raises(ConfigError, match=r"'model.pooled.stats': 'mean' is a CosmoFlow branch"):
         load_config(write_yaml(tmp_path / "c.yaml", values))
+
+
+@pytest.mark.parametrize(
+    ("values", "old", "new"),
+    [
+        ({"train": {"nproc_per_node": 4}}, "train.nproc_per_node", "train.ranks_per_node"),
+        (
+            {"parallel": {"ranks_per_node": 2}},
+            "parallel.ranks_per_node",
+            "parallel.assumed_ranks_per_node",
+        ),
+        (
+            {"unet": {"train": {"nproc_per_node": 2}}},
+            "unet.train.nproc_per_node",
+            "unet.train.ranks_per_node",
+        ),
+        (
+            {"step_time_study": {"points": [{"name": "a"}, {"name": "b", "nproc_per_node": 2}]}},
+            "step_time_study.points.1.nproc_per_node",
+            "step_time_study.points.1.ranks_per_node",
+        ),
+        (
+            {"network_study": {"nproc_per_node": 1}},
+            "network_study.nproc_per_node",
+            "network_study.ranks_per_node",
+        ),
+        (
+            {"scaling_study": {"nproc_per_node": 1}},
+            "scaling_study.nproc_per_node",
+            "scaling_study.ranks_per_node",
+        ),
+    ],
+)
+def test_a_renamed_key_is_refused_in_one_line_naming_file_old_and_new(tmp_path, values, old, new):
+    path = write_yaml(tmp_path / "old.yaml", values)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: key '{old}' was renamed: write '{new}' instead (")
+
+
+def test_the_config_derives_world_size_data_ranks_and_global_batch():
+    values = {
+        "train": {"ranks_per_node": 4, "local_batch_size": 5},
+        "parallel": {"spatial": 2},
+        "cluster": {"train": {"nodes": 3}},
+    }
+    cfg = load_config(None, overrides=values)
+    # 3 nodes × 4 ranks = 12, in pairs on one sample: 6 data ranks × 5 samples = 30 a step.
+    assert (cfg.world_size, cfg.data_ranks, cfg.global_batch) == (12, 6, 30)
+    one = load_config(None)
+    assert (one.world_size, one.data_ranks, one.global_batch) == (1, 1, 8)
+    odd = load_config(None, overrides={"train": {"ranks_per_node": 3}, "parallel": {"spatial": 2}})
+    assert odd.world_size == 3
+    match = (
+        r"key 'train.ranks_per_node': 3 ranks \(cluster.train.nodes 1 × train.ranks_per_node 3\) "
+        r"do not divide into groups of parallel.spatial 2"
+    )
+    with pytest.raises(ConfigError, match=match):
+        _ = odd.global_batch

@@ -80,34 +80,34 @@ def test_unet_run_config(tmp_path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(
         "optimizer: {name: lion_cub, lion_cub: {quantizer: l1, bits: 4}}\n"
-        "train: {nproc_per_node: 3}\n"
+        "train: {ranks_per_node: 3}\n"
         "task: {input_redshifts: [3.0, 1.5]}\n"
         "unet: {parallel: {spatial: 2}, optimizer: {name: adamw, lr: 0.01},"
-        " train: {nproc_per_node: 6}}\n"
+        " train: {ranks_per_node: 6}}\n"
     )
     cfg = from_values(unet_config_values(load_config(path)))
     assert cfg.optimizer.name == "adamw" and cfg.optimizer.lion_cub is None
     assert cfg.optimizer.lr == 0.01 and cfg.model.in_channels == 2
-    assert (cfg.parallel.spatial, cfg.train.nproc_per_node) == (2, 6)  # 3 data ranks × 2
+    assert (cfg.parallel.spatial, cfg.train.ranks_per_node) == (2, 6)  # 3 data ranks × 2
 
 
-def test_unet_nproc_per_node_counts_every_rank(tmp_path) -> None:
+def test_unet_ranks_per_node_counts_every_rank(tmp_path) -> None:
     import pytest
 
     from cosmocub.config import ConfigError, load_config
     from cosmocub.emulator.unet_run_config import unet_world_size
 
     path = tmp_path / "c.yaml"
-    path.write_text("unet: {parallel: {spatial: 2}, train: {nproc_per_node: 2}}\n")
+    path.write_text("unet: {parallel: {spatial: 2}, train: {ranks_per_node: 2}}\n")
     assert unet_world_size(load_config(path)) == 2  # as in train: 2 ranks, one sample
-    path.write_text("unet: {parallel: {spatial: 2}, train: {nproc_per_node: 3}}\n")
+    path.write_text("unet: {parallel: {spatial: 2}, train: {ranks_per_node: 3}}\n")
     match = (
-        r"c.yaml \+ unet: key 'unet.train.nproc_per_node': 3 ranks per node is not a multiple "
+        r"c.yaml \+ unet: key 'unet.train.ranks_per_node': 3 ranks per node is not a multiple "
         r"of parallel.spatial 2 \(.*for 3 data ranks write 6\)$"
     )
     with pytest.raises(ConfigError, match=match):
         unet_world_size(load_config(path))
     # Inherited from train: the message names the key it came from.
-    path.write_text("train: {nproc_per_node: 3}\nunet: {parallel: {spatial: 2}}\n")
-    with pytest.raises(ConfigError, match=r"key 'train.nproc_per_node': 3 ranks per node"):
+    path.write_text("train: {ranks_per_node: 3}\nunet: {parallel: {spatial: 2}}\n")
+    with pytest.raises(ConfigError, match=r"key 'train.ranks_per_node': 3 ranks per node"):
         unet_world_size(load_config(path))

@@ -205,7 +205,7 @@ def test_inter_node_share_is_one_crossing_a_node_of_a_ring() -> None:
     # each rank's bytes on average; a spatial group of 2 lies on one node, one of 4 spans two.
     def dims(data: int, spatial: int) -> ParallelDims:
         d = _dims(data, spatial)
-        d.ranks_per_node = 2
+        d.assumed_ranks_per_node = 2
         return d
 
     assert DDPAllReduce(dims(8, 1)).inter_node_fraction == 0.5
@@ -214,4 +214,4 @@ def test_inter_node_share_is_one_crossing_a_node_of_a_ring() -> None:
     assert DDPAllReduce(_dims(4, 1)).inter_node_fraction == 0.0  # one node of 4
     assert LocalGradients().inter_node_fraction == 0.0
     with pytest.raises(ValueError, match="ranks per node 3 does not divide the world of 8"):
-        ParallelDims(**{**vars(dims(8, 1)), "ranks_per_node": 3}).node_layout()
+        ParallelDims(**{**vars(dims(8, 1)), "assumed_ranks_per_node": 3}).node_layout()

@@ -13,7 +13,7 @@ TRAIN = ["train", "--shards", "s", "--out", "r"]
 
 def test_local_is_torchrun_standalone() -> None:
     argv = launch_command(
-        RankLayout(nodes=1, tasks_per_node=2, cpus_per_rank=3, max_restarts=2),
+        RankLayout(nodes=1, ranks_per_node=2, cpus_per_rank=3, max_restarts=2),
         TRAIN,
         environ={},
         python="py",
@@ -23,13 +23,13 @@ def test_local_is_torchrun_standalone() -> None:
         "--max-restarts=0", "-m", "cosmocub.cli", *TRAIN,  # restarts are run_launch's
     ]  # fmt: skip
     with pytest.raises(ValueError, match=r"cluster.train.nodes': 2 nodes need a scheduler"):
-        launch_command(RankLayout(nodes=2, tasks_per_node=1, cpus_per_rank=1), TRAIN, environ={})
+        launch_command(RankLayout(nodes=2, ranks_per_node=1, cpus_per_rank=1), TRAIN, environ={})
 
 
 def test_slurm_is_srun_over_every_task() -> None:
     env = {"SLURM_JOB_ID": "77"}
     argv = launch_command(
-        RankLayout(nodes=2, tasks_per_node=4, cpus_per_rank=8), TRAIN, environ=env, python="py"
+        RankLayout(nodes=2, ranks_per_node=4, cpus_per_rank=8), TRAIN, environ=env, python="py"
     )
     assert argv[:6] == [
         "srun", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--cpus-per-task=8",
@@ -37,12 +37,12 @@ def test_slurm_is_srun_over_every_task() -> None:
     ]  # fmt: skip
     assert argv[6:] == ["py", "-m", "cosmocub.cli", *TRAIN]
     # One task: the batch job is that task already.
-    one = launch_command(RankLayout(nodes=1, tasks_per_node=1, cpus_per_rank=2), TRAIN, environ=env)
+    one = launch_command(RankLayout(nodes=1, ranks_per_node=1, cpus_per_rank=2), TRAIN, environ=env)
     assert one[1:4] == ["-m", "cosmocub.cli", "train"]
 
 
 def test_flux_and_lsf_start_one_torchrun_per_node_meeting_here() -> None:
-    layout = RankLayout(nodes=2, tasks_per_node=4, cpus_per_rank=8)
+    layout = RankLayout(nodes=2, ranks_per_node=4, cpus_per_rank=8)
     flux = launch_command(layout, TRAIN, environ={"FLUX_JOB_ID": "f2"}, python="py", host="n1")
     assert flux[:5] == ["flux", "run", "--nodes=2", "--tasks-per-node=1", "--cores-per-task=32"]
     assert "--nnodes=2" in flux and "--nproc-per-node=4" in flux
@@ -89,12 +89,12 @@ def test_cluster_section_and_server_settings(tmp_path) -> None:
         train_world_size,
     )
 
-    cfg = load_config(None, {"train": {"nproc_per_node": 4}, "cluster": {"train": {"nodes": 3}}})
+    cfg = load_config(None, {"train": {"ranks_per_node": 4}, "cluster": {"train": {"nodes": 3}}})
     assert train_world_size(cfg) == 12
     assert train_threads(cfg) == 4 * 8
     assert train_gres(cfg) == ""
     gpu = load_config(
-        None, {"train": {"nproc_per_node": 4}, "cluster": {"train": {"gpus_per_rank": 1}}}
+        None, {"train": {"ranks_per_node": 4}, "cluster": {"train": {"gpus_per_rank": 1}}}
     )
     assert train_gres(gpu) == "gpu:4"
     assert num_preprocess_groups(cfg, 10_000) == 157  # 64 universes a job
@@ -105,7 +105,7 @@ def test_cluster_section_and_server_settings(tmp_path) -> None:
 def test_emulated_nodes_name_their_address_and_which_one_serves_the_rendezvous() -> None:
     from cosmocub.launch.launcher import torchrun_agent
 
-    layout = RankLayout(nodes=2, tasks_per_node=1, cpus_per_rank=1)
+    layout = RankLayout(nodes=2, ranks_per_node=1, cpus_per_rank=1)
     argv = torchrun_agent(
         layout, TRAIN, endpoint="10.77.0.1:29400", rdzv_id="x", python="py",
         local_addr="10.77.0.2", is_host=False,

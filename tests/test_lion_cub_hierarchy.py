@@ -76,7 +76,7 @@ def test_slices_scales_are_the_whole_tensors(quantizer: str) -> None:
 def test_hierarchy_key() -> None:
     cfg = load_config(None, overrides={"optimizer": {"name": "lion_cub"}})
     assert cfg.optimizer.lion_cub is not None and cfg.optimizer.lion_cub.hierarchy == "flat"
-    assert cfg.parallel.ranks_per_node is None
+    assert cfg.parallel.assumed_ranks_per_node is None
     with pytest.raises(ConfigError, match="hierarchy"):
         load_config(
             None, overrides={"optimizer": {"name": "lion_cub", "lion_cub": {"hierarchy": "rack"}}}

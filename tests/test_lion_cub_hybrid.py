@@ -1,8 +1,8 @@
 """Lion Cub on the hybrid mesh: data 2 × spatial 2 trains as data 2 alone over the options that
 matter (every pair of quantizer, collective and momentum-sync schedule; allgather; sync
 patterns), resumes with every data rank's momentum, and counts its halo traffic exactly; and
-hierarchy node on data 4 as 2 nodes × 2 (parallel.ranks_per_node) resumes bit for bit, and with
-one rank a node is flat bit for bit.
+hierarchy node on data 4 as 2 nodes × 2 (parallel.assumed_ranks_per_node) resumes bit for bit,
+and with one rank a node is flat bit for bit.
 
 Two torchrun spawns (2 and 4 gloo ranks, tests/spatial_ranks.py mode `train`) run every case in
 one process group each. Why the tolerance holds here and what it does not promise over long runs:
@@ -63,12 +63,12 @@ for _name, _patterns in PATTERNS.items():
 RESUMED = "l1 alltoall every"  # also run stopped at step 5 and resumed from step 3
 STEPS = 8  # 16 samples / (2 data ranks × 2) = 4 steps an epoch, 2 epochs
 # Data 4 (local batch 1: 4 steps an epoch, as above), hierarchy node: 2 nodes × 2, or 4 × 1.
-NODE = {"parallel": {"ranks_per_node": 2}, "train": {"local_batch_size": 1}}
+NODE = {"parallel": {"assumed_ranks_per_node": 2}, "train": {"local_batch_size": 1}}
 NODE_RUNS = {
     "node 2x2": ({"hierarchy": "node"}, NODE),
     "node 2x2 resumed": ({"hierarchy": "node"}, NODE),
-    "node 4x1": ({"hierarchy": "node"}, {**NODE, "parallel": {"ranks_per_node": 1}}),
-    "flat 4x1": ({"hierarchy": "flat"}, {**NODE, "parallel": {"ranks_per_node": 1}}),
+    "node 4x1": ({"hierarchy": "node"}, {**NODE, "parallel": {"assumed_ranks_per_node": 1}}),
+    "flat 4x1": ({"hierarchy": "flat"}, {**NODE, "parallel": {"assumed_ranks_per_node": 1}}),
     "flat 2x2": ({"hierarchy": "flat"}, NODE),
 }
 # spatial 4 = [2, 2, 1], data 1: halos along two dims (edges carried by the second exchange)

@@ -120,7 +120,7 @@ def ddp_run(shards: Path):
     config = _write_config(root / "adamw.yaml")
     out = root / "adamw"
     result = run_training_on_nodes(
-        config_path=config, shards_dir=shards, out_dir=out, nodes=2, nproc_per_node=1,
+        config_path=config, shards_dir=shards, out_dir=out, nodes=2, ranks_per_node=1,
         bandwidth_mbit=RATE_MBIT, prefix=PREFIX,
     )  # fmt: skip
     return result, out
@@ -298,7 +298,7 @@ def _alive(pid: int) -> bool:
 def test_ddp_on_two_nodes_sends_what_it_counts_and_times_its_exchange(ddp_run) -> None:
     result, _ = ddp_run
     assert result.returncode == 0 and result.attempts == 1
-    assert (result.nodes, result.nproc_per_node) == (2, 1)
+    assert (result.nodes, result.ranks_per_node) == (2, 1)
     assert result.summary["steps"] == 16 and result.summary["world_size"] == 2
     last = result.metrics[-1]
     ratio = _ratio_within_framing(last)
@@ -340,7 +340,7 @@ def test_lion_cub_on_two_nodes_of_two_sends_across_what_it_counts_flat_and_node(
         )
         result = run_training_on_nodes(
             config_path=config, shards_dir=shards, out_dir=shards.parent / f"cub_{hierarchy}",
-            nodes=2, nproc_per_node=2, bandwidth_mbit=RATE_MBIT, prefix=PREFIX,
+            nodes=2, ranks_per_node=2, bandwidth_mbit=RATE_MBIT, prefix=PREFIX,
         )  # fmt: skip
         assert result.returncode == 0 and result.summary["world_size"] == 4
         epoch = result.metrics[-1]
@@ -395,7 +395,7 @@ def test_a_cut_link_fails_within_the_timeout_and_training_resumes_identically(
     # At 100 Mbit/s: the weights do not depend on the rate (the reference ran at 10), and the
     # two attempts' steps cross the link 10x faster.
     result = run_training_on_nodes(
-        config_path=config, shards_dir=shards, out_dir=out, nodes=2, nproc_per_node=1,
+        config_path=config, shards_dir=shards, out_dir=out, nodes=2, ranks_per_node=1,
         bandwidth_mbit=100, prefix=PREFIX, max_restarts=1, during=cut_after_first_checkpoint,
     )  # fmt: skip
     assert result.returncode == 0, [p.read_text()[-2000:] for p in result.logs]
@@ -428,7 +428,7 @@ def test_a_stopped_study_stops_its_agents_and_removes_the_network(tmp_path) -> N
     study = (
         "from cosmocub.netemu.runner import run_training_on_nodes\n"
         f"run_training_on_nodes(config_path='c', shards_dir='s', out_dir={str(tmp_path / 'run')!r},"
-        f" nodes=2, nproc_per_node=1, bandwidth_mbit=1, prefix='ccubt-',"
+        f" nodes=2, ranks_per_node=1, bandwidth_mbit=1, prefix='ccubt-',"
         f" python={str(fake_python)!r})\n"
     )
     proc = subprocess.Popen(

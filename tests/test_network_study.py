@@ -116,7 +116,7 @@ def test_the_default_study_trains_every_variant_and_rate_once_per_seed_on_the_sa
     by_name = {p.name: p for p in points}
     point = by_name["lion_cub_1bit_node_10mbit_seed2"]
     assert point.labels == {"variant": "lion_cub_1bit_node", "bandwidth_mbit": 10, "seed": 2}
-    assert (point.launch.nodes, point.launch.nproc_per_node) == (2, 2)
+    assert (point.launch.nodes, point.launch.ranks_per_node) == (2, 2)
     trained = point_config(cfg, "network", point)
     assert trained.training_seed == 2 and trained.seed == cfg.seed  # the same universes
     assert trained.optimizer.lion_cub.hierarchy == "node"
@@ -219,7 +219,7 @@ def test_the_emulated_runner_gives_each_rank_its_cores_and_records_sharing(
         asked.update(kwargs)
         node_cores, cores_per_rank = split_cores([0, 1], kwargs["nodes"], 1, 1)
         return NodesRunResult(
-            returncode=0, nodes=kwargs["nodes"], nproc_per_node=1, bandwidth_mbit=10.0,
+            returncode=0, nodes=kwargs["nodes"], ranks_per_node=1, bandwidth_mbit=10.0,
             node_cores=node_cores, cores_per_rank=cores_per_rank, threads_per_rank=1,
             attempts=1, wall_s=1.0, node_tx_bytes=[0] * kwargs["nodes"],
         )  # fmt: skip
@@ -296,7 +296,7 @@ class _NoTracking:
 def test_a_study_of_skipped_points_gathers_their_labels_and_why(tmp_path) -> None:
     cfg = load_config(REPO / "config" / "test.yaml")
     for p in plan(cfg, "network"):
-        extra = {"skipped": "emulated nodes unavailable: no CAP_NET_ADMIN", "nproc_per_node": 1}
+        extra = {"skipped": "emulated nodes unavailable: no CAP_NET_ADMIN", "ranks_per_node": 1}
         record = point_record(p.launch, cores_per_rank=1, extra=extra)
         write_point_record(record, tmp_path / p.point.name)
     rows = gather(
@@ -331,14 +331,14 @@ def test_study_point_config_writes_the_plan_that_study_point_runs(
     assert written == {
         "study": "network", "name": "lion_10mbit", "runner": "emulated",
         "labels": {"variant": "lion", "bandwidth_mbit": 10, "seed": 0},
-        "launch": {"nodes": 2, "nproc_per_node": 1, "bandwidth_mbit": 10},
-        "nodes": 2, "nproc_per_node": 1, "bandwidth_mbit": 10.0,
+        "launch": {"nodes": 2, "ranks_per_node": 1, "bandwidth_mbit": 10},
+        "nodes": 2, "ranks_per_node": 1, "bandwidth_mbit": 10.0,
     }  # fmt: skip
     seen = []
 
     def fake(plan, **kwargs):
-        seen.append((plan.nodes, plan.nproc_per_node, plan.bandwidth_mbit, plan.ranks))
-        return 0, {"nodes": plan.nodes, "nproc_per_node": plan.nproc_per_node}
+        seen.append((plan.nodes, plan.ranks_per_node, plan.bandwidth_mbit, plan.ranks))
+        return 0, {"nodes": plan.nodes, "ranks_per_node": plan.ranks_per_node}
 
     monkeypatch.setitem(runners.RUNNERS, "emulated", fake)
     # The base config is not read again (study-point takes none): only the plan beside the

@@ -214,7 +214,7 @@ def test_without_namespaces_the_bench_skips_the_emulated_links_saying_why(
         raise EmulationUnavailableError("network namespaces need root or CAP_NET_ADMIN (uid 1)")
 
     def fake_launch(layout, args) -> int:  # the loopback ranks: what rank 0 would write
-        assert (layout.nodes, layout.tasks_per_node) == (1, 2)
+        assert (layout.nodes, layout.ranks_per_node) == (1, 2)
         assert args[:4] == ["perf-model", "bench-ranks", "--link", LOOPBACK]
         loopback = {LOOPBACK: _synthetic_samples()[LOOPBACK]}
         write_samples(loopback, Path(args[args.index("--out") + 1]))

@@ -25,7 +25,7 @@ def test_size_configs_change_the_sample_split_budget_and_lr() -> None:
     values = size_config_values(cfg, 64, 0.001)
     derived = from_values(values)
     assert derived.preprocess.sample_size == derived.model.input_size == 64
-    assert derived.parallel.split_dhw == (2, 1, 1) and derived.train.nproc_per_node == 2
+    assert derived.parallel.split_dhw == (2, 1, 1) and derived.train.ranks_per_node == 2
     assert derived.train.run_name == "sample_size_64_lr0.001"
     assert derived.optimizer.lr == 0.001 and derived.optimizer.name == cfg.optimizer.name
     # The base schedule (warm-up 1, decays at 24 and 32 of 36 epochs) stretched to the study's

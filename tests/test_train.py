@@ -606,7 +606,7 @@ def test_launch_starts_again_after_a_crash_but_not_after_a_user_error(
         env.pop(name, None)
     config = tmp_path / "cfg.yaml"
     config.write_text(yaml.safe_dump({**TINY, "train": {**TINY["train"], "epochs": 1}}))
-    launch = [sys.executable, "-m", "cosmocub.cli", "launch", "--tasks-per-node", "2"]
+    launch = [sys.executable, "-m", "cosmocub.cli", "launch", "--ranks-per-node", "2"]
 
     missing = tmp_path / "no-shards"
     train_args = ["train", "--config", str(config), "--out", str(tmp_path / "bad")]

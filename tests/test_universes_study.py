@@ -108,6 +108,23 @@ def test_points_train_on_n_universes_at_equal_steps_and_check_the_config() -> No
         load_config(None, overrides={"universes_study": {"lrs": [0.1, 0.1]}})
 
 
+def test_the_budget_counts_the_global_batch_of_data_ranks_not_every_rank() -> None:
+    # 4 ranks a node in pairs on one sample: 2 data ranks × 8 = a global batch of 16, so 30 steps
+    # an epoch take 480 crops, which 60 universes of 8 crops give; counting every rank as a data
+    # rank (4 × 8 = 32 a batch, 960 crops) refused it.
+    values = {
+        "universes": {"count": 200},
+        "universes_study": {"train_universes": [60, 100]},
+        "train": {"ranks_per_node": 4, "local_batch_size": 8},
+    }
+    split = load_config(None, overrides={**values, "parallel": {"spatial": 2}})
+    assert (split.world_size, split.data_ranks, split.global_batch) == (4, 2, 16)
+    check_study(split, "universes")
+    unsplit = load_config(None, overrides=values)
+    with pytest.raises(ConfigError, match=r"30 batches of 32 need 960 crops an epoch, but the "):
+        check_study(unsplit, "universes")
+
+
 def fake_metrics(cnn: float, pk: float) -> dict:
     """metrics.json with the CNN's MAE `cnn`·(j+1) on parameter j, the P(k) fit's `pk`, ranges
     ±10 %, and the gaussian head's coverages 0.6 / 0.9."""

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 # 2 nodes × 4 ranks of 8 cores and 1 GPU, 6000 MB each, 90 minutes.
 BIG = {
-    "train": {"nproc_per_node": 4},
+    "train": {"ranks_per_node": 4},
     "cluster": {
         "train": {
             "nodes": 2,
@@ -30,7 +30,7 @@ BIG = {
     },
 }
 # The network study's points on 2 nodes × 2 ranks, each rank as BIG's.
-STUDY = {**BIG, "network_study": {"nodes": 2, "nproc_per_node": 2}}
+STUDY = {**BIG, "network_study": {"nodes": 2, "ranks_per_node": 2}}
 
 
 def dry_run(

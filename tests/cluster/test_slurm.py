@@ -36,7 +36,7 @@ POLL = ["--slurm-init-seconds-before-status-checks", "5", "--seconds-between-sta
 # trains the rest, and its job (~17 s) is seen at the executor's second look.
 FIT = {
     "universes": {"count": 4},
-    "train": {"nproc_per_node": 2, "epochs": 24, "checkpoint_every_steps": 2},
+    "train": {"ranks_per_node": 2, "epochs": 24, "checkpoint_every_steps": 2},
     "cluster": {
         "train": {"cpus_per_rank": 1, "mem_mb_per_rank": 1500, "runtime": 10},
         "preprocess": {"threads": 2, "mem_mb": 2000, "runtime": 10},
@@ -228,7 +228,7 @@ def test_kill_9_of_the_launcher_under_srun_leaves_no_task(slurm, tmp_path) -> No
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(values))
     run = tmp_path / "run"
     launch = (
-        f"{sys.executable} -m cosmocub.cli launch --tasks-per-node 2 --cpus-per-rank 1 -- train "
+        f"{sys.executable} -m cosmocub.cli launch --ranks-per-node 2 --cpus-per-rank 1 -- train "
         f"--config {tmp_path / 'cfg.yaml'} --shards {shards} --out {run}"
     )
     # The job outlives its launcher (as a batch script with more to do would): Slurm's end of

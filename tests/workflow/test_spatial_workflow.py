@@ -50,7 +50,7 @@ def test_spatial2_trains_through_the_workflow_like_spatial1(workdir: Path) -> No
         TEST_CONFIG,
         "--config",
         "parallel={spatial: 2}",
-        "train={run_name: s2, deterministic: true, nproc_per_node: 2}",
+        "train={run_name: s2, deterministic: true, ranks_per_node: 2}",
         "tracking={enabled: false}",
         "--",
         "results-test/runs/s2/metrics.jsonl",
@@ -170,7 +170,7 @@ def test_network_study_target(workdir: Path) -> None:
         rows = {r["variant"]: r for r in csv.DictReader(f, delimiter="\t")}
     assert set(rows) == {"lion", "lion_cub_1bit"}
     for r in rows.values():
-        assert (r["bandwidth_mbit"], r["nodes"], r["nproc_per_node"]) == ("10", "2", "1")
+        assert (r["bandwidth_mbit"], r["nodes"], r["ranks_per_node"]) == ("10", "2", "1")
     if NO_NETNS:  # the points are recorded as skipped, with blank measurements
         assert all(r["skipped"] and not r["step_s"] for r in rows.values())
         return

@@ -283,7 +283,7 @@ def test_dry_run_lion_cub_by_config(tmp_path):
         str(REPO / "config" / "test.yaml"),
         "--config",
         f"optimizer={options}",
-        "train={nproc_per_node: 4}",
+        "train={ranks_per_node: 4}",
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr

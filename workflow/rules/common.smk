@@ -56,7 +56,7 @@ def section(*names):
 # Which simulate group makes each synthetic universe (cluster.simulate.universes_per_job).
 SIMULATE_GROUP_OF = (
     {seed: g for g, seeds in enumerate(group_seeds(CFG)) for seed in seeds}
-    if CFG.universes.source == "synthetic"
+    if CFG.universes.made_here
     else {}
 )
 
@@ -153,7 +153,7 @@ def study_point_threads(wildcards):
     launch = study_point_launch(wildcards)
     if launch.runner == "emulated" and machine_cores() is not None:
         return machine_cores()
-    return launch.nproc_per_node * study_cpus(wildcards)
+    return launch.ranks_per_node * study_cpus(wildcards)
 
 
 def study_shard_config(wildcards):

@@ -22,7 +22,7 @@ rule train:
         tasks=train_world_size(CFG),
         cpus_per_task=CFG.cluster.train.cpus_per_rank,
         # Slurm's --mem is per node.
-        mem_mb=CFG.cluster.train.mem_mb_per_rank * CFG.train.nproc_per_node,
+        mem_mb=CFG.cluster.train.mem_mb_per_rank * CFG.train.ranks_per_node,
         runtime=CFG.cluster.train.runtime,
         gres=train_gres(CFG),
         tasks_per_gpu=1,
@@ -39,13 +39,13 @@ rule train:
         ),
         shards=lambda w, input: os.path.dirname(input.manifest),
         out=lambda w, output: os.path.dirname(output.model),
-        nproc=CFG.train.nproc_per_node,
-        cpus=lambda w, threads: max(1, threads // CFG.train.nproc_per_node),
+        nproc=CFG.train.ranks_per_node,
+        cpus=lambda w, threads: max(1, threads // CFG.train.ranks_per_node),
         max_restarts=CFG.train.max_restarts,
         env=tracking_env("train"),
     shell:
         "{params.env} cosmocub launch --nodes {resources.nodes}"
-        " --tasks-per-node {params.nproc} --cpus-per-rank {params.cpus}"
+        " --ranks-per-node {params.nproc} --cpus-per-rank {params.cpus}"
         " --max-restarts {params.max_restarts}"
         " -- train --shards {params.shards} --out {params.out}"
         " > {log} 2>&1"

@@ -55,7 +55,7 @@ rule unet_train:
         max_restarts=CFG.train.max_restarts,
         env=tracking_env("unet_train"),
     shell:
-        "{params.env} cosmocub launch --tasks-per-node {params.nproc}"
+        "{params.env} cosmocub launch --ranks-per-node {params.nproc}"
         " --cpus-per-rank {params.cpus} --max-restarts {params.max_restarts}"
         " -- train --config {input.config} --shards {params.shards} --out {params.out}"
         " > {log} 2>&1"

@@ -15,7 +15,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     command = args.command_args[1:] if args.command_args[:1] == ["--"] else args.command_args
     layout = RankLayout(
         nodes=args.nodes,
-        tasks_per_node=args.tasks_per_node,
+        ranks_per_node=args.ranks_per_node,
         cpus_per_rank=args.cpus_per_rank,
         max_restarts=args.max_restarts,
     )
@@ -49,7 +49,7 @@ def add_launch(sub) -> None:
         sub, "launch", _cmd_launch, "start the ranks of `cosmocub <stage>` with the right launcher"
     )
     p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--tasks-per-node", type=int, default=1)
+    p.add_argument("--ranks-per-node", type=int, default=1)
     p.add_argument("--cpus-per-rank", type=int, default=1)
     p.add_argument(
         "--max-restarts", type=int, default=0, help="starts again after a crash (not a user error)"

@@ -96,6 +96,30 @@ class Config:
         """The seed of the training's weights, data order and draws: train.seed, else seed."""
         return self.seed if self.train.seed is None else self.train.seed
 
+    @property
+    def world_size(self) -> int:
+        """Ranks of the training run: cluster.train.nodes × train.ranks_per_node."""
+        return self.cluster.train.nodes * self.train.ranks_per_node
+
+    @property
+    def data_ranks(self) -> int:
+        """Ranks along the data axis, each with its own samples: world_size ÷ parallel.spatial
+        (a ConfigError with the numbers where it does not divide)."""
+        world, spatial = self.world_size, self.parallel.spatial
+        if world % spatial:
+            raise ConfigError(
+                f"{self.source}: key 'train.ranks_per_node': {world} ranks "
+                f"(cluster.train.nodes {self.cluster.train.nodes} × train.ranks_per_node "
+                f"{self.train.ranks_per_node}) do not divide into groups of parallel.spatial "
+                f"{spatial}"
+            )
+        return world // spatial
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step: data_ranks × train.local_batch_size."""
+        return self.data_ranks * self.train.local_batch_size
+
     def __post_init__(self) -> None:
         inputs = len(self.task.input_redshifts)
         if self.model.name == "unet" and self.model.in_channels != inputs:
@@ -116,7 +140,7 @@ class Config:
                 )
         sample, universe = self.preprocess.sample_size, self.universes.size
         # Public universes are checked against the files themselves at preprocessing time.
-        if self.universes.source == "synthetic" and (sample > universe or universe % sample):
+        if self.universes.made_here and (sample > universe or universe % sample):
             raise ConfigError(
                 f"{self.source}: key 'preprocess.sample_size': {sample} does not divide "
                 f"universes.size {universe}"

@@ -52,8 +52,46 @@ def load_schema() -> dict[str, Any]:
     return copy.deepcopy(_parsed_schema())
 
 
+# Keys that were renamed (one word for the ranks started on a node: ranks_per_node), each with
+# its new name and what it means; "*" stands for any item of a list. The schema would refuse the
+# old names too, but only as unknown keys, without saying what to write instead.
+RENAMED_KEYS = {
+    "train.nproc_per_node": ("ranks_per_node", "the ranks started on each node"),
+    "unet.train.nproc_per_node": ("ranks_per_node", "the U-Net's ranks on its node"),
+    "step_time_study.points.*.nproc_per_node": ("ranks_per_node", "the point's ranks"),
+    "network_study.nproc_per_node": ("ranks_per_node", "ranks per emulated node"),
+    "scaling_study.nproc_per_node": ("ranks_per_node", "ranks per emulated node"),
+    "parallel.ranks_per_node": ("assumed_ranks_per_node", "the node size Lion Cub assumes"),
+    "unet.parallel.ranks_per_node": ("assumed_ranks_per_node", "the node size Lion Cub assumes"),
+}
+
+
+def _key_paths(value: Any, parts: list[str], at: tuple[str, ...] = ()):
+    """The paths in `value` that match `parts` ("*": any list item), as tuples of keys."""
+    if not parts:
+        yield at
+    elif parts[0] == "*" and isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _key_paths(item, parts[1:], (*at, str(i)))
+    elif isinstance(value, dict) and parts[0] in value:
+        yield from _key_paths(value[parts[0]], parts[1:], (*at, parts[0]))
+
+
+def refuse_renamed_keys(raw: Mapping[str, Any], *, source: str) -> None:
+    """ConfigError, in one line naming `source`, the old key and the new one, for the first key
+    of `raw` that was renamed (RENAMED_KEYS)."""
+    for old, (new, meaning) in RENAMED_KEYS.items():
+        for path in _key_paths(raw, old.split(".")):
+            where = ".".join(path)
+            raise ConfigError(
+                f"{source}: key '{where}' was renamed: write "
+                f"'{'.'.join((*path[:-1], new))}' instead ({meaning})"
+            )
+
+
 def resolve(raw: dict[str, Any] | None, *, source: str = "<config>") -> dict[str, Any]:
     """Validate `raw` against the schema and return a copy with every default filled in."""
+    refuse_renamed_keys(raw or {}, source=source)
     values = json.loads(json.dumps(raw or {}))
     validator = _validator_filling_defaults()(load_schema())
     errors = sorted(validator.iter_errors(values), key=lambda e: list(e.absolute_path))

@@ -30,6 +30,11 @@ class UniversesConfig:
     cosmoflow_dir: str | None
     max_files: int | None
 
+    @property
+    def made_here(self) -> bool:
+        """Universes the simulate jobs make (synthetic or known_answer), not linked ones."""
+        return self.source in ("synthetic", "known_answer")
+
     def __post_init__(self) -> None:
         if self.source == "cosmoflow" and not self.cosmoflow_dir:
             raise ConfigError(
@@ -92,6 +97,8 @@ class PreprocessConfig:
     # A default here only so that code building the settings by hand need not name it (the
     # schema's default is the same): "fixed" crops for training, or whole universes ("random").
     train_crops: str = "fixed"
+    # The bispectrum statistics in features.h5 (the schema's default, off, as above).
+    bispectrum: bool = False
 
     def __post_init__(self) -> None:
         if self.train_crops not in TRAIN_CROPS:
@@ -244,7 +251,9 @@ class ParallelConfig:
     spatial: int
     split: tuple[int, int, int] | None
     periodic: bool
-    ranks_per_node: int | None
+    # The node size Lion Cub's hierarchy and the intra/inter-node byte split assume; None: the
+    # launcher's local world size (train.ranks_per_node).
+    assumed_ranks_per_node: int | None
 
     def __post_init__(self) -> None:
         if self.split is not None and math.prod(self.split) != self.spatial:

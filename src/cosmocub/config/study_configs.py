@@ -55,7 +55,7 @@ class UniversesStudyConfig:
 @dataclass(frozen=True, kw_only=True)
 class StepTimePoint:
     name: str
-    nproc_per_node: int
+    ranks_per_node: int
     spatial: int
     optimizer: dict[str, Any]
 
@@ -72,10 +72,10 @@ class StepTimeStudyConfig:
         if len(set(names)) != len(names):
             raise ConfigError(f"key 'step_time_study.points': names repeat: {names}")
         for p in points:
-            if p.nproc_per_node % p.spatial:
+            if p.ranks_per_node % p.spatial:
                 raise ConfigError(
                     f"key 'step_time_study.points': point {p.name!r} has spatial {p.spatial}, "
-                    f"which does not divide its nproc_per_node {p.nproc_per_node}"
+                    f"which does not divide its ranks_per_node {p.ranks_per_node}"
                 )
 
 
@@ -91,7 +91,7 @@ class OptimizerVariant:
 @dataclass(frozen=True, kw_only=True)
 class NetworkStudyConfig:
     nodes: int
-    nproc_per_node: int
+    ranks_per_node: int
     bandwidths_mbit: tuple[float, ...]
     seeds: tuple[int, ...]
     epochs: int
@@ -133,7 +133,7 @@ class StudiesConfig:
 @dataclass(frozen=True, kw_only=True)
 class ScalingStudyConfig:
     bandwidth_mbit: float
-    nproc_per_node: int
+    ranks_per_node: int
     meshes: tuple[tuple[int, int], ...]
     modes: tuple[str, ...]
     global_batch_size: int
@@ -147,10 +147,10 @@ class ScalingStudyConfig:
         if len(set(meshes)) != len(meshes):
             raise ConfigError(f"key 'scaling_study.meshes': {[list(m) for m in meshes]} repeats")
         for data, spatial in meshes:
-            if (data * spatial) % self.nproc_per_node:
+            if (data * spatial) % self.ranks_per_node:
                 raise ConfigError(
                     f"key 'scaling_study.meshes': mesh {data}x{spatial} has {data * spatial} "
-                    f"ranks, not a multiple of nproc_per_node {self.nproc_per_node}"
+                    f"ranks, not a multiple of ranks_per_node {self.ranks_per_node}"
                 )
             if "strong" in self.modes and self.global_batch_size % data:
                 raise ConfigError(

@@ -96,7 +96,7 @@ class TrainConfig:
     run_name: str
     epochs: int
     local_batch_size: int
-    nproc_per_node: int
+    ranks_per_node: int  # ranks started on each node (torchrun's --nproc-per-node)
     augment: bool
     num_data_workers: int
     checkpoint_every_steps: int
@@ -112,6 +112,11 @@ class TrainConfig:
     max_steps_per_epoch: int | None
     seed: int | None  # None: the config's seed (Config.training_seed)
     universes: int | None  # None: every training universe
+    # How the step is fed and run; "auto" is made concrete on the device (train/step_settings.py).
+    data_placement: str  # auto, loader, device, pinned
+    channels_last: str | bool  # "auto", True, False
+    compile: bool
+    fused_optimizer: str | bool  # "auto", True, False
 
 
 @dataclass(frozen=True, kw_only=True)

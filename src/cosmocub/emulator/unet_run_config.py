@@ -14,7 +14,7 @@ from cosmocub.config import Config, ConfigError, derive, optimizer_variant
 def unet_config(cfg: Config) -> Config:
     """The U-Net run's config: `cfg` with `unet.<section>` merged over each section (an optimizer
     with a name replaces the section), model.name unet and model.in_channels the number of
-    task.input_redshifts. train.nproc_per_node is its ranks on its one node, as in `train`:
+    task.input_redshifts. train.ranks_per_node is its ranks on its one node, as in `train`:
     parallel.spatial of them share a sample."""
     unet = cfg.unet
     model = {**unet.model, "name": "unet", "in_channels": len(cfg.task.input_redshifts)}
@@ -28,18 +28,14 @@ def unet_config(cfg: Config) -> Config:
         overrides["optimizer"] = unet.optimizer
     source = f"{cfg.source} + unet"
     out = derive(cfg, overrides, replace=replace, source=source)
-    nproc, spatial = out.train.nproc_per_node, out.parallel.spatial
-    if nproc % spatial:
-        # Before, the U-Net's nproc_per_node counted data ranks (the run started it × spatial).
-        key = (
-            "unet.train.nproc_per_node"
-            if "nproc_per_node" in unet.train
-            else "train.nproc_per_node"
-        )
+    ranks, spatial = out.train.ranks_per_node, out.parallel.spatial
+    if ranks % spatial:
+        # It once counted data ranks (the run started it × spatial): say what to write for those.
+        key = f"{'unet.' if 'ranks_per_node' in unet.train else ''}train.ranks_per_node"
         raise ConfigError(
-            f"{source}: key '{key}': {nproc} ranks per node is not a multiple of "
+            f"{source}: key '{key}': {ranks} ranks per node is not a multiple of "
             f"parallel.spatial {spatial} (it counts all the U-Net's ranks, data × spatial, not "
-            f"its data ranks: for {nproc} data ranks write {nproc * spatial})"
+            f"its data ranks: for {ranks} data ranks write {ranks * spatial})"
         )
     return out
 
@@ -51,4 +47,4 @@ def unet_config_values(cfg: Config) -> dict[str, Any]:
 
 def unet_world_size(cfg: Config) -> int:
     """Ranks of the `snakemake unet` run, all on one node; a bad `unet` section is a ConfigError."""
-    return unet_config(cfg).train.nproc_per_node
+    return unet_config(cfg).train.ranks_per_node

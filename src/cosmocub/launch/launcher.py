@@ -42,21 +42,21 @@ USER_ERROR_EXIT = 2
 
 @dataclass(frozen=True, kw_only=True)
 class RankLayout:
-    """How many processes to start where: nodes × tasks_per_node ranks of cpus_per_rank cores."""
+    """How many processes to start where: nodes × ranks_per_node ranks of cpus_per_rank cores."""
 
     nodes: int
-    tasks_per_node: int
+    ranks_per_node: int
     cpus_per_rank: int
     max_restarts: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "tasks_per_node", "cpus_per_rank"):
+        for name in ("nodes", "ranks_per_node", "cpus_per_rank"):
             if getattr(self, name) < 1:
                 raise ValueError(f"launch: {name} must be >= 1, got {getattr(self, name)}")
 
     @property
     def world_size(self) -> int:
-        return self.nodes * self.tasks_per_node
+        return self.nodes * self.ranks_per_node
 
 
 def detect_scheduler(environ: Mapping[str, str]) -> str:
@@ -96,7 +96,7 @@ def launch_command(
             )
         # torchrun, reporting failures in one line and arming its ranks to die with it;
         # restarts are run_launch's, not torchrun's.
-        return torchrun_argv(layout.tasks_per_node, *cli_program(args), python=python)
+        return torchrun_argv(layout.ranks_per_node, *cli_program(args), python=python)
     if scheduler == "slurm":
         if layout.world_size == 1:
             # The job is one task already; ParallelDims reads SLURM_PROCID=0 / SLURM_NTASKS=1.
@@ -105,7 +105,7 @@ def launch_command(
             "srun",
             f"--nodes={layout.nodes}",
             f"--ntasks={layout.world_size}",
-            f"--ntasks-per-node={layout.tasks_per_node}",
+            f"--ntasks-per-node={layout.ranks_per_node}",
             f"--cpus-per-task={layout.cpus_per_rank}",
             "--kill-on-bad-exit=1",
             python,
@@ -122,7 +122,7 @@ def launch_command(
             "run",
             f"--nodes={layout.nodes}",
             "--tasks-per-node=1",
-            f"--cores-per-task={layout.cpus_per_rank * layout.tasks_per_node}",
+            f"--cores-per-task={layout.cpus_per_rank * layout.ranks_per_node}",
             *agent,
         ]
     hosts = _lsf_hosts(env)
@@ -145,7 +145,7 @@ def torchrun_agent(
     is_host: bool | None = None,
 ) -> list[str]:
     """One node's torchrun agent of a multi-node launch (Flux, LSF, emulated nodes): it meets the
-    other nodes' agents at the c10d `endpoint` and starts tasks_per_node ranks. Where hostnames
+    other nodes' agents at the c10d `endpoint` and starts ranks_per_node ranks. Where hostnames
     do not tell the nodes apart (emulated nodes share the machine's): `local_addr`, the address
     the other nodes reach this one at, and `is_host`, whether this agent serves the endpoint."""
     rendezvous = Rendezvous(
@@ -157,7 +157,7 @@ def torchrun_agent(
     )
     # Restarts are run_launch's / run_attempts', not torchrun's.
     return torchrun_argv(
-        layout.tasks_per_node, *cli_program(module_args), python=python, rendezvous=rendezvous
+        layout.ranks_per_node, *cli_program(module_args), python=python, rendezvous=rendezvous
     )
 
 

@@ -23,17 +23,17 @@ def simulate_runtime(cfg: Config) -> int:
 
 def train_world_size(cfg: Config) -> int:
     """Training ranks: nodes × ranks per node."""
-    return cfg.cluster.train.nodes * cfg.train.nproc_per_node
+    return cfg.world_size
 
 
 def train_threads(cfg: Config) -> int:
     """Cores the training job asks for on each node: its ranks there × cores per rank."""
-    return cfg.train.nproc_per_node * cfg.cluster.train.cpus_per_rank
+    return cfg.train.ranks_per_node * cfg.cluster.train.cpus_per_rank
 
 
 def train_gres(cfg: Config) -> str:
     """Slurm generic resources per node ("gpu:4"), or "" on CPU nodes."""
-    return node_gres(cfg, cfg.train.nproc_per_node)
+    return node_gres(cfg, cfg.train.ranks_per_node)
 
 
 def node_cpus(cfg: Config, ranks_per_node: int) -> int:

@@ -28,21 +28,21 @@ class Rendezvous:
 
 
 def torchrun_argv(
-    nproc_per_node: int,
+    ranks_per_node: int,
     *program: str,
     max_restarts: int = 0,
     python: str = sys.executable,
     rendezvous: Rendezvous | None = None,
 ) -> list[str]:
-    """torchrun of `nproc_per_node` ranks running `program` (a script and its arguments, or
+    """torchrun of `ranks_per_node` ranks running `program` (a script and its arguments, or
     `-m module …`): `--standalone` on this machine, or one node of `rendezvous`."""
     if rendezvous is None:
-        where = ["--standalone", f"--nproc-per-node={nproc_per_node}"]
+        where = ["--standalone", f"--nproc-per-node={ranks_per_node}"]
     else:
         r = rendezvous
         where = [
             f"--nnodes={r.nodes}",
-            f"--nproc-per-node={nproc_per_node}",
+            f"--nproc-per-node={ranks_per_node}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={r.endpoint}",
             f"--rdzv-id={r.rdzv_id}",

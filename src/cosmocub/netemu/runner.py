@@ -43,7 +43,7 @@ STOP_GRACE_S = 10.0
 class NodesRunResult:
     returncode: int
     nodes: int
-    nproc_per_node: int
+    ranks_per_node: int
     bandwidth_mbit: float
     node_cores: list[list[int]]  # the cores node k's ranks were pinned to
     cores_per_rank: float  # below threads_per_rank: ranks share cores (oversubscribed)
@@ -62,22 +62,22 @@ class NodesRunResult:
 
 
 def split_cores(
-    cores: Sequence[int], nodes: int, nproc_per_node: int, cpus_per_rank: int | None = None
+    cores: Sequence[int], nodes: int, ranks_per_node: int, cpus_per_rank: int | None = None
 ) -> tuple[list[list[int]], float]:
     """Node k's cores and the cores per rank. With `cpus_per_rank`, when every rank's share fits:
-    node k a disjoint block of nproc_per_node × cpus_per_rank cores (any others stay idle, so
+    node k a disjoint block of ranks_per_node × cpus_per_rank cores (any others stay idle, so
     that every point of a study has the same cores per rank). Otherwise all of them shared out:
     disjoint equal blocks when there are at least as many cores as nodes, else every node on all
     cores (cores / ranks each)."""
     cores = sorted(cores)
-    if cpus_per_rank is not None and nodes * nproc_per_node * cpus_per_rank <= len(cores):
-        size = nproc_per_node * cpus_per_rank
+    if cpus_per_rank is not None and nodes * ranks_per_node * cpus_per_rank <= len(cores):
+        size = ranks_per_node * cpus_per_rank
         return [cores[k * size : (k + 1) * size] for k in range(nodes)], float(cpus_per_rank)
     if len(cores) >= nodes:
         size = len(cores) // nodes
         blocks = [cores[k * size : (k + 1) * size] for k in range(nodes)]
-        return blocks, size / nproc_per_node
-    return [list(cores) for _ in range(nodes)], len(cores) / (nodes * nproc_per_node)
+        return blocks, size / ranks_per_node
+    return [list(cores) for _ in range(nodes)], len(cores) / (nodes * ranks_per_node)
 
 
 def run_training_on_nodes(
@@ -86,7 +86,7 @@ def run_training_on_nodes(
     shards_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
     nodes: int,
-    nproc_per_node: int,
+    ranks_per_node: int,
     bandwidth_mbit: float,
     cores: Sequence[int] | None = None,
     cpus_per_rank: int | None = None,
@@ -96,7 +96,7 @@ def run_training_on_nodes(
     during: Callable[[EmulatedNetwork], None] | None = None,
 ) -> NodesRunResult:
     """Train `cosmocub train --config … --shards … --out out_dir` on `nodes` emulated nodes of
-    `nproc_per_node` ranks, links at bandwidth_mbit (0 = unshaped). `cores`: the CPUs to share
+    `ranks_per_node` ranks, links at bandwidth_mbit (0 = unshaped). `cores`: the CPUs to share
     out (default: this process's affinity); `cpus_per_rank`: each rank's threads and, where they
     fit, its own cores (`split_cores`; None: all the cores shared out). `during(network)` runs in
     a thread while training (e.g. to cut a link). Raises EmulationUnavailableError without
@@ -107,12 +107,12 @@ def run_training_on_nodes(
     node_cores, cores_per_rank = split_cores(
         cores if cores is not None else os.sched_getaffinity(0),
         nodes,
-        nproc_per_node,
+        ranks_per_node,
         cpus_per_rank,
     )
     layout = RankLayout(
         nodes=nodes,
-        tasks_per_node=nproc_per_node,
+        ranks_per_node=ranks_per_node,
         cpus_per_rank=max(1, int(cores_per_rank)) if cpus_per_rank is None else cpus_per_rank,
         max_restarts=max_restarts,
     )
@@ -177,7 +177,7 @@ def run_training_on_nodes(
     return NodesRunResult(
         returncode=rc,
         nodes=nodes,
-        nproc_per_node=nproc_per_node,
+        ranks_per_node=ranks_per_node,
         bandwidth_mbit=bandwidth_mbit,
         node_cores=node_cores,
         cores_per_rank=cores_per_rank,

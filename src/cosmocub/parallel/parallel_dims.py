@@ -126,9 +126,9 @@ class ParallelDims:
     owns_process_group: bool = False
     # Groups made for this run beyond the mesh's (e.g. batch norm's): destroyed on close.
     extra_groups: list[dist.ProcessGroup] = field(default_factory=list, repr=False)
-    # Ranks on one node: the launcher's local world size unless the config says (an override,
-    # e.g. to treat one host's ranks as several nodes); see `node_layout`.
-    ranks_per_node: int | None = None
+    # Ranks on one node: the launcher's local world size unless the config says
+    # (parallel.assumed_ranks_per_node, e.g. to treat one host's ranks as several nodes).
+    assumed_ranks_per_node: int | None = None
     _node_groups: NodeGroups | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -181,7 +181,7 @@ class ParallelDims:
     @property
     def per_node(self) -> int:
         """G: the ranks on one node (consecutive global ranks)."""
-        return self.ranks_per_node or self.env.local_world_size
+        return self.assumed_ranks_per_node or self.env.local_world_size
 
     def node_layout(self) -> NodeLayout:
         """The data axis over the nodes (ValueError, naming the sizes, where it is uneven)."""
@@ -243,7 +243,7 @@ def build_parallel_dims(
     spatial: int = 1,
     environ: Mapping[str, str] | None = None,
     timeout_s: float = 1800.0,
-    ranks_per_node: int | None = None,
+    assumed_ranks_per_node: int | None = None,
 ) -> ParallelDims:
     """Start the process group (gloo on CPU, nccl on CUDA, unless `backend` says) and the mesh.
 
@@ -268,7 +268,7 @@ def build_parallel_dims(
         env=env,
         device=device,
         backend=backend,
-        ranks_per_node=ranks_per_node,
+        assumed_ranks_per_node=assumed_ranks_per_node,
     )
     if device.type == "cuda":
         torch.cuda.set_device(device)

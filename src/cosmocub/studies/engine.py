@@ -48,7 +48,7 @@ class Point:
 
     overrides: deep-merged into the base config's values (a dict may replace a whole section
     value by giving it in full); labels: the columns that name the point in the table; launch:
-    its rank layout (nodes, nproc_per_node, bandwidth_mbit); runner: its name in
+    its rank layout (nodes, ranks_per_node, bandwidth_mbit); runner: its name in
     cosmocub.studies.runners.RUNNERS.
     """
 
@@ -342,7 +342,7 @@ def training_row(outputs: PointOutputs) -> dict[str, Any]:
         "data": summary["data_parallel"],
         "spatial": summary["spatial_parallel"],
         "nodes": record.get("nodes", 1),
-        "nproc_per_node": record.get("nproc_per_node"),
+        "ranks_per_node": record.get("ranks_per_node"),
         "cores_per_rank": record.get("cores_per_rank"),
         "steps": summary["steps"],
         "final_val_loss": epochs[-1].get("val_loss"),

@@ -20,10 +20,10 @@ PLAN_FILE = "launch.json"
 @dataclass(frozen=True, kw_only=True)
 class PointLaunch:
     """Rank layout a study gives a point; None: not given (one node, the point config's
-    train.nproc_per_node, links unshaped)."""
+    train.ranks_per_node, links unshaped)."""
 
     nodes: int | None = None
-    nproc_per_node: int | None = None
+    ranks_per_node: int | None = None
     bandwidth_mbit: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -33,7 +33,7 @@ class PointLaunch:
 
 @dataclass(frozen=True, kw_only=True)
 class LaunchPlan:
-    """What runs for one point: its runner on `nodes` nodes of `nproc_per_node` ranks each."""
+    """What runs for one point: its runner on `nodes` nodes of `ranks_per_node` ranks each."""
 
     study: str
     name: str
@@ -41,13 +41,13 @@ class LaunchPlan:
     labels: Mapping[str, Any]
     launch: PointLaunch  # as the study gave it
     nodes: int
-    nproc_per_node: int
+    ranks_per_node: int
     bandwidth_mbit: float
 
     @property
     def ranks(self) -> int:
         """Ranks on this machine (emulated nodes share its cores)."""
-        return self.nodes * self.nproc_per_node
+        return self.nodes * self.ranks_per_node
 
     @property
     def allocated_nodes(self) -> int:
@@ -70,8 +70,8 @@ def plan_launch(
     point_cfg: Config,
 ) -> LaunchPlan:
     """The plan of a point whose config is `point_cfg`: what its study did not give is one node,
-    the config's train.nproc_per_node and unshaped links."""
-    nproc = launch.nproc_per_node
+    the config's train.ranks_per_node and unshaped links."""
+    given = launch.ranks_per_node
     return LaunchPlan(
         study=study,
         name=name,
@@ -79,7 +79,7 @@ def plan_launch(
         labels=dict(labels),
         launch=launch,
         nodes=1 if launch.nodes is None else launch.nodes,
-        nproc_per_node=point_cfg.train.nproc_per_node if nproc is None else nproc,
+        ranks_per_node=point_cfg.train.ranks_per_node if given is None else given,
         bandwidth_mbit=0.0 if launch.bandwidth_mbit is None else float(launch.bandwidth_mbit),
     )
 

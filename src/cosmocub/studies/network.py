@@ -43,7 +43,7 @@ COLUMNS = (
     "bandwidth_mbit",
     "seed",
     "nodes",
-    "nproc_per_node",
+    "ranks_per_node",
     "cores_per_rank",
     "world_size",
     "data",
@@ -90,7 +90,7 @@ def points(cfg: Config) -> list[Point]:
             "optimizer": optimizer,
             "parallel": {"spatial": 1, "split": None},
             "train": {
-                "nproc_per_node": study.nproc_per_node,
+                "ranks_per_node": study.ranks_per_node,
                 "epochs": study.epochs,
                 "max_steps_per_epoch": study.max_steps_per_epoch,
                 "local_batch_size": study.local_batch_size,
@@ -106,7 +106,7 @@ def points(cfg: Config) -> list[Point]:
                         labels={"variant": variant, "bandwidth_mbit": mbit, "seed": seed},
                         launch=PointLaunch(
                             nodes=study.nodes,
-                            nproc_per_node=study.nproc_per_node,
+                            ranks_per_node=study.ranks_per_node,
                             bandwidth_mbit=mbit,
                         ),
                         runner="emulated",

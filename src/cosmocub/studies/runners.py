@@ -59,19 +59,19 @@ def run_local(
     cpus_per_rank: int,
     max_restarts: int,
 ) -> tuple[int, Mapping[str, Any]]:
-    """The point as the `train` rule runs: `cosmocub launch --tasks-per-node N -- train …` in
+    """The point as the `train` rule runs: `cosmocub launch --ranks-per-node N -- train …` in
     the allocation this job runs in (torchrun here, srun/flux/blaunch on a cluster)."""
     from cosmocub.launch.launcher import RankLayout, run_launch
 
     layout = RankLayout(
         nodes=plan.nodes,
-        tasks_per_node=plan.nproc_per_node,
+        ranks_per_node=plan.ranks_per_node,
         cpus_per_rank=cpus_per_rank,
         max_restarts=max_restarts,
     )
     args = ["train", "--config", str(config_path), "--shards", str(shards_dir)]
     rc = run_launch(layout, [*args, "--out", str(out_dir)])
-    return rc, {"nodes": layout.nodes, "nproc_per_node": plan.nproc_per_node}
+    return rc, {"nodes": layout.nodes, "ranks_per_node": plan.ranks_per_node}
 
 
 def run_emulated(
@@ -83,7 +83,7 @@ def run_emulated(
     cpus_per_rank: int,
     max_restarts: int,
 ) -> tuple[int, Mapping[str, Any]]:
-    """The point on `plan.nodes` emulated nodes (cosmocub.netemu) of plan.nproc_per_node ranks
+    """The point on `plan.nodes` emulated nodes (cosmocub.netemu) of plan.ranks_per_node ranks
     each, links at `plan.bandwidth_mbit` (0: unshaped, but still on the
     emulated network, so its bytes on the wire are counted). Each rank runs cpus_per_rank
     threads on cores of its own where the job's cores hold them all, else the ranks share the
@@ -91,14 +91,14 @@ def run_emulated(
     from cosmocub.netemu import EmulationUnavailableError
     from cosmocub.netemu.runner import run_training_on_nodes
 
-    nodes, nproc_per_node, bandwidth = plan.nodes, plan.nproc_per_node, plan.bandwidth_mbit
+    nodes, ranks_per_node, bandwidth = plan.nodes, plan.ranks_per_node, plan.bandwidth_mbit
     try:
         result = run_training_on_nodes(
             config_path=config_path,
             shards_dir=shards_dir,
             out_dir=out_dir,
             nodes=nodes,
-            nproc_per_node=nproc_per_node,
+            ranks_per_node=ranks_per_node,
             bandwidth_mbit=bandwidth,
             cpus_per_rank=cpus_per_rank,
             max_restarts=max_restarts,
@@ -109,7 +109,7 @@ def run_emulated(
     tx = result.node_tx_bytes
     return result.returncode, {
         "nodes": nodes,
-        "nproc_per_node": nproc_per_node,
+        "ranks_per_node": ranks_per_node,
         "bandwidth_mbit": bandwidth,
         "cores_per_rank": result.cores_per_rank,
         "threads_per_rank": result.threads_per_rank,
@@ -177,7 +177,7 @@ def run_point(
     except PointSkipped as why:
         # One line; the study goes on and its table shows the point with blank measurements.
         print(f"emulated points skipped: {study} point {point}: {why}", file=sys.stderr)
-        rc, extra = 0, {"skipped": str(why), "nproc_per_node": plan.nproc_per_node}
+        rc, extra = 0, {"skipped": str(why), "ranks_per_node": plan.ranks_per_node}
     if rc == 0:
         write_point_record(point_record(plan, cores_per_rank=cpus_per_rank, extra=extra), out)
     return rc

@@ -81,7 +81,7 @@ def size_point(cfg: Config, size: int, lr: float) -> Point:
             "optimizer": {"lr": lr, **stretched(cfg.optimizer, study.epochs / cfg.train.epochs)},
             "parallel": {"spatial": spatial, "split": None},
             "train": {
-                "nproc_per_node": spatial * cfg.train.nproc_per_node,
+                "ranks_per_node": spatial * cfg.train.ranks_per_node,
                 "epochs": study.epochs,
                 "max_steps_per_epoch": study.max_steps_per_epoch,
             },

@@ -38,7 +38,7 @@ COLUMNS = (
     "spatial",
     "world_size",
     "nodes",
-    "nproc_per_node",
+    "ranks_per_node",
     "bandwidth_mbit",
     "cores_per_rank",
     "oversubscribed",
@@ -77,7 +77,7 @@ def points(cfg: Config) -> list[Point]:
             overrides = {
                 "parallel": {"spatial": spatial, "split": None},
                 "train": {
-                    "nproc_per_node": study.nproc_per_node,
+                    "ranks_per_node": study.ranks_per_node,
                     "epochs": study.epochs,
                     "max_steps_per_epoch": study.max_steps_per_epoch,
                     "local_batch_size": local,
@@ -94,8 +94,8 @@ def points(cfg: Config) -> list[Point]:
                         "bandwidth_mbit": study.bandwidth_mbit,
                     },
                     launch=PointLaunch(
-                        nodes=ranks // study.nproc_per_node,
-                        nproc_per_node=study.nproc_per_node,
+                        nodes=ranks // study.ranks_per_node,
+                        ranks_per_node=study.ranks_per_node,
                         bandwidth_mbit=study.bandwidth_mbit,
                     ),
                     runner="emulated",

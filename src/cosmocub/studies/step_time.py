@@ -21,7 +21,7 @@ COLUMNS = (
     "data",
     "spatial",
     "nodes",
-    "nproc_per_node",
+    "ranks_per_node",
     "cores_per_rank",
     "steps",
     "step_s",
@@ -45,7 +45,7 @@ def points(cfg: Config) -> list[Point]:
     for p in study.points:
         overrides: dict[str, Any] = {
             "parallel": {"spatial": p.spatial, "split": None},
-            "train": {"nproc_per_node": p.nproc_per_node, "epochs": study.epochs},
+            "train": {"ranks_per_node": p.ranks_per_node, "epochs": study.epochs},
         }
         if p.optimizer:
             # A whole optimizer section: the base's options for another optimizer do not apply.

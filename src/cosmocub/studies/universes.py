@@ -78,7 +78,7 @@ def check_budget(cfg: Config) -> None:
             f"(preprocess.splits); raise universes.count (config/universes.yaml)"
         )
     crops = (cfg.universes.size // cfg.preprocess.sample_size) ** 3
-    batch = cfg.train.local_batch_size * cfg.train.nproc_per_node
+    batch = cfg.global_batch
     smallest = min(study.train_universes)
     if smallest * crops < study.max_steps_per_epoch * batch:
         raise ConfigError(

@@ -1,6 +1,6 @@
 """Entry of the training stage: read the launcher's environment, build, train, write, close.
 
-One process per device, started by `cosmocub launch --tasks-per-node N --max-restarts R -- train
+One process per device, started by `cosmocub launch --ranks-per-node N --max-restarts R -- train
 --config CFG --shards DIR --out RUN_DIR` (torchrun locally, srun on Slurm, see
 cosmocub.launch.launcher):
 it starts the ranks again after a crash, never after a user error (exit 2), and `train` resumes
@@ -50,7 +50,7 @@ def train(
         backend=cfg.train.backend,
         spatial=cfg.parallel.spatial,
         timeout_s=cfg.train.collective_timeout_s,
-        ranks_per_node=cfg.parallel.ranks_per_node,
+        assumed_ranks_per_node=cfg.parallel.assumed_ranks_per_node,
     )
     previous_deterministic = runtime.set_deterministic(cfg.train.deterministic)
     lock = None

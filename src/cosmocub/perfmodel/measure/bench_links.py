@@ -73,7 +73,7 @@ def bench_links(cfg: Config, *, config_path: str | None, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:
         part = Path(tmp) / f"{LOOPBACK}.tsv"
-        layout = RankLayout(nodes=1, tasks_per_node=settings.ranks, cpus_per_rank=1)
+        layout = RankLayout(nodes=1, ranks_per_node=settings.ranks, cpus_per_rank=1)
         args = _bench_args(LOOPBACK, settings.sizes_bytes, settings.repeats, config_path, part)
         if (rc := run_launch(layout, args)) != 0:
             raise RuntimeError(f"perf-model bench: the {LOOPBACK} ranks failed (exit {rc})")
@@ -114,7 +114,7 @@ def run_on_emulated_nodes(
     from cosmocub.netemu.runner import split_cores
 
     node_cores, _ = split_cores(os.sched_getaffinity(0), nodes, 1)
-    layout = RankLayout(nodes=nodes, tasks_per_node=1, cpus_per_rank=1)
+    layout = RankLayout(nodes=nodes, ranks_per_node=1, cpus_per_rank=1)
     with emulated_nodes(nodes=nodes, bandwidth_mbit=bandwidth_mbit) as net, log_path.open("w") as f:
         endpoint = f"{net.nodes[0].address}:{RENDEZVOUS_PORT}"
         agents = []

@@ -66,7 +66,7 @@ def bench_ranks(
     if "RANK" not in os.environ:
         raise ValueError(
             "perf-model bench-ranks: no launcher environment (RANK); run it as `cosmocub launch "
-            "--tasks-per-node N -- perf-model bench-ranks --link NAME --out FILE`, or "
+            "--ranks-per-node N -- perf-model bench-ranks --link NAME --out FILE`, or "
             "`cosmocub perf-model bench` for every link"
         )
     settings = load_config(config_path).perf_model.bench
