@@ -1,6 +1,7 @@
 """LionCub's checkpoint over 4 gloo ranks through the trainer's CheckpointManager: no rank
 allocates more than its own momentum (one row) plus a bounded buffer, saving or resuming, and the
-resumed run goes on bit for bit. The same spawn checks the levels warning and parameters()."""
+resumed run goes on bit for bit. The same spawn checks the levels warning and parameters().
+At one process: each data rank's file is pruned with its checkpoint and read on resume."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 from cosmocub.launch import multirank
 from cosmocub.launch.torchrun import torchrun_argv
+from cosmocub.optim import LionCub
+from cosmocub.train.checkpoint import CheckpointManager
 
 PROGRAM = r'''
 import sys, warnings
@@ -121,6 +126,38 @@ print(f"rank {rank}: row {row} saved {saved.bytes} loaded {loaded.bytes} "
       f"gathered {gathered.bytes}", flush=True)
 close_parallel_dims(dims)
 '''
+
+
+def test_each_data_rank_file_goes_with_its_checkpoint(tmp_path: Path) -> None:
+    """One process: step_<n>.data_rank_00000.pt beside step_<n>.pt, pruned with it (and an
+    orphan of a save that died before its checkpoint), and the one a resume reads."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    opt = LionCub(model.parameters(), group=None, lr=0.01)
+    folder = tmp_path / "0123456789ab"
+    manager = CheckpointManager(folder, config_hash="0" * 12, stateful={"optimizer": opt}, keep=2)
+    (folder / "step_00000009.data_rank_00000.pt").parent.mkdir(parents=True)
+    (folder / "step_00000009.data_rank_00000.pt").write_bytes(b"")  # no step_00000009.pt
+    for step in range(1, 5):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        manager.save(step)
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "step_00000003.data_rank_00000.pt",
+        "step_00000003.pt",
+        "step_00000004.data_rank_00000.pt",
+        "step_00000004.pt",
+    ]
+    assert "optimizer" not in torch.load(folder / "step_00000004.pt", weights_only=True)
+    fresh = LionCub(nn.Linear(4, 3).parameters(), group=None, lr=0.01)
+    CheckpointManager(folder, config_hash="0" * 12, stateful={"optimizer": fresh}).restore_latest()
+    assert fresh.step_count == 4
+    assert torch.equal(fresh.buckets[0].momentum, opt.buckets[0].momentum)
+    # A newer config's folder beside it: the old one, data rank files and all, is deleted.
+    newer = CheckpointManager(tmp_path / "ba9876543210", config_hash="1" * 12, stateful={})
+    newer.save(1)
+    assert newer.prune_other_folders(0) == [folder] and not folder.exists()
+
 
 LINE = re.compile(r"rank (\d): row (\d+) saved (\d+) loaded (\d+) gathered (\d+)")
 BUFFER = 256 * 1024  # RNG states and pickled objects that every checkpoint gathers
