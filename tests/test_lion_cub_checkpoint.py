@@ -88,6 +88,12 @@ for a, b in zip(model.parameters(), resumed_model.parameters()):
     assert torch.equal(a, b), "the resumed run departs"
 for a, b in zip(opt.buckets, resumed_opt.buckets):
     assert torch.equal(a.momentum, b.momentum), "the resumed momenta depart"
+# parameters(), trained over the group on each rank's own batches: the same on every rank.
+mine = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+everyone = [torch.empty_like(mine) for _ in range(D)]
+dist.all_gather(everyone, mine, group=data)
+assert all(torch.equal(everyone[0], x) for x in everyone)
+assert not torch.equal(mine, torch.cat([p.reshape(-1) for p in build()[0].parameters()]))
 
 # Another data rank's file (a restart that picked the wrong one) is refused, not loaded.
 other = (rank + 1) % D
