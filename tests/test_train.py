@@ -562,8 +562,15 @@ def test_two_gloo_ranks_survive_a_restart_with_identical_weights(
     assert (summary["world_size"], summary["global_batch_size"], summary["steps"]) == (2, 4, 8)
     assert summary["resumed_from"].endswith("step_00000005.pt")
     ckpt = torch.load(checkpoint_dir(run) / "step_00000008.pt", weights_only=True)
-    rng = ckpt["rng_per_rank"]
-    assert len(rng) == 2 and not torch.equal(rng[0]["torch"], rng[1]["torch"])
+    # Each rank's RNG states are in its data rank's own file, none in rank 0's.
+    assert "rng_per_rank" not in ckpt and "rng_per_spatial_rank" in ckpt["per_data_rank"]
+    rng = [
+        torch.load(checkpoint_dir(run) / f"step_00000008.data_rank_0000{r}.pt", weights_only=True)
+        for r in (0, 1)
+    ]
+    rng = [own["rng_per_spatial_rank"] for own in rng]
+    assert [len(r) for r in rng] == [1, 1]
+    assert not torch.equal(rng[0][0]["torch"], rng[1][0]["torch"])
     # The model that rank 0 wrote is the weights both ranks hold.
     written = torch.load(run / "model.pt", weights_only=True)["state_dict"]
     assert all(torch.equal(written[k], rank0[k]) for k in rank0)

@@ -15,13 +15,6 @@ from cosmocub.config.load import (
     optimizer_variant,
     write_config,
 )
-from cosmocub.config.model_split import (
-    SPATIAL_DIMS,
-    as_split,
-    check_model_split,
-    check_spatial_split,
-    check_unet_split,
-)
 from cosmocub.config.schema import (
     SCHEMA_PATH,
     ConfigError,
@@ -79,7 +72,6 @@ __all__ = [
     "CONFIG_ENV",
     "NUM_TARGETS",
     "SCHEMA_PATH",
-    "SPATIAL_DIMS",
     "AcceleratorConfig",
     "BenchConfig",
     "CalibrationConfig",
@@ -117,10 +109,6 @@ __all__ = [
     "UNetShape",
     "UniversesConfig",
     "UniversesStudyConfig",
-    "as_split",
-    "check_model_split",
-    "check_spatial_split",
-    "check_unet_split",
     "coerce_cli_strings",
     "config_hash",
     "deep_merge",

@@ -2,6 +2,8 @@
 
 A checkpoint holds everything a resumed run needs to continue bit for bit: model, optimizer,
 schedule, every rank's RNG states, the sampler position, and the hash of the resume-relevant config.
+Under a mesh of more than one rank, what is a rank's own (its RNG states, LionCub's momentum) goes
+to a file per data rank, written by its spatial rank 0: no rank ever holds another data rank's.
 """
 
 from __future__ import annotations
@@ -9,24 +11,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import random
 import re
 import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from cosmocub.config import Config, config_hash
 from cosmocub.io import atomic_path, sigterm_deferred
 from cosmocub.parallel.parallel_dims import ParallelDims
+from cosmocub.train.rng_state import capture_rng_state, restore_rng_state
 
 CHECKPOINT_FORMAT = "cosmocub.checkpoint/1"
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
 # Beside it, each data rank's own state (LionCub's momentum: D × the model in all), written by
 # the data rank's spatial rank 0 (its spatial ranks hold the same); no rank holds another's.
+_SPATIAL_RNG = "rng_per_spatial_rank"
 _STEP_FILE = re.compile(r"^step_(\d{8})(\.data_rank_\d{5})?\.pt$")  # either
 # Beside the checkpoints of a folder: the resume-relevant values its hash was computed from, so a
 # run that starts afresh can say which keys changed.
@@ -104,37 +106,6 @@ def shard_identity(shards_dir: Path, *, num_train: int, num_val: int) -> str:
     """
     stats = json.loads((Path(shards_dir) / "stats.json").read_text())
     return config_hash({"stats": stats, "train": num_train, "val": num_val})
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """torch (CPU and CUDA), numpy and python generator states, as tensors and plain types."""
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": (
-            np_name,
-            torch.from_numpy(np_keys.astype(np.int64)),
-            np_pos,
-            np_has_gauss,
-            np_gauss,
-        ),
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np_name, np_keys, np_pos, np_has_gauss, np_gauss = state["numpy"]
-    np.random.set_state(
-        (np_name, np_keys.numpy().astype(np.uint32), np_pos, np_has_gauss, np_gauss)
-    )
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,18 +196,16 @@ class CheckpointManager:
         return found[-1] if found else None
 
     def save(self, step: int) -> Path | None:
-        """Gather every rank's RNG state (a collective: all ranks call this), then rank 0 writes."""
-        rng = capture_rng_state()
-        if self.collective:
-            assert self.dims is not None
-            gathered: list[Any] = [None] * self.dims.world_size
-            dist.all_gather_object(gathered, rng, group=self.dims.world_group)
-        else:
-            gathered = [rng]
+        """Every rank's own state to its data rank's file, then rank 0 writes the checkpoint
+        naming them (a collective: all ranks call this)."""
         states = {name: obj.state_dict() for name, obj in self.stateful.items()}
         # A state_dict that is its data rank's own (LionCub's): a file per data rank.
         mine = [n for n, o in self.stateful.items() if getattr(o, "state_per_data_rank", False)]
         own = {n: states.pop(n) for n in mine}
+        rng_in_main = {"rng_per_rank": [capture_rng_state()]}
+        if self.collective:  # the RNG states of a data rank's spatial ranks, in its file
+            own[_SPATIAL_RNG] = self._gather_spatial(capture_rng_state())
+            rng_in_main = {}
         if own:  # each data rank's file is whole before rank 0 writes the checkpoint naming it
             data_rank, writes = self._own_writer()
             if writes:
@@ -250,7 +219,7 @@ class CheckpointManager:
             "format": CHECKPOINT_FORMAT,
             "config_hash": self.config_hash,
             "step": step,
-            "rng_per_rank": gathered,
+            **rng_in_main,
             "invariants": self.invariants,
             "per_data_rank": sorted(own),
             **states,
@@ -275,6 +244,17 @@ class CheckpointManager:
 
     def own_path_for(self, step: int, data_rank: int) -> Path:
         return self.folder / f"step_{step:08d}.data_rank_{data_rank:05d}.pt"
+
+    def _gather_spatial(self, rng: dict[str, Any]) -> list[Any] | None:
+        """This data rank's spatial ranks' RNG states on its spatial rank 0 (None elsewhere)."""
+        assert self.dims is not None
+        if self.dims.spatial == 1:
+            return [rng]
+        group = self.dims.group("spatial")
+        first = dist.get_global_rank(group, 0)
+        out: list[Any] | None = [None] * self.dims.spatial if self.dims.rank == first else None
+        dist.gather_object(rng, out, dst=first, group=group)
+        return out
 
     def _own_writer(self) -> tuple[int, bool]:
         """This rank's data rank, and whether it writes its file (spatial rank 0 does)."""
@@ -331,7 +311,11 @@ class CheckpointManager:
             payload.update(torch.load(own_path, map_location="cpu", weights_only=True, mmap=True))
         for name, obj in self.stateful.items():
             obj.load_state_dict(payload[name])
-        per_rank = payload["rng_per_rank"]
+        if _SPATIAL_RNG in payload:  # a mesh's checkpoint: my spatial group's states
+            per_rank, rank = payload[_SPATIAL_RNG], self._spatial_rank()
+            world_size = len(per_rank) if self.dims is None else self.dims.spatial
+        else:
+            per_rank = payload["rng_per_rank"]
         if len(per_rank) != world_size and rank == 0:
             # The data-parallel size is an invariant, so this is a change of the other axes:
             # the model state is the same, but the random streams cannot be split anew.
@@ -346,6 +330,11 @@ class CheckpointManager:
             )
         restore_rng_state(per_rank[rank] if rank < len(per_rank) else per_rank[0])
         return path
+
+    def _spatial_rank(self) -> int:
+        return (
+            0 if self.dims is None or self.dims.world_size == 1 else self.dims.axis_rank("spatial")
+        )
 
     def _decide(self) -> tuple[Path | None, FreshStart | None]:
         path = self.latest()
