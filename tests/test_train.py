@@ -443,6 +443,7 @@ def test_metrics_reach_mlflow(shards: Path, tmp_path: Path) -> None:
     params = client.get_run(run_id).data.params
     assert params["global_batch_size"] == "4"
     assert (params["mesh_shape"], params["spatial_split"]) == ("1x1", "1x1x1")
+    assert params["lion_cub_levels_in_use"] == "7"
     names = {a.path for a in client.list_artifacts(run_id)}
     assert {"metrics.jsonl", "train_summary.json"} <= names
 

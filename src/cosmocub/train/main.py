@@ -76,6 +76,9 @@ def train(
             "threads_per_rank": threads,
             "gradient_sync": trainer.grad_sync.name,
         }
+        if (levels := getattr(trainer.optimizer, "levels_in_use", None)) is not None:
+            # What the quantizer keeps at this data group's size (an all-reduce keeps fewer).
+            params["lion_cub_levels_in_use"] = levels
         with job_run(cfg, stage="train", params=params, enabled=dims.is_main) as tracker:
             trainer.log = lambda metrics, step: tracker.log_metrics(metrics, step=step)
             if fresh is not None:
