@@ -431,6 +431,8 @@ def test_metrics_reach_mlflow(shards: Path, tmp_path: Path) -> None:
     cfg = tiny_cfg(
         train={"epochs": 2, "log_every_steps": 2},
         tracking={"enabled": True, "system_metrics": False},
+        # Lion Cub's levels in use are a run parameter (l1 at 4 bits keeps 7 on one rank).
+        optimizer={"name": "lion_cub", "lion_cub": {"quantizer": "l1", "bits": 4}},
     )
     cfg = load_config(None, overrides={**cfg.values, "results": str(tmp_path / "results")})
     summary = train(cfg, shards_dir=shards, run_dir=tmp_path / "run")
