@@ -228,10 +228,13 @@ def test_evaluate_gaussian_head_writes_calibration(tiny_run):
         assert got == pytest.approx(inside.mean())
         assert tracker.metrics[f"coverage68_univ_after_{name}"] == pytest.approx(got)
     assert len(calibration["per_crop"]["before"]["curve"][0]) == len(calibration["curve_levels"])
-    # The report's front page leads with CNN ÷ P(k) per universe, then the coverage table.
+    # The report's front page leads with CNN ÷ best classical per universe (with its bootstrap
+    # range), then the coverage table.
     page = "\n".join(format_run(out_dir / "metrics.json"))
-    ratio = metrics["comparison"]["per_universe"]["sigma_8"]["cnn_over_pk"]
-    assert "| sigma_8 | " in page and f"**{ratio:.3f}**" in page
+    row = metrics["comparison"]["per_universe"]["sigma_8"]
+    lead = f"**{row['cnn_over_classical']:.3f} ({row['cnn_over_classical_lo']:.2f}–"
+    assert "| sigma_8 | " in page and lead in page
+    assert "CNN ÷ best classical" in page
     assert page.index("per universe") < page.index("per crop") < page.index("Coverage")
 
 

@@ -41,7 +41,9 @@ def _cmd_simulate_group(args: argparse.Namespace) -> int:
     size = cfg.universes.size
     params = {"group": args.group, "size": size, "first_seed": seeds[0], "universes": len(seeds)}
     with job_run(cfg, stage="simulate", params=params, defer=True) as tracker:
-        metrics = run_simulate_group(args.out, seeds, size=size, settings=cfg.simulate)
+        metrics = run_simulate_group(
+            args.out, seeds, size=size, settings=cfg.simulate, source=cfg.universes.source
+        )
         for step, (seed, values) in enumerate(zip(seeds, metrics, strict=True)):
             tracker.log_metrics({"seed": float(seed), **values}, step=step)
     return 0
@@ -124,7 +126,9 @@ def _cmd_features(args: argparse.Namespace) -> int:
     from cosmocub.data.features import FEATURES_FILE, write_features
 
     shards = Path(args.shards)
-    write_features(shards, shards / FEATURES_FILE, num_workers=args.threads)
+    write_features(
+        shards, shards / FEATURES_FILE, num_workers=args.threads, bispectrum=args.bispectrum
+    )
     return 0
 
 
@@ -214,3 +218,8 @@ def add_features(sub) -> None:
     )
     p.add_argument("--shards", required=True)
     p.add_argument("--threads", type=int, default=None, help="Dask threads (default: all cores)")
+    p.add_argument(
+        "--bispectrum",
+        action="store_true",
+        help="add the bispectrum statistics (as preprocess.bispectrum)",
+    )

@@ -1,13 +1,15 @@
 """Per-sample field statistics of the shards, the inputs of the baselines a CNN is judged against.
 
 For every sample of every split: the power spectrum P(k) of each channel in log-spaced |k| bins
-up to Nyquist, and one-point statistics of the log1p counts (moments, the empty-voxel share and
-PDF quantiles). Dask computes them once, a block of samples per task, after the shards are
-written; they are stored beside the shards in `features.h5` (docs/formats.md).
+up to Nyquist, one-point statistics of the log1p counts (moments, the empty-voxel share and
+PDF quantiles) and, where preprocess.bispectrum asks, band-averaged bispectra. Dask computes them
+once, a block of samples per task, after the shards are written; they are stored beside the
+shards in `features.h5` (docs/formats.md).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -26,6 +28,10 @@ SPLITS = ("train", "val", "test")
 NUM_K_BINS = 10
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 ONE_POINT_NAMES = ("mean", "std", "skewness", "kurtosis", "empty", *(f"q{q:g}" for q in QUANTILES))
+# Log-spaced |k| bands of the bispectrum statistics (preprocess.bispectrum).
+NUM_B_BANDS = 4
+# The datasets of each split's group in features.h5 ("bispectrum" only where asked for).
+FEATURE_SETS = ("pk", "one_point", "bispectrum")
 # Samples per Dask task: enough FFTs per task that scheduling costs nothing.
 BLOCK_SAMPLES = 16
 
@@ -45,6 +51,60 @@ def counts_power_spectrum(
     delta = counts / mean - 1.0 if mean > 0 else np.zeros_like(counts)
     k, power, _ = binned_power_spectrum(delta, float(n), log_k_edges(n, float(n), num_bins))
     return k, power
+
+
+def bispectrum_statistics(counts_dhw: np.ndarray, *, num_bands: int = NUM_B_BANDS) -> np.ndarray:
+    """Band-averaged bispectrum of one count field's overdensity: per triple of log-spaced |k|
+    bands (i ≤ j ≤ l) that closes a triangle, ⟨δ_i·δ_j·δ_l⟩ / (⟨δ_i²⟩⟨δ_j²⟩⟨δ_l²⟩)^½, with δ_i
+    the field filtered to band i (FFTs; equilateral triples i = j = l, squeezed ones i < j = l).
+
+    A field with no power in a band gives 0 there (a constant field has no shape).
+    """
+    counts = np.asarray(counts_dhw, dtype=np.float64)
+    n = counts.shape[0]
+    mean = counts.mean()
+    delta = counts / mean - 1.0 if mean > 0 else np.zeros_like(counts)
+    delta_k = np.fft.rfftn(delta)
+    edges = bispectrum_band_edges(n, num_bands)
+    k = k_magnitude(n)
+    bands = [
+        np.fft.irfftn(np.where((k >= lo) & (k < hi), delta_k, 0.0), s=counts.shape, axes=(0, 1, 2))
+        for lo, hi in itertools.pairwise(edges)
+    ]
+    power = [float(np.mean(b * b)) for b in bands]
+    out = []
+    for a, b, c in bispectrum_triples(num_bands):
+        norm = np.sqrt(power[a] * power[b] * power[c])
+        out.append(float(np.mean(bands[a] * bands[b] * bands[c])) / norm if norm > 0 else 0.0)
+    return np.array(out)
+
+
+def bispectrum_band_edges(n: int, num_bands: int = NUM_B_BANDS) -> np.ndarray:
+    """Log-spaced |k| band edges (radians per voxel) from the fundamental 2π/n to Nyquist π."""
+    edges = (2.0 * np.pi / n) * np.geomspace(1.0, n / 2, num_bands + 1)
+    edges[0] *= 1.0 - 1e-6
+    edges[-1] *= 1.0 + 1e-6
+    return edges
+
+
+def bispectrum_triples(num_bands: int = NUM_B_BANDS) -> list[tuple[int, int, int]]:
+    """Band triples i ≤ j ≤ l whose modes can close a triangle (band l's lower edge below the
+    sum of bands i and j's upper edges), in a fixed order; the edges' ratios do not depend on n."""
+    edges = bispectrum_band_edges(64, num_bands)
+    return [
+        (a, b, c)
+        for a in range(num_bands)
+        for b in range(a, num_bands)
+        for c in range(b, num_bands)
+        if edges[c] < edges[a + 1] + edges[b + 1]
+    ]
+
+
+def k_magnitude(n: int) -> np.ndarray:
+    """|k| in radians per voxel on the rfftn grid of an n³ cube: (n, n, n//2 + 1)."""
+    k1 = 2.0 * np.pi * np.fft.fftfreq(n)
+    kz = 2.0 * np.pi * np.fft.rfftfreq(n)
+    return np.sqrt(k1[:, None, None] ** 2 + k1[None, :, None] ** 2 + kz[None, None, :] ** 2)
 
 
 def one_point_statistics(log1p_counts: np.ndarray) -> np.ndarray:
@@ -67,8 +127,11 @@ def one_point_statistics(log1p_counts: np.ndarray) -> np.ndarray:
     )
 
 
-def sample_features(values_cdhw: np.ndarray, *, log1p: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(log10 P(k) per channel and bin, one-point statistics per channel) of one stored sample.
+def sample_features(
+    values_cdhw: np.ndarray, *, log1p: bool, bispectrum: bool = False
+) -> tuple[np.ndarray, ...]:
+    """(log10 P(k) per channel and bin, one-point statistics per channel) of one stored sample,
+    and with `bispectrum` the bispectrum statistics per channel and triple third.
 
     `values_cdhw` holds what the shard stores: log1p counts if `log1p`, else counts.
     """
@@ -78,16 +141,19 @@ def sample_features(values_cdhw: np.ndarray, *, log1p: bool) -> tuple[np.ndarray
     with np.errstate(divide="ignore"):
         pk = [np.log10(counts_power_spectrum(c)[1]) for c in counts]
     one_point = [one_point_statistics(c) for c in logs]
-    return np.concatenate(pk), np.concatenate(one_point)
+    out = (np.concatenate(pk), np.concatenate(one_point))
+    if bispectrum:
+        out += (np.concatenate([bispectrum_statistics(c) for c in counts]),)
+    return out
 
 
-def _block_features(block: np.ndarray, log1p: bool) -> np.ndarray:
-    rows = [np.concatenate(sample_features(sample, log1p=log1p)) for sample in block]
+def _block_features(block: np.ndarray, log1p: bool, bispectrum: bool = False) -> np.ndarray:
+    rows = [np.concatenate(sample_features(s, log1p=log1p, bispectrum=bispectrum)) for s in block]
     return np.stack(rows) if rows else np.zeros((0, 0))
 
 
 def _universe_features(
-    block: np.ndarray, origins: np.ndarray, sample_size: int, log1p: bool
+    block: np.ndarray, origins: np.ndarray, sample_size: int, log1p: bool, bispectrum: bool
 ) -> np.ndarray:
     # block (1, C, N, N, N): one whole universe; its fixed crops, each contiguous as a crop shard
     # stores it, so that every feature is bit for bit the fixed crop's.
@@ -95,11 +161,14 @@ def _universe_features(
     crops = [
         np.ascontiguousarray(block[0, :, d : d + s, h : h + s, w : w + s]) for d, h, w in origins
     ]
-    return _block_features(np.stack(crops), log1p)
+    return _block_features(np.stack(crops), log1p, bispectrum)
 
 
-def shard_features(shard: Path, *, num_workers: int | None = None) -> dict[str, np.ndarray]:
-    """Features of every sample of one shard: {"pk": (N, C·bins), "one_point": (N, C·10), "k"}.
+def shard_features(
+    shard: Path, *, num_workers: int | None = None, bispectrum: bool = False
+) -> dict[str, np.ndarray]:
+    """Features of every sample of one shard: {"pk": (N, C·bins), "one_point": (N, C·10), "k"}
+    and with `bispectrum` "bispectrum": (N, C·triples).
 
     A shard of whole universes (preprocess.train_crops random) gives the features of its fixed
     crops (its rows), the same numbers the shard of crops would give."""
@@ -112,9 +181,10 @@ def shard_features(shard: Path, *, num_workers: int | None = None) -> dict[str, 
         n, c = f["y"].shape[0] if whole else x.shape[0], x.shape[1]
         k = counts_power_spectrum(np.ones((s, s, s)))[0]
         pk_width, op_width = c * len(k), c * len(ONE_POINT_NAMES)
+        bs_width = c * len(bispectrum_triples()) if bispectrum else 0
         if n == 0:
-            return {"pk": np.zeros((0, pk_width)), "one_point": np.zeros((0, op_width)), "k": k}
-        width = pk_width + op_width
+            return _split_columns(np.zeros((0, pk_width + op_width + bs_width)), k, pk_width, c)
+        width = pk_width + op_width + bs_width
         # Opened per block by path, so the graph pickles to worker processes.
         source = H5Source(shard, "x", x.shape, x.dtype)
         if whole:
@@ -126,6 +196,7 @@ def shard_features(shard: Path, *, num_workers: int | None = None) -> dict[str, 
                 f["crop_origin"][:per_universe],
                 s,
                 log1p,
+                bispectrum,
                 chunks=((per_universe,) * x.shape[0], (width,)),
                 drop_axis=[2, 3, 4],
                 dtype=np.float64,
@@ -135,6 +206,7 @@ def shard_features(shard: Path, *, num_workers: int | None = None) -> dict[str, 
             feats = samples.map_blocks(
                 _block_features,
                 log1p,
+                bispectrum,
                 chunks=(samples.chunks[0], (width,)),
                 drop_axis=[2, 3, 4],
                 dtype=np.float64,
@@ -145,25 +217,44 @@ def shard_features(shard: Path, *, num_workers: int | None = None) -> dict[str, 
         feats = feats.compute(
             scheduler="synchronous" if num_workers == 1 else "processes", num_workers=num_workers
         )
-    return {"pk": feats[:, :pk_width], "one_point": feats[:, pk_width:], "k": k}
+    return _split_columns(feats, k, pk_width, c)
 
 
-def write_features(shards_dir: Path, out: Path, *, num_workers: int | None = None) -> None:
+def _split_columns(
+    feats: np.ndarray, k: np.ndarray, pk_width: int, channels: int
+) -> dict[str, np.ndarray]:
+    op_end = pk_width + channels * len(ONE_POINT_NAMES)
+    out = {"pk": feats[:, :pk_width], "one_point": feats[:, pk_width:op_end], "k": k}
+    if feats.shape[1] > op_end:
+        out["bispectrum"] = feats[:, op_end:]
+    return out
+
+
+def write_features(
+    shards_dir: Path, out: Path, *, num_workers: int | None = None, bispectrum: bool = False
+) -> None:
     """Compute the features of shards_dir/{train,val,test}.h5 into `out` (temp name + rename)."""
     shards_dir = Path(shards_dir)
-    per_split = {s: shard_features(shards_dir / f"{s}.h5", num_workers=num_workers) for s in SPLITS}
+    per_split = {
+        s: shard_features(shards_dir / f"{s}.h5", num_workers=num_workers, bispectrum=bispectrum)
+        for s in SPLITS
+    }
     with atomic_path(out) as tmp, h5py.File(tmp, "w") as f:
         for split, feats in per_split.items():
             group = f.create_group(split)
-            group["pk"] = feats["pk"]
-            group["one_point"] = feats["one_point"]
+            for name in FEATURE_SETS:
+                if name in feats:
+                    group[name] = feats[name]
         f["k"] = per_split["train"]["k"]
         f.attrs["one_point_names"] = json.dumps(ONE_POINT_NAMES)
         f.attrs["k_units"] = "radians per voxel"
+        if bispectrum:
+            f.attrs["bispectrum_triples"] = json.dumps(bispectrum_triples())
 
 
 def read_features(path: Path, split: str) -> dict[str, np.ndarray]:
-    """{"pk", "one_point"} of one split from a features file, with a clear error if absent."""
+    """{"pk", "one_point"} of one split from a features file, and "bispectrum" where the file
+    has it (preprocess.bispectrum), with a clear error if the file is absent."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -173,4 +264,4 @@ def read_features(path: Path, split: str) -> dict[str, np.ndarray]:
     with h5py.File(path, "r") as f:
         if split not in f:
             raise ValueError(f"{path}: no group {split!r} (not a cosmocub features file)")
-        return {name: f[split][name][:] for name in ("pk", "one_point")}
+        return {name: f[split][name][:] for name in FEATURE_SETS if name in f[split]}

@@ -23,7 +23,7 @@ def synthetic_id(seed: int) -> str:
 
 def universe_ids(cfg: Config) -> list[str]:
     """File stems (without .hdf5) of every universe the workflow uses, in a stable order."""
-    if cfg.universes.source == "synthetic":
+    if cfg.universes.made_here:
         return [
             synthetic_id(universe_seed(i, master_seed=cfg.seed)) for i in range(cfg.universes.count)
         ]
@@ -39,10 +39,10 @@ def universe_ids(cfg: Config) -> list[str]:
 def group_seeds(cfg: Config) -> list[list[int]]:
     """The seeds of the config's synthetic universes in order, cluster.simulate.universes_per_job
     to a group (the last may be shorter)."""
-    if cfg.universes.source != "synthetic":
+    if not cfg.universes.made_here:
         raise ConfigError(
             f"key 'universes.source': {cfg.universes.source!r} universes are linked, not "
-            f"simulated (simulate jobs need 'synthetic')"
+            f"simulated (simulate jobs need 'synthetic' or 'known_answer')"
         )
     seeds = [universe_seed(i, master_seed=cfg.seed) for i in range(cfg.universes.count)]
     per_job = cfg.cluster.simulate.universes_per_job

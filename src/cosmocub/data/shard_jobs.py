@@ -202,7 +202,12 @@ def gather_shards(
             os.link(staging / f"{s}.h5", tmp)
     # The baselines' statistics, read back from the finished shards (one more pass over them,
     # ~1 % of preprocessing).
-    write_features(staging, out_dir / FEATURES_FILE, num_workers=settings.num_workers)
+    write_features(
+        staging,
+        out_dir / FEATURES_FILE,
+        num_workers=settings.num_workers,
+        bispectrum=settings.bispectrum,
+    )
     for name, content in (("stats.json", stats), ("manifest.json", manifest)):
         with atomic_path(out_dir / name) as tmp:
             tmp.write_text(json.dumps(content, indent=2) + "\n")

@@ -1,9 +1,12 @@
-"""The baselines a CNN is judged against: predict-the-mean, and cross-validated ridge fits on the
-shards' field statistics (one-point statistics; the power spectrum), fitted on the training
-split only.
+"""The baselines a CNN is judged against: predict-the-mean, cross-validated ridge fits on the
+shards' field statistics (one-point statistics; the power spectrum), and the best classical fit,
+all fitted on the training split only.
 
 scikit-learn does the regression: standardised features, then RidgeCV, which picks the penalty
-per parameter by efficient leave-one-out on the training samples.
+per parameter by efficient leave-one-out on the training samples. The best classical fit
+("classical") chooses per parameter, on the validation split, among ridge fits on P(k), on the
+one-point statistics and on both with the bispectrum where features.h5 has it, and their
+penalties: its coefficients come from the training rows alone.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-from sklearn.linear_model import RidgeCV
+from sklearn.linear_model import Ridge, RidgeCV
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
@@ -51,9 +54,10 @@ def baseline_predictions(
     """Each baseline's (N, P) unitPar predictions for `split`, every fit made on train only.
 
     "mean" predicts the training targets' mean; "one_point" and "pk" are ridge fits on the
-    features of features.h5. Only the training split's targets are read; with
-    `train_universes` (the key train.universes) only those of its first universes, the ones
-    the CNN trained on.
+    features of features.h5; "classical" the best classical fit (`classical_predictions`).
+    Only the training split's targets are fitted; with `train_universes` (the key
+    train.universes) only those of its first universes, the ones the CNN trained on; the
+    validation split's choose the classical fit's features and penalty.
     """
     shards_dir = Path(shards_dir)
     features_path = shards_dir / FEATURES_FILE
@@ -67,7 +71,66 @@ def baseline_predictions(
     out = {"mean": np.broadcast_to(y_train.mean(axis=0), (n, y_train.shape[1])).copy()}
     for name, dataset in BASELINE_FEATURES.items():
         out[name] = ridge_predictions(train[dataset], y_train, target[dataset])
+    val = read_features(features_path, "val")
+    y_val = _targets(shards_dir / "val.h5")
+    out["classical"] = classical_predictions(
+        {k: (train[k], y_train) for k in train},
+        {k: (val[k], y_val) for k in val},
+        {k: target[k] for k in target},
+    )[0]
     return out
+
+
+def feature_sets(available: set[str] | list[str]) -> dict[str, tuple[str, ...]]:
+    """The classical fit's candidate feature sets: P(k), one-point, and everything together."""
+    combined = tuple(name for name in ("pk", "one_point", "bispectrum") if name in available)
+    return {"pk": ("pk",), "one_point": ("one_point",), "combined": combined}
+
+
+def classical_predictions(
+    train: dict[str, tuple[np.ndarray, np.ndarray]],
+    val: dict[str, tuple[np.ndarray, np.ndarray]],
+    target: dict[str, np.ndarray],
+    *,
+    alphas: np.ndarray = RIDGE_ALPHAS,
+) -> tuple[np.ndarray, list[tuple[str, float]]]:
+    """The best classical fit's (N, P) predictions for `target`'s features, and per parameter
+    its (feature set, penalty): every candidate (`feature_sets` × `alphas`) is a ridge fitted on
+    the training rows (`train`: set name → (features, targets)); each parameter takes the one
+    with the lowest MAE on the validation rows (`val`, the same form)."""
+    y_train = next(iter(train.values()))[1]
+    y_val = next(iter(val.values()))[1]
+    if len(y_val) == 0:
+        raise ValueError("classical_predictions: the validation split holds no rows to choose on")
+    n, p = len(next(iter(target.values()))), y_train.shape[1]
+    best_mae = np.full(p, np.inf)
+    choice: list[tuple[str, float]] = [("", 0.0)] * p
+    out = np.zeros((n, p))
+    for set_name, names in feature_sets(list(train)).items():
+        x_train = np.hstack([train[k][0] for k in names])
+        keep = usable_columns(x_train)
+        scaler = StandardScaler().fit(x_train[:, keep])
+        x_val, x_target = (
+            scaler.transform(_fill(np.hstack([rows[k] for k in names])[:, keep], scaler.mean_))
+            for rows in ({k: v[0] for k, v in val.items()}, target)
+        )
+        x_train = scaler.transform(x_train[:, keep])
+        for alpha in alphas:
+            model = Ridge(alpha=float(alpha)).fit(x_train, y_train)
+            mae = np.abs(model.predict(x_val).reshape(-1, p) - y_val).mean(axis=0)
+            better = mae < best_mae
+            if better.any() and n:
+                out[:, better] = model.predict(x_target).reshape(n, p)[:, better]
+            best_mae = np.where(better, mae, best_mae)
+            choice = [
+                (set_name, float(alpha)) if b else c for b, c in zip(better, choice, strict=True)
+            ]
+    return out, choice
+
+
+def _fill(features: np.ndarray, means: np.ndarray) -> np.ndarray:
+    # A sample with a non-finite feature (an empty crop's log P) gets the column's train mean.
+    return np.where(np.isfinite(features), features, means)
 
 
 def ridge_predictions(
@@ -79,6 +142,5 @@ def ridge_predictions(
     model = fit_ridge(train_features[:, keep], train_targets)
     if len(features) == 0:
         return np.zeros((0, train_targets.shape[1]))
-    # A sample with a non-finite feature (an empty crop's log P) gets the column's train mean.
-    x = np.where(np.isfinite(features[:, keep]), features[:, keep], model[0].mean_)
+    x = _fill(features[:, keep], model[0].mean_)
     return model.predict(x).reshape(len(x), train_targets.shape[1])  # (N,) for one target

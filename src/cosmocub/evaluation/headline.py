@@ -21,8 +21,9 @@ from matplotlib.figure import Figure
 from cosmocub.evaluation import uncertainty as unc
 from cosmocub.evaluation.baselines import baseline_predictions
 
-# The CNN and the baselines it is compared with, in table order.
-ESTIMATORS = ("cnn", "mean", "one_point", "pk")
+# The CNN and the baselines it is compared with, in table order ("classical": the best
+# classical fit, evaluation.baselines.classical_predictions).
+ESTIMATORS = ("cnn", "mean", "one_point", "pk", "classical")
 BOOTSTRAP = 2000
 
 
@@ -36,23 +37,27 @@ def comparison_table(
 ) -> dict[str, dict[str, float]]:
     """Per parameter: unitPar MAE of every estimator, and the CNN's MAE over each baseline's.
 
-    With `bootstrap` > 0, also `cnn_over_pk_lo` and `_hi`: the 16th and 84th percentiles of the
-    ratio over `bootstrap` resamplings of the rows (the test universes), i.e. its ±1σ range; and
-    `<estimator>_lo` / `_hi`, the same range of each estimator's MAE.
+    With `bootstrap` > 0, also `cnn_over_<baseline>_lo` and `_hi`: the 16th and 84th percentiles
+    of each ratio over `bootstrap` resamplings of the rows (the test universes), i.e. its ±1σ
+    range; and `<estimator>_lo` / `_hi`, the same range of each estimator's MAE. An estimator
+    missing from `preds` (a run evaluated before it existed) is left out.
     """
     table: dict[str, dict[str, float]] = {}
     rng = np.random.default_rng(seed)
     resamples = rng.integers(0, len(true), size=(bootstrap, len(true)))
+    estimators = [est for est in ESTIMATORS if est in preds]
     for j, name in enumerate(names):
-        errors = {est: np.abs(preds[est][:, j] - true[:, j]) for est in ESTIMATORS}
+        errors = {est: np.abs(preds[est][:, j] - true[:, j]) for est in estimators}
         row = {est: float(err.mean()) for est, err in errors.items()}
-        for est in ESTIMATORS[1:]:
+        for est in estimators[1:]:
             row[f"cnn_over_{est}"] = row["cnn"] / row[est] if row[est] > 0 else math.nan
         if bootstrap:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ratios = errors["cnn"][resamples].mean(1) / errors["pk"][resamples].mean(1)
-            lo, hi = np.nanpercentile(ratios, [16, 84])
-            row["cnn_over_pk_lo"], row["cnn_over_pk_hi"] = float(lo), float(hi)
+            cnn = errors["cnn"][resamples].mean(1)
+            for est in estimators[1:]:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    ratios = cnn / errors[est][resamples].mean(1)
+                lo, hi = np.nanpercentile(ratios, [16, 84])
+                row[f"cnn_over_{est}_lo"], row[f"cnn_over_{est}_hi"] = float(lo), float(hi)
             for est, err in errors.items():
                 lo, hi = np.percentile(err[resamples].mean(1), [16, 84])
                 row[f"{est}_lo"], row[f"{est}_hi"] = float(lo), float(hi)

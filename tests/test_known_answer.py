@@ -1,0 +1,156 @@
+"""Known-answer fields: each case holds its parameter where it was built to, and nowhere else
+(P(k) and skewness of the Gaussian, the lognormal's PDF at fixed P(k), the phase case's fixed
+P(k) and one-point values); the universe file; the best classical fit sees no test label."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+from baseline_shards import write_split
+
+from cosmocub.cosmology.power import binned_power_spectrum, log_k_edges
+from cosmocub.data import known_answer as ka
+from cosmocub.data.features import FEATURES_FILE, bispectrum_statistics, write_features
+from cosmocub.data.universe import read_universe
+from cosmocub.evaluation.baselines import baseline_predictions, classical_predictions
+
+SIZE = 32
+
+
+def _power(field: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    k, power, _ = binned_power_spectrum(field, float(SIZE), log_k_edges(SIZE, float(SIZE), 8))
+    return k, power
+
+
+def _skewness(field: np.ndarray) -> float:
+    d = field - field.mean()
+    return float(np.mean(d**3) / d.std() ** 3)
+
+
+@pytest.mark.parametrize("slope", [-2.0, -1.5])
+def test_gaussian_case_has_the_spectrum_it_was_built_with(slope):
+    amplitude = 0.1
+    field = ka.gaussian_case(np.random.default_rng(1), SIZE, amplitude=amplitude, slope=slope)
+    # Per mode |δ_k|²/N³ over the spectrum asked for: 1 on average in every |k| band (amplitude
+    # and slope as built), a fitted trend in log k of 0 (a slope off by 0.1 gives ~0.1).
+    norm = ka.mode_mean(ka.power_law(SIZE, ka.DESIGN.reference_slope), SIZE)
+    built = amplitude**2 * ka.power_law(SIZE, slope) / norm
+    k = ka.k_magnitude(SIZE)
+    has_power = built > 0
+    ratio = (np.abs(np.fft.rfftn(field)) ** 2 / SIZE**3)[has_power] / built[has_power]
+    # Bands from 0.4 up (the ~60 modes below scatter by ~15 % in one realisation).
+    bands = np.digitize(k[has_power], np.geomspace(0.4, np.pi, 4))
+    for band in range(1, 4):
+        assert ratio[bands == band].mean() == pytest.approx(1.0, rel=0.12)
+    trend, _ = np.polyfit(np.log(k[has_power]), ratio, 1)
+    assert abs(trend) < 0.03
+    assert abs(_skewness(field)) < 0.05
+    if slope == ka.DESIGN.reference_slope:  # then amplitude is the field's std
+        assert field.std() == pytest.approx(amplitude, rel=0.05)
+
+
+def test_lognormal_case_pdf_follows_its_formula_at_fixed_spectrum():
+    fields = {s: ka.lognormal_case(np.random.default_rng(2), SIZE, sigma=s) for s in (0.3, 0.6)}
+    for sigma, t in fields.items():
+        b = np.sqrt(np.expm1(sigma**2))
+        assert t.std() == pytest.approx(1.0, rel=0.1)
+        assert t.min() > -1.0 / b  # the lognormal's floor
+        # log(1 + b·t) is the Gaussian h − s²/2: mean −s²/2, std s, no skewness.
+        log_field = np.log1p(b * t)
+        assert log_field.std() == pytest.approx(sigma, rel=0.1)
+        assert log_field.mean() == pytest.approx(-log_field.var() / 2, abs=0.02)
+        assert abs(_skewness(log_field)) < 0.1
+        expected_skew = (np.exp(sigma**2) + 2) * np.sqrt(np.expm1(sigma**2))
+        assert _skewness(t) == pytest.approx(expected_skew, rel=0.25)
+    # σ moves the PDF, not P(k): both follow the reference spectrum within cosmic variance.
+    (_, p_low), (_, p_high) = (_power(t) for t in fields.values())
+    assert np.abs(np.log(p_high / p_low)).max() < 0.35
+    assert _skewness(fields[0.6]) > 1.5 * _skewness(fields[0.3])
+
+
+def test_phase_case_keeps_spectrum_and_one_point_values_fixed():
+    fields = {
+        f: ka.phase_case(np.random.default_rng(3), SIZE, f_nl=f, iterations=20)
+        for f in (-0.5, 0.0, 0.5)
+    }
+    powers = {f: _power(x)[1] for f, x in fields.items()}
+    for f in (-0.5, 0.5):
+        np.testing.assert_allclose(powers[f], powers[0.0], rtol=2e-3)
+        # The one-point values are the same set whatever f: the PDF is blind exactly.
+        np.testing.assert_array_equal(np.sort(fields[f], axis=None), np.sort(fields[0.0], None))
+    # ... and f is in the phases: the fields differ, and the bispectrum of the bands 0-2 (the
+    # triples (0,1,1), (1,1,1), (1,1,2)) rises with f in each of two seeds.
+    assert np.corrcoef(fields[0.5].ravel(), fields[-0.5].ravel())[0, 1] < 0.95
+    for seed in (3, 4):
+        rise = [
+            bispectrum_statistics(
+                1000
+                * (
+                    1
+                    + 0.1 * ka.phase_case(np.random.default_rng(seed), SIZE, f_nl=f, iterations=20)
+                )
+            )[[2, 7, 8]].sum()
+            for f in (-0.5, 0.5)
+        ]
+        assert rise[1] - rise[0] > 0.2
+
+
+def test_known_answer_universe_file(tmp_path):
+    path = tmp_path / "synth_7.hdf5"
+    metrics = ka.run_known_answer(path, size=16, seed=7)
+    counts, meta = read_universe(path)
+    assert counts.shape == (16, 16, 16, 4) and counts.dtype == np.int16
+    again = ka.known_answer_universe(size=16, seed=7)
+    np.testing.assert_array_equal(counts, again.counts_dhwc)
+    np.testing.assert_allclose(meta.phys_par, ka.DESIGN.physical(meta.unit_par), rtol=1e-6)
+    assert metrics["std_c2"] == pytest.approx(0.1, rel=0.02)
+    # Another unit_par, the same seed: the same white noise, another field.
+    other = ka.known_answer_universe(size=16, seed=7, unit_par=np.zeros(4))
+    assert not np.array_equal(other.counts_dhwc[..., 0], counts[..., 0])
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("shards")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 12), ("val", 4), ("test", 4)):
+        write_split(folder / f"{split}.h5", rng, n)
+    write_features(folder, folder / FEATURES_FILE, num_workers=1, bispectrum=True)
+    return folder
+
+
+def _poisoned(shards, split, value):
+    path = shards / f"{split}.h5"
+    with h5py.File(path, "r+") as f:
+        y = f["y"][:]
+        f["y"][...] = value(y)
+    try:
+        return baseline_predictions(shards, "test")["classical"]
+    finally:
+        with h5py.File(path, "r+") as f:
+            f["y"][...] = y
+
+
+def test_classical_fit_never_sees_the_test_labels(shards):
+    before = baseline_predictions(shards, "test")
+    assert set(before) == {"mean", "one_point", "pk", "classical"}
+    np.testing.assert_array_equal(_poisoned(shards, "test", lambda y: y + 1e3), before["classical"])
+    # Training labels do move it: the check above can fail.
+    moved = _poisoned(shards, "train", lambda y: y + 0.5)
+    assert np.abs(moved - before["classical"]).max() > 0.1
+
+
+def test_classical_fit_chooses_on_validation():
+    rng = np.random.default_rng(4)
+    y = rng.uniform(-1, 1, size=(60, 2))
+    noise = {k: rng.normal(size=(60, 5)) for k in ("pk", "one_point")}
+    noise["one_point"][:, 0] += 5 * y[:, 0]  # parameter 0 in the one-point statistics
+    noise["pk"][:, 1] += 5 * y[:, 1]  # parameter 1 in P(k)
+    rows = {"train": slice(0, 40), "val": slice(40, 50), "test": slice(50, 60)}
+    split = {s: {k: (v[r], y[r]) for k, v in noise.items()} for s, r in rows.items()}
+    pred, choice = classical_predictions(
+        split["train"], split["val"], {k: v[0] for k, v in split["test"].items()}
+    )
+    assert choice[0][0] in ("one_point", "combined") and choice[1][0] in ("pk", "combined")
+    assert np.abs(pred - y[rows["test"]]).mean() < 0.25  # the mean's is ~0.5
