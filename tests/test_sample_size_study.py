@@ -225,7 +225,7 @@ def test_points_share_shards_and_may_not_touch_fixed_sections() -> None:
 
 def test_cli_study_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert cli.main(["study-gather", "--study", "nope", "--dir", str(tmp_path)]) == 2
-    known = "network, sample_size, scaling, step_time, universes"
+    known = "known_answer, network, sample_size, scaling, step_time, universes"
     assert f"study 'nope': unknown ({known})" in capsys.readouterr().err
     args = ["study-point-config", "--study", "sample_size", "--point", "7", "--out", "o.yaml"]
     assert cli.main(args) == 2

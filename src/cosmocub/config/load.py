@@ -35,6 +35,7 @@ from cosmocub.config.study_configs import (
     BenchConfig,
     CalibrationConfig,
     ExtrapolateConfig,
+    KnownAnswerStudyConfig,
     NetworkStudyConfig,
     PerfModelConfig,
     SampleSizeStudyConfig,
@@ -72,6 +73,7 @@ class Config:
     task: TaskConfig
     sample_size_study: SampleSizeStudyConfig
     universes_study: UniversesStudyConfig
+    known_answer_study: KnownAnswerStudyConfig
     optimizer: OptimizerConfig
     train: TrainConfig
     evaluate: EvaluateConfig
@@ -175,6 +177,9 @@ def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
             ),
             universes_study=UniversesStudyConfig(
                 **_tuple_fields(UniversesStudyConfig, values["universes_study"])
+            ),
+            known_answer_study=KnownAnswerStudyConfig(
+                **_tuple_fields(KnownAnswerStudyConfig, values["known_answer_study"])
             ),
             optimizer=OptimizerConfig(**_tuple_fields(OptimizerConfig, values["optimizer"])),
             train=TrainConfig(**values["train"]),

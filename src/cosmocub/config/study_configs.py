@@ -53,6 +53,15 @@ class UniversesStudyConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class KnownAnswerStudyConfig:
+    lrs: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(set(self.lrs)) != len(self.lrs):
+            raise ConfigError(f"key 'known_answer_study.lrs': {list(self.lrs)} repeats a value")
+
+
+@dataclass(frozen=True, kw_only=True)
 class StepTimePoint:
     name: str
     ranks_per_node: int

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from cosmocub import __version__
+from cosmocub.data.features import k_magnitude
 from cosmocub.data.universe import write_universe
 
 CASES = ("gaussian", "lognormal", "phase", "phase")  # the case in each channel
@@ -61,13 +62,6 @@ class KnownAnswerDesign:
 DESIGN = KnownAnswerDesign()
 
 
-def k_magnitude(size: int) -> np.ndarray:
-    """|k| in radians per voxel on the rfftn grid of a size³ cube: (size, size, size//2 + 1)."""
-    k1 = 2.0 * np.pi * np.fft.fftfreq(size)
-    kz = 2.0 * np.pi * np.fft.rfftfreq(size)
-    return np.sqrt(k1[:, None, None] ** 2 + k1[None, :, None] ** 2 + kz[None, None, :] ** 2)
-
-
 def power_law(size: int, slope: float, *, pivot_k: float = 1.0) -> np.ndarray:
     """(k/k_p)^slope on the rfftn grid, 0 at k = 0 and above the Nyquist |k| = π."""
     k = k_magnitude(size)
@@ -92,7 +86,7 @@ def gaussian_field(rng: np.random.Generator, power_k: np.ndarray, size: int) -> 
     """A Gaussian random field with variance per mode `power_k` (rfftn grid): white noise of unit
     variance filtered by √P, so its variance is `mode_mean(power_k)`."""
     noise_k = np.fft.rfftn(rng.standard_normal((size,) * 3))
-    return np.fft.irfftn(noise_k * np.sqrt(power_k), s=(size,) * 3)
+    return np.fft.irfftn(noise_k * np.sqrt(power_k), s=(size,) * 3, axes=(0, 1, 2))
 
 
 def gaussian_case(
@@ -110,7 +104,7 @@ def lognormal_case(rng: np.random.Generator, size: int, *, sigma: float) -> np.n
     spectrum's) for every σ; h has covariance log(1 + b²C(r)), b² = exp(σ²) − 1, s² its variance
     (σ² up to the modes a positive spectrum of h must drop: there are none at these σ)."""
     shape = unit_variance(power_law(size, DESIGN.reference_slope), size)
-    cov_r = np.fft.irfftn(shape, s=(size,) * 3)  # C(r), C(0) = 1
+    cov_r = np.fft.irfftn(shape, s=(size,) * 3, axes=(0, 1, 2))  # C(r), C(0) = 1
     b_sq = np.expm1(sigma**2)
     power_h = np.fft.rfftn(np.log1p(b_sq * cov_r)).real
     power_h = np.maximum(power_h, 0.0)
@@ -119,9 +113,7 @@ def lognormal_case(rng: np.random.Generator, size: int, *, sigma: float) -> np.n
     return np.expm1(h - variance / 2) / np.sqrt(b_sq)
 
 
-def phase_case(
-    rng: np.random.Generator, size: int, *, f_nl: float, iterations: int
-) -> np.ndarray:
+def phase_case(rng: np.random.Generator, size: int, *, f_nl: float, iterations: int) -> np.ndarray:
     """Case (c): g + f·(g² − 1) with g of the reference spectrum, then `iterations` rounds of
     imposing the amplitudes √(N³·S(k)) and rank-ordering onto the Gaussian quantiles, ending on
     the ranks: every universe has the same one-point values, whatever f, and |δ(k)| per mode
@@ -150,7 +142,7 @@ def _impose_amplitudes(field: np.ndarray, amplitude: np.ndarray, size: int) -> n
     field_k = np.fft.rfftn(field)
     modulus = np.abs(field_k)
     phase = np.where(modulus > 0, field_k / np.where(modulus > 0, modulus, 1.0), 1.0)
-    return np.fft.irfftn(amplitude * phase, s=(size,) * 3)
+    return np.fft.irfftn(amplitude * phase, s=(size,) * 3, axes=(0, 1, 2))
 
 
 def _rfft_weight(size: int) -> np.ndarray:
@@ -184,9 +176,7 @@ def known_answer_universe(
         raise ValueError(f"known_answer_universe: unit_par {unit.tolist()} must be 4 in [-1, 1)")
     amplitude, slope, sigma, f_nl = design.physical(unit)
     fields = [
-        gaussian_case(
-            streams[1], size, amplitude=amplitude, slope=slope, pivot_k=design.pivot_k
-        ),
+        gaussian_case(streams[1], size, amplitude=amplitude, slope=slope, pivot_k=design.pivot_k),
         design.scale * lognormal_case(streams[2], size, sigma=sigma),
         *(
             design.scale * phase_case(stream, size, f_nl=f_nl, iterations=design.iterations)

@@ -32,6 +32,7 @@ STUDY_MODULES = {
     "step_time": "cosmocub.studies.step_time",
     "network": "cosmocub.studies.network",
     "scaling": "cosmocub.studies.scaling",
+    "known_answer": "cosmocub.studies.known_answer",
 }
 # Sections a point may not override: every point trains on the base config's universes, writes
 # under the same results folder and logs to the same store, on the resources of the same profile.
