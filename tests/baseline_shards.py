@@ -30,3 +30,16 @@ def write_split(
         f["universe_index"] = universe_of.astype(np.int32)
         f.attrs["log1p"] = True
         f.attrs["source_files"] = json.dumps([f"u{k}.hdf5" for k in range(universes)])
+
+
+def write_shards(
+    folder: Path, sizes: dict[str, int], *, seed: int = 0, bispectrum: bool = False
+) -> Path:
+    """train/val/test shards of `sizes` universes each in `folder`, and their features.h5."""
+    from cosmocub.data.features import FEATURES_FILE, write_features
+
+    rng = np.random.default_rng(seed)
+    for split, n in sizes.items():
+        write_split(folder / f"{split}.h5", rng, n)
+    write_features(folder, folder / FEATURES_FILE, num_workers=1, bispectrum=bispectrum)
+    return folder

@@ -6,20 +6,14 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-from baseline_shards import write_split
+from baseline_shards import write_shards
 
-from cosmocub.data.features import FEATURES_FILE, write_features
 from cosmocub.evaluation.baselines import baseline_predictions, fit_ridge, usable_columns
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("shards")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 12), ("val", 2), ("test", 4)):
-        write_split(folder / f"{split}.h5", rng, n)
-    write_features(folder, folder / FEATURES_FILE, num_workers=1)
-    return folder
+    return write_shards(tmp_path_factory.mktemp("shards"), {"train": 12, "val": 2, "test": 4})
 
 
 def _set_labels(path, value):

@@ -7,11 +7,11 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-from baseline_shards import write_split
+from baseline_shards import write_shards
 
 from cosmocub.cosmology.power import binned_power_spectrum, log_k_edges
 from cosmocub.data import known_answer as ka
-from cosmocub.data.features import FEATURES_FILE, bispectrum_statistics, write_features
+from cosmocub.data.features import bispectrum_statistics
 from cosmocub.data.universe import read_universe
 from cosmocub.evaluation.baselines import baseline_predictions, classical_predictions
 
@@ -112,12 +112,8 @@ def test_known_answer_universe_file(tmp_path):
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("shards")
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 12), ("val", 4), ("test", 4)):
-        write_split(folder / f"{split}.h5", rng, n)
-    write_features(folder, folder / FEATURES_FILE, num_workers=1, bispectrum=True)
-    return folder
+    sizes = {"train": 12, "val": 4, "test": 4}
+    return write_shards(tmp_path_factory.mktemp("shards"), sizes, bispectrum=True)
 
 
 def _poisoned(shards, split, value):
