@@ -171,7 +171,10 @@ def test_sampler_draws_the_same_symmetries_as_before_at_no_split() -> None:
 
 
 def test_parallel_config_errors_name_the_numbers() -> None:
-    cfg = load_config(None, overrides={"parallel": {"spatial": 4}})
+    # 3 blocks on 32³: 4 ranks along depth leave blocks of 2 planes before the last pooling (4
+    # blocks would leave 1, and are refused).
+    three_blocks = {"model": {"num_conv_blocks": 3}}
+    cfg = load_config(None, overrides={"parallel": {"spatial": 4}, **three_blocks})
     assert cfg.parallel.split_dhw == (4, 1, 1)
     cfg = load_config(None, overrides={"parallel": {"spatial": 4, "split": [2, 2, 1]}})
     assert cfg.parallel.split_dhw == (2, 2, 1) and math.prod(cfg.parallel.split_dhw) == 4
@@ -179,10 +182,17 @@ def test_parallel_config_errors_name_the_numbers() -> None:
         ConfigError, match=r"key 'parallel.split': \[2, 2, 2\] multiplies to 8, not parallel"
     ):
         load_config(None, overrides={"parallel": {"spatial": 4, "split": [2, 2, 2]}})
-    with pytest.raises(
-        ConfigError, match=r"'parallel.split': 3 ranks along D do not divide model.input_size 32"
-    ):
+    match = (
+        r"^<defaults>: key 'parallel.spatial': model.name cosmoflow cannot run on this split: "
+        r"conv_blocks.block0.conv: depth extent 32 does not divide into 3 blocks \(split "
+        r"\[3, 1, 1\], input 32\)$"
+    )
+    with pytest.raises(ConfigError, match=match):
         load_config(None, overrides={"parallel": {"spatial": 3}})
+    # Every block is checked at load, not only the input: 32 → 16 → 8 → 4 in 8 along depth
+    # leaves 1 plane before block 2's pooling.
+    with pytest.raises(ConfigError, match=r"key 'parallel.split': .*block2.pool: odd local depth"):
+        load_config(None, overrides={"parallel": {"spatial": 8, "split": [8, 1, 1]}})
 
 
 def test_world_size_not_divisible_by_spatial() -> None:

@@ -100,3 +100,36 @@ def test_config_picks_the_unet(tmp_path: Path) -> None:
     path.write_text("model: {name: unet, in_channels: 1, input_size: 32, unet: {depth: 7}}\n")
     with pytest.raises(ConfigError, match=r"32 is not divisible by 2\*\*\(model.unet.depth - 1\)"):
         load_config(path)
+
+
+def test_a_split_too_fine_for_the_unet_is_refused_at_load(tmp_path: Path) -> None:
+    # Depth 3 on 32³: levels of 32, 16 and 8 voxels; 16 ranks along depth leave level 1 blocks
+    # of 1 plane before its pooling. Refused when the config loads (`snakemake -n`), not after
+    # simulate and preprocess at the first training step.
+    from cosmocub.emulator.unet_run_config import unet_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("model: {name: unet, in_channels: 1, unet: {depth: 3}}\n"
+                    "parallel: {spatial: 16}\n")  # fmt: skip
+    message = (
+        f"{path}: key 'parallel.spatial': model.name unet cannot run on this split: U-Net level 1 "
+        "(16³ voxels): odd local depth extent 1 before pooling (split [16, 1, 1], input 32, "
+        "depth 3)"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert str(err.value) == message
+    # The `unet` section merged over a CosmoFlow config: refused where its config is made (the
+    # unet rules' threads ask for it at `snakemake -n unet`), the explicit split named.
+    path.write_text("unet: {parallel: {spatial: 16, split: [1, 1, 16]},"
+                    " train: {ranks_per_node: 16}}\n")  # fmt: skip
+    base = load_config(path)  # a CosmoFlow config: the U-Net's split is not its own
+    match = (
+        r"c.yaml \+ unet: key 'parallel.split': model.name unet cannot run on this split: "
+        r"U-Net level 1 \(16³ voxels\): odd local width extent 1 before pooling"
+    )
+    with pytest.raises(ConfigError, match=match):
+        unet_config(base)
+    path.write_text("unet: {parallel: {spatial: 8}, train: {ranks_per_node: 8}}\n")
+    # Level 2 (8³) in 8 leaves 1 plane, as wide as the halo: it runs.
+    assert unet_config(load_config(path)).parallel.split_dhw == (8, 1, 1)

@@ -15,6 +15,13 @@ from cosmocub.config.load import (
     optimizer_variant,
     write_config,
 )
+from cosmocub.config.model_split import (
+    SPATIAL_DIMS,
+    as_split,
+    check_model_split,
+    check_spatial_split,
+    check_unet_split,
+)
 from cosmocub.config.schema import (
     SCHEMA_PATH,
     ConfigError,
@@ -73,6 +80,7 @@ __all__ = [
     "CONFIG_ENV",
     "NUM_TARGETS",
     "SCHEMA_PATH",
+    "SPATIAL_DIMS",
     "AcceleratorConfig",
     "BenchConfig",
     "CalibrationConfig",
@@ -111,6 +119,10 @@ __all__ = [
     "UNetShape",
     "UniversesConfig",
     "UniversesStudyConfig",
+    "as_split",
+    "check_model_split",
+    "check_spatial_split",
+    "check_unet_split",
     "coerce_cli_strings",
     "config_hash",
     "deep_merge",

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from cosmocub.config.model_split import check_model_split
 from cosmocub.config.schema import (
     ConfigError,
     config_hash,
@@ -134,12 +135,17 @@ class Config:
                 f"{self.source}: key 'model.input_size': {self.model.input_size} differs from "
                 f"preprocess.sample_size {self.preprocess.sample_size}"
             )
-        for axis, ranks in zip("DHW", self.parallel.split_dhw, strict=True):
-            if self.model.input_size % ranks:
-                raise ConfigError(
-                    f"{self.source}: key 'parallel.split': {ranks} ranks along {axis} do not "
-                    f"divide model.input_size {self.model.input_size}"
-                )
+        # A split the model cannot run (at some level an extent that does not divide, a block
+        # thinner than the halo or odd before a pooling) fails here, not at the first step of a
+        # training that simulate and preprocess ran for.
+        try:
+            check_model_split(self.model, self.model.input_size, self.parallel.split_dhw)
+        except ValueError as err:
+            key = "parallel.spatial" if self.parallel.split is None else "parallel.split"
+            raise ConfigError(
+                f"{self.source}: key '{key}': model.name {self.model.name} cannot run on this "
+                f"split: {err}"
+            ) from None
         sample, universe = self.preprocess.sample_size, self.universes.size
         # Public universes are checked against the files themselves at preprocessing time.
         if self.universes.made_here and (sample > universe or universe % sample):

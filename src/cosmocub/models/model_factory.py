@@ -15,12 +15,7 @@ from torch import nn
 from cosmocub.config import ModelConfig
 from cosmocub.io import atomic_path
 from cosmocub.models.cosmoflow import CosmoFlow
-from cosmocub.models.parallelize import (
-    check_spatial_split,
-    check_unet_split,
-    parallelize_cosmoflow,
-    parallelize_unet,
-)
+from cosmocub.models.parallelize import parallelize_cosmoflow, parallelize_unet
 from cosmocub.models.unet import UNet3d
 
 MODEL_FILE_FORMAT = "cosmocub.model/1"
@@ -31,12 +26,6 @@ def build_model(model_cfg: ModelConfig) -> nn.Module:
     if model_cfg.name == "unet":
         return UNet3d(model_cfg)
     return CosmoFlow(model_cfg)
-
-
-def check_split(model_cfg: ModelConfig, input_size: int, split: Sequence[int]) -> None:
-    """ValueError with the numbers if `split` cannot run this model on `input_size`³ samples."""
-    check = check_unet_split if model_cfg.name == "unet" else check_spatial_split
-    check(model_cfg, input_size, split)
 
 
 def parallelize(model: nn.Module, dims, *, split: Sequence[int], periodic: bool) -> nn.Module:

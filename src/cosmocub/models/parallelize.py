@@ -11,11 +11,17 @@ from collections.abc import Sequence
 import torch.distributed as dist
 from torch import nn
 
-from cosmocub.config import ModelConfig
+from cosmocub.config import (
+    SPATIAL_DIMS,
+    ModelConfig,
+    as_split,
+    check_spatial_split,
+    check_unet_split,
+)
 from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.models.pooling import PooledBranch
 from cosmocub.models.unet import UNet3d
-from cosmocub.parallel.halo import SPATIAL_DIMS, HaloPlan, spatial_coords
+from cosmocub.parallel.halo import HaloPlan, spatial_coords
 from cosmocub.parallel.layers import (
     GatherFlatten,
     SharedDropout,
@@ -26,18 +32,13 @@ from cosmocub.parallel.layers import (
 from cosmocub.parallel.parallel_dims import ParallelDims
 
 Split = tuple[int, int, int]
-
-
-def _as_split(split: Sequence[int]) -> Split:
-    values = tuple(int(s) for s in split)
-    if len(values) != 3 or any(s < 1 for s in values):
-        raise ValueError(f"split {list(split)}: need three positive ranks counts [sd, sh, sw]")
-    return values[0], values[1], values[2]
+# The split rules (check_spatial_split, check_unet_split) live with the config, which checks
+# them at load; the layers below check again where they are built.
 
 
 def _mesh_split(split: Sequence[int], dims: ParallelDims) -> Split:
     """`split` as a checked triple whose ranks are the mesh's spatial axis."""
-    split = _as_split(split)
+    split = as_split(split)
     if math.prod(split) != dims.spatial:
         raise ValueError(
             f"split {list(split)} has {math.prod(split)} ranks, the mesh's spatial axis "
@@ -59,52 +60,6 @@ def spatial_block(
             raise ValueError(f"{SPATIAL_DIMS[d]} extent {n} does not divide into {s} blocks")
         out.append(slice(c * (n // s), (c + 1) * (n // s)))
     return out[0], out[1], out[2]
-
-
-def _check_levels(
-    split: Split,
-    levels: Sequence[tuple[int, str, str | None]],
-    *,
-    halo: int,
-    kernel_size: int,
-    numbers: str,
-    thin: str,
-) -> None:
-    """Per level (extent, where its convs are, where it is pooled or None), per dim: the extent
-    divides into the split's blocks, a split block is at least the halo wide, and a block about
-    to be pooled is even. Errors name the place and end with `numbers`."""
-    for extent, conv, pool in levels:
-        for dim, s in zip(SPATIAL_DIMS, split, strict=True):
-            if extent % s:
-                raise ValueError(
-                    f"{conv}: {dim} extent {extent} does not divide into {s} blocks ({numbers})"
-                )
-            local = extent // s
-            if s > 1 and local < halo:
-                raise ValueError(
-                    f"{conv}: local {dim} extent {local} is {thin} than the halo {halo} "
-                    f"(kernel {kernel_size}, {numbers})"
-                )
-            if pool is not None and local % 2:
-                raise ValueError(
-                    f"{pool}: odd local {dim} extent {local} before pooling ({numbers})"
-                )
-
-
-def check_spatial_split(model_cfg: ModelConfig, input_size: int, split: Sequence[int]) -> None:
-    """Raise ValueError, naming the layer and the numbers, if `split` cannot run the model on
-    `input_size`³ samples: an extent that does not divide, a local extent narrower than the halo,
-    or an odd local extent before a pooling layer (a pool window would straddle two ranks)."""
-    split = _as_split(split)
-    blocks = [f"conv_blocks.block{i}" for i in range(model_cfg.num_conv_blocks)]
-    _check_levels(
-        split,
-        [(input_size // 2**i, f"{b}.conv", f"{b}.pool") for i, b in enumerate(blocks)],
-        halo=model_cfg.kernel_size // 2,
-        kernel_size=model_cfg.kernel_size,
-        numbers=f"split {list(split)}, input {input_size}",
-        thin="narrower",
-    )
 
 
 def _plan(
@@ -195,29 +150,6 @@ def replicated_parameters(model: nn.Module) -> list[nn.Parameter]:
         return []
     pooled = getattr(model, "pooled", None)
     return list(model.head.parameters()) + ([] if pooled is None else list(pooled.parameters()))
-
-
-def check_unet_split(model_cfg: ModelConfig, input_size: int, split: Sequence[int]) -> None:
-    """Raise ValueError, naming the level and the numbers, if `split` cannot run the U-Net on
-    `input_size`³ samples: at some level an extent does not divide, a block is thinner than the
-    halo (its convs would need planes from beyond the next rank), or a block is odd before a
-    pooling. Such levels are refused rather than gathered: pick a smaller split or depth."""
-    split = _as_split(split)
-    assert model_cfg.unet is not None, "model.name unet comes with model.unet (config.sections)"
-    depth = model_cfg.unet.depth
-    levels = []
-    for level in range(depth):
-        extent = input_size // 2**level
-        where = f"U-Net level {level} ({extent}³ voxels)"
-        levels.append((extent, where, where if level < depth - 1 else None))
-    _check_levels(
-        split,
-        levels,
-        halo=model_cfg.kernel_size // 2,
-        kernel_size=model_cfg.kernel_size,
-        numbers=f"split {list(split)}, input {input_size}, depth {depth}",
-        thin="thinner",
-    )
 
 
 def parallelize_unet(

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from cosmocub.config import SPATIAL_DIMS
 from cosmocub.parallel.timing import Spans, clock_for
 
-SPATIAL_DIMS = ("depth", "height", "width")
 # Tags keep the two messages of one swap apart when both neighbours are the same rank (a periodic
 # split of 2); gloo matches on them, NCCL matches by issue order, which `_swap` also keeps right.
 _TAG_TO_LOW, _TAG_TO_HIGH = 11, 12

@@ -128,15 +128,13 @@ def build_trainer(
 
 
 def _spatial_block(cfg: Config, dims: ParallelDims) -> tuple[slice, slice, slice] | None:
-    """This rank's block of every sample (None: the whole sample), after checking that the
-    split fits every layer of the model (an error at start rather than at the first step)."""
+    """This rank's block of every sample (None: the whole sample); the config checked at load
+    that the split fits every layer of the model (config.check_model_split)."""
     if dims.spatial == 1:
         return None
-    from cosmocub.models.model_factory import check_split
     from cosmocub.models.parallelize import spatial_block
 
     split, size = cfg.parallel.split_dhw, cfg.model.input_size
-    check_split(cfg.model, size, split)
     return spatial_block(dims, split, (size, size, size))
 
 
