@@ -37,6 +37,7 @@ from cosmocub.studies.engine import (
     training_row,
 )
 from cosmocub.studies.launch_plan import PointLaunch
+from cosmocub.studies.training_columns import COMM_BYTES_COLUMNS, STEP_TIME_COLUMNS
 
 COLUMNS = (
     "variant",
@@ -48,15 +49,8 @@ COLUMNS = (
     "world_size",
     "data",
     "steps",
-    "step_s",
-    "compute_s",
-    "exchange_s",
-    "exchange_busy_s",
-    "exchange_exposed_s",
-    "momentum_sync_s",
-    "comm_bytes_per_step",
-    "comm_bytes_intra_per_step",
-    "comm_bytes_inter_per_step",
+    *STEP_TIME_COLUMNS,
+    *COMM_BYTES_COLUMNS,
     "wire_bytes_per_step",
     "wire_over_counted",
     "final_val_loss",

@@ -30,6 +30,7 @@ from cosmocub.studies.engine import (
     training_row,
 )
 from cosmocub.studies.launch_plan import PointLaunch
+from cosmocub.studies.training_columns import COMM_BYTES_COLUMNS, STEP_TIME_COLUMNS
 from cosmocub.train.epoch_conditions import kept
 
 COLUMNS = (
@@ -45,17 +46,10 @@ COLUMNS = (
     "local_batch_size",
     "global_batch_size",
     "steps",
-    "step_s",
-    "compute_s",
+    *STEP_TIME_COLUMNS,
     "halo_s",
-    "exchange_s",
-    "exchange_busy_s",
-    "exchange_exposed_s",
-    "momentum_sync_s",
     "data_wait_s",
-    "comm_bytes_per_step",
-    "comm_bytes_intra_per_step",
-    "comm_bytes_inter_per_step",
+    *COMM_BYTES_COLUMNS,
     "halo_bytes_per_step",
     "peak_rss_mb",
     "samples_per_core_s",

@@ -14,6 +14,7 @@ from cosmocub.config import Config, optimizer_variant
 from cosmocub.io import atomic_path
 from cosmocub.studies.contention import CONDITION_COLUMNS
 from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition, training_row
+from cosmocub.studies.training_columns import COMM_BYTES_COLUMNS, STEP_TIME_COLUMNS
 
 COLUMNS = (
     "optimizer",
@@ -24,15 +25,8 @@ COLUMNS = (
     "ranks_per_node",
     "cores_per_rank",
     "steps",
-    "step_s",
-    "compute_s",
-    "exchange_s",
-    "exchange_busy_s",
-    "exchange_exposed_s",
-    "momentum_sync_s",
-    "comm_bytes_per_step",
-    "comm_bytes_intra_per_step",
-    "comm_bytes_inter_per_step",
+    *STEP_TIME_COLUMNS,
+    *COMM_BYTES_COLUMNS,
     "final_val_loss",
     *CONDITION_COLUMNS,
 )
