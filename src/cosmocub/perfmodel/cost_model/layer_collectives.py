@@ -1,7 +1,7 @@
 """The collectives a spatially or data-parallel model makes inside its layers, apart from the
 gradient exchange: the halo swaps and feature gather of a spatial split, and the synced batch
 norm's statistics, which span the whole mesh whenever it has more than one rank
-(models.parallelize: a global-batch norm). Each costs α–β of its kind on the network.
+(models.parallelize: a global-batch norm). Each is priced by the network (topology.Links).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from cosmocub.config import ModelConfig
-from cosmocub.perfmodel.cost_model.topology import Mesh, Network
+from cosmocub.perfmodel.cost_model.topology import Links, Mesh
 from cosmocub.perfmodel.measure.costs import rounds_and_bytes
 
 
@@ -18,7 +18,7 @@ def halo(
     *,
     batch: int,
     mesh: Mesh,
-    network: Network,
+    network: Links,
     bytes_per_value: int,
 ) -> tuple[float, float]:
     """(seconds, bytes sent) per step of the halo swaps (forward and backward) and the feature
@@ -27,7 +27,6 @@ def halo(
     if mesh.spatial == 1:
         return 0.0, 0.0
     width = model_cfg.kernel_size // 2
-    costs = network.costs(mesh.spatial, 1, "halo")
     local = [model_cfg.input_size // s for s in mesh.split]
     channels = model_cfg.in_channels
     seconds = sent = 0.0
@@ -37,18 +36,18 @@ def halo(
                 continue
             face = batch * channels * width * math.prod(n for i, n in enumerate(local) if i != d)
             face_bytes = face * bytes_per_value
-            seconds += 2 * costs.time("halo", face_bytes, 2)  # forward, and backward
+            # forward, and backward
+            seconds += 2 * network.sent_s("halo", 2.0 * face_bytes, mesh.spatial)
             sent += 2 * rounds_and_bytes("halo", face_bytes, 2)[1]
         channels = model_cfg.base_filters * 2**block
         local = [n // 2 for n in local]
     features = batch * channels * math.prod(local) * mesh.spatial * bytes_per_value
-    gather = network.costs(mesh.spatial, 1, "allgather")
-    seconds += 2 * gather.time("allgather", features, mesh.spatial)
+    seconds += 2 * network.collective_s("allgather", features, mesh.spatial)
     sent += 2 * rounds_and_bytes("allgather", features, mesh.spatial)[1]
     return seconds, sent
 
 
-def norm_sync(model_cfg: ModelConfig, *, mesh: Mesh, network: Network) -> tuple[float, float]:
+def norm_sync(model_cfg: ModelConfig, *, mesh: Mesh, network: Links) -> tuple[float, float]:
     """(seconds, bytes sent) per step of the synced batch norms (parallel.layers._SyncBatchNorm):
     per conv block, forward an all-gather of (count, mean, M2) in float64, 8·(1 + 2C) bytes,
     backward an all-reduce of (Σdy, Σdy·x̂) in float32, 8·C bytes, over the mesh. Each blocks
@@ -56,14 +55,13 @@ def norm_sync(model_cfg: ModelConfig, *, mesh: Mesh, network: Network) -> tuple[
     if mesh.world == 1 or not model_cfg.batch_norm:
         return 0.0, 0.0
     p = mesh.world
-    gather, reduce = (network.costs(p, 1, kind) for kind in ("allgather", "allreduce"))
     seconds = sent = 0.0
     for block in range(model_cfg.num_conv_blocks):
         c = model_cfg.base_filters * 2**block
-        for kind, costs, nbytes in (
-            ("allgather", gather, p * 8.0 * (1 + 2 * c)),  # the gathered total
-            ("allreduce", reduce, 8.0 * c),
+        for kind, nbytes in (
+            ("allgather", p * 8.0 * (1 + 2 * c)),  # the gathered total
+            ("allreduce", 8.0 * c),
         ):
-            seconds += costs.time(kind, nbytes, p)
+            seconds += network.collective_s(kind, nbytes, p)
             sent += rounds_and_bytes(kind, nbytes, p)[1]
     return seconds, sent

@@ -33,8 +33,7 @@ from cosmocub.optim.momentum_sync import is_sync_step
 from cosmocub.optim.quantize import quantizer_levels, wire_bits
 from cosmocub.perfmodel.cost_model.layer_collectives import halo, norm_sync
 from cosmocub.perfmodel.cost_model.overlap import ddp_buckets, exposed_allreduce, parameter_layers
-from cosmocub.perfmodel.cost_model.topology import Mesh, Network
-from cosmocub.perfmodel.measure.costs import rounds_and_bytes
+from cosmocub.perfmodel.cost_model.topology import Links, Mesh
 
 DDP_OPTIMIZERS = ("sgd", "adamw", "lion")
 # The compressed exchange's host work of one bucket (encode, vote, unpack; the wire apart):
@@ -106,7 +105,7 @@ def exchange(
     model_cfg: ModelConfig,
     optimizer_cfg: OptimizerConfig,
     mesh: Mesh,
-    network: Network,
+    network: Links,
     *,
     steps: int,
     layer_seconds: Mapping[str, float],
@@ -124,9 +123,9 @@ def exchange(
         group = mesh.data if mesh.spatial == 1 else mesh.world
         if group == 1:
             return Exchange()
-        costs = network.costs(group, 1, "allreduce")
         buckets = [
-            (layer, costs.time("allreduce", n, group)) for layer, n in ddp_buckets(model_cfg)
+            (layer, network.collective_s("allreduce", n, group))
+            for layer, n in ddp_buckets(model_cfg)
         ]
         total = sum(seconds for _, seconds in buckets)
         layers = list(dict.fromkeys(layer for layer, _ in parameter_layers(model_cfg)))
@@ -143,9 +142,7 @@ def exchange(
     # distributed_lion / lion_cub: spatial average in fp32, then the vote over the data group.
     seconds, sent, inter = 0.0, 0.0, 0.0
     if mesh.spatial > 1:
-        seconds += wake_s + network.costs(mesh.spatial, 1, "allreduce").time(
-            "allreduce", payload, mesh.spatial
-        )
+        seconds += wake_s + network.collective_s("allreduce", payload, mesh.spatial)
         averaged = ring_allreduce_bytes(payload, mesh.spatial)
         sent += averaged
         inter += averaged if network.spans_nodes(mesh.spatial, 1) else 0.0
@@ -190,17 +187,14 @@ def exchange(
                 seconds += vote_host(quantizer, collective, n)
             phases = vote_phase_bytes(collective, n, wire, p, allreduce_dtype=dtype)
             for phase, nbytes in phases.items():
-                costs = network.costs(p, mesh.spatial, phase)
-                rounds = rounds_and_bytes(phase, 1.0, p)[0]
-                seconds += wake_s + costs.alpha_s * rounds + costs.beta_s_per_byte * nbytes
+                seconds += wake_s + network.sent_s(phase, nbytes, p, mesh.spatial)
                 sent += nbytes
                 inter += nbytes if data_spans else 0.0
     fraction = _sync_fraction(optimizer_cfg, steps)
     sync_s = sync_bytes = 0.0
     if fraction > 0 and p > 1:
         synced = 4 * _synced_elements(sizes, optimizer_cfg)
-        costs = network.costs(p, mesh.spatial, "allreduce")
-        sync_s = fraction * (wake_s + costs.time("allreduce", synced, p))
+        sync_s = fraction * (wake_s + network.collective_s("allreduce", synced, p, mesh.spatial))
         sync_bytes = fraction * ring_allreduce_bytes(synced, p)
         inter += sync_bytes if data_spans else 0.0
     return Exchange(
@@ -216,7 +210,7 @@ def two_level_exchange(
     sizes: tuple[int, ...],
     optimizer_cfg: OptimizerConfig,
     mesh: Mesh,
-    network: Network,
+    network: Links,
     *,
     per_node: int,
     steps: int,
@@ -243,16 +237,13 @@ def two_level_exchange(
         m = (n + (-n % (8 * g))) // g
         if host is not None:
             seconds += host(lc.quantizer, lc.collective, m)
-        for kind, nbytes in (("allreduce", (g - 1) * m * 4.0), ("allgather", (g - 1) * m / 8)):
-            costs = network.costs(g, intra_stride, kind)
-            seconds += wake_s + costs.alpha_s * (g - 1) + costs.beta_s_per_byte * nbytes
+        for kind, nbytes in (("reducescatter", (g - 1) * m * 4.0), ("allgather", (g - 1) * m / 8)):
+            seconds += wake_s + network.sent_s(kind, nbytes, g, intra_stride)
             sent += nbytes
         for phase, nbytes in vote_phase_bytes(
             num_values=m, bits=wire, group_size=nodes, **kind_args
         ).items():
-            costs = network.costs(nodes, rail_stride, phase)
-            rounds = rounds_and_bytes(phase, 1.0, nodes)[0]
-            seconds += wake_s + costs.alpha_s * rounds + costs.beta_s_per_byte * nbytes
+            seconds += wake_s + network.sent_s(phase, nbytes, nodes, rail_stride)
             sent += nbytes
             inter += nbytes
     fraction = _sync_fraction(optimizer_cfg, steps)
@@ -261,11 +252,9 @@ def two_level_exchange(
         synced = _synced_elements(sizes, optimizer_cfg)
         m = (synced + (-synced % g)) // g
         intra_bytes = 2 * (g - 1) * m * 4.0  # reduce-scatter and all-gather
-        intra, rail = (
-            network.costs(k, d, "allreduce") for k, d in ((g, intra_stride), (nodes, rail_stride))
-        )
-        sync_s = intra.alpha_s * 2 * (g - 1) + intra.beta_s_per_byte * intra_bytes
-        sync_s = fraction * (3 * wake_s + sync_s + rail.time("allreduce", m * 4.0, nodes))
+        sync_s = network.sent_s("allreduce", intra_bytes, g, intra_stride)
+        rail_s = network.collective_s("allreduce", m * 4.0, nodes, rail_stride)
+        sync_s = fraction * (3 * wake_s + sync_s + rail_s)
         rail_bytes = ring_allreduce_bytes(m * 4.0, nodes)
         sync_bytes = fraction * (intra_bytes + rail_bytes)
         inter += fraction * rail_bytes
@@ -306,7 +295,7 @@ def predict_step(
     optimizer_cfg: OptimizerConfig,
     local_batch: int,
     mesh: Mesh,
-    network: Network,
+    network: Links,
     layer_seconds: dict[str, float],
     optimizer_s: float,
     bytes_per_value: int = 4,

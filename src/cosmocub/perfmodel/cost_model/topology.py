@@ -8,8 +8,24 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
-from cosmocub.perfmodel.measure.costs import KINDS, AlphaBeta
+from cosmocub.perfmodel.measure.costs import KINDS, AlphaBeta, rounds_and_bytes
+
+
+class Links(Protocol):
+    """What the step model asks of a network: whether a group crosses a node's link, and the
+    seconds of one collective by its buffer (collective_s) or by the bytes a rank sends in it
+    (sent_s). Network (α–β, fitted or assumed) and cluster_network.NcclNetwork (NCCL's model)."""
+
+    @property
+    def ranks_per_node(self) -> int: ...
+
+    def spans_nodes(self, group_size: int, stride: int) -> bool: ...
+
+    def collective_s(self, kind: str, nbytes: float, group_size: int, stride: int = 1) -> float: ...
+
+    def sent_s(self, kind: str, sent_bytes: float, group_size: int, stride: int = 1) -> float: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +61,21 @@ class Network:
         inter = _pick(self.inter_node, kind, "between nodes")
         sharing = k if kind == "alltoall" else min(stride, k)
         return AlphaBeta(alpha_s=inter.alpha_s, beta_s_per_byte=inter.beta_s_per_byte * sharing)
+
+    def collective_s(self, kind: str, nbytes: float, group_size: int, stride: int = 1) -> float:
+        """α–β of one collective, `nbytes` as rounds_and_bytes takes them."""
+        return self.costs(group_size, stride, kind).time(kind, nbytes, group_size)
+
+    def sent_s(self, kind: str, sent_bytes: float, group_size: int, stride: int = 1) -> float:
+        """α per round of a ring `kind` + β per byte one rank sends; a reduce-scatter at the
+        all-reduce's α–β (gloo's own), P−1 rounds."""
+        if kind == "reducescatter":
+            costs = self.costs(group_size, stride, "allreduce")
+            rounds = float(group_size - 1)
+        else:
+            costs = self.costs(group_size, stride, kind)
+            rounds = rounds_and_bytes(kind, 1.0, group_size)[0]
+        return costs.alpha_s * rounds + costs.beta_s_per_byte * sent_bytes
 
 
 def _pick(costs: Mapping[str, AlphaBeta], kind: str, where: str) -> AlphaBeta:
