@@ -112,6 +112,7 @@ def test_outputs_follow_the_run_format(shards: Path, tmp_path: Path) -> None:
         "lr",
         "samples_per_s",
         "data_wait_share",
+        "device_busy_share",
         "comm_bytes_per_step",
         "comm_bytes_intra_per_step",
         "comm_bytes_inter_per_step",
@@ -209,6 +210,7 @@ def test_deterministic_resume_is_bit_identical(shards: Path, tmp_path: Path) -> 
         # wall-clock, memory and the machine's conditions (train/epoch_conditions.py): not
         # reproducible
         timing = ("samples_per_s", "data_wait_share", "time_", "elapsed_s", "peak_rss_mb")
+        timing += ("device_busy_share",)
         timing += ("cpu_", "wall_s", "ready_share", "steal_share", "nivcsw", "load_1m")
         return [{k: v for k, v in json.loads(x).items() if not k.startswith(timing)} for x in lines]
 
@@ -222,6 +224,15 @@ def test_deterministic_resume_is_bit_identical(shards: Path, tmp_path: Path) -> 
     train(no_workers, shards_dir=shards, run_dir=tmp_path / "no_workers")
     plain = torch.load(tmp_path / "no_workers/model.pt", weights_only=True)["state_dict"]
     assert all(torch.equal(whole[name], plain[name]) for name in whole)
+    # Nor does where the batches are cut: the shard held in memory (auto on a CPU: device) or
+    # read by the DataLoader, the same crops from the same draws (data/resident_crops.py).
+    read = tiny_cfg(
+        train={"deterministic": True, "data_placement": "loader", "augment": True},
+        model={"dropout": 0.3, "batch_norm": True},
+    )
+    train(read, shards_dir=shards, run_dir=tmp_path / "loader")
+    by_loader = torch.load(tmp_path / "loader/model.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(whole[name], by_loader[name]) for name in whole)
 
 
 def test_checkpoint_from_other_config_is_refused(shards: Path, tmp_path: Path, caplog) -> None:

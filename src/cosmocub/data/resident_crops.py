@@ -179,13 +179,25 @@ def gather_crops(
     """(x (B, C, d, h, w) float32 standardised, targets (B, …)) of dataset rows `rows` (B,)
     under `symmetries` (B,) at `origins_dhw` (B, 3) (None: the rows' fixed origins)."""
     index = crop_source_rows(shard, rows, symmetries, origins_dhw)  # (B, d, h, w)
-    flat = shard.values_undhwc.view(-1, shard.values_undhwc.shape[-1])  # (U·N³, C)
-    picked = flat.index_select(0, index.reshape(-1)).view(*index.shape, -1)  # (B, d, h, w, C)
-    x = picked.permute(0, 4, 1, 2, 3).float()  # (B, C, d, h, w), channels-last strides
+    values = shard.values_undhwc
+    channels = values.shape[-1]
+    wide = _WIDE.get(channels * values.element_size())
+    if wide is not None:  # a voxel's channels as one wider element: a plain element gather
+        flat = values.view(wide).view(-1)  # (U·N³,)
+        picked = flat.index_select(0, index.reshape(-1)).view(values.dtype)  # (B·d·h·w·C,)
+    else:
+        picked = values.view(-1, channels).index_select(0, index.reshape(-1))  # (B·d·h·w, C)
+    x = picked.view(*index.shape, channels).float()  # (B, d, h, w, C)
     if shard.mean is not None and shard.inv_std is not None:
-        # The dataset's own float32 operations, in its order: equal to the voxel.
-        x = (x - shard.mean.view(1, -1, 1, 1, 1)) * shard.inv_std.view(1, -1, 1, 1, 1)
+        # The dataset's own float32 operations, in its order: equal to the voxel (in place:
+        # a CPU pays more for a fresh batch-sized tensor than for the arithmetic).
+        x.sub_(shard.mean).mul_(shard.inv_std)
+    x = x.permute(0, 4, 1, 2, 3)  # (B, C, d, h, w), channels-last strides
     return x.contiguous(memory_format=memory_format), shard.targets[rows]
+
+
+# Integer types as wide as one voxel's channels, for gathering a voxel as one element.
+_WIDE = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def host_memory_available() -> int:

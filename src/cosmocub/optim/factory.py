@@ -28,22 +28,28 @@ def build_optimizer(
     global_batch: int,
     *,
     dims: ParallelDims | None = None,
+    fused: bool = False,
 ) -> Optimizer:
     """The optimizer named by cfg.name, starting at lr_at(0); the schedule moves lr from there.
 
     `params` may be named (model.named_parameters()): lion_cub matches momentum-sync patterns
     against the names. `dims` gives the data group the distributed Lions exchange over (None: a
-    group of one).
+    group of one). `fused`: torch's fused kernel (sgd, adamw only; train.fused_optimizer).
     """
     lr = lr_at(0.0, cfg, global_batch)
     items = list(params)
     named = [x if isinstance(x, tuple) else (f"param{i}", x) for i, x in enumerate(items)]
     plain = [p for _, p in named]
+    if fused and cfg.name not in ("sgd", "adamw"):
+        raise ValueError(f"optimizer {cfg.name!r} has no fused kernel (sgd, adamw have)")
+    kernel = {"fused": True} if fused else {}  # else torch's own choice (foreach where it can)
     if cfg.name == "sgd":
-        return torch.optim.SGD(plain, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(
+            plain, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **kernel
+        )
     if cfg.name == "adamw":
         return torch.optim.AdamW(
-            plain, lr=lr, betas=cfg.resolved_betas, weight_decay=cfg.weight_decay
+            plain, lr=lr, betas=cfg.resolved_betas, weight_decay=cfg.weight_decay, **kernel
         )
     if cfg.name == "lion":
         return Lion(plain, lr=lr, betas=cfg.resolved_betas, weight_decay=cfg.weight_decay)

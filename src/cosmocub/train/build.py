@@ -13,7 +13,6 @@ from torch import nn
 from cosmocub.config import Config, config_hash
 from cosmocub.data.augment import symmetries_for_split
 from cosmocub.data.dataset import FirstUniverses
-from cosmocub.models import memory_layout
 from cosmocub.models.model_factory import build_model
 from cosmocub.optim.factory import build_optimizer, build_schedule
 from cosmocub.parallel.parallel_dims import ParallelDims
@@ -22,6 +21,8 @@ from cosmocub.train.checkpoint import CheckpointManager, resume_values, shard_id
 from cosmocub.train.grad_sync import build_gradient_sync
 from cosmocub.train.loaders import build_eval_loader, build_train_loader
 from cosmocub.train.loop import Trainer, TrainState
+from cosmocub.train.resident_loader import resolve_placement
+from cosmocub.train.step_settings import step_settings
 from cosmocub.train.tasks import build_task
 
 
@@ -55,9 +56,16 @@ def build_trainer(
     global_batch = tc.local_batch_size * dims.data
 
     runtime.seed_everything(cfg.training_seed)  # same initial weights on every rank
-    layout = memory_layout.memory_format(dims.device, spatial=dims.spatial)
+    settings = step_settings(cfg, dims)  # autocast, layout, compile, fused: train.* on this device
+    layout = settings.memory_format
     model = _parallelize(build_model(cfg.model).to(dims.device, memory_format=layout), cfg, dims)
-    optimizer = build_optimizer(model.named_parameters(), cfg.optimizer, global_batch, dims=dims)
+    optimizer = build_optimizer(
+        model.named_parameters(),
+        cfg.optimizer,
+        global_batch,
+        dims=dims,
+        fused=settings.fused_optimizer,
+    )
     train_loader = build_train_loader(
         train_set,
         dims,
@@ -68,6 +76,9 @@ def build_trainer(
         # Whole universes (preprocess.train_crops random): a random crop per sample per epoch.
         random_origins=train_set.random_origins,
         max_batches=tc.max_steps_per_epoch,
+        # Where batches are cut (train.data_placement): the same batches whichever.
+        placement=resolve_placement(tc.data_placement, train_set, dims),
+        memory_format=layout,
     )
     schedule = build_schedule(
         optimizer,
@@ -110,7 +121,8 @@ def build_trainer(
         dims=dims,
         task=task,
         model=model,
-        wrapped=grad_sync.wrap(model),  # after the restore: DDP broadcasts rank 0's weights
+        # after the restore: DDP broadcasts rank 0's weights
+        wrapped=settings.compiled(grad_sync.wrap(model)),
         optimizer=optimizer,
         schedule=schedule,
         grad_sync=grad_sync,
@@ -119,7 +131,7 @@ def build_trainer(
             val_set, dims, batch_size=tc.local_batch_size, num_workers=num_workers
         ),
         checkpoints=checkpoints,
-        autocast_dtype=runtime.autocast_dtype(tc.amp, dims.device),
+        autocast_dtype=settings.autocast_dtype,
         global_batch=global_batch,
         log=lambda metrics, step: None,
         on_step_end=on_step_end,

@@ -35,6 +35,7 @@ from cosmocub.train.comm_meter import CommMeter
 from cosmocub.train.epoch_conditions_meter import ConditionsMeter
 from cosmocub.train.grad_sync import GradientSync
 from cosmocub.train.loaders import ResumableSampler
+from cosmocub.train.resident_loader import ResidentLoader
 from cosmocub.train.tasks import Task
 from cosmocub.train.wire_meter import WireMeter
 
@@ -72,7 +73,7 @@ class Trainer:
     optimizer: Optimizer
     schedule: EpochSchedule
     grad_sync: GradientSync
-    train_loader: DataLoader
+    train_loader: DataLoader | ResidentLoader  # workers' reads, or crops cut on the device
     val_loader: DataLoader
     checkpoints: CheckpointManager
     autocast_dtype: torch.dtype | None
@@ -140,6 +141,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
     tick = time.perf_counter()
     for x_bcdhw, target in batches:
         # Already augmented by the sampler's symmetries; a spatial rank holds its block only.
+        # A resident shard's batch is on the device already (no copy, no wait for the host).
         x_bcdhw = x_bcdhw.to(device, non_blocking=True)  # (B, C, S/sd, S/sh, S/sw)
         # task.target_layout: (B, P) parameters, or the U-Net's (B, 1, d, h, w) target block
         target = target.to(device, non_blocking=True)
@@ -196,6 +198,10 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
     return {
         "samples_per_s": samples / elapsed if steps_here else 0.0,
         "data_wait_share": data_wait / elapsed if steps_here else 0.0,
+        # The steps' time on the device's clock over the epoch's wall time: CUDA events from
+        # batch in hand to optimizer step queued (a GPU: busy, launch gaps inside a step
+        # included), the host's compute on a CPU.
+        "device_busy_share": meter.step.seconds / elapsed if steps_here else 0.0,
         **conditions.metrics(),  # first: the wire meter's settling waits are not the steps'
         **meter.metrics(),
         **wire.metrics(steps_here),
@@ -231,7 +237,8 @@ def fit(t: Trainer, state: TrainState, *, metrics_path: Path) -> None:
                 f"epoch {record['epoch']} step {record['step']} "
                 f"train_loss {record['train_loss']:.5f} val_loss {record['val_loss']:.5f} "
                 f"val_mae {record['val_mae']:.4f} {record['samples_per_s']:.1f} samples/s "
-                f"data_wait {100 * record['data_wait_share']:.1f}%",
+                f"data_wait {100 * record['data_wait_share']:.1f}% "
+                f"device_busy {100 * record['device_busy_share']:.1f}%",
                 file=sys.stderr,
                 flush=True,
             )

@@ -182,20 +182,24 @@ def resolve_placement(requested: str, dataset: Dataset, dims: ParallelDims) -> s
     fits_device, fits_host = need <= device_budget, need <= host_budget
     if requested == "device" and not fits_device:
         raise ConfigError(
-            f"{key}: device: the training shard takes {need / 2**30:.2f} GiB, more than "
-            f"{RESIDENT_SHARE:.0%} of {device}'s free memory ({device_budget / 2**30:.2f} GiB "
-            f"allowed); use pinned (a GPU) or loader"
+            f"{key}: device: the training shard takes {_size(need)}, more than "
+            f"{RESIDENT_SHARE:.0%} of {device}'s free memory ({_size(device_budget)} allowed); "
+            f"use pinned (a GPU) or loader"
         )
     if requested == "pinned" and not fits_host:
         raise ConfigError(
-            f"{key}: pinned: the training shard takes {need / 2**30:.2f} GiB, more than "
-            f"{host_budget / 2**30:.2f} GiB of this host's memory per rank; use loader"
+            f"{key}: pinned: the training shard takes {_size(need)}, more than "
+            f"{_size(host_budget)} of this host's memory per rank; use loader"
         )
     if requested != "auto":
         return requested
     if fits_device:
         return "device"
     return "pinned" if device.type == "cuda" and fits_host else "loader"
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.2f} MiB"
 
 
 def build_resident_loader(
