@@ -82,21 +82,20 @@ def test_torchrun_ranks_get_the_cores_the_launcher_granted() -> None:
 
 def test_cluster_section_and_server_settings(tmp_path) -> None:
     from cosmocub.config import ConfigError, load_config
-    from cosmocub.launch.resources import (
-        num_preprocess_groups,
-        train_gres,
-        train_threads,
-        train_world_size,
-    )
+    from cosmocub.launch.resources import num_preprocess_groups, train_job
 
     cfg = load_config(None, {"train": {"ranks_per_node": 4}, "cluster": {"train": {"nodes": 3}}})
-    assert train_world_size(cfg) == 12
-    assert train_threads(cfg) == 4 * 8
-    assert train_gres(cfg) == ""
+    job = train_job(cfg)
+    assert (job.nodes, job.ranks, job.ranks_per_node) == (3, 12, 4) and job.ranks == cfg.world_size
+    # 4 ranks of 8 cores and 8000 MB a node; 3 nodes of them.
+    assert (job.threads, job.cpus_total, job.mem_mb, job.gres) == (32, 96, 32_000, "")
+    # Snakemake capped the job at 6 cores here: 1 a rank; at 2, still 1 (never 0).
+    assert job.cpus_per_rank_within(6) == 1 and job.cpus_per_rank_within(2) == 1
+    assert job.cpus_per_rank_within(32) == 8
     gpu = load_config(
         None, {"train": {"ranks_per_node": 4}, "cluster": {"train": {"gpus_per_rank": 1}}}
     )
-    assert train_gres(gpu) == "gpu:4"
+    assert train_job(gpu).gres == "gpu:4"
     assert num_preprocess_groups(cfg, 10_000) == 157  # 64 universes a job
     with pytest.raises(ConfigError, match=r"tracking.server.start': true .* set one of them"):
         load_config(None, {"tracking": {"uri": "http://x:5000", "server": {"start": True}}})

@@ -1,36 +1,40 @@
-# Config validation (the schema fills defaults), derived paths, and every input function.
+# Config validation (the schema fills defaults), derived paths, and every input function. What
+# the rules take from the package comes from one module, cosmocub.workflow_support.
 import functools
 import os
 
-from cosmocub.config import CONFIG_ENV, coerce_cli_strings, from_values, resolve
-from cosmocub.data.naming import universe_ids
-from cosmocub.data.naming import group_seeds
-from cosmocub.emulator.unet_run_config import unet_world_size
-from cosmocub.launch.resources import (
-    node_cpus,
-    node_gres,
-    node_mem_mb,
-    num_preprocess_groups,
-    simulate_runtime,
-    study_cpus_per_rank,
-    train_gres,
-    train_threads,
-    train_world_size,
-)
-from cosmocub.studies import engine as study_engine
-from cosmocub.tracking.workflow_run import (
+from cosmocub.workflow_support import (
+    CONFIG_ENV,
+    STUDY_NAMES,
     finish_tracking,
     mlflow_runs_link,
+    perf_model_bench_threads,
+    planned_points,
+    preprocess_groups,
     resolved_config_path,
+    simulate_group_by_seed,
+    simulate_runtime,
     start_tracking,
+    study_definition,
+    study_link_rates,
+    study_point_cores,
+    study_point_job,
+    study_points_cpus,
+    study_shard_point,
+    tracking_env,
+    train_job,
+    unet_job,
+    universe_ids,
+    workflow_config,
     write_resolved_config,
 )
 
-coerce_cli_strings(config)  # nested --config values arrive as strings
-# The package's own validation (the one `cosmocub` runs by hand): one line naming the file and the
-# key, and the schema read once (Snakemake's validate would read and check it a second time).
-config.update(resolve(config, source=" + ".join(map(str, workflow.configfiles)) or "config"))
-CFG = from_values(config, source="snakemake config")
+# The package's own validation (the one `cosmocub` runs by hand), the nested --config strings
+# typed first: one line naming the file and the key, and the schema read once (Snakemake's
+# validate would read and check it a second time).
+CFG = workflow_config(
+    config, source=" + ".join(map(str, workflow.configfiles)) or "config"
+)
 # Which config is in effect, in every invocation's output (dry runs too): the files given, or the
 # embedded default, plus the schema's defaults; the hash names the resolved file jobs read.
 logger.info(
@@ -53,12 +57,12 @@ def section(*names):
     return {name: config[name] for name in names}
 
 
-# Which simulate group makes each synthetic universe (cluster.simulate.universes_per_job).
-SIMULATE_GROUP_OF = (
-    {seed: g for g, seeds in enumerate(group_seeds(CFG)) for seed in seeds}
-    if CFG.universes.made_here
-    else {}
-)
+# Which simulate group makes each universe made here (cluster.simulate.universes_per_job).
+SIMULATE_GROUP_OF = simulate_group_by_seed(CFG)
+# What the training run asks the executor for (nodes, ranks, cores, memory, GPUs per node).
+TRAIN_JOB = train_job(CFG)
+# The preprocess jobs' groups of universes (cluster.preprocess.universes_per_job a group).
+PREPROCESS_GROUPS = preprocess_groups(CFG, UNIVERSE_IDS)
 
 
 def simulate_group_of(seed):
@@ -85,21 +89,18 @@ def invocation_targets():
     return [workflow.default_target] if workflow.default_target else []
 
 
-def tracking_env(rule_name):
-    """Environment that tags a job's MLflow child run with its rule and wildcards."""
-
-    def env(wildcards):
-        pairs = ",".join(f"{k}={v}" for k, v in wildcards.items())
-        return f"COSMOCUB_RULE={rule_name} COSMOCUB_WILDCARDS='{pairs}'"
-
-    return env
+# The `snakemake unet` run's request, made when a unet rule first asks (a bad `unet` section
+# fails the unet targets, not `all`).
+@functools.cache
+def unet_train_job():
+    return unet_job(CFG)
 
 
 # Studies (workflow/rules/studies.smk): what each point needs, planned by cosmocub.studies.engine
 # when a study's rule first asks (a bad study block fails its own targets, not `all`).
 @functools.cache
 def study_plan(study):
-    return {p.point.name: p for p in study_engine.plan(CFG, study)}
+    return planned_points(CFG, study)
 
 
 def study_point_plan(wildcards):
@@ -117,7 +118,7 @@ def study_settings(wildcards):
         "evaluate",
         "seed",
     )
-    return section(*names, study_engine.definition(wildcards.study).config_key)
+    return section(*names, study_definition(wildcards.study).config_key)
 
 
 def study_point_manifest(wildcards):
@@ -127,6 +128,11 @@ def study_point_manifest(wildcards):
 def study_point_launch(wildcards):
     """The point's launch plan: its nodes, ranks per node and runner."""
     return study_point_plan(wildcards).launch
+
+
+def study_point_request(wildcards):
+    """What the point's job asks a scheduler for (its allocated nodes, ranks, cores, GPUs)."""
+    return study_point_job(CFG, study_point_launch(wildcards))
 
 
 def machine_cores():
@@ -141,25 +147,24 @@ def study_cpus(wildcards):
     """Cores per rank, the same for every point of the study (launch.resources): what the
     point's ranks run with (the request to a scheduler is cluster.train.cpus_per_rank, this
     value on a cluster)."""
-    largest = max(p.ranks for p in study_plan(wildcards.study).values())
-    cores = machine_cores()
-    return study_cpus_per_rank(CFG, largest_ranks=largest, machine_cores=cores)
+    return study_points_cpus(
+        CFG, study_plan(wildcards.study), machine_cores=machine_cores()
+    )
 
 
 def study_point_threads(wildcards):
-    """Like `train`: the point's ranks on one node × cores per rank. Locally an emulated point
-    pins its nodes to this machine's cores from the first, so it claims all the workflow's cores
-    and no other job runs beside it (its ranks would slow down and its times lie)."""
-    launch = study_point_launch(wildcards)
-    if launch.runner == "emulated" and machine_cores() is not None:
-        return machine_cores()
-    return launch.ranks_per_node * study_cpus(wildcards)
+    """Like `train`: the point's ranks on one node × cores per rank; all the workflow's cores for
+    an emulated point run here (workflow_support.study_point_cores)."""
+    return study_point_cores(
+        study_point_launch(wildcards),
+        cpus_per_rank=study_cpus(wildcards),
+        machine_cores=machine_cores(),
+    )
 
 
 def study_shard_config(wildcards):
     """The config of a point whose shards have this key (all such points agree on them)."""
-    sources = study_engine.study_shard_sources(CFG, list(study_engine.STUDY_MODULES))
-    study, point = sources[wildcards.key]
+    study, point = study_shard_point(CFG, wildcards.key)
     return f"{RESULTS}/studies/{study}/{point}/config.yaml"
 
 
@@ -168,7 +173,7 @@ def study_gather_inputs(wildcards):
     folder = f"{RESULTS}/studies/{wildcards.study}"
     names = study_plan(wildcards.study)
     files = [f"{folder}/{p}/point.json" for p in names]
-    if study_engine.definition(wildcards.study).evaluate:
+    if study_definition(wildcards.study).evaluate:
         files += [f"{folder}/{p}/eval/predictions.npz" for p in names]
     return files
 
@@ -181,7 +186,10 @@ def perf_model_tables(wildcards):
     """
     # The invocation's targets (rule names or files); None in a job that names none.
     asked = {str(t) for t in (workflow.dag_settings.targets or ())}
-    tables = {s: f"{RESULTS}/studies/{s}/points.tsv" for s in ("step_time", "network", "scaling")}
+    tables = {
+        s: f"{RESULTS}/studies/{s}/points.tsv"
+        for s in ("step_time", "network", "scaling")
+    }
     return [
         t
         for s, t in tables.items()
@@ -192,5 +200,5 @@ def perf_model_tables(wildcards):
 def gathered_study_sections(wildcards):
     # The studies' report sections (summary.md) that exist already: params, never input, so the
     # summary makes no study run; a newly gathered one re-makes the summary (params changed).
-    paths = [f"{RESULTS}/studies/{s}/summary.md" for s in study_engine.STUDY_MODULES]
+    paths = [f"{RESULTS}/studies/{s}/summary.md" for s in STUDY_NAMES]
     return [p for p in paths if os.path.exists(p)]

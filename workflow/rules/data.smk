@@ -126,7 +126,7 @@ rule preprocess:
         staging=STAGING,
         groups=expand(
             f"{RESULTS}/.shards-groups/{{group}}.npz",
-            group=range(num_preprocess_groups(CFG, len(UNIVERSE_IDS))),
+            group=PREPROCESS_GROUPS,
         ),
     output:
         train=f"{RESULTS}/shards/train.h5",

@@ -17,7 +17,7 @@ rule perf_model_bench:
         f"{PERF}/logs/bench.log",
     conda:
         "../../envs/cosmocub.yaml"
-    threads: max(CFG.perf_model.bench.ranks, CFG.perf_model.bench.nodes)
+    threads: perf_model_bench_threads(CFG)
     resources:
         mem_mb=CFG.cluster.small.mem_mb,
         runtime=CFG.cluster.small.runtime,
@@ -26,7 +26,7 @@ rule perf_model_bench:
         # Its own settings only: a change to the extrapolation or the calibration does not
         # rerun the links' benchmark (and so the fit and every validation).
         settings=lambda w: config["perf_model"]["bench"],
-        rates=[*CFG.network_study.bandwidths_mbit, CFG.scaling_study.bandwidth_mbit],
+        rates=study_link_rates(CFG),
     shell:
         "cosmocub perf-model bench --out {output} > {log} 2>&1"
 

@@ -8,7 +8,7 @@ STUDIES = f"{RESULTS}/studies"
 
 
 wildcard_constraints:
-    study="|".join(study_engine.STUDY_MODULES),
+    study="|".join(STUDY_NAMES),
     point=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
     key=r"data-[0-9a-f]+",
 
@@ -85,7 +85,7 @@ rule study_preprocess:
         staging=f"{STUDIES}/.staging/{{key}}",
         groups=expand(
             f"{STUDIES}/.groups/{{{{key}}}}/{{group}}.npz",
-            group=range(num_preprocess_groups(CFG, len(UNIVERSE_IDS))),
+            group=PREPROCESS_GROUPS,
         ),
     output:
         train=f"{STUDIES}/shards/{{key}}/train.h5",
@@ -130,17 +130,17 @@ rule study_point:
     # its ranks with cluster.train's cores and GPUs per rank, on its nodes (one node for
     # emulated ones, which share one machine); locally only threads count.
     resources:
-        nodes=lambda w: study_point_launch(w).allocated_nodes,
-        tasks=lambda w: study_point_launch(w).ranks,
+        nodes=lambda w: study_point_request(w).nodes,
+        tasks=lambda w: study_point_request(w).ranks,
         cpus_per_task=CFG.cluster.train.cpus_per_rank,
-        mem_mb=lambda w: node_mem_mb(CFG, study_point_launch(w).ranks_per_allocated_node),
+        mem_mb=lambda w: study_point_request(w).mem_mb,
         runtime=CFG.cluster.train.runtime,
-        gres=lambda w: node_gres(CFG, study_point_launch(w).ranks_per_allocated_node),
+        gres=lambda w: study_point_request(w).gres,
         tasks_per_gpu=1,
         # The same request in the terms of Flux and LSF (profiles/flux, profiles/lsf).
         gpus_per_task=CFG.cluster.train.gpus_per_rank,
-        cpus_per_node=lambda w: node_cpus(CFG, study_point_launch(w).ranks_per_allocated_node),
-        cpus_total=lambda w: node_cpus(CFG, study_point_launch(w).ranks),
+        cpus_per_node=lambda w: study_point_request(w).threads,
+        cpus_total=lambda w: study_point_request(w).cpus_total,
         mpi="",  # see rule train: `cosmocub launch` starts the ranks itself
     params:
         shards=lambda w, input: os.path.dirname(input.manifest),
@@ -215,7 +215,7 @@ rule study_gather:
 
 
 # One target per study: `snakemake --cores all sample_size_study`.
-for _study in study_engine.STUDY_MODULES:
+for _study in STUDY_NAMES:
 
     rule:
         name:

@@ -16,20 +16,20 @@ rule train:
     conda:
         "../../envs/cosmocub.yaml"
     # Ranks on this node × cores per rank; locally Snakemake caps it at --cores.
-    threads: train_threads(CFG)
+    threads: TRAIN_JOB.threads
     resources:
-        nodes=CFG.cluster.train.nodes,
-        tasks=train_world_size(CFG),
-        cpus_per_task=CFG.cluster.train.cpus_per_rank,
+        nodes=TRAIN_JOB.nodes,
+        tasks=TRAIN_JOB.ranks,
+        cpus_per_task=TRAIN_JOB.cpus_per_rank,
         # Slurm's --mem is per node.
-        mem_mb=CFG.cluster.train.mem_mb_per_rank * CFG.train.ranks_per_node,
+        mem_mb=TRAIN_JOB.mem_mb,
         runtime=CFG.cluster.train.runtime,
-        gres=train_gres(CFG),
+        gres=TRAIN_JOB.gres,
         tasks_per_gpu=1,
         # The same request in the terms of Flux and LSF (profiles/flux, profiles/lsf).
-        gpus_per_task=CFG.cluster.train.gpus_per_rank,
-        cpus_per_node=train_threads(CFG),
-        cpus_total=train_threads(CFG) * CFG.cluster.train.nodes,
+        gpus_per_task=TRAIN_JOB.gpus_per_rank,
+        cpus_per_node=TRAIN_JOB.threads,
+        cpus_total=TRAIN_JOB.cpus_total,
         # Present (even empty) so that the Slurm jobstep runs the command as it is instead of
         # wrapping it in `srun -n1`: `cosmocub launch` starts the ranks itself.
         mpi="",
@@ -39,13 +39,13 @@ rule train:
         ),
         shards=lambda w, input: os.path.dirname(input.manifest),
         out=lambda w, output: os.path.dirname(output.model),
-        nproc=CFG.train.ranks_per_node,
-        cpus=lambda w, threads: max(1, threads // CFG.train.ranks_per_node),
+        ranks_per_node=TRAIN_JOB.ranks_per_node,
+        cpus=lambda w, threads: TRAIN_JOB.cpus_per_rank_within(threads),
         max_restarts=CFG.train.max_restarts,
         env=tracking_env("train"),
     shell:
         "{params.env} cosmocub launch --nodes {resources.nodes}"
-        " --ranks-per-node {params.nproc} --cpus-per-rank {params.cpus}"
+        " --ranks-per-node {params.ranks_per_node} --cpus-per-rank {params.cpus}"
         " --max-restarts {params.max_restarts}"
         " -- train --shards {params.shards} --out {params.out}"
         " > {log} 2>&1"

@@ -43,19 +43,19 @@ rule unet_train:
     conda:
         "../../envs/cosmocub.yaml"
     # Functions, not values: a bad `unet` section fails the unet targets only, not `all`.
-    threads: lambda w: unet_world_size(CFG) * CFG.cluster.train.cpus_per_rank
+    threads: lambda w: unet_train_job().threads
     resources:
-        mem_mb=lambda w: unet_world_size(CFG) * CFG.cluster.train.mem_mb_per_rank,
+        mem_mb=lambda w: unet_train_job().mem_mb,
         runtime=CFG.cluster.train.runtime,
     params:
         shards=lambda w, input: os.path.dirname(input.manifest),
         out=lambda w, output: os.path.dirname(output.model),
-        nproc=lambda w: unet_world_size(CFG),
-        cpus=lambda w, threads: max(1, threads // unet_world_size(CFG)),
+        ranks_per_node=lambda w: unet_train_job().ranks_per_node,
+        cpus=lambda w, threads: unet_train_job().cpus_per_rank_within(threads),
         max_restarts=CFG.train.max_restarts,
         env=tracking_env("unet_train"),
     shell:
-        "{params.env} cosmocub launch --ranks-per-node {params.nproc}"
+        "{params.env} cosmocub launch --ranks-per-node {params.ranks_per_node}"
         " --cpus-per-rank {params.cpus} --max-restarts {params.max_restarts}"
         " -- train --config {input.config} --shards {params.shards} --out {params.out}"
         " > {log} 2>&1"

@@ -183,7 +183,8 @@ class SmallResources:
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterConfig:
-    """What jobs ask the executor for; read by the rule files (launch.resources), not by stages."""
+    """What jobs ask the executor for; read by the rule files (launch.resources through
+    cosmocub.workflow_support), not by stages."""
 
     train: TrainResources
     preprocess: PreprocessResources

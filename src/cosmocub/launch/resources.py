@@ -1,11 +1,13 @@
 """What the workflow's jobs ask the executor for: job counts, ranks, cores and GPUs per node.
 
-Pure arithmetic on the config's `cluster` and `train` sections, read by the rule files.
+Pure arithmetic on the config's `cluster` and `train` sections, read by the rule files through
+cosmocub.workflow_support.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from cosmocub.config import Config
 
@@ -21,35 +23,57 @@ def simulate_runtime(cfg: Config) -> int:
     return max(1, math.ceil(per_job.universes_per_job * per_job.minutes_per_universe))
 
 
-def train_world_size(cfg: Config) -> int:
-    """Training ranks: nodes × ranks per node."""
-    return cfg.world_size
+@dataclass(frozen=True, kw_only=True)
+class RankedJob:
+    """A job that starts ranks, as it asks the executor: `nodes` nodes of `ranks_per_node` ranks,
+    each rank cluster.train's cores, memory and GPUs (Slurm's --mem and gres are per node)."""
+
+    nodes: int
+    ranks_per_node: int
+    cpus_per_rank: int
+    mem_mb: int  # per node
+    gpus_per_rank: int
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def threads(self) -> int:
+        """Cores on each node: its ranks × cores per rank (Snakemake's threads)."""
+        return self.ranks_per_node * self.cpus_per_rank
+
+    @property
+    def cpus_total(self) -> int:
+        return self.threads * self.nodes
+
+    @property
+    def gres(self) -> str:
+        """Slurm generic resources per node ("gpu:4"), or "" on CPU nodes."""
+        gpus = self.gpus_per_rank * self.ranks_per_node
+        return f"gpu:{gpus}" if gpus else ""
+
+    def cpus_per_rank_within(self, threads: int) -> int:
+        """Cores each rank runs with when the job got `threads` cores on its node (Snakemake
+        caps threads at --cores locally): their share, at least 1."""
+        return max(1, threads // self.ranks_per_node)
 
 
-def train_threads(cfg: Config) -> int:
-    """Cores the training job asks for on each node: its ranks there × cores per rank."""
-    return cfg.train.ranks_per_node * cfg.cluster.train.cpus_per_rank
+def ranked_job(cfg: Config, *, nodes: int, ranks_per_node: int) -> RankedJob:
+    """The request of `nodes` nodes of `ranks_per_node` ranks with cluster.train's resources."""
+    per_rank = cfg.cluster.train
+    return RankedJob(
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        cpus_per_rank=per_rank.cpus_per_rank,
+        mem_mb=ranks_per_node * per_rank.mem_mb_per_rank,
+        gpus_per_rank=per_rank.gpus_per_rank,
+    )
 
 
-def train_gres(cfg: Config) -> str:
-    """Slurm generic resources per node ("gpu:4"), or "" on CPU nodes."""
-    return node_gres(cfg, cfg.train.ranks_per_node)
-
-
-def node_cpus(cfg: Config, ranks_per_node: int) -> int:
-    """Cores a node of `ranks_per_node` ranks asks for: cluster.train.cpus_per_rank each."""
-    return ranks_per_node * cfg.cluster.train.cpus_per_rank
-
-
-def node_mem_mb(cfg: Config, ranks_per_node: int) -> int:
-    """Memory a node of `ranks_per_node` ranks asks for (Slurm's --mem is per node)."""
-    return ranks_per_node * cfg.cluster.train.mem_mb_per_rank
-
-
-def node_gres(cfg: Config, ranks_per_node: int) -> str:
-    """Slurm generic resources of a node of `ranks_per_node` ranks ("gpu:4"), or "" on CPUs."""
-    gpus = cfg.cluster.train.gpus_per_rank * ranks_per_node
-    return f"gpu:{gpus}" if gpus else ""
+def train_job(cfg: Config) -> RankedJob:
+    """The training run's request: cluster.train.nodes × train.ranks_per_node ranks."""
+    return ranked_job(cfg, nodes=cfg.cluster.train.nodes, ranks_per_node=cfg.train.ranks_per_node)
 
 
 def study_cpus_per_rank(cfg: Config, *, largest_ranks: int, machine_cores: int | None) -> int:

@@ -1,0 +1,148 @@
+"""What the workflow's rules (workflow/rules/*.smk) take from the package, in one import: the
+config as Snakemake hands it over, the universes' jobs, every ranked job's request to the
+executor, the studies' plans and the tracking hooks. The rules hold no arithmetic of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from cosmocub.config import CONFIG_ENV, Config, coerce_cli_strings, from_values, resolve
+from cosmocub.data.naming import group_seeds, universe_ids
+from cosmocub.emulator.unet_run_config import unet_world_size
+from cosmocub.launch.resources import (
+    RankedJob,
+    num_preprocess_groups,
+    ranked_job,
+    simulate_runtime,
+    study_cpus_per_rank,
+    train_job,
+)
+from cosmocub.studies.engine import STUDY_MODULES, PlannedPoint, plan, study_shard_sources
+from cosmocub.studies.engine import definition as study_definition
+from cosmocub.studies.launch_plan import LaunchPlan
+from cosmocub.tracking.runs import RULE_ENV, WILDCARDS_ENV
+from cosmocub.tracking.workflow_run import (
+    finish_tracking,
+    mlflow_runs_link,
+    resolved_config_path,
+    start_tracking,
+    write_resolved_config,
+)
+
+__all__ = [
+    "CONFIG_ENV",
+    "STUDY_NAMES",
+    "RankedJob",
+    "finish_tracking",
+    "mlflow_runs_link",
+    "perf_model_bench_threads",
+    "planned_points",
+    "preprocess_groups",
+    "resolved_config_path",
+    "simulate_group_by_seed",
+    "simulate_runtime",
+    "start_tracking",
+    "study_definition",
+    "study_link_rates",
+    "study_point_cores",
+    "study_point_job",
+    "study_points_cpus",
+    "study_shard_point",
+    "tracking_env",
+    "train_job",
+    "unet_job",
+    "universe_ids",
+    "workflow_config",
+    "write_resolved_config",
+]
+
+# The studies a workflow has a target for (`snakemake <name>_study`).
+STUDY_NAMES = tuple(STUDY_MODULES)
+
+
+def workflow_config(config: dict[str, Any], *, source: str) -> Config:
+    """Snakemake's `config`, made what a job reads, in place: nested --config strings typed by the
+    schema, validated (one line naming `source` and the key), every default filled; then typed.
+    The package's own validation, which `cosmocub` runs by hand too."""
+    coerce_cli_strings(config)
+    config.update(resolve(config, source=source))
+    return from_values(config, source="snakemake config")
+
+
+def simulate_group_by_seed(cfg: Config) -> dict[int, int]:
+    """The simulate group that makes each universe made here (cluster.simulate.universes_per_job
+    a group), by seed; {} where the universes are linked, not made."""
+    if not cfg.universes.made_here:
+        return {}
+    return {seed: g for g, seeds in enumerate(group_seeds(cfg)) for seed in seeds}
+
+
+def preprocess_groups(cfg: Config, universes: Sequence[str]) -> range:
+    """The preprocess groups' indices: `universes` cluster.preprocess.universes_per_job a group."""
+    return range(num_preprocess_groups(cfg, len(universes)))
+
+
+def tracking_env(rule_name: str) -> Callable[[Mapping[str, str]], str]:
+    """A rule's params function: the environment that tags a job's MLflow child run with its
+    rule and wildcards (cosmocub.tracking.runs reads it)."""
+
+    def env(wildcards: Mapping[str, str]) -> str:
+        pairs = ",".join(f"{k}={v}" for k, v in wildcards.items())
+        return f"{RULE_ENV}={rule_name} {WILDCARDS_ENV}='{pairs}'"
+
+    return env
+
+
+def unet_job(cfg: Config) -> RankedJob:
+    """The `snakemake unet` run's request: its ranks on one node (a bad `unet` section is a
+    ConfigError, so the unet rules ask for it in functions and fail only the unet targets)."""
+    return ranked_job(cfg, nodes=1, ranks_per_node=unet_world_size(cfg))
+
+
+def planned_points(cfg: Config, study: str) -> dict[str, PlannedPoint]:
+    """A study's points by name, as cosmocub.studies.engine plans them at parse time."""
+    return {p.point.name: p for p in plan(cfg, study)}
+
+
+def study_point_job(cfg: Config, launch: LaunchPlan) -> RankedJob:
+    """A study point's request, as `train` asks for training's: its ranks with cluster.train's
+    cores and GPUs per rank, on its nodes (one for emulated nodes, which share one machine)."""
+    return ranked_job(
+        cfg, nodes=launch.allocated_nodes, ranks_per_node=launch.ranks_per_allocated_node
+    )
+
+
+def study_points_cpus(
+    cfg: Config, points: Mapping[str, PlannedPoint], *, machine_cores: int | None
+) -> int:
+    """Cores per rank, the same for every point of a study so that they compare like with like
+    (launch.resources.study_cpus_per_rank, shared among its largest point's ranks locally)."""
+    largest = max(p.ranks for p in points.values())
+    return study_cpus_per_rank(cfg, largest_ranks=largest, machine_cores=machine_cores)
+
+
+def study_point_cores(launch: LaunchPlan, *, cpus_per_rank: int, machine_cores: int | None) -> int:
+    """Like `train`: the point's ranks on one node × cores per rank. Locally (`machine_cores`
+    given) an emulated point pins its nodes to the machine's cores from the first, so it claims
+    them all and no other job runs beside it (its ranks would slow down and its times lie)."""
+    if launch.runner == "emulated" and machine_cores is not None:
+        return machine_cores
+    return launch.ranks_per_node * cpus_per_rank
+
+
+def study_shard_point(cfg: Config, key: str) -> tuple[str, str]:
+    """(study, point) whose config makes the study shards under `key` (all such points agree)."""
+    return study_shard_sources(cfg, list(STUDY_NAMES))[key]
+
+
+def study_link_rates(cfg: Config) -> list[float]:
+    """The link rates the network and scaling studies emulate (Mbit/s), for the links' bench."""
+    return [*cfg.network_study.bandwidths_mbit, cfg.scaling_study.bandwidth_mbit]
+
+
+def perf_model_bench_threads(cfg: Config) -> int:
+    """Cores the links' benchmark holds: one per rank of its largest run (ranks on loopback,
+    or one per emulated node)."""
+    return max(cfg.perf_model.bench.ranks, cfg.perf_model.bench.nodes)

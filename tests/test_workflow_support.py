@@ -1,0 +1,80 @@
+"""What the workflow's rules take from the package (cosmocub.workflow_support): the one module
+they import, and the requests it makes of the config, with the numbers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from cosmocub.config import load_config
+from cosmocub.studies.launch_plan import LaunchPlan, PointLaunch
+from cosmocub.workflow_support import (
+    preprocess_groups,
+    simulate_group_by_seed,
+    study_link_rates,
+    study_point_cores,
+    study_point_job,
+    tracking_env,
+    unet_job,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_rules_import_one_module_of_the_package() -> None:
+    files = [REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]
+    imported = {
+        (f.name, m)
+        for f in files
+        for m in re.findall(r"^\s*(?:from|import) (cosmocub[\w.]*)", f.read_text(), re.M)
+    }
+    assert {m for _, m in imported} == {"cosmocub.workflow_support"}, imported
+
+
+def plan(runner: str, *, nodes: int, ranks_per_node: int) -> LaunchPlan:
+    return LaunchPlan(
+        study="s",
+        name="p",
+        runner=runner,
+        labels={},
+        launch=PointLaunch(),
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        bandwidth_mbit=0.0,
+    )
+
+
+def test_a_study_points_request_and_cores() -> None:
+    cfg = load_config(None, {"cluster": {"train": {"gpus_per_rank": 1, "cpus_per_rank": 4}}})
+    # 3 real nodes of 2 ranks: 3 nodes asked for, 2 ranks, 8 cores and 2 GPUs on each.
+    job = study_point_job(cfg, plan("local", nodes=3, ranks_per_node=2))
+    assert (job.nodes, job.ranks, job.threads, job.cpus_total, job.gres) == (3, 6, 8, 24, "gpu:2")
+    assert job.mem_mb == 2 * 8000
+    # 3 emulated nodes of 2 ranks share one machine: one node of 6 ranks.
+    emulated = plan("emulated", nodes=3, ranks_per_node=2)
+    job = study_point_job(cfg, emulated)
+    assert (job.nodes, job.ranks, job.threads, job.gres) == (1, 6, 24, "gpu:6")
+    # Locally an emulated point claims every core; on a cluster, its node's ranks' cores.
+    assert study_point_cores(emulated, cpus_per_rank=3, machine_cores=16) == 16
+    assert study_point_cores(emulated, cpus_per_rank=3, machine_cores=None) == 6
+    assert study_point_cores(plan("local", nodes=1, ranks_per_node=2), cpus_per_rank=3,
+                             machine_cores=16) == 6  # fmt: skip
+
+
+def test_the_unet_universes_and_study_rates_requests() -> None:
+    cfg = load_config(
+        REPO / "config" / "test.yaml",
+        {"cluster": {"train": {"cpus_per_rank": 2, "mem_mb_per_rank": 1000}}},
+    )
+    job = unet_job(cfg)  # the U-Net's 2 ranks on one node
+    assert (job.nodes, job.ranks, job.threads, job.mem_mb) == (1, 2, 4, 2000)
+    # 6 universes, 16 a simulate job: one group of every seed; 4 a job: groups 0 and 1.
+    assert simulate_group_by_seed(cfg) == dict.fromkeys(range(1_000_000, 1_000_006), 0)
+    four = load_config(
+        REPO / "config" / "test.yaml", {"cluster": {"simulate": {"universes_per_job": 4}}}
+    )
+    assert list(simulate_group_by_seed(four).values()) == [0, 0, 0, 0, 1, 1]
+    assert preprocess_groups(cfg, ["a"] * 130) == range(3)  # 64 universes a job
+    assert study_link_rates(cfg) == [10, 100]  # the network study's rate, the scaling study's
+    env = tracking_env("train")({"run": "r1", "seed": "3"})
+    assert env == "COSMOCUB_RULE=train COSMOCUB_WILDCARDS='run=r1,seed=3'"
