@@ -60,6 +60,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.device == "cuda":
+        from cosmocub.perfmodel.measure.gpu_layers import calibrate_cuda
+
+        cfg = load_config(args.config)
+        out = Path(args.out or f"{cfg.results}/perf_model/gpu_layers.json")
+        times = calibrate_cuda(cfg.model, batch=args.batch, out=out)
+        print(f"{out}: {times.device}, batch {times.batch}, {times.dtype}")
+        return 0
     from cosmocub.perfmodel.uses.entry_points import calibrate
 
     calibrate(load_config(args.config), out=None if args.out is None else Path(args.out))
@@ -116,6 +124,12 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     overrides: dict = {}
     for text in args.override or ():
         overrides = deep_merge(overrides, _yaml_mapping(text))
+    if args.cluster is not None:
+        return _predict_on_cluster(args, data, spatial, overrides)
+    if args.ranks_per_node is None:
+        raise ValueError("--ranks-per-node: needed unless --cluster names the nodes")
+    if args.gpu_calibration is not None:
+        raise ValueError("--gpu-calibration: only with --cluster (its accelerator's layers)")
     predict(
         load_config(args.config, overrides=overrides or None),
         data=data,
@@ -130,6 +144,35 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         train_samples=args.train_samples,
         as_json=args.json,
         calibration=None if args.calibration is None else Path(args.calibration),
+    )
+    return 0
+
+
+def _predict_on_cluster(
+    args: argparse.Namespace, data: int | None, spatial: int | None, overrides: dict
+) -> int:
+    from cosmocub.cli.perf_model_predict import predict_on_cluster
+
+    for flag, value in (
+        ("--accelerator", args.accelerator),
+        ("--fit", args.fit),
+        ("--rate-mbit", args.rate_mbit),
+        ("--calibration", args.calibration),
+    ):
+        if value is not None:
+            raise ValueError(f"{flag}: not with --cluster {args.cluster} (the preset sets it)")
+    predict_on_cluster(
+        load_config(args.config, overrides=overrides or None),
+        cluster_name=args.cluster,
+        nodes=args.nodes,
+        ranks_per_node=args.ranks_per_node,
+        data=data,
+        spatial=spatial,
+        split=args.split,
+        epochs=args.epochs,
+        train_samples=args.train_samples,
+        gpu_calibration=None if args.gpu_calibration is None else Path(args.gpu_calibration),
+        as_json=args.json,
     )
     return 0
 
@@ -194,6 +237,15 @@ def add_perf_model(sub) -> None:
     )
     c.set_defaults(handler=_cmd_calibrate)
     c.add_argument("--out", help=CALIBRATION_HELP + "; replaced")
+    c.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: time each layer of the config's model on this machine's GPU with CUDA events "
+        "(fp16 autocast) and write them for perf-model predict --gpu-calibration (default --out "
+        "{results}/perf_model/gpu_layers.json); fails on a machine without CUDA",
+    )
+    c.add_argument("--batch", type=_positive, default=1, help="local batch timed (--device cuda)")
     add_config(c)
     r = cmds.add_parser(
         "predict",
@@ -208,7 +260,18 @@ def add_perf_model(sub) -> None:
         "--split", type=_split, help="D,H,W ranks of a sample (default: as training splits it)"
     )
     r.add_argument("--nodes", type=_positive, required=True)
-    r.add_argument("--ranks-per-node", type=_positive, required=True)
+    r.add_argument("--ranks-per-node", type=_positive, help="(default with --cluster: its own)")
+    r.add_argument(
+        "--cluster",
+        help="a GPU system from public specifications (perfmodel.cost_model.cluster_presets: "
+        "eos, perlmutter, frontier, selene, ...): its accelerator's roofline, NCCL's collectives, "
+        "and the time to train",
+    )
+    r.add_argument(
+        "--gpu-calibration",
+        help="layer times measured on the cluster's GPU (perf-model calibrate --device cuda), "
+        "in place of the roofline (with --cluster)",
+    )
     r.add_argument(
         "--override",
         action="append",

@@ -28,6 +28,7 @@ from cosmocub.perfmodel.uses.run_prediction import (
     Workload,
     format_table,
     lion_reference,
+    rate_label,
     train_samples,
 )
 from cosmocub.perfmodel.uses.run_prediction import predict as predict_run
@@ -214,6 +215,81 @@ def predict(
         f"{'x'.join(map(str, mesh.split))}) = {mesh.world} ranks on {p.nodes} nodes x "
         f"{ranks_per_node}\n{device.describe()}\nlinks: {links}\n"
     )
-    print(format_table(rates, predictions))
+    print(format_table([rate_label(r) for r in rates], predictions))
     if note:
         print(note)
+
+
+def predict_on_cluster(
+    cfg: Config,
+    *,
+    cluster_name: str,
+    nodes: int,
+    ranks_per_node: int | None,
+    data: int | None,
+    spatial: int | None,
+    split: tuple[int, int, int] | None,
+    epochs: int | None,
+    train_samples: int | None,
+    gpu_calibration: Path | None,
+    as_json: bool,
+) -> None:
+    """`perf-model predict --cluster NAME --nodes N`: the preset's nodes, accelerator (roofline,
+    or --gpu-calibration's layer times) and NCCL's collectives; the step's parts and the time to
+    train over the MLPerf CosmoFlow splits (or --train-samples) for --epochs (or train.epochs)."""
+    from cosmocub.perfmodel.cost_model.cluster_presets import cluster
+    from cosmocub.perfmodel.cost_model.spec_accelerator import SpecAccelerator
+    from cosmocub.perfmodel.measure.gpu_layers import GpuLayerTimes
+    from cosmocub.perfmodel.uses.time_to_train import MLPERF_COSMOFLOW, predict_cluster
+
+    preset = cluster(cluster_name)
+    if ranks_per_node is not None and ranks_per_node != preset.ranks_per_node:
+        raise ValueError(
+            f"--ranks-per-node {ranks_per_node}: --cluster {preset.name} has "
+            f"{preset.ranks_per_node} a node (leave the flag out)"
+        )
+    k = preset.ranks_per_node
+    mesh = mesh_from_flags(cfg, data, spatial, split, nodes=nodes, ranks_per_node=k)
+    dataset = MLPERF_COSMOFLOW
+    if train_samples is not None:
+        dataset = dataclasses.replace(dataset, train_samples=train_samples)
+    work = Workload.of(cfg)
+    work = dataclasses.replace(work, epochs=epochs or work.epochs)
+    calibration = None if gpu_calibration is None else GpuLayerTimes.read(gpu_calibration)
+    p, ttt = predict_cluster(
+        work, preset, nodes=nodes, epochs=work.epochs, dataset=dataset, calibration=calibration,
+        mesh=mesh, lion=lion_reference(cfg),
+    )  # fmt: skip
+    parts = {
+        "step_s": ttt.step_s,
+        "data_wait_s": ttt.data_wait_s,
+        "training_epoch_s": ttt.train_epoch_s,
+        "evaluation_s": ttt.eval_s,
+        "staging_s": ttt.staging_s,
+        "staging_in_run": ttt.staging_in_run,
+        "epochs": ttt.epochs,
+        "time_to_train_s": ttt.total_s,
+    }
+    if as_json:
+        out = {"config": cfg.source, "cluster": preset.name, **parts, **p.as_dict()}
+        print(json.dumps(out, indent=1))
+        return
+    node = preset.nccl_node()
+    device = SpecAccelerator(spec=preset.spec, calibration=calibration)
+    print(
+        f"{cfg.source}: {cfg.optimizer.name}, {cfg.model.input_size}^3 samples, local batch "
+        f"{work.local_batch}\n{preset.system}: {nodes} nodes x {k} = {mesh.world} ranks, mesh "
+        f"{mesh.data} data x {mesh.spatial} spatial\n{device.describe()}\nlinks: NCCL's model "
+        f"({node.nics} NICs x {node.nic_gbyte_s:g} GB/s a node, {node.intra_gbyte_s:g} GB/s "
+        f"within, LL128 {'on' if node.ll128 else 'off'}); data: {dataset.train_samples} train /"
+        f" {dataset.val_samples} validation samples of {dataset.sample_bytes / 1e6:.3g} MB\n"
+    )
+    print(format_table([preset.name], [p]))
+    staging = "not known" if ttt.staging_s is None else f"{ttt.staging_s:.3g} s"
+    where = "inside" if ttt.staging_in_run else "outside"
+    print(
+        f"\ndata wait a step {1e3 * ttt.data_wait_s:.3g} ms; training epoch "
+        f"{ttt.train_epoch_s:.3g} s ({ttt.steps_per_epoch} steps); evaluation "
+        f"{ttt.eval_s:.3g} s ({ttt.eval_steps} forward steps); staging {staging} ({where} the "
+        f"timed run)\ntime to train: {ttt.total_s:.4g} s for {ttt.epochs} epochs"
+    )

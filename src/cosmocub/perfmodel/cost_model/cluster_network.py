@@ -14,6 +14,7 @@ from cosmocub.perfmodel.cost_model.nccl_collectives import (
     NcclNode,
     alltoall_time_us,
     choose,
+    ring_bytes_by_link,
     sendrecv_time_us,
 )
 
@@ -38,6 +39,20 @@ class NcclNetwork:
             return 1, group_size
         per_node = max(1, min(group_size, self.ranks_per_node // stride))
         return math.ceil(group_size / per_node), per_node
+
+    def inter_fraction(self, kind: str, group_size: int, stride: int) -> float:
+        """Of the bytes a rank sends, the share through the node's NICs: a ring crosses each
+        node boundary once (1/ranks a node of its hops: ring_bytes_by_link), an all-to-all
+        sends (P − ranks a node)/P to other nodes, a halo face that spans nodes all of it."""
+        nodes, per_node = self.layout(group_size, stride)
+        if nodes == 1:
+            return 0.0
+        ranks = nodes * per_node
+        if kind == "alltoall":
+            return (ranks - per_node) / ranks
+        if kind == "halo":
+            return 1.0
+        return ring_bytes_by_link(1.0, ranks, nodes)[1]
 
     def choice(self, kind: str, nbytes: float, group_size: int, stride: int = 1) -> Choice:
         """NCCL's algorithm, protocol and time for a ring/tree collective (allreduce, allgather,

@@ -137,7 +137,7 @@ def exchange(
             seconds=exposed,
             hidden_s=total - exposed,
             sent=sent,
-            inter_node_bytes=sent if network.spans_nodes(group, 1) else 0.0,
+            inter_node_bytes=sent * network.inter_fraction("allreduce", group, 1),
         )
     # distributed_lion / lion_cub: spatial average in fp32, then the vote over the data group.
     seconds, sent, inter = 0.0, 0.0, 0.0
@@ -145,7 +145,7 @@ def exchange(
         seconds += wake_s + network.collective_s("allreduce", payload, mesh.spatial)
         averaged = ring_allreduce_bytes(payload, mesh.spatial)
         sent += averaged
-        inter += averaged if network.spans_nodes(mesh.spatial, 1) else 0.0
+        inter += averaged * network.inter_fraction("allreduce", mesh.spatial, 1)
     if optimizer_cfg.name == "distributed_lion":
         quantizer, bits, collective, dtype, bucket_mb = "sign", 1, "allgather", "int8", 4.0
     else:
@@ -159,7 +159,6 @@ def exchange(
             lc.bucket_mb,
         )
     p = mesh.data
-    data_spans = network.spans_nodes(p, mesh.spatial)
     # Data ranks (of one spatial index) on a node; 1 where a spatial group spans nodes.
     per_node = max(1, network.ranks_per_node // mesh.spatial)
     lc = optimizer_cfg.lion_cub if optimizer_cfg.name == "lion_cub" else None
@@ -189,14 +188,14 @@ def exchange(
             for phase, nbytes in phases.items():
                 seconds += wake_s + network.sent_s(phase, nbytes, p, mesh.spatial)
                 sent += nbytes
-                inter += nbytes if data_spans else 0.0
+                inter += nbytes * network.inter_fraction(phase, p, mesh.spatial)
     fraction = _sync_fraction(optimizer_cfg, steps)
     sync_s = sync_bytes = 0.0
     if fraction > 0 and p > 1:
         synced = 4 * _synced_elements(sizes, optimizer_cfg)
         sync_s = fraction * (wake_s + network.collective_s("allreduce", synced, p, mesh.spatial))
         sync_bytes = fraction * ring_allreduce_bytes(synced, p)
-        inter += sync_bytes if data_spans else 0.0
+        inter += sync_bytes * network.inter_fraction("allreduce", p, mesh.spatial)
     return Exchange(
         seconds=seconds,
         sync_s=sync_s,
@@ -327,7 +326,7 @@ def predict_step(
     halo_s, halo_bytes = halo(
         model_cfg, batch=local_batch, mesh=mesh, network=network, bytes_per_value=bytes_per_value
     )
-    halo_inter = halo_bytes if network.spans_nodes(mesh.spatial, 1) else 0.0
+    halo_inter = halo_bytes * network.inter_fraction("halo", mesh.spatial, 1)
     norm_sync_s, _ = norm_sync(model_cfg, mesh=mesh, network=network)
     if norm_sync_local_in_layers:
         one_node = dataclasses.replace(network, ranks_per_node=max(mesh.world, 1))

@@ -14,9 +14,10 @@ from cosmocub.perfmodel.measure.costs import KINDS, AlphaBeta, rounds_and_bytes
 
 
 class Links(Protocol):
-    """What the step model asks of a network: whether a group crosses a node's link, and the
+    """What the step model asks of a network: whether a group crosses a node's link, the
     seconds of one collective by its buffer (collective_s) or by the bytes a rank sends in it
-    (sent_s). Network (α–β, fitted or assumed) and cluster_network.NcclNetwork (NCCL's model)."""
+    (sent_s), and the share of those bytes that leaves the node (inter_fraction). Network
+    (α–β, fitted or assumed) and cluster_network.NcclNetwork (NCCL's model)."""
 
     @property
     def ranks_per_node(self) -> int: ...
@@ -26,6 +27,8 @@ class Links(Protocol):
     def collective_s(self, kind: str, nbytes: float, group_size: int, stride: int = 1) -> float: ...
 
     def sent_s(self, kind: str, sent_bytes: float, group_size: int, stride: int = 1) -> float: ...
+
+    def inter_fraction(self, kind: str, group_size: int, stride: int) -> float: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +52,12 @@ class Network:
     def spans_nodes(self, group_size: int, stride: int) -> bool:
         """Whether a group of `group_size` ranks, `stride` apart, crosses a node's link."""
         return group_size * stride > self.ranks_per_node
+
+    def inter_fraction(self, kind: str, group_size: int, stride: int) -> float:
+        """Of a collective's bytes, the share counted against the node's link: all of them
+        when the group spans nodes (the α–β link carries the whole collective)."""
+        del kind
+        return 1.0 if self.spans_nodes(group_size, stride) else 0.0
 
     def costs(self, group_size: int, stride: int, kind: str) -> AlphaBeta:
         """The α–β that a group of `group_size` ranks, `stride` apart, sees: within a node if it

@@ -253,9 +253,10 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.3g} h"
 
 
-def format_table(rates: Sequence[float], predictions: Sequence[Prediction]) -> str:
-    """One column per link rate: the step and its parts (ms), bytes per rank per step by link,
-    memory, throughput, epoch time and, for Lion Cub, Lion's step and the speedup."""
+def format_table(labels: Sequence[str], predictions: Sequence[Prediction]) -> str:
+    """One column per label (a link rate, a cluster): the step and its parts (ms), bytes per
+    rank per step by link, memory, throughput, epoch time and, for Lion Cub, Lion's step and
+    the speedup."""
     first = predictions[0]
     rows: list[tuple[str, list[str]]] = []
 
@@ -286,8 +287,8 @@ def format_table(rates: Sequence[float], predictions: Sequence[Prediction]) -> s
         row("Lion, DDP overlapped (ms)", lambda p: f"{1e3 * p.lion.step_s:.4g}" if p.lion else "")
         row("Lion Cub speedup over Lion", lambda p: f"{p.speedup:.3g}x")
     width = max(len(label) for label, _ in rows) + 2
-    cols = [max(12, len(rate_label(r)) + 2) for r in rates]
-    head = " " * width + "".join(rate_label(r).rjust(c) for r, c in zip(rates, cols, strict=True))
+    cols = [max(12, len(label) + 2) for label in labels]
+    head = " " * width + "".join(lab.rjust(c) for lab, c in zip(labels, cols, strict=True))
     body = [
         label.ljust(width) + "".join(v.rjust(c) for v, c in zip(values, cols, strict=True))
         for label, values in rows

@@ -1,0 +1,265 @@
+"""GPU clusters from public descriptions (the MLPerf HPC system files, the centres' pages),
+each number with its source beside it ([V] seen, [R] recalled, as hardware_specs); presets for
+`perf-model predict --cluster` and for the MLPerf comparison (benchmarks/against_mlperf.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from cosmocub.perfmodel.cost_model.cluster_network import NcclNetwork
+from cosmocub.perfmodel.cost_model.hardware_specs import ACCELERATORS, AcceleratorSpec
+from cosmocub.perfmodel.cost_model.nccl_collectives import NVLINK_GBYTE_S, NcclNode
+
+MLPERF_V3 = "mlcommons/hpc_results_v3.0 @ dfea490b1e7b6545eb5c8b7a4ff9b05021cba098"
+MLPERF_V2 = "mlcommons/hpc_results_v2.0 @ ad77f6ceae98bf1236a4a0bb79257c2b739197b9"
+MLPERF_V1 = "mlcommons/hpc_results_v1.0 @ 2ba081f43a28d8e19dc572da72b2f14862599c1f"
+# Per core, for the data path (no measurement of these machines' cores was retrieved):
+INFLATE_SOURCE = "zlib inflate, ~0.4 GB/s of output a core on current x86 [R]"
+COPY_SOURCE = "a core's copy out of the page cache, ~5 GB/s [R]"
+DALI_THREADS = (
+    f"dali_threads: 4 in the NVIDIA/HPE+LBNL PyTorch implementation's configs, {MLPERF_V3} "
+    "HPE+LBNL/benchmarks/cosmoflow/implementations/cosmoflow-pytorch/configs [V]"
+)
+DATA_PATH = {
+    "loader_threads_per_rank": DALI_THREADS,
+    "loader_gbyte_s_per_core": COPY_SOURCE,
+    "inflate_gbyte_s_per_core": INFLATE_SOURCE,
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterPreset:
+    """A GPU system: its nodes (accelerator, ranks, CPU vendor, NICs and their rate), what NCCL
+    runs on it (LL128 on or off, by the GPU-NIC path), its file system and data path, whether
+    a run's staging falls inside the timed run, and where each number comes from."""
+
+    name: str
+    system: str
+    accelerator: str
+    ranks_per_node: int
+    cores_per_node: int
+    cpu_vendor: str
+    nics_per_node: int
+    nic_gbit_s: float
+    ll128: bool
+    fs_read_gbyte_s: float | None  # the file system's aggregate read rate (None: not known)
+    staging_in_timed_run: bool
+    loader_threads_per_rank: int = 4
+    loader_gbyte_s_per_core: float = 5.0
+    inflate_gbyte_s_per_core: float = 0.4
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> AcceleratorSpec:
+        return ACCELERATORS[self.accelerator]
+
+    @property
+    def nic_gbyte_s(self) -> float:
+        """NCCL's NIC rate: Gbit/s ÷ 8 (topo.cc: speed in Mb/s ÷ 8000)."""
+        return self.nic_gbit_s / 8
+
+    def nccl_node(self) -> NcclNode:
+        """The node as NCCL's search sees it: NVLinks at topo.h's per-link rate (xGMI and other
+        links at the datasheet's), the NICs at their rate, LL128 as the preset says."""
+        spec = self.spec
+        intra = spec.nvlinks * NVLINK_GBYTE_S if spec.nvlinks else spec.intra_node_gbyte_s
+        return NcclNode(
+            arch=spec.arch,
+            cpu_vendor=self.cpu_vendor,
+            intra_link="nvlink",
+            intra_gbyte_s=intra,
+            nics=self.nics_per_node,
+            nic_gbyte_s=self.nic_gbyte_s,
+            ranks_per_node=self.ranks_per_node,
+            ll128=self.ll128,
+        )
+
+    def network(self) -> NcclNetwork:
+        return NcclNetwork(node=self.nccl_node())
+
+
+DGX = "{round} NVIDIA/systems/{json}: 8 GPUs, compute 8x ConnectX-{nic} [V]"
+PXB = "NICs on the GPUs' PCIe switches (PXB): tuning.cc enables LL128 [R: topology not read]"
+CLUSTERS: dict[str, ClusterPreset] = {
+    "eos": ClusterPreset(
+        name="eos",
+        system="NVIDIA Eos (DGX H100)",
+        accelerator="h100_sxm",
+        ranks_per_node=8,
+        cores_per_node=112,
+        cpu_vendor="intel",
+        nics_per_node=8,
+        nic_gbit_s=400,
+        ll128=True,
+        fs_read_gbyte_s=None,
+        staging_in_timed_run=False,
+        sources={
+            "node": DGX.format(
+                round=MLPERF_V3,
+                json="eos_n64_ngc23.09_pytorch.json",
+                nic="7 IB NDR 400 Gb/s; 2x Xeon 8480C, 56 cores each",
+            ),
+            "ll128": PXB,
+            "staging_in_timed_run": "staging_start..stop before run_start in every v3.0 Eos "
+            "log; mlcommons/logging issue 318 (staging out of the HPC v3.0 score) [V]",
+            **DATA_PATH,
+        },
+    ),
+    "perlmutter": ClusterPreset(
+        name="perlmutter",
+        system="NERSC Perlmutter GPU (A100 40GB), 2023",
+        accelerator="a100_40gb",
+        ranks_per_node=4,
+        cores_per_node=64,
+        cpu_vendor="amd",
+        nics_per_node=4,
+        nic_gbit_s=200,
+        ll128=False,
+        fs_read_gbyte_s=5000.0,
+        staging_in_timed_run=True,
+        sources={
+            "node": f"{MLPERF_V3} HPE+LBNL/systems/perlmutter_128x4.json (1x EPYC 7763, "
+            "4x A100-SXM4-40GB, Slingshot); docs.nersc.gov/systems/perlmutter/architecture "
+            "(4 NICs a GPU node) [V]; Slingshot-11 200 Gb/s a NIC [R]",
+            "ll128": "NICs behind the CPU (PHB: the implementation sets NCCL_NET_GDR_LEVEL=PHB, "
+            f"{MLPERF_V3} HPE+LBNL/.../configs/config_pm_common.sh [V]): LL128 off",
+            "fs_read_gbyte_s": "NERSC: Perlmutter scratch (all-flash Lustre) ~5 TB/s [R]",
+            "staging_in_timed_run": "staging after run_start in the v3.0 logs [V]",
+            **DATA_PATH,
+        },
+    ),
+    "perlmutter_2021": ClusterPreset(
+        name="perlmutter_2021",
+        system="NERSC Perlmutter GPU, phase 1 (2021: 2 NICs a node)",
+        accelerator="a100_40gb",
+        ranks_per_node=4,
+        cores_per_node=64,
+        cpu_vendor="amd",
+        nics_per_node=2,
+        nic_gbit_s=100,
+        ll128=False,
+        fs_read_gbyte_s=5000.0,
+        staging_in_timed_run=True,
+        sources={
+            "node": f"{MLPERF_V1} LBNL/systems/perlmutter_256x4_ngc21.09_mxnet.json [V]; "
+            "archived NERSC page portal.nersc.gov/cfs/nstaff/siddiq90/nersc.gitlab.io/public/"
+            "systems/perlmutter/interconnect ('Each node is connected to 2 NICs') [V]; "
+            "Slingshot-10, 100 Gb/s a NIC [R]",
+            "ll128": "as perlmutter",
+            "fs_read_gbyte_s": "as perlmutter [R]",
+            "staging_in_timed_run": "staging after run_start in the v1.0 logs [V]",
+            **DATA_PATH,
+        },
+    ),
+    "frontier": ClusterPreset(
+        name="frontier",
+        system="OLCF Frontier (MI250X, a GCD a rank)",
+        accelerator="mi250x_gcd",
+        ranks_per_node=8,
+        cores_per_node=64,
+        cpu_vendor="amd",
+        nics_per_node=4,
+        nic_gbit_s=200,
+        ll128=False,
+        fs_read_gbyte_s=10000.0,
+        staging_in_timed_run=True,
+        sources={
+            "node": "docs.olcf.ornl.gov/systems/frontier_user_guide.html: 1x 64-core EPYC, "
+            "4x MI250X = 8 GCDs [V]; 4x Slingshot 200 Gb/s [R]",
+            "ll128": "RCCL priced with NCCL's model, xGMI as NVLink, LL128 off [R: RCCL not read]",
+            "fs_read_gbyte_s": "Orion (Lustre) ~10 TB/s [R]",
+            "staging_in_timed_run": "as the v1.0-v3.0 non-NVIDIA runs [R]",
+            **DATA_PATH,
+        },
+    ),
+    "selene": ClusterPreset(
+        name="selene",
+        system="NVIDIA Selene (DGX A100 80GB)",
+        accelerator="a100_80gb",
+        ranks_per_node=8,
+        cores_per_node=128,
+        cpu_vendor="amd",
+        nics_per_node=8,
+        nic_gbit_s=200,
+        ll128=True,
+        fs_read_gbyte_s=None,
+        staging_in_timed_run=True,
+        sources={
+            "node": DGX.format(
+                round=MLPERF_V2, json="dgxa100_n64_pytorch.json", nic="6 IB HDR 200 Gb/s"
+            )
+            + "; 2x EPYC 7742; NVIDIA's HPC submissions ran on Selene [R]",
+            "ll128": PXB,
+            "staging_in_timed_run": "staging after run_start in the v1.0/v2.0 logs [V]",
+            **DATA_PATH,
+        },
+    ),
+    "horeka": ClusterPreset(
+        name="horeka",
+        system="KIT HoreKa GPU (A100 40GB)",
+        accelerator="a100_40gb",
+        ranks_per_node=4,
+        cores_per_node=76,
+        cpu_vendor="intel",
+        nics_per_node=4,
+        nic_gbit_s=200,
+        ll128=False,
+        fs_read_gbyte_s=None,
+        staging_in_timed_run=True,
+        sources={
+            "node": f"{MLPERF_V2} HelmholtzAI/systems/horeka_gpu_n512_pytorch1.13.json: 2x Xeon "
+            "8368 (76 cores), 4 GPUs 'A100-PCIE-40GB' over NVLink, 4x HDR 200 Gb/s [V]; taken "
+            "as A100 SXM4 40GB (HoreKa's are SXM4 [R])",
+            "ll128": "GPU-NIC path not known: LL128 off [R]",
+            **DATA_PATH,
+        },
+    ),
+    "juwels_booster": ClusterPreset(
+        name="juwels_booster",
+        system="JSC JUWELS Booster (A100 40GB)",
+        accelerator="a100_40gb",
+        ranks_per_node=4,
+        cores_per_node=48,
+        cpu_vendor="amd",
+        nics_per_node=4,
+        nic_gbit_s=200,
+        ll128=False,
+        fs_read_gbyte_s=None,
+        staging_in_timed_run=True,
+        sources={
+            "node": f"{MLPERF_V1} HelmholtzAI/systems/juwelsbooster_gpu_n512_mxnet1.9.json: 2x "
+            "EPYC 7402 (48 cores), 4 GPUs 'A100-PCIE-40GB', 4x HDR200 [V]; taken as A100 SXM4 "
+            "40GB with NVLink3 (JUWELS Booster's are [R])",
+            "ll128": "GPU-NIC path not known: LL128 off [R]",
+            **DATA_PATH,
+        },
+    ),
+    "longhorn": ClusterPreset(
+        name="longhorn",
+        system="TACC Longhorn (V100, POWER9)",
+        accelerator="v100_sxm2",
+        ranks_per_node=4,
+        cores_per_node=40,
+        cpu_vendor="other",
+        nics_per_node=1,
+        nic_gbit_s=100,
+        ll128=False,
+        fs_read_gbyte_s=None,
+        staging_in_timed_run=True,
+        sources={
+            "node": f"{MLPERF_V1} TACC/systems/longhorn-tf.json: 2x POWER9 (40 cores), 4x V100 "
+            "SXM2 16GB, IB EDR [V]; one EDR NIC of 100 Gb/s [R]",
+            "ll128": "NCCL 2.4.8 (the system file): no LL128 [R]",
+            **DATA_PATH,
+        },
+    ),
+}
+
+
+def cluster(name: str) -> ClusterPreset:
+    """The preset `name`, or a ValueError listing the known ones."""
+    if name not in CLUSTERS:
+        raise ValueError(f"--cluster {name}: not one of {', '.join(CLUSTERS)}")
+    return CLUSTERS[name]

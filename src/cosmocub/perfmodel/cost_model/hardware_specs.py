@@ -1,0 +1,165 @@
+"""Accelerators from their public specifications, each number with its source
+beside it ([V]: seen in the cited page; [R]: recalled, the excerpt not retrieved: verify before
+leaning on it). No number here is fitted to a training run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+A100_DATASHEET = (
+    "NVIDIA A100 datasheet nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf, as tabulated at "
+    "glennklockwood.com/garden/processors/A100 [V]"
+)
+H100_DATASHEET = (
+    "NVIDIA H100 datasheet (dense = half the sparse figures) as reproduced at "
+    "archive-lib.hpctech.co.jp/gpuproduct/nvidia-h100.html; dense values at "
+    "glennklockwood.com/garden/processors/h100 [V]"
+)
+H200_SOURCE = (
+    "AnandTech SC23 m.anandtech.com/Show/Index/21136 (141 GB, 4.8 TB/s, H100's compute) and "
+    "MLPerf inference v4.1 NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json (18 NVLink4, 900 GB/s) [V]"
+)
+GH200_SOURCE = "nvidia.com/en-us/data-center/grace-hopper-superchip [R: not retrieved]"
+MI250X_SOURCE = (
+    "AMD MI250X table at zexron.com/amd-mi250-x-aldebaran-as-mcm-with-up-to-479-teraflop-s-and-"
+    "560-watt-tdp (package: 47.9 FP32 vector, 95.7 FP32 matrix, 383 FP16, 3.2 TB/s, 128 GB); a "
+    "GCD is half; docs.olcf.ornl.gov/systems/frontier_user_guide.html (GCD-GCD 50-200 GB/s) [V]"
+)
+V100_SOURCE = "NVIDIA V100 datasheet (SXM2: 125 TFLOP/s tensor, 15.7 FP32, 900 GB/s) [R]"
+# Achievable shares of peak, one source each, the same for every accelerator of a family.
+HBM_SHARE_SOURCE = (
+    "A100 80GB: 1.80 of 2.04 TB/s (88 %) measured, ~90 % cited from a GTC talk, "
+    "forums.developer.nvidia.com/t/trouble-to-reach-peak-bandwidth-of-a100/339083 [V]; "
+    "NVIDIA/cccl PRs 9481, 9881 babelstream BWUtil 87-94 % on large arrays [V]"
+)
+FLOPS_SHARE_SOURCE = (
+    "H100 SXM bf16 GEMM 780 of 989 TFLOP/s (79 %), gist.github.com/Chillee/"
+    "2ec89696db8b7ed1c24461159e325405 [V]; taken for every GPU (no A100/MI250X figure retrieved)"
+)
+KERNEL_FLOOR_SOURCE = (
+    "developer.nvidia.com/blog/cuda-graphs (a ~2.9 us kernel at ~3.8 us back to back) [R]; "
+    "dogacel.github.io/.../four-counter-intuitive-lessons-from-deep-diving-gpu-kernel-dispatch-"
+    "overhead (2-4 us a dispatch) [V]"
+)
+# A kernel's floor: the time a launched kernel takes at the least (launch, ramp, drain).
+KERNEL_FLOOR_US = 3.0
+HBM_SHARE = 0.88
+FLOPS_SHARE = 0.79
+
+
+@dataclass(frozen=True, kw_only=True)
+class AcceleratorSpec:
+    """One rank's device: dense peak TFLOP/s per dtype, memory, HBM bandwidth, the links to the
+    other devices of its node (datasheet GB/s per direction; NVLinks counted for NCCL), the
+    shares of peak a kernel reaches, and where each number comes from."""
+
+    name: str
+    arch: str  # NCCL's generation row (volta, ampere, hopper); CDNA2 as ampere (RCCL stand-in)
+    peak_tflops: Mapping[str, float]
+    memory_gb: float
+    hbm_gbyte_s: float
+    intra_node_gbyte_s: float
+    nvlinks: int
+    sources: Mapping[str, str]
+    hbm_share: float = HBM_SHARE
+    flops_share: float = FLOPS_SHARE
+    kernel_floor_us: float = KERNEL_FLOOR_US
+
+    def rate_flops(self, dtype: str) -> float:
+        """The achievable FLOP/s of `dtype` (peak × flops_share)."""
+        if dtype not in self.peak_tflops:
+            raise ValueError(
+                f"accelerator {self.name}: no peak for {dtype!r} (has {sorted(self.peak_tflops)})"
+            )
+        return self.peak_tflops[dtype] * 1e12 * self.flops_share
+
+    @property
+    def rate_bytes(self) -> float:
+        """The achievable HBM bytes/s (peak × hbm_share)."""
+        return self.hbm_gbyte_s * 1e9 * self.hbm_share
+
+
+def _a100(name: str, memory_gb: float, hbm: float) -> AcceleratorSpec:
+    return AcceleratorSpec(
+        name=name,
+        arch="ampere",
+        peak_tflops={"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
+        memory_gb=memory_gb,
+        hbm_gbyte_s=hbm,
+        intra_node_gbyte_s=300.0,
+        nvlinks=12,
+        sources={
+            "peak_tflops": A100_DATASHEET,
+            "hbm_gbyte_s": A100_DATASHEET,
+            "intra_node_gbyte_s": A100_DATASHEET + " (NVLink3 600 GB/s both ways, 12 links)",
+            "hbm_share": HBM_SHARE_SOURCE,
+            "flops_share": FLOPS_SHARE_SOURCE,
+            "kernel_floor_us": KERNEL_FLOOR_SOURCE,
+        },
+    )
+
+
+def _hopper(name: str, memory_gb: float, hbm: float, source: str) -> AcceleratorSpec:
+    return AcceleratorSpec(
+        name=name,
+        arch="hopper",
+        peak_tflops={"fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
+        memory_gb=memory_gb,
+        hbm_gbyte_s=hbm,
+        intra_node_gbyte_s=450.0,
+        nvlinks=18,
+        sources={
+            "peak_tflops": H100_DATASHEET,
+            "hbm_gbyte_s": source,
+            "intra_node_gbyte_s": source + " (NVLink4 900 GB/s both ways, 18 links)",
+            "hbm_share": HBM_SHARE_SOURCE,
+            "flops_share": FLOPS_SHARE_SOURCE,
+            "kernel_floor_us": KERNEL_FLOOR_SOURCE,
+        },
+    )
+
+
+ACCELERATORS: dict[str, AcceleratorSpec] = {
+    "a100_40gb": _a100("A100 SXM4 40GB", 40, 1555.0),
+    "a100_80gb": _a100("A100 SXM4 80GB", 80, 2039.0),
+    "h100_sxm": _hopper("H100 SXM5 80GB", 80, 3350.0, H100_DATASHEET),
+    "h200": _hopper("H200 SXM 141GB", 141, 4800.0, H200_SOURCE),
+    "gh200": _hopper("GH200 (H100, 96 GB HBM3)", 96, 4000.0, GH200_SOURCE),
+    "mi250x_gcd": AcceleratorSpec(
+        name="MI250X, one GCD",
+        arch="ampere",
+        peak_tflops={"fp32": 23.95, "fp32_matrix": 47.9, "fp16": 191.5, "bf16": 191.5},
+        memory_gb=64,
+        hbm_gbyte_s=1600.0,
+        intra_node_gbyte_s=100.0,
+        nvlinks=0,
+        sources={
+            "peak_tflops": MI250X_SOURCE,
+            "hbm_gbyte_s": MI250X_SOURCE,
+            "intra_node_gbyte_s": MI250X_SOURCE + " (to another package's GCD: 50-100)",
+            "hbm_share": HBM_SHARE_SOURCE + " [R: NVIDIA's figures taken for AMD]",
+            "flops_share": FLOPS_SHARE_SOURCE,
+            "kernel_floor_us": KERNEL_FLOOR_SOURCE,
+        },
+    ),
+    "v100_sxm2": AcceleratorSpec(
+        name="V100 SXM2 16GB",
+        arch="volta",
+        peak_tflops={"fp32": 15.7, "fp16": 125.0},
+        memory_gb=16,
+        hbm_gbyte_s=900.0,
+        intra_node_gbyte_s=75.0,
+        nvlinks=3,
+        sources={
+            "peak_tflops": V100_SOURCE,
+            "hbm_gbyte_s": V100_SOURCE,
+            "intra_node_gbyte_s": "MLPerf HPC v1.0 TACC/systems/longhorn-tf.json: 75 GB/s "
+            "a direction over three links [V]",
+            "hbm_share": HBM_SHARE_SOURCE,
+            "flops_share": FLOPS_SHARE_SOURCE,
+            "kernel_floor_us": KERNEL_FLOOR_SOURCE,
+        },
+    ),
+}

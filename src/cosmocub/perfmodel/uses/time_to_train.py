@@ -1,0 +1,144 @@
+"""Time to train on a GPU cluster = staging (when the timed run holds it) + epochs × (training
+epoch + evaluation): the step from the cost model with the loader's wait where it is slower,
+evaluation as forward-only steps over the validation split, staging as the node's share of the
+stored dataset read from the file system and inflated by the node's cores.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cosmocub.config import OptimizerConfig
+from cosmocub.perfmodel.cost_model.cluster_presets import ClusterPreset
+from cosmocub.perfmodel.cost_model.spec_accelerator import SpecAccelerator
+from cosmocub.perfmodel.cost_model.topology import Mesh
+from cosmocub.perfmodel.measure.gpu_layers import GpuLayerTimes
+from cosmocub.perfmodel.uses.run_prediction import Prediction, Workload, predict
+
+MLPERF_SOURCE = (
+    "mlcommons/hpc cosmoflow/README.md: 524288 training and 65536 validation samples of "
+    "(128, 128, 128, 4), gzip-compressed TFRecords in a 1.7 TB tarball [V]; int16 counts "
+    "(dali_tfr_gzip.py reinterprets each sample as INT16 [128, 128, 128, 4]) [V]"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dataset:
+    """The splits' sizes, the bytes of a sample as the loader hands it over, and as stored."""
+
+    train_samples: int
+    val_samples: int
+    sample_bytes: float
+    stored_bytes_per_sample: float
+    source: str
+
+
+MLPERF_COSMOFLOW = Dataset(
+    train_samples=524_288,
+    val_samples=65_536,
+    sample_bytes=4 * 128**3 * 2,
+    stored_bytes_per_sample=1.7e12 / (524_288 + 65_536),
+    source=MLPERF_SOURCE,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimeToTrain:
+    """The parts of a run's time, each in seconds; `epochs` as given (the model does not
+    predict convergence)."""
+
+    step_s: float  # the device's step: compute, exchange, update
+    data_wait_s: float  # per step, where the loader is slower than the step
+    steps_per_epoch: int
+    eval_step_s: float
+    eval_steps: int
+    eval_reduce_s: float  # the score's all-reduce at the end of evaluation
+    staging_s: float | None  # None: the file system's rate is not known
+    staging_in_run: bool
+    epochs: int
+
+    @property
+    def train_epoch_s(self) -> float:
+        return self.steps_per_epoch * (self.step_s + self.data_wait_s)
+
+    @property
+    def eval_s(self) -> float:
+        return self.eval_steps * self.eval_step_s + self.eval_reduce_s
+
+    @property
+    def epoch_s(self) -> float:
+        return self.train_epoch_s + self.eval_s
+
+    @property
+    def total_s(self) -> float:
+        """Staging (inside the run, where known) + epochs × (training epoch + evaluation)."""
+        staging = self.staging_s if self.staging_in_run and self.staging_s else 0.0
+        return staging + self.epochs * self.epoch_s
+
+
+def loader_seconds(preset: ClusterPreset, dataset: Dataset, batch: int) -> float:
+    """Seconds the loader takes to hand over one step's `batch` samples to a rank: its threads
+    at the preset's copy rate per core."""
+    rate = preset.loader_threads_per_rank * preset.loader_gbyte_s_per_core * 1e9
+    return batch * dataset.sample_bytes / rate
+
+
+def staging_seconds(preset: ClusterPreset, dataset: Dataset, nodes: int) -> float | None:
+    """A node's share of the stored dataset read at its share of the file system (at most its
+    NICs) and inflated by its cores, the two overlapped (workers read and inflate files in
+    turn); None where the preset does not know the file system's rate."""
+    if preset.fs_read_gbyte_s is None:
+        return None
+    samples = (dataset.train_samples + dataset.val_samples) / nodes
+    node_read = min(preset.fs_read_gbyte_s / nodes, preset.nics_per_node * preset.nic_gbyte_s)
+    read_s = samples * dataset.stored_bytes_per_sample / (node_read * 1e9)
+    inflate_rate = preset.cores_per_node * preset.inflate_gbyte_s_per_core * 1e9
+    return max(read_s, samples * dataset.sample_bytes / inflate_rate)
+
+
+def predict_cluster(
+    work: Workload,
+    preset: ClusterPreset,
+    *,
+    nodes: int,
+    epochs: int,
+    dataset: Dataset = MLPERF_COSMOFLOW,
+    calibration: GpuLayerTimes | None = None,
+    staging_in_run: bool | None = None,
+    mesh: Mesh | None = None,
+    lion: OptimizerConfig | None = None,
+) -> tuple[Prediction, TimeToTrain]:
+    """The step on `mesh` (default: data parallel over nodes × the preset's ranks) with NCCL's
+    collectives, and the run's time on `preset`; staging_in_run: the preset's unless given (a
+    log's own order); lion: Lion's step beside it (run_prediction.predict)."""
+    ranks = nodes * preset.ranks_per_node
+    mesh = mesh or Mesh(data=ranks, split=(1, 1, 1))
+    if mesh.world != ranks:
+        raise ValueError(
+            f"mesh {mesh.data}x{mesh.spatial} is {mesh.world} ranks, not {nodes} nodes x "
+            f"{preset.ranks_per_node} ranks of {preset.name}"
+        )
+    device = SpecAccelerator(spec=preset.spec, calibration=calibration)
+    network = preset.network()
+    p = predict(work, mesh, network, device, lion=lion, train_samples=dataset.train_samples)
+    assert p.steps_per_epoch is not None
+    step_s = p.step.step_s
+    wait = max(0.0, loader_seconds(preset, dataset, work.local_batch) - step_s)
+    forward = sum(
+        device.forward_seconds(work.model, batch=work.local_batch, split=mesh.split).values()
+    )
+    eval_step = max(forward, loader_seconds(preset, dataset, work.local_batch))
+    eval_steps = math.ceil(dataset.val_samples / (mesh.data * work.local_batch))
+    ttt = TimeToTrain(
+        step_s=step_s,
+        data_wait_s=wait,
+        steps_per_epoch=p.steps_per_epoch,
+        eval_step_s=eval_step,
+        eval_steps=eval_steps,
+        eval_reduce_s=network.collective_s("allreduce", 8.0, ranks),
+        staging_s=staging_seconds(preset, dataset, nodes),
+        staging_in_run=preset.staging_in_timed_run if staging_in_run is None else staging_in_run,
+        epochs=epochs,
+    )
+    return p, ttt
