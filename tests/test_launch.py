@@ -86,7 +86,7 @@ def test_cluster_section_and_server_settings(tmp_path) -> None:
 
     cfg = load_config(None, {"train": {"ranks_per_node": 4}, "cluster": {"train": {"nodes": 3}}})
     job = train_job(cfg)
-    assert (job.nodes, job.ranks, job.ranks_per_node) == (3, 12, 4) and job.ranks == cfg.world_size
+    assert (job.nodes, job.ranks_per_node, job.world_size) == (3, 4, 12) == (3, 4, cfg.world_size)
     # 4 ranks of 8 cores and 8000 MB a node; 3 nodes of them.
     assert (job.threads, job.cpus_total, job.mem_mb, job.gres) == (32, 96, 32_000, "")
     # Snakemake capped the job at 6 cores here: 1 a rank; at 2, still 1 (never 0).

@@ -48,12 +48,12 @@ def test_a_study_points_request_and_cores() -> None:
     cfg = load_config(None, {"cluster": {"train": {"gpus_per_rank": 1, "cpus_per_rank": 4}}})
     # 3 real nodes of 2 ranks: 3 nodes asked for, 2 ranks, 8 cores and 2 GPUs on each.
     job = study_point_job(cfg, plan("local", nodes=3, ranks_per_node=2))
-    assert (job.nodes, job.ranks, job.threads, job.cpus_total, job.gres) == (3, 6, 8, 24, "gpu:2")
-    assert job.mem_mb == 2 * 8000
+    assert (job.nodes, job.world_size, job.threads, job.cpus_total) == (3, 6, 8, 24)
+    assert (job.mem_mb, job.gres) == (2 * 8000, "gpu:2")
     # 3 emulated nodes of 2 ranks share one machine: one node of 6 ranks.
     emulated = plan("emulated", nodes=3, ranks_per_node=2)
     job = study_point_job(cfg, emulated)
-    assert (job.nodes, job.ranks, job.threads, job.gres) == (1, 6, 24, "gpu:6")
+    assert (job.nodes, job.world_size, job.threads, job.gres) == (1, 6, 24, "gpu:6")
     # Locally an emulated point claims every core; on a cluster, its node's ranks' cores.
     assert study_point_cores(emulated, cpus_per_rank=3, machine_cores=16) == 16
     assert study_point_cores(emulated, cpus_per_rank=3, machine_cores=None) == 6
@@ -67,7 +67,7 @@ def test_the_unet_universes_and_study_rates_requests() -> None:
         {"cluster": {"train": {"cpus_per_rank": 2, "mem_mb_per_rank": 1000}}},
     )
     job = unet_job(cfg)  # the U-Net's 2 ranks on one node
-    assert (job.nodes, job.ranks, job.threads, job.mem_mb) == (1, 2, 4, 2000)
+    assert (job.nodes, job.world_size, job.threads, job.mem_mb) == (1, 2, 4, 2000)
     # 6 universes, 16 a simulate job: one group of every seed; 4 a job: groups 0 and 1.
     assert simulate_group_by_seed(cfg) == dict.fromkeys(range(1_000_000, 1_000_006), 0)
     four = load_config(

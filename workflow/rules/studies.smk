@@ -131,7 +131,7 @@ rule study_point:
     # emulated ones, which share one machine); locally only threads count.
     resources:
         nodes=lambda w: study_point_request(w).nodes,
-        tasks=lambda w: study_point_request(w).ranks,
+        tasks=lambda w: study_point_request(w).world_size,
         cpus_per_task=CFG.cluster.train.cpus_per_rank,
         mem_mb=lambda w: study_point_request(w).mem_mb,
         runtime=CFG.cluster.train.runtime,

@@ -19,7 +19,7 @@ rule train:
     threads: TRAIN_JOB.threads
     resources:
         nodes=TRAIN_JOB.nodes,
-        tasks=TRAIN_JOB.ranks,
+        tasks=TRAIN_JOB.world_size,
         cpus_per_task=TRAIN_JOB.cpus_per_rank,
         # Slurm's --mem is per node.
         mem_mb=TRAIN_JOB.mem_mb,

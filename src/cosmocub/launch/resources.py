@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from cosmocub.config import Config
+from cosmocub.launch.launcher import RankLayout
 
 
 def num_preprocess_groups(cfg: Config, num_universes: int) -> int:
@@ -24,19 +25,13 @@ def simulate_runtime(cfg: Config) -> int:
 
 
 @dataclass(frozen=True, kw_only=True)
-class RankedJob:
-    """A job that starts ranks, as it asks the executor: `nodes` nodes of `ranks_per_node` ranks,
-    each rank cluster.train's cores, memory and GPUs (Slurm's --mem and gres are per node)."""
+class RankedJob(RankLayout):
+    """A job that starts ranks, as it asks the executor: its rank layout (`nodes` nodes of
+    `ranks_per_node` ranks, world_size in all, `cpus_per_rank` cores each) and each rank's
+    memory and GPUs from cluster.train (Slurm's --mem and gres are per node)."""
 
-    nodes: int
-    ranks_per_node: int
-    cpus_per_rank: int
     mem_mb: int  # per node
     gpus_per_rank: int
-
-    @property
-    def ranks(self) -> int:
-        return self.nodes * self.ranks_per_node
 
     @property
     def threads(self) -> int:
