@@ -20,6 +20,18 @@ from cosmocub.studies.sample_size import STUDY, select_lr, size_config_values
 NAMES = NAME_PAR  # ("Omega_m", "sigma_8", "N_spec", "H_0")
 
 
+def test_every_size_keeps_the_base_runs_data_ranks_under_a_spatial_split() -> None:
+    # The base: 2 ranks on one sample (1 data rank, a global batch of 8). A size the study gives
+    # 1 spatial rank runs on 1 rank and one it gives 2 on 2: 1 data rank, batch 8 at every size
+    # (counting the base's 2 ranks as data ranks made them 2 and 4 ranks, batches of 16).
+    cfg = load_config(None, {"parallel": {"spatial": 2}, "train": {"ranks_per_node": 2}})
+    assert (cfg.data_ranks, cfg.global_batch) == (1, 8)
+    for size, ranks in ((16, 1), (64, 2)):
+        derived = from_values(size_config_values(cfg, size, 0.001))
+        assert derived.train.ranks_per_node == derived.world_size == ranks
+        assert (derived.data_ranks, derived.global_batch) == (1, 8)
+
+
 def test_size_configs_change_the_sample_split_budget_and_lr() -> None:
     cfg = load_config(None)  # sizes [16, 32, 64], spatial [1, 1, 2] on 64³ universes
     values = size_config_values(cfg, 64, 0.001)

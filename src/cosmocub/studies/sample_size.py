@@ -56,7 +56,8 @@ def point_name(size: int, lr: float) -> str:
 
 def size_point(cfg: Config, size: int, lr: float) -> Point:
     """The run at crop side `size` and learning rate `lr`: the base config with the sample and
-    model input set to `size`, split over the spatial ranks the study gives that size, and the
+    model input set to `size`, split over the spatial ranks the study gives that size (each of
+    the base's data ranks becomes that many ranks, so the global batch stays the base's), and the
     study's epochs and steps per epoch (the same budget at every size), with the recipe's
     warm-up and decay epochs scaled to them. Everything else (model, seed, universes) is the base
     recipe."""
@@ -81,7 +82,7 @@ def size_point(cfg: Config, size: int, lr: float) -> Point:
             "optimizer": {"lr": lr, **stretched(cfg.optimizer, study.epochs / cfg.train.epochs)},
             "parallel": {"spatial": spatial, "split": None},
             "train": {
-                "ranks_per_node": spatial * cfg.train.ranks_per_node,
+                "ranks_per_node": spatial * cfg.data_ranks,
                 "epochs": study.epochs,
                 "max_steps_per_epoch": study.max_steps_per_epoch,
             },
