@@ -157,3 +157,22 @@ def test_predict_on_a_cluster_is_one_flag(capsys: pytest.CaptureFixture[str]) ->
     assert "--accelerator: not with --cluster eos" in capsys.readouterr().err
     assert main([*flags, "--ranks-per-node", "4"]) == 2
     assert "--cluster eos has 8 a node" in capsys.readouterr().err
+
+
+def test_lion_cubs_two_level_exchange_is_priced_on_nccls_primitives() -> None:
+    cfg = load_config(MLPERF)
+    base = mlperf_work()
+    inter, exchange = {}, {}
+    for hierarchy in ("flat", "node"):
+        lion_cub = {"quantizer": "sign", "collective": "alltoall", "hierarchy": hierarchy}
+        opt = load_config(
+            MLPERF, overrides={"optimizer": {"name": "lion_cub", "lion_cub": lion_cub}}
+        ).optimizer
+        work = dataclasses.replace(base, optimizer=opt, model=cfg.model)
+        p, _ = predict_cluster(work, cluster("eos"), nodes=64, epochs=1)
+        inter[hierarchy] = p.inter_node_bytes_per_step
+        exchange[hierarchy] = p.step.exchange_s
+    # The vote over the 64 nodes' rails on 1/8 of each bucket: fewer bytes leave the node, and
+    # far fewer all-to-all rounds than over 512 ranks
+    assert inter["node"] < inter["flat"] / 4
+    assert 0 < exchange["node"] < exchange["flat"]

@@ -5,6 +5,7 @@ each number with its source beside it ([V] seen, [R] recalled, as hardware_specs
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -43,9 +44,9 @@ class ClusterPreset:
     cpu_vendor: str
     nics_per_node: int
     nic_gbit_s: float
-    ll128: bool
-    fs_read_gbyte_s: float | None  # the file system's aggregate read rate (None: not known)
-    staging_in_timed_run: bool
+    ll128: bool = False
+    fs_read_gbyte_s: float | None = None  # the file system's aggregate read rate, if known
+    staging_in_timed_run: bool = True
     loader_threads_per_rank: int = 4
     loader_gbyte_s_per_core: float = 5.0
     inflate_gbyte_s_per_core: float = 0.4
@@ -82,179 +83,156 @@ class ClusterPreset:
 
 DGX = "{round} NVIDIA/systems/{json}: 8 GPUs, compute 8x ConnectX-{nic} [V]"
 PXB = "NICs on the GPUs' PCIe switches (PXB): tuning.cc enables LL128 [R: topology not read]"
+STAGED_IN = "staging after run_start in the v1.0-v3.0 logs of this system [V]"
+EOS = ClusterPreset(
+    name="eos",
+    system="NVIDIA Eos (DGX H100)",
+    accelerator="h100_sxm",
+    ranks_per_node=8,
+    cores_per_node=112,
+    cpu_vendor="intel",
+    nics_per_node=8,
+    nic_gbit_s=400,
+    ll128=True,
+    staging_in_timed_run=False,
+    sources={
+        "node": DGX.format(
+            round=MLPERF_V3,
+            json="eos_n64_ngc23.09_pytorch.json",
+            nic="7 IB NDR 400 Gb/s; 2x Xeon 8480C, 56 cores each",
+        ),
+        "ll128": PXB,
+        "staging_in_timed_run": "staging_start..stop before run_start in every v3.0 Eos log; "
+        "mlcommons/logging issue 318 (staging out of the HPC v3.0 score) [V]",
+        **DATA_PATH,
+    },
+)
+PERLMUTTER = ClusterPreset(
+    name="perlmutter",
+    system="NERSC Perlmutter GPU (A100 40GB), 2023",
+    accelerator="a100_40gb",
+    ranks_per_node=4,
+    cores_per_node=64,
+    cpu_vendor="amd",
+    nics_per_node=4,
+    nic_gbit_s=200,
+    fs_read_gbyte_s=5000.0,
+    sources={
+        "node": f"{MLPERF_V3} HPE+LBNL/systems/perlmutter_128x4.json (1x EPYC 7763, "
+        "4x A100-SXM4-40GB, Slingshot); docs.nersc.gov/systems/perlmutter/architecture "
+        "(4 NICs a GPU node) [V]; Slingshot-11 200 Gb/s a NIC [R]",
+        "ll128": "NICs behind the CPU (PHB: the implementation sets NCCL_NET_GDR_LEVEL=PHB, "
+        f"{MLPERF_V3} HPE+LBNL/.../configs/config_pm_common.sh [V]): LL128 off",
+        "fs_read_gbyte_s": "NERSC: Perlmutter scratch (all-flash Lustre) ~5 TB/s [R]",
+        "staging_in_timed_run": STAGED_IN,
+        **DATA_PATH,
+    },
+)
+HOREKA = ClusterPreset(
+    name="horeka",
+    system="KIT HoreKa GPU (A100 40GB)",
+    accelerator="a100_40gb",
+    ranks_per_node=4,
+    cores_per_node=76,
+    cpu_vendor="intel",
+    nics_per_node=4,
+    nic_gbit_s=200,
+    sources={
+        "node": f"{MLPERF_V2} HelmholtzAI/systems/horeka_gpu_n512_pytorch1.13.json: 2x Xeon "
+        "8368 (76 cores), 4 GPUs 'A100-PCIE-40GB' over NVLink, 4x HDR 200 Gb/s [V]; taken as "
+        "A100 SXM4 40GB (HoreKa's are SXM4 [R])",
+        "ll128": "GPU-NIC path not known: LL128 off [R]",
+        "staging_in_timed_run": STAGED_IN,
+        **DATA_PATH,
+    },
+)
 CLUSTERS: dict[str, ClusterPreset] = {
-    "eos": ClusterPreset(
-        name="eos",
-        system="NVIDIA Eos (DGX H100)",
-        accelerator="h100_sxm",
-        ranks_per_node=8,
-        cores_per_node=112,
-        cpu_vendor="intel",
-        nics_per_node=8,
-        nic_gbit_s=400,
-        ll128=True,
-        fs_read_gbyte_s=None,
-        staging_in_timed_run=False,
-        sources={
-            "node": DGX.format(
-                round=MLPERF_V3,
-                json="eos_n64_ngc23.09_pytorch.json",
-                nic="7 IB NDR 400 Gb/s; 2x Xeon 8480C, 56 cores each",
-            ),
-            "ll128": PXB,
-            "staging_in_timed_run": "staging_start..stop before run_start in every v3.0 Eos "
-            "log; mlcommons/logging issue 318 (staging out of the HPC v3.0 score) [V]",
-            **DATA_PATH,
-        },
-    ),
-    "perlmutter": ClusterPreset(
-        name="perlmutter",
-        system="NERSC Perlmutter GPU (A100 40GB), 2023",
-        accelerator="a100_40gb",
-        ranks_per_node=4,
-        cores_per_node=64,
-        cpu_vendor="amd",
-        nics_per_node=4,
-        nic_gbit_s=200,
-        ll128=False,
-        fs_read_gbyte_s=5000.0,
-        staging_in_timed_run=True,
-        sources={
-            "node": f"{MLPERF_V3} HPE+LBNL/systems/perlmutter_128x4.json (1x EPYC 7763, "
-            "4x A100-SXM4-40GB, Slingshot); docs.nersc.gov/systems/perlmutter/architecture "
-            "(4 NICs a GPU node) [V]; Slingshot-11 200 Gb/s a NIC [R]",
-            "ll128": "NICs behind the CPU (PHB: the implementation sets NCCL_NET_GDR_LEVEL=PHB, "
-            f"{MLPERF_V3} HPE+LBNL/.../configs/config_pm_common.sh [V]): LL128 off",
-            "fs_read_gbyte_s": "NERSC: Perlmutter scratch (all-flash Lustre) ~5 TB/s [R]",
-            "staging_in_timed_run": "staging after run_start in the v3.0 logs [V]",
-            **DATA_PATH,
-        },
-    ),
-    "perlmutter_2021": ClusterPreset(
-        name="perlmutter_2021",
-        system="NERSC Perlmutter GPU, phase 1 (2021: 2 NICs a node)",
-        accelerator="a100_40gb",
-        ranks_per_node=4,
-        cores_per_node=64,
-        cpu_vendor="amd",
-        nics_per_node=2,
-        nic_gbit_s=100,
-        ll128=False,
-        fs_read_gbyte_s=5000.0,
-        staging_in_timed_run=True,
-        sources={
-            "node": f"{MLPERF_V1} LBNL/systems/perlmutter_256x4_ngc21.09_mxnet.json [V]; "
-            "archived NERSC page portal.nersc.gov/cfs/nstaff/siddiq90/nersc.gitlab.io/public/"
-            "systems/perlmutter/interconnect ('Each node is connected to 2 NICs') [V]; "
-            "Slingshot-10, 100 Gb/s a NIC [R]",
-            "ll128": "as perlmutter",
-            "fs_read_gbyte_s": "as perlmutter [R]",
-            "staging_in_timed_run": "staging after run_start in the v1.0 logs [V]",
-            **DATA_PATH,
-        },
-    ),
-    "frontier": ClusterPreset(
-        name="frontier",
-        system="OLCF Frontier (MI250X, a GCD a rank)",
-        accelerator="mi250x_gcd",
-        ranks_per_node=8,
-        cores_per_node=64,
-        cpu_vendor="amd",
-        nics_per_node=4,
-        nic_gbit_s=200,
-        ll128=False,
-        fs_read_gbyte_s=10000.0,
-        staging_in_timed_run=True,
-        sources={
-            "node": "docs.olcf.ornl.gov/systems/frontier_user_guide.html: 1x 64-core EPYC, "
-            "4x MI250X = 8 GCDs [V]; 4x Slingshot 200 Gb/s [R]",
-            "ll128": "RCCL priced with NCCL's model, xGMI as NVLink, LL128 off [R: RCCL not read]",
-            "fs_read_gbyte_s": "Orion (Lustre) ~10 TB/s [R]",
-            "staging_in_timed_run": "as the v1.0-v3.0 non-NVIDIA runs [R]",
-            **DATA_PATH,
-        },
-    ),
-    "selene": ClusterPreset(
-        name="selene",
-        system="NVIDIA Selene (DGX A100 80GB)",
-        accelerator="a100_80gb",
-        ranks_per_node=8,
-        cores_per_node=128,
-        cpu_vendor="amd",
-        nics_per_node=8,
-        nic_gbit_s=200,
-        ll128=True,
-        fs_read_gbyte_s=None,
-        staging_in_timed_run=True,
-        sources={
-            "node": DGX.format(
-                round=MLPERF_V2, json="dgxa100_n64_pytorch.json", nic="6 IB HDR 200 Gb/s"
-            )
-            + "; 2x EPYC 7742; NVIDIA's HPC submissions ran on Selene [R]",
-            "ll128": PXB,
-            "staging_in_timed_run": "staging after run_start in the v1.0/v2.0 logs [V]",
-            **DATA_PATH,
-        },
-    ),
-    "horeka": ClusterPreset(
-        name="horeka",
-        system="KIT HoreKa GPU (A100 40GB)",
-        accelerator="a100_40gb",
-        ranks_per_node=4,
-        cores_per_node=76,
-        cpu_vendor="intel",
-        nics_per_node=4,
-        nic_gbit_s=200,
-        ll128=False,
-        fs_read_gbyte_s=None,
-        staging_in_timed_run=True,
-        sources={
-            "node": f"{MLPERF_V2} HelmholtzAI/systems/horeka_gpu_n512_pytorch1.13.json: 2x Xeon "
-            "8368 (76 cores), 4 GPUs 'A100-PCIE-40GB' over NVLink, 4x HDR 200 Gb/s [V]; taken "
-            "as A100 SXM4 40GB (HoreKa's are SXM4 [R])",
-            "ll128": "GPU-NIC path not known: LL128 off [R]",
-            **DATA_PATH,
-        },
-    ),
-    "juwels_booster": ClusterPreset(
-        name="juwels_booster",
-        system="JSC JUWELS Booster (A100 40GB)",
-        accelerator="a100_40gb",
-        ranks_per_node=4,
-        cores_per_node=48,
-        cpu_vendor="amd",
-        nics_per_node=4,
-        nic_gbit_s=200,
-        ll128=False,
-        fs_read_gbyte_s=None,
-        staging_in_timed_run=True,
-        sources={
-            "node": f"{MLPERF_V1} HelmholtzAI/systems/juwelsbooster_gpu_n512_mxnet1.9.json: 2x "
-            "EPYC 7402 (48 cores), 4 GPUs 'A100-PCIE-40GB', 4x HDR200 [V]; taken as A100 SXM4 "
-            "40GB with NVLink3 (JUWELS Booster's are [R])",
-            "ll128": "GPU-NIC path not known: LL128 off [R]",
-            **DATA_PATH,
-        },
-    ),
-    "longhorn": ClusterPreset(
-        name="longhorn",
-        system="TACC Longhorn (V100, POWER9)",
-        accelerator="v100_sxm2",
-        ranks_per_node=4,
-        cores_per_node=40,
-        cpu_vendor="other",
-        nics_per_node=1,
-        nic_gbit_s=100,
-        ll128=False,
-        fs_read_gbyte_s=None,
-        staging_in_timed_run=True,
-        sources={
-            "node": f"{MLPERF_V1} TACC/systems/longhorn-tf.json: 2x POWER9 (40 cores), 4x V100 "
-            "SXM2 16GB, IB EDR [V]; one EDR NIC of 100 Gb/s [R]",
-            "ll128": "NCCL 2.4.8 (the system file): no LL128 [R]",
-            **DATA_PATH,
-        },
-    ),
+    p.name: p
+    for p in (
+        EOS,
+        PERLMUTTER,
+        dataclasses.replace(
+            PERLMUTTER,
+            name="perlmutter_2021",
+            system="NERSC Perlmutter GPU, phase 1 (2021: 2 NICs a node)",
+            nics_per_node=2,
+            nic_gbit_s=100,
+            sources={
+                **PERLMUTTER.sources,
+                "node": f"{MLPERF_V1} LBNL/systems/perlmutter_256x4_ngc21.09_mxnet.json [V]; "
+                "archived NERSC page portal.nersc.gov/cfs/nstaff/siddiq90/nersc.gitlab.io/"
+                "public/systems/perlmutter/interconnect ('Each node is connected to 2 NICs') "
+                "[V]; Slingshot-10, 100 Gb/s a NIC [R]",
+            },
+        ),
+        ClusterPreset(
+            name="frontier",
+            system="OLCF Frontier (MI250X, a GCD a rank)",
+            accelerator="mi250x_gcd",
+            ranks_per_node=8,
+            cores_per_node=64,
+            cpu_vendor="amd",
+            nics_per_node=4,
+            nic_gbit_s=200,
+            fs_read_gbyte_s=10000.0,
+            sources={
+                "node": "docs.olcf.ornl.gov/systems/frontier_user_guide.html: 1x 64-core EPYC, "
+                "4x MI250X = 8 GCDs [V]; 4x Slingshot 200 Gb/s [R]",
+                "ll128": "RCCL priced with NCCL's model, xGMI as NVLink, LL128 off [R]",
+                "fs_read_gbyte_s": "Orion (Lustre) ~10 TB/s [R]",
+                "staging_in_timed_run": "as the non-NVIDIA MLPerf runs [R]",
+                **DATA_PATH,
+            },
+        ),
+        dataclasses.replace(
+            EOS,
+            name="selene",
+            system="NVIDIA Selene (DGX A100 80GB)",
+            accelerator="a100_80gb",
+            cores_per_node=128,
+            cpu_vendor="amd",
+            nic_gbit_s=200,
+            staging_in_timed_run=True,
+            sources={
+                **EOS.sources,
+                "node": DGX.format(
+                    round=MLPERF_V2, json="dgxa100_n64_pytorch.json", nic="6 IB HDR 200 Gb/s"
+                )
+                + "; 2x EPYC 7742; NVIDIA's HPC submissions ran on Selene [R]",
+                "staging_in_timed_run": STAGED_IN,
+            },
+        ),
+        HOREKA,
+        dataclasses.replace(
+            HOREKA,
+            name="juwels_booster",
+            system="JSC JUWELS Booster (A100 40GB)",
+            cores_per_node=48,
+            cpu_vendor="amd",
+            sources={
+                **HOREKA.sources,
+                "node": f"{MLPERF_V1} HelmholtzAI/systems/juwelsbooster_gpu_n512_mxnet1.9.json: "
+                "2x EPYC 7402 (48 cores), 4 GPUs 'A100-PCIE-40GB', 4x HDR200 [V]; taken as A100 "
+                "SXM4 40GB with NVLink3 (JUWELS Booster's are [R])",
+            },
+        ),
+        dataclasses.replace(
+            HOREKA,
+            name="longhorn",
+            system="TACC Longhorn (V100, POWER9)",
+            accelerator="v100_sxm2",
+            cores_per_node=40,
+            cpu_vendor="other",
+            nics_per_node=1,
+            nic_gbit_s=100,
+            sources={
+                **HOREKA.sources,
+                "node": f"{MLPERF_V1} TACC/systems/longhorn-tf.json: 2x POWER9 (40 cores), 4x "
+                "V100 SXM2 16GB, IB EDR [V]; one EDR NIC of 100 Gb/s [R]",
+                "ll128": "NCCL 2.4.8 (the system file): no LL128 [R]",
+            },
+        ),
+    )
 }
 
 

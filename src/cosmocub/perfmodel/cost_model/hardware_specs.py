@@ -21,12 +21,16 @@ H200_SOURCE = (
     "AnandTech SC23 m.anandtech.com/Show/Index/21136 (141 GB, 4.8 TB/s, H100's compute) and "
     "MLPerf inference v4.1 NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json (18 NVLink4, 900 GB/s) [V]"
 )
-GH200_SOURCE = "nvidia.com/en-us/data-center/grace-hopper-superchip [R: not retrieved]"
+GH200_SOURCE = (
+    "nvidia.com/en-us/data-center/grace-hopper-superchip [R: not retrieved; its H100's peaks "
+    "taken as the H100 SXM's]"
+)
 MI250X_SOURCE = (
     "AMD MI250X table at zexron.com/amd-mi250-x-aldebaran-as-mcm-with-up-to-479-teraflop-s-and-"
     "560-watt-tdp (package: 47.9 FP32 vector, 95.7 FP32 matrix, 383 FP16, 3.2 TB/s, 128 GB); a "
     "GCD is half; docs.olcf.ornl.gov/systems/frontier_user_guide.html (GCD-GCD 50-200 GB/s) [V]"
 )
+LONGHORN_LINKS = "MLPerf HPC v1.0 TACC/systems/longhorn-tf.json: 75 GB/s a way, 3 links [V]"
 V100_SOURCE = "NVIDIA V100 datasheet (SXM2: 125 TFLOP/s tensor, 15.7 FP32, 900 GB/s) [R]"
 # Achievable shares of peak, one source each, the same for every accelerator of a family.
 HBM_SHARE_SOURCE = (
@@ -81,52 +85,44 @@ class AcceleratorSpec:
         return self.hbm_gbyte_s * 1e9 * self.hbm_share
 
 
-def _a100(name: str, memory_gb: float, hbm: float) -> AcceleratorSpec:
-    return AcceleratorSpec(
-        name=name,
-        arch="ampere",
-        peak_tflops={"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
-        memory_gb=memory_gb,
-        hbm_gbyte_s=hbm,
-        intra_node_gbyte_s=300.0,
-        nvlinks=12,
-        sources={
-            "peak_tflops": A100_DATASHEET,
-            "hbm_gbyte_s": A100_DATASHEET,
-            "intra_node_gbyte_s": A100_DATASHEET + " (NVLink3 600 GB/s both ways, 12 links)",
-            "hbm_share": HBM_SHARE_SOURCE,
-            "flops_share": FLOPS_SHARE_SOURCE,
-            "kernel_floor_us": KERNEL_FLOOR_SOURCE,
-        },
-    )
+def _sources(peak: str, hbm: str, links: str) -> dict[str, str]:
+    return {
+        "peak_tflops": peak,
+        "hbm_gbyte_s": hbm,
+        "intra_node_gbyte_s": links,
+        "hbm_share": HBM_SHARE_SOURCE,
+        "flops_share": FLOPS_SHARE_SOURCE,
+        "kernel_floor_us": KERNEL_FLOOR_SOURCE,
+    }
 
 
-def _hopper(name: str, memory_gb: float, hbm: float, source: str) -> AcceleratorSpec:
+A100_PEAKS = {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0}
+H100_PEAKS = {"fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4}
+
+
+def _nvidia(name: str, memory_gb: float, hbm: float, hbm_source: str) -> AcceleratorSpec:
+    """An A100 (NVLink3: 12 links, 300 GB/s a way) or a Hopper (NVLink4: 18, 450) by name."""
+    hopper = "A100" not in name
+    datasheet = H100_DATASHEET if hopper else A100_DATASHEET
+    links = "NVLink4 900 GB/s both ways, 18 links" if hopper else "NVLink3 600 GB/s, 12 links"
     return AcceleratorSpec(
         name=name,
-        arch="hopper",
-        peak_tflops={"fp32": 66.9, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
+        arch="hopper" if hopper else "ampere",
+        peak_tflops=H100_PEAKS if hopper else A100_PEAKS,
         memory_gb=memory_gb,
         hbm_gbyte_s=hbm,
-        intra_node_gbyte_s=450.0,
-        nvlinks=18,
-        sources={
-            "peak_tflops": H100_DATASHEET,
-            "hbm_gbyte_s": source,
-            "intra_node_gbyte_s": source + " (NVLink4 900 GB/s both ways, 18 links)",
-            "hbm_share": HBM_SHARE_SOURCE,
-            "flops_share": FLOPS_SHARE_SOURCE,
-            "kernel_floor_us": KERNEL_FLOOR_SOURCE,
-        },
+        intra_node_gbyte_s=450.0 if hopper else 300.0,
+        nvlinks=18 if hopper else 12,
+        sources=_sources(datasheet, hbm_source, f"{datasheet} ({links})"),
     )
 
 
 ACCELERATORS: dict[str, AcceleratorSpec] = {
-    "a100_40gb": _a100("A100 SXM4 40GB", 40, 1555.0),
-    "a100_80gb": _a100("A100 SXM4 80GB", 80, 2039.0),
-    "h100_sxm": _hopper("H100 SXM5 80GB", 80, 3350.0, H100_DATASHEET),
-    "h200": _hopper("H200 SXM 141GB", 141, 4800.0, H200_SOURCE),
-    "gh200": _hopper("GH200 (H100, 96 GB HBM3)", 96, 4000.0, GH200_SOURCE),
+    "a100_40gb": _nvidia("A100 SXM4 40GB", 40, 1555.0, A100_DATASHEET),
+    "a100_80gb": _nvidia("A100 SXM4 80GB", 80, 2039.0, A100_DATASHEET),
+    "h100_sxm": _nvidia("H100 SXM5 80GB", 80, 3350.0, H100_DATASHEET),
+    "h200": _nvidia("H200 SXM 141GB", 141, 4800.0, H200_SOURCE),
+    "gh200": _nvidia("GH200 (H100, 96 GB HBM3)", 96, 4000.0, GH200_SOURCE),
     "mi250x_gcd": AcceleratorSpec(
         name="MI250X, one GCD",
         arch="ampere",
@@ -136,12 +132,8 @@ ACCELERATORS: dict[str, AcceleratorSpec] = {
         intra_node_gbyte_s=100.0,
         nvlinks=0,
         sources={
-            "peak_tflops": MI250X_SOURCE,
-            "hbm_gbyte_s": MI250X_SOURCE,
-            "intra_node_gbyte_s": MI250X_SOURCE + " (to another package's GCD: 50-100)",
+            **_sources(MI250X_SOURCE, MI250X_SOURCE, MI250X_SOURCE + " (other packages: 50-100)"),
             "hbm_share": HBM_SHARE_SOURCE + " [R: NVIDIA's figures taken for AMD]",
-            "flops_share": FLOPS_SHARE_SOURCE,
-            "kernel_floor_us": KERNEL_FLOOR_SOURCE,
         },
     ),
     "v100_sxm2": AcceleratorSpec(
@@ -152,14 +144,6 @@ ACCELERATORS: dict[str, AcceleratorSpec] = {
         hbm_gbyte_s=900.0,
         intra_node_gbyte_s=75.0,
         nvlinks=3,
-        sources={
-            "peak_tflops": V100_SOURCE,
-            "hbm_gbyte_s": V100_SOURCE,
-            "intra_node_gbyte_s": "MLPerf HPC v1.0 TACC/systems/longhorn-tf.json: 75 GB/s "
-            "a direction over three links [V]",
-            "hbm_share": HBM_SHARE_SOURCE,
-            "flops_share": FLOPS_SHARE_SOURCE,
-            "kernel_floor_us": KERNEL_FLOOR_SOURCE,
-        },
+        sources=_sources(V100_SOURCE, V100_SOURCE, LONGHORN_LINKS),
     ),
 }

@@ -29,6 +29,17 @@ UPDATE_BYTES_PER_PARAM = {
 }
 THIS_CPU = "cpu"
 
+
+def update_bytes_per_param(optimizer_cfg: OptimizerConfig) -> int:
+    """UPDATE_BYTES_PER_PARAM of the config's optimizer, or a ValueError naming the key."""
+    if optimizer_cfg.name not in UPDATE_BYTES_PER_PARAM:
+        raise ValueError(
+            f"key 'optimizer.name': {optimizer_cfg.name!r} has no update cost on an "
+            f"accelerator (UPDATE_BYTES_PER_PARAM has {', '.join(UPDATE_BYTES_PER_PARAM)})"
+        )
+    return UPDATE_BYTES_PER_PARAM[optimizer_cfg.name]
+
+
 log = logging.getLogger(__name__)
 
 
@@ -75,12 +86,7 @@ class Accelerator:
         return False
 
     def optimizer_seconds(self, model_cfg: ModelConfig, optimizer_cfg: OptimizerConfig) -> float:
-        if optimizer_cfg.name not in UPDATE_BYTES_PER_PARAM:
-            raise ValueError(
-                f"key 'optimizer.name': {optimizer_cfg.name!r} has no update cost on an "
-                f"accelerator (UPDATE_BYTES_PER_PARAM has {', '.join(UPDATE_BYTES_PER_PARAM)})"
-            )
-        update = UPDATE_BYTES_PER_PARAM[optimizer_cfg.name] * sum(parameter_sizes(model_cfg))
+        update = update_bytes_per_param(optimizer_cfg) * sum(parameter_sizes(model_cfg))
         return update / (self.spec.memory_gbyte_s * 1e9)
 
     def describe(self) -> str:

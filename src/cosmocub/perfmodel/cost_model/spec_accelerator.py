@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from cosmocub.config import ModelConfig, OptimizerConfig
 from cosmocub.perfmodel.cost_model.hardware_specs import AcceleratorSpec
-from cosmocub.perfmodel.cost_model.machines import UPDATE_BYTES_PER_PARAM
+from cosmocub.perfmodel.cost_model.machines import update_bytes_per_param
 from cosmocub.perfmodel.cost_model.roofline import (
     Kernel,
     kernel_seconds,
@@ -101,13 +101,8 @@ class SpecAccelerator:
         return False
 
     def optimizer_seconds(self, model_cfg: ModelConfig, optimizer_cfg: OptimizerConfig) -> float:
-        if optimizer_cfg.name not in UPDATE_BYTES_PER_PARAM:
-            raise ValueError(
-                f"key 'optimizer.name': {optimizer_cfg.name!r} has no update cost on an "
-                f"accelerator (UPDATE_BYTES_PER_PARAM has {', '.join(UPDATE_BYTES_PER_PARAM)})"
-            )
         params = sum(parameter_sizes(model_cfg))
-        return self.seconds(update_kernels(params, UPDATE_BYTES_PER_PARAM[optimizer_cfg.name]))
+        return self.seconds(update_kernels(params, update_bytes_per_param(optimizer_cfg)))
 
     def describe(self) -> str:
         s = self.spec
