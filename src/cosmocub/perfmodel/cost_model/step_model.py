@@ -3,20 +3,22 @@
 Placement (as ParallelDims lays out ranks: spatial is the inner mesh axis): a sample's spatial
 ranks are consecutive, so they share a node when spatial ≤ ranks per node; the data group spans
 nodes. Parts of a step, added (what overlaps is left out of the sum):
-  compute         forward + backward of every layer on one rank's block (measured or peak × eff.)
+  compute         forward + backward of every layer on one rank's block (measured, peak × eff.,
+                  or the roofline of its kernels: perfmodel.cost_model.spec_accelerator)
   halo            each conv's halo swap forward and its gradient's return backward, two faces per
                   split dim, plus the all-gather of the features before the head (fwd and bwd)
-  exchange        gradients/updates: DDP's fp32 ring all-reduce per bucket (over the data group,
+  exchange        gradients/updates: DDP's fp32 all-reduce per bucket (over the data group,
                   or the whole mesh when spatial > 1), blocking, or overlapped with backward (then
                   only its exposed part is in the step: perfmodel.cost_model.overlap); or Lion
-                  Cub's spatial
-                  average + voted exchange
+                  Cub's spatial average + voted exchange
   momentum_sync   Lion Cub's fp32 average of momenta, amortised over the steps it skips
   norm_sync       the synced batch norms' statistics over the mesh, two collectives a block
                   (perfmodel.cost_model.layer_collectives; their arithmetic beyond a plain norm is
                   compute)
   optimizer       the update arithmetic (measured on one rank)
-Byte counts come from the optimizer's own functions (cosmocub.optim.collectives).
+Byte counts come from the optimizer's own functions (cosmocub.optim.collectives); every
+collective is priced by the network (topology.Links: α–β rings, or NCCL's own choice and time,
+perfmodel.cost_model.cluster_network).
 """
 
 from __future__ import annotations
