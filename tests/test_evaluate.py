@@ -230,7 +230,12 @@ def test_evaluate_gaussian_head_writes_calibration(tiny_run):
     assert len(calibration["per_crop"]["before"]["curve"][0]) == len(calibration["curve_levels"])
     # The report's front page leads with CNN ÷ best classical per universe (with its bootstrap
     # range), then the coverage table.
+    # How the step was fed, from the training summary's last epoch.
+    final = {"samples_per_s": 812.5, "data_wait_share": 0.021, "device_busy_share": 0.934}
+    summary = {"steps": 3, "final": final, "data_placement": "device"}
+    (run_dir / "train_summary.json").write_text(json.dumps(summary))
     page = "\n".join(format_run(out_dir / "metrics.json"))
+    assert "data wait 2.1 %, device busy 93.4 %, batches cut by device" in page
     row = metrics["comparison"]["per_universe"]["sigma_8"]
     lead = f"**{row['cnn_over_classical']:.3f} ({row['cnn_over_classical_lo']:.2f}–"
     assert "| sigma_8 | " in page and lead in page

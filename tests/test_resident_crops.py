@@ -9,6 +9,7 @@ import itertools
 import pytest
 import torch
 from test_random_crops import CROP, ORIGINS, SIZE, _dataset, shards  # noqa: F401  (fixture)
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader
 
 from cosmocub.data.augment import CUBE_SYMMETRIES, symmetries_for_split
@@ -144,3 +145,33 @@ def test_resident_loader_gives_the_worker_loaders_batches_and_resumes(shards, mo
     resident.placement = "pinned"
     prefetched = _epochs(resident, resident_sampler, positions)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(prefetched, expected, strict=True))
+
+
+class _HostData(TorchDispatchMode):
+    """Counts the ops that bring host data into a batch: a tensor made from Python or numpy
+    values (aten.lift_fresh) or a copy that changes device (aten._to_copy with a device)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        moves = func is torch.ops.aten._to_copy.default and kwargs.get("device") is not None
+        self.count += func is torch.ops.aten.lift_fresh.default or moves
+        return func(*args, **kwargs)
+
+
+def test_after_its_first_batch_an_epoch_brings_nothing_from_the_host(shards) -> None:  # noqa: F811
+    """The epoch's draws cross once, with its first batch; the others are cut from tensors
+    already on the device (on a GPU: no copy and no sync to wait for)."""
+    dataset = _dataset(shards["random"])
+    sampler = _sampler(dataset, symmetries=tuple(range(48)), random_origins=SIZE)
+    loader = ResidentLoader(load_resident(dataset, CPU), sampler, batch_size=3, device=CPU)
+    sampler.set_position(2)
+    with _HostData() as first:
+        batches = iter(loader)
+        next(batches)
+    with _HostData() as rest:
+        assert len(list(batches)) == 2
+    assert first.count > 0 and rest.count == 0

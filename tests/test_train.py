@@ -457,6 +457,12 @@ def test_metrics_reach_mlflow(shards: Path, tmp_path: Path) -> None:
     assert params["global_batch_size"] == "4"
     assert (params["mesh_shape"], params["spatial_split"]) == ("1x1", "1x1x1")
     assert params["lion_cub_levels_in_use"] == "7"
+    # How the step was fed: each epoch's shares beside its samples/s, and where batches were cut.
+    assert params["data_placement"] == "device"
+    for name in ("samples_per_s", "data_wait_share", "device_busy_share"):
+        history = client.get_metric_history(run_id, name)
+        assert [m.step for m in history] == [4, 8], name
+        assert name == "samples_per_s" or all(0 <= m.value <= 1 for m in history), name
     names = {a.path for a in client.list_artifacts(run_id)}
     assert {"metrics.jsonl", "train_summary.json"} <= names
 

@@ -48,6 +48,7 @@ class ResidentShard:
     block: tuple[slice, slice, slice] | None  # this rank's block of every turned crop
     perms: torch.Tensor  # (48, 3) int64 on the device
     flips: torch.Tensor  # (48, 3) bool on the device
+    strides: torch.Tensor  # (3,) int64 on the device: N², N, 1, a voxel row's steps along D, H, W
 
     @property
     def device(self) -> torch.device:
@@ -110,6 +111,7 @@ def load_resident(
         mean = torch.from_numpy(shard._scale[0].reshape(-1)).to(device)
         inv_std = torch.from_numpy(shard._scale[1].reshape(-1)).to(device)
     perms, flips = _symmetry_tables()
+    size = values.shape[1]
     return ResidentShard(
         values_undhwc=values,
         targets=torch.from_numpy(np.ascontiguousarray(targets)).to(device),
@@ -121,6 +123,7 @@ def load_resident(
         block=shard.block,
         perms=perms.to(device),
         flips=flips.to(device),
+        strides=torch.tensor([size * size, size, 1], device=device),
     )
 
 
@@ -153,7 +156,6 @@ def crop_source_rows(
     universe = shard.universe_of[rows]  # (B,)
     origin = shard.fixed_origin[rows] if origins_dhw is None else origins_dhw  # (B, 3)
     perm, flip = shard.perms[symmetries], shard.flips[symmetries]  # (B, 3) each
-    stored_stride = torch.tensor([size * size, size, 1], device=shard.device)
     block = shard.block or (slice(None),) * 3
     index = (universe * size**3).view(-1, 1, 1, 1)
     for j, axis_block in enumerate(block):
@@ -161,7 +163,7 @@ def crop_source_rows(
         k = torch.arange(lo, hi, device=shard.device)  # (L,) output positions along axis j
         k = torch.where(flip[:, j : j + 1], crop - 1 - k, k)  # (B, L) positions in the crop
         along = origin.gather(1, perm[:, j : j + 1])  # (B, 1) the origin on stored axis perm[j]
-        term = ((along + k) % size) * stored_stride[perm[:, j : j + 1]]  # (B, L)
+        term = ((along + k) % size) * shard.strides[perm[:, j : j + 1]]  # (B, L)
         shape = [-1, 1, 1, 1]
         shape[j + 1] = term.shape[1]
         index = index + term.view(shape)

@@ -26,6 +26,15 @@ def format_run(metrics_path: Path) -> list[str]:
         }
         if facts:
             lines += ["Training: " + ", ".join(f"{k} {_fmt(v)}" for k, v in facts.items()), ""]
+        final = summary.get("final", {})
+        if "data_wait_share" in final:  # how well the step was fed, in its last epoch
+            lines += [
+                f"Feeding (last epoch): {_fmt(final.get('samples_per_s'))} samples/s, data wait "
+                f"{100 * final['data_wait_share']:.1f} %, device busy "
+                f"{100 * final.get('device_busy_share', float('nan')):.1f} %, batches cut by "
+                f"{summary.get('data_placement', 'loader')}",
+                "",
+            ]
     lines += format_comparison(metrics)
     lines += [
         f"Test set: {metrics.get('num_samples', '?')} samples. MAE in unitPar space "

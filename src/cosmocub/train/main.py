@@ -75,6 +75,8 @@ def train(
             "steps_per_epoch": trainer.train_loader.sampler.batches_per_epoch,
             "threads_per_rank": threads,
             "gradient_sync": trainer.grad_sync.name,
+            # Where batches are cut (train.data_placement resolved): loader, device or pinned.
+            "data_placement": getattr(trainer.train_loader, "placement", "loader"),
         }
         if (levels := getattr(trainer.optimizer, "levels_in_use", None)) is not None:
             # What the quantizer keeps at this data group's size (an all-reduce keeps fewer).
@@ -104,6 +106,7 @@ def train(
                 "spatial_parallel": dims.spatial,
                 "global_batch_size": trainer.global_batch,
                 "device": str(dims.device),
+                "data_placement": getattr(trainer.train_loader, "placement", "loader"),
                 "resumed_from": str(resumed_from) if resumed_from else None,
                 "fresh_start": None
                 if fresh is None

@@ -67,14 +67,19 @@ class ResidentLoader:
         """The rest of the epoch's draws on the host: rows (n,), symmetries (n,), origins (n, 3)
         or None (fixed crops)."""
         draws = list(self.sampler)
+        # Pinned on the way to a GPU, so that the copy queues behind the step, never waits.
+        pin = self.placement == "device" and self.device.type == "cuda"
+
+        def column(values: list) -> torch.Tensor:
+            t = torch.tensor(values, dtype=torch.int64)
+            return t.pin_memory() if pin else t
+
         if not draws or not isinstance(draws[0], tuple):
-            rows = torch.tensor(draws, dtype=torch.int64)
-            return rows, torch.zeros_like(rows), None
-        rows = torch.tensor([d[0] for d in draws], dtype=torch.int64)
-        symmetries = torch.tensor([d[1] for d in draws], dtype=torch.int64)
+            return column(draws), column([0] * len(draws)), None
+        rows, symmetries = column([d[0] for d in draws]), column([d[1] for d in draws])
         if len(draws[0]) == 2:
             return rows, symmetries, None
-        return rows, symmetries, torch.tensor([d[2] for d in draws], dtype=torch.int64)
+        return rows, symmetries, column([d[2] for d in draws])
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         plan = self._plan()
