@@ -40,7 +40,7 @@ from cosmocub.data.preprocess import preprocess
 from cosmocub.data.resident_crops import load_resident
 from cosmocub.data.universe import write_universe
 from cosmocub.models.model_factory import build_model
-from cosmocub.optim.factory import build_optimizer
+from cosmocub.optim.optimizer_factory import build_optimizer
 from cosmocub.parallel.parallel_dims import ParallelDims, build_parallel_dims, close_parallel_dims
 from cosmocub.train.loaders import ResumableSampler
 from cosmocub.train.main import train

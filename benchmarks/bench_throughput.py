@@ -23,7 +23,7 @@ from torch import nn
 from cosmocub.config import ModelConfig, load_config
 from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.models.summary import summarize
-from cosmocub.optim.factory import build_optimizer
+from cosmocub.optim.optimizer_factory import build_optimizer
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from cosmocub.config import load_config
 from cosmocub.data.dataset import open_split
 from cosmocub.models.cosmoflow import CosmoFlow
-from cosmocub.optim.factory import build_optimizer
+from cosmocub.optim.optimizer_factory import build_optimizer
 from cosmocub.parallel.parallel_dims import build_parallel_dims, close_parallel_dims
 from cosmocub.train.build import build_trainer
 from cosmocub.train.loop import train_one_epoch

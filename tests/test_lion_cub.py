@@ -17,7 +17,6 @@ from torch import nn
 
 from cosmocub.config import ConfigError, load_config
 from cosmocub.optim.collectives import COLLECTIVES
-from cosmocub.optim.factory import build_optimizer, check_group_size
 from cosmocub.optim.lion import Lion
 from cosmocub.optim.lion_cub import LionCub
 from cosmocub.optim.momentum_sync import (
@@ -26,6 +25,7 @@ from cosmocub.optim.momentum_sync import (
     is_sync_step,
     matches,
 )
+from cosmocub.optim.optimizer_factory import build_optimizer, check_group_size
 from cosmocub.optim.packing import pack_bits, pack_codes, unpack_bits, unpack_codes
 from cosmocub.optim.quantize import quantize, tensor_scales
 from cosmocub.optim.vote import sign_bits, tie_pattern, vote

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from cosmocub.config import OptimizerConfig, load_config
-from cosmocub.optim.factory import build_optimizer, build_schedule
 from cosmocub.optim.lion import Lion, lion_update
+from cosmocub.optim.optimizer_factory import build_optimizer, build_schedule
 from cosmocub.optim.schedule import lr_at, peak_lr
 
 

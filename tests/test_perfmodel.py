@@ -308,7 +308,7 @@ import json, sys
 import torch
 from cosmocub.config import load_config
 from cosmocub.models.cosmoflow import CosmoFlow
-from cosmocub.optim.factory import build_optimizer
+from cosmocub.optim.optimizer_factory import build_optimizer
 from cosmocub.parallel.parallel_dims import build_parallel_dims
 from cosmocub.parallel.timing import clock_for
 from cosmocub.train.comm_meter import CommMeter

@@ -13,7 +13,7 @@ from test_spatial_layers import _single_dims
 from cosmocub.config import ConfigError, load_config
 from cosmocub.data.field_pairs import FieldPairs
 from cosmocub.models.cosmoflow import CosmoFlow
-from cosmocub.optim.factory import build_optimizer
+from cosmocub.optim.optimizer_factory import build_optimizer
 from cosmocub.parallel.parallel_dims import ParallelDims
 from cosmocub.train import resident_loader
 from cosmocub.train.resident_loader import PLACEMENTS, resolve_placement

@@ -14,7 +14,7 @@ from cosmocub.config import Config, config_hash
 from cosmocub.data.augment import symmetries_for_split
 from cosmocub.data.dataset import FirstUniverses
 from cosmocub.models.model_factory import build_model
-from cosmocub.optim.factory import build_optimizer, build_schedule
+from cosmocub.optim.optimizer_factory import build_optimizer, build_schedule
 from cosmocub.parallel.parallel_dims import ParallelDims
 from cosmocub.train import runtime
 from cosmocub.train.checkpoint import CheckpointManager, resume_values, shard_identity

@@ -246,7 +246,7 @@ def update_parameters(tensors: int, elements: int) -> list[tuple[str, nn.Paramet
 def measure_updates(*, threads: Sequence[int], repeats: int) -> list[dict[str, Any]]:
     """The optimizer step (a data group of one: Lion Cub's interpolation, quantize and local
     vote, no wire) over UPDATE_GRID's parameters, per optimizer and thread count."""
-    from cosmocub.optim.factory import build_optimizer
+    from cosmocub.optim.optimizer_factory import build_optimizer
 
     rows = []
     for t in threads:
