@@ -277,7 +277,10 @@ def test_short_training_on_random_crops(shards, tmp_path: Path, monkeypatch) -> 
 
     monkeypatch.setattr(UniverseCropDataset, "__getitem__", recording)
     run = tmp_path / "run"
-    summary = train(_train_cfg(), shards_dir=shards["random"], run_dir=run)
+    # The worker path, whose reads are recorded (the resident path cuts the same crops:
+    # tests/test_resident_crops.py).
+    cfg = _train_cfg(data_placement="loader")
+    summary = train(cfg, shards_dir=shards["random"], run_dir=run)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # An epoch is one crop per fixed-crop row: 24 rows / batch 4 = 6 steps, as with fixed crops.
     assert [r["step"] for r in records] == [6, 12] and summary["steps"] == 12
