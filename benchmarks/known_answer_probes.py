@@ -11,7 +11,8 @@ Prints test MAE (unitPar) per parameter of ridge probes, each fitted on the trai
    every block's output), tap by tap and all together, trained and untrained (random init);
 3. on the lognormal channel (1) as the network sees it, σ from the box's mean and std plus the
    means of LeakyReLU(z − c) of the standardised field z, and with one step of a conv block
-   added before the average (a max-pool, a channel mix, a 3³ smoothing or sharpening filter).
+   added before the average (a max-pool, a channel mix, a 3³ smoothing or sharpening filter);
+4. the conditioning of σ in per-voxel features of channel 1 (13 LeakyReLU thresholds).
 """
 
 from __future__ import annotations
@@ -88,9 +89,11 @@ def _maxpool(a: np.ndarray) -> np.ndarray:
     return a.reshape(n, 2, n, 2, n, 2).max(axis=(1, 3, 5))
 
 
-def _shape_statistics(field: np.ndarray, *, pool: bool) -> np.ndarray:
+def _shape_statistics(
+    field: np.ndarray, *, pool: bool, thresholds: np.ndarray = THRESHOLDS
+) -> np.ndarray:
     z = (field - field.mean()) / field.std()
-    acts = [_leaky(z - c) for c in THRESHOLDS]
+    acts = [_leaky(z - c) for c in thresholds]
     acts = [_maxpool(a) for a in acts] if pool else acts
     return np.r_[field.mean(), field.std(), [a.mean() for a in acts]]
 
@@ -115,12 +118,41 @@ def probe_lognormal(shards: str) -> None:
         with h5py.File(f"{shards}/{split}.h5", "r") as f:
             data[split] = (f["x"][:].astype(np.float64), f["y"][:, 2:3])
     print("3. sigma from channel 1's statistics (test MAE)")
+    fine = np.linspace(-3.0, 3.0, 13)
+    feats = {
+        s: np.stack([_shape_statistics(x[1], pool=False, thresholds=fine) for x in data[s][0]])
+        for s in data
+    }
+    probe = ridge_predictions(feats["train"], data["train"][1], feats["test"])
+    print(f"   per voxel (13 thresholds), then the box average: {_mae(probe, data['test'][1])}")
     for name, (make, pool) in variants.items():
         feats = {
             s: np.stack([_shape_statistics(make(x), pool=pool) for x in data[s][0]]) for s in data
         }
         probe = ridge_predictions(feats["train"], data["train"][1], feats["test"])
         print(f"   {name}: {_mae(probe, data['test'][1])}")
+
+
+def conditioning(shards: str) -> None:
+    """How far down the covariance of per-voxel features σ sits: the eigenvalues of the
+    standardised [mean, std, 13 LeakyReLU means] of channel 1 over the training universes, and
+    the share of σ's variance each direction explains (gradient descent on a linear readout
+    moves along a direction at a rate proportional to its eigenvalue)."""
+    with h5py.File(f"{shards}/train.h5", "r") as f:
+        x, y = f["x"][:, 1].astype(np.float64), f["y"][:, 2]
+    mu, sd = x.mean(), x.std()
+    cs = np.linspace(-3.0, 3.0, 13)
+    feats = np.array(
+        [np.r_[s.mean(), s.std(), [_leaky((s - mu) / sd - c).mean() for c in cs]] for s in x]
+    )
+    z = (feats - feats.mean(0)) / feats.std(0)
+    eigenvalues, vectors = np.linalg.eigh(np.cov(z.T))
+    cov = vectors.T @ (z.T @ (y - y.mean())) / len(y)
+    share = cov**2 / np.maximum(eigenvalues, 1e-30) / y.var()
+    print("4. per-voxel features of channel 1: eigenvalue, share of var(sigma) it explains")
+    for i in np.argsort(eigenvalues)[::-1]:
+        if eigenvalues[i] > 1e-10:
+            print(f"   {eigenvalues[i]:.2e}  {share[i]:.3f}")
 
 
 def main() -> None:
@@ -131,6 +163,7 @@ def main() -> None:
     torch.set_num_threads(2)
     probe_network(args.run, args.shards)
     probe_lognormal(args.shards)
+    conditioning(args.shards)
 
 
 if __name__ == "__main__":

@@ -150,3 +150,50 @@ def test_classical_fit_chooses_on_validation():
     )
     assert choice[0][0] in ("one_point", "combined") and choice[1][0] in ("pk", "combined")
     assert np.abs(pred - y[rows["test"]]).mean() < 0.25  # the mean's is ~0.5
+
+
+def test_study_rows_and_goals_from_an_evaluation(tmp_path):
+    from cosmocub.config import load_config
+    from cosmocub.cosmology.parameters import NAME_PAR
+    from cosmocub.evaluation.headline import comparison_table
+    from cosmocub.io import write_json
+    from cosmocub.studies import known_answer as study
+    from cosmocub.studies.engine import PointOutputs
+
+    cfg = load_config("config/known_answer.yaml")
+    (point,) = study.lr_points(cfg)
+    outputs = PointOutputs(point=point, folder=tmp_path / point.name)
+    (outputs.run_dir).mkdir(parents=True)
+    outputs.eval_dir.mkdir()
+    write_json(outputs.run_dir / "train_summary.json", {"steps": 30})
+    (outputs.run_dir / "metrics.jsonl").write_text('{"epoch": 0, "step": 30, "val_loss": 0.2}\n')
+    rng = np.random.default_rng(5)
+    true = rng.uniform(-1, 1, size=(50, 4))
+    # The CNN's error 0.1 on every parameter; the P(k) fit's 0.1 except on σ (0.3); one-point's
+    # 0.3 except on σ (0.1); the best classical's 0.1 except on f_nl (0.2).
+    noise = {"cnn": [0.1] * 4, "pk": [0.1, 0.1, 0.3, 0.1], "one_point": [0.3, 0.3, 0.1, 0.3]}
+    noise |= {"classical": [0.1, 0.1, 0.1, 0.2], "mean": [0.5] * 4}
+    preds = {k: true + np.array(v) for k, v in noise.items()}
+    table = comparison_table(preds, true, NAME_PAR, bootstrap=50)
+    write_json(
+        outputs.eval_dir / "metrics.json",
+        {
+            "comparison": {
+                "per_universe": table,
+                "per_crop": table,
+                "num_universes": 50,
+                "num_crops": 50,
+            }
+        },
+    )
+    # As the engine's gather makes them: the point's name and labels, then its rows.
+    rows = [{"point": point.name, **point.labels, **r} for r in study.point_rows(outputs, cfg)]
+    rows = study.select_lr(rows, cfg)
+    by_name = {r["parameter"]: r for r in rows if r["level"] == "universe"}
+    assert by_name["lognormal_sigma"]["slot"] == "N_spec"
+    assert by_name["lognormal_sigma"]["cnn_over_pk"] == pytest.approx(1 / 3)
+    assert by_name["f_nl"]["cnn_over_classical"] == pytest.approx(0.5)
+    lines = "\n".join(study.goal_lines(rows))
+    assert "| gaussian | amplitude | CNN ÷ P(k) fit in [0.95, 1.1] | 1 (1.00–1.00) | yes |" in lines
+    assert "| lognormal | lognormal_sigma | CNN ÷ one-point fit ≤ 1.05 | 1 " in lines
+    assert "| phase | f_nl | CNN ÷ best classical ≤ 0.5 | 0.5 (0.50–0.50) | yes |" in lines
