@@ -10,7 +10,7 @@ import pytest
 from baseline_shards import write_shards
 
 from cosmocub.cosmology.power import binned_power_spectrum, log_k_edges
-from cosmocub.data import known_answer as ka
+from cosmocub.data import known_answer_fields as ka
 from cosmocub.data.features import bispectrum_statistics
 from cosmocub.data.universe import read_universe
 from cosmocub.evaluation.baselines import baseline_predictions, classical_predictions

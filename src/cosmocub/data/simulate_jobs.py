@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from cosmocub.config import SimulateConfig
-from cosmocub.data.known_answer import run_known_answer
+from cosmocub.data.known_answer_fields import run_known_answer
 from cosmocub.data.naming import synthetic_id
 from cosmocub.data.simulate import run_simulate
 

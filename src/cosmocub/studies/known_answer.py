@@ -16,7 +16,7 @@ from typing import Any
 
 from cosmocub.config import Config, ConfigError
 from cosmocub.cosmology.parameters import NAME_PAR
-from cosmocub.data.known_answer import PARAMETER_CASE, PARAMETERS
+from cosmocub.data.known_answer_fields import PARAMETER_CASE, PARAMETERS
 from cosmocub.io import atomic_path, format_cell, read_json
 from cosmocub.studies.accuracy import select_lr_per_group, selected_rows
 from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition
