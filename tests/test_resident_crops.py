@@ -37,16 +37,19 @@ def _same(got: tuple[torch.Tensor, ...], expected: tuple[torch.Tensor, ...]) -> 
     return all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
-def _gather(dataset, draws: list[tuple]) -> tuple[torch.Tensor, torch.Tensor]:
-    resident = load_resident(dataset, CPU)
+def _gather(
+    dataset, draws: list[tuple], *, standardized: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    resident = load_resident(dataset, CPU, standardized=standardized)
     rows = torch.tensor([d[0] for d in draws])
     symmetries = torch.tensor([d[1] for d in draws])
     origins = torch.tensor([d[2] for d in draws]) if len(draws[0]) == 3 else None
     return gather_crops(resident, rows, symmetries, origins)
 
 
+@pytest.mark.parametrize("standardized", [False, True])
 @pytest.mark.parametrize("split", SPLITS)
-def test_random_crops_gathered_equal_the_datasets_reads(shards, split) -> None:  # noqa: F811
+def test_random_crops_gathered_equal_the_datasets_reads(shards, split, standardized) -> None:  # noqa: F811
     dataset = _dataset(shards["random"], block=SPLITS[split])
     # Every symmetry at every origin (inside, on the edge, wrapping along 1, 2 and 3 axes), over
     # rows of all three training universes.
@@ -56,13 +59,14 @@ def test_random_crops_gathered_equal_the_datasets_reads(shards, split) -> None: 
             zip((0, 9, 17, 23, 5), ORIGINS, strict=True), range(len(CUBE_SYMMETRIES))
         )
     ]
-    x, y = _gather(dataset, draws)
+    # Held as stored (a GPU: standardised per batch) or standardised at load (a CPU).
+    x, y = _gather(dataset, draws, standardized=standardized)
     expected_x, expected_y = _reads(dataset, draws)
     assert x.dtype == torch.float32 and x.shape == expected_x.shape
     assert torch.equal(x, expected_x) and torch.equal(y, expected_y)
     # No origin drawn: each row's fixed crop, as the dataset reads (row, symmetry).
     fixed = [(row, symmetry) for row in (3, 20) for symmetry in (0, 7, 41)]
-    assert _same(_gather(dataset, fixed), _reads(dataset, fixed))
+    assert _same(_gather(dataset, fixed, standardized=standardized), _reads(dataset, fixed))
 
 
 @pytest.mark.parametrize("split", ["whole", "octant"])
@@ -83,6 +87,7 @@ def test_fixed_crops_and_first_universes_gathered_equal_the_reads(shards, split)
             len(first) if mode == "fixed" else 2
         )
     assert resident_bytes(_dataset(shards["random"])) == 3 * 4 * SIZE**3 * 2  # fp16 universes
+    assert resident_bytes(_dataset(shards["random"]), standardized=True) == 3 * 4 * SIZE**3 * 4
 
 
 def _sampler(dataset, **kwargs) -> ResumableSampler:
@@ -112,7 +117,7 @@ def test_resident_loader_gives_the_worker_loaders_batches_and_resumes(shards, mo
     worker_sampler, resident_sampler = _sampler(dataset, **options), _sampler(dataset, **options)
     workers = DataLoader(dataset, batch_size=3, sampler=worker_sampler, drop_last=True)
     resident = ResidentLoader(
-        load_resident(dataset, CPU),
+        load_resident(dataset, CPU, standardized=True),
         resident_sampler,
         batch_size=3,
         device=CPU,

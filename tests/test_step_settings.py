@@ -123,10 +123,11 @@ def test_data_placement_resolves_or_says_why_not(shards, monkeypatch) -> None:  
             ("device", pairs, "device serves a shard's samples or universes; FieldPairs"),
         ]
     )
-    # A host with 64 KiB to spare: 3 universes of 4 × 16³ fp16 (96 KiB) fit in no half of it.
+    # A host with 64 KiB to spare: 3 universes of 4 × 16³ (96 KiB in float16 for pinned memory,
+    # 192 KiB standardised in float32 on a CPU) fit in no half of it.
     monkeypatch.setattr(resident_loader, "host_memory_available", lambda: 64 << 10)
     too_big = (
-        r"device: the training shard takes 0.09 MiB, more than 50% of cpu's free memory "
+        r"device: the training shard takes 0.19 MiB, more than 50% of cpu's free memory "
         r"\(0.03 MiB allowed\)"
     )
     _resolves([("auto", universes, "loader"), ("device", universes, too_big)])

@@ -31,7 +31,7 @@ def _symmetry_tables() -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass(kw_only=True)
 class ResidentShard:
-    """A training shard held whole in one device's memory, in the stored dtype.
+    """A training shard held whole in one device's memory: as stored, or standardised float32.
 
     values_undhwc: (U, N, N, N, C) the universes (fixed crops: U = samples, N = S), channels
     last so that one voxel's channels are one row of a gather; rows (sample i of the dataset)
@@ -42,7 +42,7 @@ class ResidentShard:
     targets: torch.Tensor  # (rows, P) float32, or the dataset's (rows, …) targets
     universe_of: torch.Tensor  # (rows,) int64: the universe of `values_undhwc` row i crops
     fixed_origin: torch.Tensor  # (rows, 3) int64: row i's crop origin when none is drawn
-    mean: torch.Tensor | None  # (C,) float32, the dataset's own; None: values as stored
+    mean: torch.Tensor | None  # (C,) float32, the dataset's own; None: values as they are given
     inv_std: torch.Tensor | None  # (C,) float32
     crop_size: int
     block: tuple[slice, slice, slice] | None  # this rank's block of every turned crop
@@ -63,7 +63,7 @@ class ResidentShard:
         return self.values_undhwc.numel() * self.values_undhwc.element_size()
 
 
-def resident_bytes(dataset: ShardDataset | FirstUniverses) -> int:
+def resident_bytes(dataset: ShardDataset | FirstUniverses, *, standardized: bool = False) -> int:
     """Bytes `load_resident` would hold for `dataset`, without reading it."""
     shard, rows = _unwrap(dataset)
     with h5py.File(shard.path, "r") as f:
@@ -72,14 +72,22 @@ def resident_bytes(dataset: ShardDataset | FirstUniverses) -> int:
             count = len(np.unique(shard._universe_of[rows]))
         else:
             count = len(rows)
-        return count * int(np.prod(x.shape[1:])) * x.dtype.itemsize
+        itemsize = 4 if standardized else x.dtype.itemsize
+        return count * int(np.prod(x.shape[1:])) * itemsize
 
 
 def load_resident(
-    dataset: ShardDataset | FirstUniverses, device: torch.device, *, pin: bool = False
+    dataset: ShardDataset | FirstUniverses,
+    device: torch.device,
+    *,
+    pin: bool = False,
+    standardized: bool = False,
 ) -> ResidentShard:
     """Read every universe `dataset`'s rows crop (fixed samples: every sample) onto `device`
-    (on the host, in pinned memory with `pin`), a few hundred MB at a time."""
+    (on the host, in pinned memory with `pin`), a few hundred MB at a time: as stored, or with
+    `standardized` as the float32 values the dataset gives (twice the memory of float16, and
+    no arithmetic left per batch: what a CPU, where that arithmetic is most of a batch's cost,
+    chooses)."""
     shard, rows = _unwrap(dataset)
     if type(shard) not in (ShardDataset, UniverseCropDataset):
         raise TypeError(f"{shard.path}: {type(shard).__name__} cannot be held resident")
@@ -93,7 +101,8 @@ def load_resident(
             fixed_origin = np.zeros((len(rows), 3), np.int64)
         stored, universe_of = np.unique(crops, return_inverse=True)  # sorted: h5py reads so
         channels, size = x.shape[1], x.shape[2]
-        dtype = torch.from_numpy(np.empty(0, x.dtype)).dtype
+        dtype = torch.float32 if standardized else torch.from_numpy(np.empty(0, x.dtype)).dtype
+        scale = _scale(shard, device)
         values = torch.empty(
             (len(stored), size, size, size, channels),
             dtype=dtype,
@@ -102,14 +111,15 @@ def load_resident(
         )
         per_piece = max(1, LOAD_BYTES // (channels * size**3 * x.dtype.itemsize))
         for start in range(0, len(stored), per_piece):
-            piece = torch.from_numpy(x[stored[start : start + per_piece]])  # (k, C, N, N, N)
-            values[start : start + len(piece)] = piece.to(device).permute(0, 2, 3, 4, 1)
+            piece = torch.from_numpy(x[stored[start : start + per_piece]]).to(device)
+            if standardized:  # the dataset's float32 operations, in its order
+                piece = piece.float()  # (k, C, N, N, N)
+                if scale is not None:
+                    piece = (piece - scale[0].view(1, -1, 1, 1, 1)) * scale[1].view(1, -1, 1, 1, 1)
+            values[start : start + len(piece)] = piece.permute(0, 2, 3, 4, 1)
         # As the dataset reads them: the stored targets cast to float32.
         targets = f["y"][:][rows].astype(np.float32, copy=False)
-    mean = inv_std = None
-    if shard._scale is not None:  # the very float32 values the dataset standardises with
-        mean = torch.from_numpy(shard._scale[0].reshape(-1)).to(device)
-        inv_std = torch.from_numpy(shard._scale[1].reshape(-1)).to(device)
+    mean, inv_std = (None, None) if scale is None or standardized else scale
     perms, flips = _symmetry_tables()
     size = values.shape[1]
     return ResidentShard(
@@ -125,6 +135,14 @@ def load_resident(
         flips=flips.to(device),
         strides=torch.tensor([size * size, size, 1], device=device),
     )
+
+
+def _scale(shard: ShardDataset, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(mean, 1/std) (C,) float32 on `device`: the very values the dataset standardises with."""
+    if shard._scale is None:
+        return None
+    mean, inv_std = (torch.from_numpy(v.reshape(-1)).to(device) for v in shard._scale)
+    return mean, inv_std
 
 
 def _unwrap(dataset: ShardDataset | FirstUniverses) -> tuple[ShardDataset, np.ndarray]:
@@ -189,17 +207,21 @@ def gather_crops(
         picked = flat.index_select(0, index.reshape(-1)).view(values.dtype)  # (B·d·h·w·C,)
     else:
         picked = values.view(-1, channels).index_select(0, index.reshape(-1))  # (B·d·h·w, C)
-    x = picked.view(*index.shape, channels).float()  # (B, d, h, w, C)
-    if shard.mean is not None and shard.inv_std is not None:
-        # The dataset's own float32 operations, in its order: equal to the voxel (in place:
-        # a CPU pays more for a fresh batch-sized tensor than for the arithmetic).
-        x.sub_(shard.mean).mul_(shard.inv_std)
+    stored = picked.view(*index.shape, channels)  # (B, d, h, w, C)
+    if shard.mean is None or shard.inv_std is None:
+        x = stored.float()
+    else:
+        # The dataset's own float32 operations in its order ((float32(x) − mean) · 1/std),
+        # equal to the voxel: the subtraction promotes the stored values to float32 as it reads
+        # them, and the product is taken in place (fewer passes over a batch-sized tensor).
+        x = torch.empty(stored.shape, dtype=torch.float32, device=stored.device)
+        torch.sub(stored, shard.mean, out=x).mul_(shard.inv_std)
     x = x.permute(0, 4, 1, 2, 3)  # (B, C, d, h, w), channels-last strides
     return x.contiguous(memory_format=memory_format), shard.targets[rows]
 
 
 # Integer types as wide as one voxel's channels, for gathering a voxel as one element.
-_WIDE = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+_WIDE = {2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.complex128}
 
 
 def host_memory_available() -> int:
