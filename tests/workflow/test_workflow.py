@@ -214,7 +214,8 @@ def test_tiny_pipeline_end_to_end_with_tracking(tmp_path):
     assert metrics["num_samples"] == 8
     summary = (results / "report/summary.md").read_text()
     assert "| test | 1 | 8 |" in summary and "| sigma_8 |" in summary
-    assert "**CNN ÷ P(k)**" in summary
+    # The front page leads with CNN ÷ best classical, P(k) beside it.
+    assert "**CNN ÷ best classical** | CNN ÷ P(k) |" in summary
     assert set(metrics["comparison"]["per_universe"]["sigma_8"]) >= {"cnn", "pk", "cnn_over_pk"}
 
     client = MlflowClient(tracking_uri=f"sqlite:///{results / 'mlflow.db'}")
