@@ -17,7 +17,11 @@ from cosmocub.perfmodel.cost_model.roofline import Kernel, kernel_seconds, step_
 from cosmocub.perfmodel.cost_model.spec_accelerator import SpecAccelerator
 from cosmocub.perfmodel.measure.gpu_layers import GpuLayerTimes, require_cuda, time_layers
 from cosmocub.perfmodel.uses.run_prediction import Workload
-from cosmocub.perfmodel.uses.time_to_train import MLPERF_COSMOFLOW, predict_cluster
+from cosmocub.perfmodel.uses.time_to_train import (
+    MLPERF_COSMOFLOW,
+    config_dataset,
+    predict_cluster,
+)
 
 MLPERF = Path(__file__).parents[1] / "config" / "cosmoflow-mlperf.yaml"
 SOURCED = ("peak_tflops", "hbm_gbyte_s", "intra_node_gbyte_s", "hbm_share", "flops_share")
@@ -157,6 +161,28 @@ def test_predict_on_a_cluster_is_one_flag(capsys: pytest.CaptureFixture[str]) ->
     assert "--accelerator: not with --cluster eos" in capsys.readouterr().err
     assert main([*flags, "--ranks-per-node", "4"]) == 2
     assert "--cluster eos has 8 a node" in capsys.readouterr().err
+
+
+def test_a_cluster_prediction_prices_the_configs_own_samples() -> None:
+    # The default config: 32³ crops of 4 channels, 8 of each 64³ universe; its 48 universes
+    # split 34 / 7 / 7 (0.7 / 0.15 / 0.15).
+    own = config_dataset(load_config(None))
+    assert own.sample_bytes == 4 * 32**3 * 2 and (own.train_samples, own.val_samples) == (272, 56)
+    assert config_dataset(load_config(None), train_samples=1000).train_samples == 1000
+    # The MLPerf config's universes live on the cluster: its 4 × 128³ samples take the MLPerf
+    # splits; a model of other samples without its universes needs --train-samples.
+    assert config_dataset(load_config(MLPERF)) == MLPERF_COSMOFLOW
+    other = load_config(
+        MLPERF, overrides={"model": {"input_size": 64}, "preprocess": {"sample_size": 64}}
+    )
+    with pytest.raises(ValueError, match="give --train-samples N"):
+        config_dataset(other)
+    given = config_dataset(other, train_samples=8192)
+    assert (given.train_samples, given.val_samples, given.sample_bytes) == (
+        8192,
+        1024,
+        4 * 64**3 * 2,
+    )
 
 
 def test_lion_cubs_two_level_exchange_is_priced_on_nccls_primitives() -> None:

@@ -236,11 +236,12 @@ def predict_on_cluster(
 ) -> None:
     """`perf-model predict --cluster NAME --nodes N`: the preset's nodes, accelerator (roofline,
     or --gpu-calibration's layer times) and NCCL's collectives; the step's parts and the time to
-    train over the MLPerf CosmoFlow splits (or --train-samples) for --epochs (or train.epochs)."""
+    train over the config's own samples and splits (time_to_train.config_dataset; --train-samples
+    in place of its train split's) for --epochs (or train.epochs)."""
     from cosmocub.perfmodel.cost_model.cluster_presets import cluster
     from cosmocub.perfmodel.cost_model.spec_accelerator import SpecAccelerator
     from cosmocub.perfmodel.measure.gpu_layers import GpuLayerTimes
-    from cosmocub.perfmodel.uses.time_to_train import MLPERF_COSMOFLOW, predict_cluster
+    from cosmocub.perfmodel.uses.time_to_train import config_dataset, predict_cluster
 
     preset = cluster(cluster_name)
     if ranks_per_node is not None and ranks_per_node != preset.ranks_per_node:
@@ -250,9 +251,7 @@ def predict_on_cluster(
         )
     k = preset.ranks_per_node
     mesh = mesh_from_flags(cfg, data, spatial, split, nodes=nodes, ranks_per_node=k)
-    dataset = MLPERF_COSMOFLOW
-    if train_samples is not None:
-        dataset = dataclasses.replace(dataset, train_samples=train_samples)
+    dataset = config_dataset(cfg, train_samples=train_samples)
     work = Workload.of(cfg)
     work = dataclasses.replace(work, epochs=epochs or work.epochs)
     calibration = None if gpu_calibration is None else GpuLayerTimes.read(gpu_calibration)

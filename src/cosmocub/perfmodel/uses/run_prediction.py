@@ -198,15 +198,19 @@ def lion_reference(cfg: Config) -> OptimizerConfig | None:
     return derive(cfg, {}, replace=replace, source=f"{cfg.source} (Lion baseline)").optimizer
 
 
-def train_samples(cfg: Config) -> int:
-    """Samples of the train split as preprocessing cuts them: the train share of the universes
-    (whole universes, data.splits) × (universes.size / preprocess.sample_size)³ crops each."""
+def split_samples(cfg: Config, split: str) -> int:
+    """Samples of `split` as preprocessing cuts them: the split's share of the universes (whole
+    universes, data.splits) × (universes.size / preprocess.sample_size)³ crops each."""
     from cosmocub.data.naming import universe_ids
     from cosmocub.data.splits import split_counts
 
     universes = len(universe_ids(cfg))
     crops = (cfg.universes.size // cfg.preprocess.sample_size) ** 3
-    return split_counts(universes, cfg.preprocess.splits.as_dict())["train"] * crops
+    return split_counts(universes, cfg.preprocess.splits.as_dict())[split] * crops
+
+
+def train_samples(cfg: Config) -> int:
+    return split_samples(cfg, "train")
 
 
 def steps_per_epoch(samples: int, *, data: int, batch: int, cap: int | None) -> int:

@@ -6,15 +6,16 @@ stored dataset read from the file system and inflated by the node's cores.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
-from cosmocub.config import OptimizerConfig
+from cosmocub.config import Config, OptimizerConfig
 from cosmocub.perfmodel.cost_model.cluster_presets import ClusterPreset
 from cosmocub.perfmodel.cost_model.spec_accelerator import SpecAccelerator
 from cosmocub.perfmodel.cost_model.topology import Mesh
 from cosmocub.perfmodel.measure.gpu_layers import GpuLayerTimes
-from cosmocub.perfmodel.uses.run_prediction import Prediction, Workload, predict
+from cosmocub.perfmodel.uses.run_prediction import Prediction, Workload, predict, split_samples
 
 MLPERF_SOURCE = (
     "mlcommons/hpc cosmoflow/README.md: 524288 training and 65536 validation samples of "
@@ -41,6 +42,34 @@ MLPERF_COSMOFLOW = Dataset(
     stored_bytes_per_sample=1.7e12 / (524_288 + 65_536),
     source=MLPERF_SOURCE,
 )
+
+
+def config_dataset(cfg: Config, *, train_samples: int | None = None) -> Dataset:
+    """The config's own samples: its model's input (channels × input_size³, 16-bit as shards and
+    the MLPerf files hold them) and its splits as preprocessing cuts them (`train_samples`, e.g.
+    --train-samples, in place of the train split's). Where the universes cannot be counted here
+    (the public CosmoFlow folder lives on the cluster), the MLPerf CosmoFlow splits if the model
+    takes their 4 × 128³ samples; else a ValueError asking for the train split's size."""
+    sample_bytes = cfg.model.in_channels * cfg.model.input_size**3 * 2
+    try:
+        train, val = (split_samples(cfg, split) for split in ("train", "val"))
+    except ValueError as err:
+        if sample_bytes != MLPERF_COSMOFLOW.sample_bytes:
+            if train_samples is None:
+                raise ValueError(f"{err}: give --train-samples N") from None
+            # Without the universes the validation split keeps the MLPerf ratio to training.
+            share = MLPERF_COSMOFLOW.val_samples / MLPERF_COSMOFLOW.train_samples
+            return Dataset(train_samples=train_samples, val_samples=round(share * train_samples),
+                           sample_bytes=sample_bytes, stored_bytes_per_sample=sample_bytes,
+                           source=f"{cfg.source}: --train-samples, uncompressed")  # fmt: skip
+        dataset = MLPERF_COSMOFLOW
+    else:
+        dataset = Dataset(train_samples=train, val_samples=val, sample_bytes=sample_bytes,
+                          stored_bytes_per_sample=sample_bytes,
+                          source=f"{cfg.source}: its splits, uncompressed shards")  # fmt: skip
+    if train_samples is not None:
+        dataset = dataclasses.replace(dataset, train_samples=train_samples)
+    return dataset
 
 
 @dataclass(frozen=True, kw_only=True)
