@@ -67,11 +67,13 @@ def test_parsing_the_snakefile_imports_no_torch():
     """Every Snakemake invocation parses the Snakefile, and under a cluster profile every job
     does it twice: importing torch there cost 2.3 s of a dry run's 4.6 s of CPU."""
     statements = _snakefile_imports()
-    assert any("cosmocub.studies" in s for s in statements), statements
+    # The rules import one module, and it reaches the packages they need (the study engine).
+    assert all(s.startswith("from cosmocub.workflow_support import") for s in statements)
     code = "\n".join(["import sys", *statements])
     code += "\nprint(sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'mlflow'}))"
+    code += "\nprint('cosmocub.studies.engine' in sys.modules)"
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[]"
+    assert done.stdout.split() == ["[]", "True"]
