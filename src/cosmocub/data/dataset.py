@@ -206,7 +206,7 @@ class UniverseCropDataset(ShardDataset):
     Its rows are the fixed crops that preprocessing would otherwise have cut (y, universe_index,
     crop_origin): one epoch is one crop per row. Index i gives row i's fixed crop, (i, symmetry)
     that crop turned, and (i, symmetry, origin_dhw) the crop of side S at `origin_dhw` of row
-    i's universe, wrapped periodically, turned: the sampler draws the origins (train/data.py).
+    i's universe, wrapped periodically, turned: the sampler draws the origins (train/loaders.py).
     Under a spatial split only this rank's `block` of the turned crop is read.
     """
 
