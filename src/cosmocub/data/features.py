@@ -45,12 +45,17 @@ def counts_power_spectrum(
     transform of each bin, except the shot noise's 1/n̄, which the one-point mean already carries.
     An empty field (n̄ = 0) has P = 0.
     """
-    counts = np.asarray(counts_dhw, dtype=np.float64)
-    n = counts.shape[0]
-    mean = counts.mean()
-    delta = counts / mean - 1.0 if mean > 0 else np.zeros_like(counts)
+    delta = _count_overdensity(counts_dhw)
+    n = delta.shape[0]
     k, power, _ = binned_power_spectrum(delta, float(n), log_k_edges(n, float(n), num_bins))
     return k, power
+
+
+def _count_overdensity(counts_dhw: np.ndarray) -> np.ndarray:
+    # δ = n/n̄ − 1 in float64; 0 for an empty field (n̄ = 0).
+    counts = np.asarray(counts_dhw, dtype=np.float64)
+    mean = counts.mean()
+    return counts / mean - 1.0 if mean > 0 else np.zeros_like(counts)
 
 
 def bispectrum_statistics(counts_dhw: np.ndarray, *, num_bands: int = NUM_B_BANDS) -> np.ndarray:
@@ -60,15 +65,13 @@ def bispectrum_statistics(counts_dhw: np.ndarray, *, num_bands: int = NUM_B_BAND
 
     A field with no power in a band gives 0 there (a constant field has no shape).
     """
-    counts = np.asarray(counts_dhw, dtype=np.float64)
-    n = counts.shape[0]
-    mean = counts.mean()
-    delta = counts / mean - 1.0 if mean > 0 else np.zeros_like(counts)
+    delta = _count_overdensity(counts_dhw)
+    n = delta.shape[0]
     delta_k = np.fft.rfftn(delta)
-    edges = bispectrum_band_edges(n, num_bands)
+    edges = log_k_edges(n, float(n), num_bands)
     k = k_magnitude(n)
     bands = [
-        np.fft.irfftn(np.where((k >= lo) & (k < hi), delta_k, 0.0), s=counts.shape, axes=(0, 1, 2))
+        np.fft.irfftn(np.where((k >= lo) & (k < hi), delta_k, 0.0), s=delta.shape, axes=(0, 1, 2))
         for lo, hi in itertools.pairwise(edges)
     ]
     power = [float(np.mean(b * b)) for b in bands]
@@ -79,18 +82,10 @@ def bispectrum_statistics(counts_dhw: np.ndarray, *, num_bands: int = NUM_B_BAND
     return np.array(out)
 
 
-def bispectrum_band_edges(n: int, num_bands: int = NUM_B_BANDS) -> np.ndarray:
-    """Log-spaced |k| band edges (radians per voxel) from the fundamental 2π/n to Nyquist π."""
-    edges = (2.0 * np.pi / n) * np.geomspace(1.0, n / 2, num_bands + 1)
-    edges[0] *= 1.0 - 1e-6
-    edges[-1] *= 1.0 + 1e-6
-    return edges
-
-
 def bispectrum_triples(num_bands: int = NUM_B_BANDS) -> list[tuple[int, int, int]]:
     """Band triples i ≤ j ≤ l whose modes can close a triangle (band l's lower edge below the
     sum of bands i and j's upper edges), in a fixed order; the edges' ratios do not depend on n."""
-    edges = bispectrum_band_edges(64, num_bands)
+    edges = log_k_edges(64, 64.0, num_bands)
     return [
         (a, b, c)
         for a in range(num_bands)

@@ -76,7 +76,7 @@ def baseline_predictions(
     out["classical"] = classical_predictions(
         {k: (train[k], y_train) for k in train},
         {k: (val[k], y_val) for k in val},
-        {k: target[k] for k in target},
+        target,
     )[0]
     return out
 
