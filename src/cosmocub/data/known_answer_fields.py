@@ -90,20 +90,32 @@ def gaussian_field(rng: np.random.Generator, power_k: np.ndarray, size: int) -> 
 
 
 def gaussian_case(
-    rng: np.random.Generator, size: int, *, amplitude: float, slope: float, pivot_k: float = 1.0
+    rng: np.random.Generator,
+    size: int,
+    *,
+    amplitude: float,
+    slope: float,
+    pivot_k: float = 1.0,
+    reference_slope: float = DESIGN.reference_slope,
 ) -> np.ndarray:
     """Case (a): P(k) ∝ amplitude²·(k/k_p)^slope, normalised so that amplitude is the field's
     std at the reference slope (and P at the pivot is amplitude² times the same constant at
     every slope)."""
-    norm = mode_mean(power_law(size, DESIGN.reference_slope, pivot_k=pivot_k), size)
+    norm = mode_mean(power_law(size, reference_slope, pivot_k=pivot_k), size)
     return gaussian_field(rng, amplitude**2 * power_law(size, slope, pivot_k=pivot_k) / norm, size)
 
 
-def lognormal_case(rng: np.random.Generator, size: int, *, sigma: float) -> np.ndarray:
+def lognormal_case(
+    rng: np.random.Generator,
+    size: int,
+    *,
+    sigma: float,
+    reference_slope: float = DESIGN.reference_slope,
+) -> np.ndarray:
     """Case (b): t = (exp(h − s²/2) − 1)/b, unit variance and covariance C(r) (the reference
     spectrum's) for every σ; h has covariance log(1 + b²C(r)), b² = exp(σ²) − 1, s² its variance
     (σ² up to the modes a positive spectrum of h must drop: there are none at these σ)."""
-    shape = unit_variance(power_law(size, DESIGN.reference_slope), size)
+    shape = unit_variance(power_law(size, reference_slope), size)
     cov_r = np.fft.irfftn(shape, s=(size,) * 3, axes=(0, 1, 2))  # C(r), C(0) = 1
     b_sq = np.expm1(sigma**2)
     power_h = np.fft.rfftn(np.log1p(b_sq * cov_r)).real
@@ -113,13 +125,20 @@ def lognormal_case(rng: np.random.Generator, size: int, *, sigma: float) -> np.n
     return np.expm1(h - variance / 2) / np.sqrt(b_sq)
 
 
-def phase_case(rng: np.random.Generator, size: int, *, f_nl: float, iterations: int) -> np.ndarray:
+def phase_case(
+    rng: np.random.Generator,
+    size: int,
+    *,
+    f_nl: float,
+    iterations: int,
+    reference_slope: float = DESIGN.reference_slope,
+) -> np.ndarray:
     """Case (c): g + f·(g² − 1) with g of the reference spectrum, then `iterations` rounds of
     imposing the amplitudes √(N³·S(k)) and rank-ordering onto the Gaussian quantiles, ending on
     the ranks: every universe has the same one-point values, whatever f, and |δ(k)| per mode
     within the iteration's residual (log P(k) moves ~5e-5 from f = −1 to 1 at 32³ after 20
     rounds, ending on the amplitudes instead left the skewness moving ~2e-4 with f)."""
-    shape = unit_variance(power_law(size, DESIGN.reference_slope), size)
+    shape = unit_variance(power_law(size, reference_slope), size)
     g = gaussian_field(rng, shape, size)
     field = g + f_nl * (g * g - 1.0)
     amplitude = np.sqrt(shape * size**3)
@@ -175,11 +194,22 @@ def known_answer_universe(
     if unit.shape != (4,) or np.any(unit < -1.0):
         raise ValueError(f"known_answer_universe: unit_par {unit.tolist()} must be 4 in [-1, 1)")
     amplitude, slope, sigma, f_nl = design.physical(unit)
+    reference = design.reference_slope
     fields = [
-        gaussian_case(streams[1], size, amplitude=amplitude, slope=slope, pivot_k=design.pivot_k),
-        design.scale * lognormal_case(streams[2], size, sigma=sigma),
+        gaussian_case(
+            streams[1],
+            size,
+            amplitude=amplitude,
+            slope=slope,
+            pivot_k=design.pivot_k,
+            reference_slope=reference,
+        ),
+        design.scale * lognormal_case(streams[2], size, sigma=sigma, reference_slope=reference),
         *(
-            design.scale * phase_case(stream, size, f_nl=f_nl, iterations=design.iterations)
+            design.scale
+            * phase_case(
+                stream, size, f_nl=f_nl, iterations=design.iterations, reference_slope=reference
+            )
             for stream in streams[3:]
         ),
     ]
