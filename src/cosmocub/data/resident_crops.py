@@ -89,7 +89,7 @@ def load_resident(
     no arithmetic left per batch: what a CPU, where that arithmetic is most of a batch's cost,
     chooses)."""
     shard, rows = _unwrap(dataset)
-    if type(shard) not in (ShardDataset, UniverseCropDataset):
+    if not holdable(dataset):
         raise TypeError(f"{shard.path}: {type(shard).__name__} cannot be held resident")
     with h5py.File(shard.path, "r") as f:
         x = f["x"]
@@ -121,7 +121,6 @@ def load_resident(
         targets = f["y"][:][rows].astype(np.float32, copy=False)
     mean, inv_std = (None, None) if scale is None or standardized else scale
     perms, flips = _symmetry_tables()
-    size = values.shape[1]
     return ResidentShard(
         values_undhwc=values,
         targets=torch.from_numpy(np.ascontiguousarray(targets)).to(device),
@@ -135,6 +134,13 @@ def load_resident(
         flips=flips.to(device),
         strides=torch.tensor([size * size, size, 1], device=device),
     )
+
+
+def holdable(dataset: object) -> bool:
+    """Whether `load_resident` can hold `dataset`: a shard's samples or universes (these very
+    classes: a subclass may read otherwise), or FirstUniverses of them."""
+    inner = dataset.dataset if isinstance(dataset, FirstUniverses) else dataset
+    return type(inner) in (ShardDataset, UniverseCropDataset)
 
 
 def _scale(shard: ShardDataset, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:

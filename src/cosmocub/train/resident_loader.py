@@ -16,10 +16,11 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from cosmocub.config import ConfigError
-from cosmocub.data.dataset import FirstUniverses, ShardDataset, UniverseCropDataset
+from cosmocub.data.dataset import FirstUniverses, ShardDataset
 from cosmocub.data.resident_crops import (
     ResidentShard,
     gather_crops,
+    holdable,
     host_memory_available,
     load_resident,
     resident_bytes,
@@ -30,6 +31,9 @@ PLACEMENTS = ("auto", "loader", "device", "pinned")
 # Share of the memory still free that a resident shard may take: the rest is the model's
 # activations, the optimizer's state and the allocator's slack (a GPU) or everything else (a host).
 RESIDENT_SHARE = 0.5
+
+# An epoch's draws from the sampler: rows (n,), symmetries (n,), origins (n, 3) or None.
+Plan = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 @dataclass
@@ -63,7 +67,7 @@ class ResidentLoader:
     def __len__(self) -> int:
         return len(self.sampler) // self.batch_size
 
-    def _plan(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def _plan(self) -> Plan:
         """The rest of the epoch's draws on the host: rows (n,), symmetries (n,), origins (n, 3)
         or None (fixed crops)."""
         draws = list(self.sampler)
@@ -81,51 +85,41 @@ class ResidentLoader:
             return rows, symmetries, None
         return rows, symmetries, column([d[2] for d in draws])
 
+    def _starts(self, plan: Plan) -> range:
+        """Where each whole batch of the plan starts."""
+        return range(0, len(plan[0]) - self.batch_size + 1, self.batch_size)
+
+    def _cut(self, plan: Plan, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch of the plan's draws from `start` on, gathered where the shard is held."""
+        rows, symmetries, origins = (
+            None if t is None else t[start : start + self.batch_size] for t in plan
+        )
+        return gather_crops(self.shard, rows, symmetries, origins, memory_format=self.memory_format)
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         plan = self._plan()
         if self.placement == "pinned":
             return self._prefetched(plan)
         return self._resident(plan)
 
-    def _resident(
-        self, plan: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _resident(self, plan: Plan) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # The epoch's draws cross to the device once; every batch is then cut there, queued
         # behind the previous step without the host waiting for anything.
         if self.device.type != "cpu":
             self.counters.host_to_device_copies += 1
-        rows, symmetries, origins = (
-            None if t is None else t.to(self.device, non_blocking=True) for t in plan
-        )
-        for start in range(0, len(rows) - self.batch_size + 1, self.batch_size):
-            part = slice(start, start + self.batch_size)
+        plan = tuple(None if t is None else t.to(self.device, non_blocking=True) for t in plan)
+        for start in self._starts(plan):
             self.counters.batches += 1
-            yield gather_crops(
-                self.shard,
-                rows[part],
-                symmetries[part],
-                None if origins is None else origins[part],
-                memory_format=self.memory_format,
-            )
+            yield self._cut(plan, start)
 
-    def _prefetched(
-        self, plan: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _prefetched(self, plan: Plan) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # Batch b + 1 is cut on the host, pinned and copied on a side stream by a helper thread
         # while the step runs batch b; the step's stream waits for its copy, the host does not.
-        rows, symmetries, origins = plan
         cuda = self.device.type == "cuda"
         side = torch.cuda.Stream(self.device) if cuda else None
 
         def stage(start: int) -> tuple[torch.Tensor, torch.Tensor, torch.cuda.Event | None]:
-            part = slice(start, start + self.batch_size)
-            x, y = gather_crops(
-                self.shard,
-                rows[part],
-                symmetries[part],
-                None if origins is None else origins[part],
-                memory_format=self.memory_format,
-            )
+            x, y = self._cut(plan, start)
             if not cuda:
                 return x, y, None
             x, y = x.pin_memory(), y.pin_memory()
@@ -136,7 +130,7 @@ class ResidentLoader:
                 ready.record(side)
             return x, y, ready
 
-        starts = range(0, len(rows) - self.batch_size + 1, self.batch_size)
+        starts = self._starts(plan)
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch") as pool:
             pending = pool.submit(stage, starts[0]) if starts else None
             for i in range(len(starts)):
@@ -165,9 +159,7 @@ def resolve_placement(requested: str, dataset: Dataset, dims: ParallelDims) -> s
         raise ConfigError(f"{key}: {requested!r} is not one of {', '.join(PLACEMENTS)}")
     if requested == "loader":
         return "loader"
-    inner = dataset.dataset if isinstance(dataset, FirstUniverses) else dataset
-    servable = type(inner) in (ShardDataset, UniverseCropDataset)
-    if not servable:
+    if not holdable(dataset):
         if requested == "auto":
             return "loader"
         raise ConfigError(
