@@ -8,7 +8,6 @@ gradients and the optimizer's state in fp32; max pooling keeps int64 indices for
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from cosmocub.config import ModelConfig
@@ -169,7 +168,3 @@ def update_kernels(parameters: int, update_bytes_per_param: float) -> list[Kerne
     per_param = update_bytes_per_param + UNSCALE_BYTES_PER_PARAM
     share = parameters * per_param / OPTIMIZER_KERNELS
     return [Kernel("update", 0.0, share) for _ in range(OPTIMIZER_KERNELS)]
-
-
-def count_bytes(kernels: list[Kernel]) -> float:
-    return math.fsum(k.nbytes for k in kernels)

@@ -153,11 +153,12 @@ def predict_cluster(
     p = predict(work, mesh, network, device, lion=lion, train_samples=dataset.train_samples)
     assert p.steps_per_epoch is not None
     step_s = p.step.step_s
-    wait = max(0.0, loader_seconds(preset, dataset, work.local_batch) - step_s)
+    loader_s = loader_seconds(preset, dataset, work.local_batch)
+    wait = max(0.0, loader_s - step_s)
     forward = sum(
         device.forward_seconds(work.model, batch=work.local_batch, split=mesh.split).values()
     )
-    eval_step = max(forward, loader_seconds(preset, dataset, work.local_batch))
+    eval_step = max(forward, loader_s)
     eval_steps = math.ceil(dataset.val_samples / (mesh.data * work.local_batch))
     ttt = TimeToTrain(
         step_s=step_s,
