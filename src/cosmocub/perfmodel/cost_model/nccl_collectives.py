@@ -101,6 +101,11 @@ class NcclNode:
     def arch_index(self) -> int:
         return ARCHES.index(self.arch)
 
+    @property
+    def nic_share_gbyte_s(self) -> float:
+        """One rank's share of the node's NICs (GB/s)."""
+        return self.nics * self.nic_gbyte_s / self.ranks_per_node
+
 
 @dataclass(frozen=True)
 class Choice:
@@ -251,7 +256,7 @@ def alltoall_time_us(node: NcclNode, nbytes: float, ranks: int, nodes: int) -> f
     ppn = ranks // nodes
     intra_bytes = nbytes * (ppn - 1) / ranks
     inter_bytes = nbytes * (ranks - ppn) / ranks
-    nic_share = node.nics * node.nic_gbyte_s / node.ranks_per_node
+    nic_share = node.nic_share_gbyte_s
     wire = max(intra_bytes / node.intra_gbyte_s, inter_bytes / nic_share if inter_bytes else 0.0)
     p2p_channels = channels(node, nodes, ppn)[0]
     concurrent = max(1, p2p_channels // CHANNELS_PER_NET_PEER)
@@ -263,7 +268,7 @@ def sendrecv_time_us(node: NcclNode, nbytes: float, *, across_nodes: bool) -> fl
     """One send/recv of `nbytes` to a neighbour (a halo face; ours, as alltoall_time_us): the
     ring Simple base and step latency, the bytes at NVLink or at the rank's NIC share."""
     if across_nodes:
-        rate = node.nics * node.nic_gbyte_s / node.ranks_per_node
+        rate = node.nic_share_gbyte_s
         step = HW_LAT_US["net"]["ring"][2] + node.latency_inter_us
     else:
         rate, step = node.intra_gbyte_s, HW_LAT_US[node.intra_link]["ring"][2]
