@@ -24,7 +24,7 @@ from typing import Any
 
 from cosmocub.config import load_config
 from cosmocub.perfmodel.cost_model.cluster_presets import cluster
-from cosmocub.perfmodel.uses.mllog import RunTimes, read_events, run_times, system_description
+from cosmocub.perfmodel.uses.mllog import RunTimes, run_times, system_description
 from cosmocub.perfmodel.uses.run_prediction import Workload
 from cosmocub.perfmodel.uses.time_to_train import predict_cluster
 
@@ -79,9 +79,8 @@ def predict_row(row: Row, base: Workload) -> None:
     if first.accelerators_per_node != preset.ranks_per_node:
         row.note = f"{first.accelerators_per_node} GPUs a node, preset {preset.ranks_per_node}"
         return
-    dropout = read_events(first.path)
-    rate = next((e.value for e in dropout if e.key == "dropout"), None)
-    model = base.model if rate is None else dataclasses.replace(base.model, dropout=float(rate))
+    rate = first.dropout
+    model = base.model if rate is None else dataclasses.replace(base.model, dropout=rate)
     epochs = round(statistics.median(r.epochs for r in row.runs))
     work = dataclasses.replace(base, model=model, local_batch=first.global_batch // gpus)
     in_run = [r.staging_in_run for r in row.runs if r.staging_in_run is not None]

@@ -70,6 +70,7 @@ class RunTimes:
     eval_s: tuple[float, ...]
     staging_s: float | None
     staging_in_run: bool | None
+    dropout: float | None = None  # the log's dropout rate, where it logs one
 
     @property
     def epochs(self) -> int:
@@ -134,6 +135,7 @@ def run_times(path: Path, events: list[Event] | None = None) -> RunTimes:
         e = _first(events, key)
         return default if e is None else e.value
 
+    dropout = value("dropout", None)
     return RunTimes(
         path=path,
         org=str(value("submission_org", "")),
@@ -149,6 +151,7 @@ def run_times(path: Path, events: list[Event] | None = None) -> RunTimes:
         eval_s=tuple(evals),
         staging_s=(s1.time_ms - s0.time_ms) / 1e3 if staged else None,
         staging_in_run=(s0.time_ms >= start.time_ms) if staged else None,
+        dropout=None if dropout is None else float(dropout),
     )
 
 
