@@ -38,8 +38,7 @@ def build_optimizer(
     """
     lr = lr_at(0.0, cfg, global_batch)
     items = list(params)
-    named = [x if isinstance(x, tuple) else (f"param{i}", x) for i, x in enumerate(items)]
-    plain = [p for _, p in named]
+    plain = [x[1] if isinstance(x, tuple) else x for x in items]
     if fused and cfg.name not in ("sgd", "adamw"):
         raise ValueError(f"optimizer {cfg.name!r} has no fused kernel (sgd, adamw have)")
     kernel = {"fused": True} if fused else {}  # else torch's own choice (foreach where it can)
@@ -54,14 +53,14 @@ def build_optimizer(
     if cfg.name == "lion":
         return Lion(plain, lr=lr, betas=cfg.resolved_betas, weight_decay=cfg.weight_decay)
     if cfg.name in ("distributed_lion", "lion_cub"):
-        return _build_lion_cub(named, cfg, lr, dims)
+        return _build_lion_cub(items, cfg, lr, dims)  # LionCub names plain tensors itself
     raise ValueError(
         f"key 'optimizer.name': unknown optimizer {cfg.name!r} ({', '.join(OPTIMIZERS)})"
     )
 
 
 def _build_lion_cub(
-    named: list[tuple[str, torch.Tensor]],
+    named: list[torch.Tensor] | list[tuple[str, torch.Tensor]],
     cfg: OptimizerConfig,
     lr: float,
     dims: ParallelDims | None,

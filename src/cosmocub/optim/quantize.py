@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
+from cosmocub.optim.wire import allreduce_bytes_per_value
+
 QUANTIZERS = ("sign", "l1", "linf", "l0")
 SCALED_QUANTIZERS = ("l1", "linf", "l0")
 # The allreduce collective's element types and the largest |integer| each sums exactly at every
@@ -100,7 +102,7 @@ def levels_shrunk(
     top = max_levels(quantizer, bits)
     if levels >= top:
         return None
-    width = {"int8": 1, "fp16": 2}[allreduce_dtype]
+    width = allreduce_bytes_per_value(allreduce_dtype)
     return (
         f"{quantizer!r} {bits}-bit asks for {top} levels, keeps {levels}: an {allreduce_dtype} "
         f"all-reduce over {voters} sums exactly only up to {EXACT_SUM_LIMIT[allreduce_dtype]}, "

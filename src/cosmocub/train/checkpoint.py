@@ -202,10 +202,10 @@ class CheckpointManager:
         # A state_dict that is its data rank's own (LionCub's): a file per data rank.
         mine = [n for n, o in self.stateful.items() if getattr(o, "state_per_data_rank", False)]
         own = {n: states.pop(n) for n in mine}
-        rng_in_main = {"rng_per_rank": [capture_rng_state()]}
+        rng = capture_rng_state()
+        rng_in_main = {} if self.collective else {"rng_per_rank": [rng]}
         if self.collective:  # the RNG states of a data rank's spatial ranks, in its file
-            own[_SPATIAL_RNG] = self._gather_spatial(capture_rng_state())
-            rng_in_main = {}
+            own[_SPATIAL_RNG] = self._gather_spatial(rng)
         if own:  # each data rank's file is whole before rank 0 writes the checkpoint naming it
             data_rank, writes = self._own_writer()
             if writes:
@@ -256,11 +256,15 @@ class CheckpointManager:
         dist.gather_object(rng, out, dst=first, group=group)
         return out
 
+    def _axis_rank(self, axis: str) -> int:
+        """This rank's place along mesh `axis` (0 without a mesh of more than one rank)."""
+        if self.dims is None or self.dims.world_size == 1:
+            return 0
+        return self.dims.axis_rank(axis)
+
     def _own_writer(self) -> tuple[int, bool]:
         """This rank's data rank, and whether it writes its file (spatial rank 0 does)."""
-        if self.dims is None or self.dims.world_size == 1:
-            return 0, True
-        return self.dims.axis_rank("data"), self.dims.axis_rank("spatial") == 0
+        return self._axis_rank("data"), self._axis_rank("spatial") == 0
 
     def load(self, path: str | Path) -> dict[str, Any]:
         """Read a checkpoint on CPU; a foreign config raises CheckpointMismatchError."""
@@ -312,7 +316,7 @@ class CheckpointManager:
         for name, obj in self.stateful.items():
             obj.load_state_dict(payload[name])
         if _SPATIAL_RNG in payload:  # a mesh's checkpoint: my spatial group's states
-            per_rank, rank = payload[_SPATIAL_RNG], self._spatial_rank()
+            per_rank, rank = payload[_SPATIAL_RNG], self._axis_rank("spatial")
             world_size = len(per_rank) if self.dims is None else self.dims.spatial
         else:
             per_rank = payload["rng_per_rank"]
@@ -330,11 +334,6 @@ class CheckpointManager:
             )
         restore_rng_state(per_rank[rank] if rank < len(per_rank) else per_rank[0])
         return path
-
-    def _spatial_rank(self) -> int:
-        return (
-            0 if self.dims is None or self.dims.world_size == 1 else self.dims.axis_rank("spatial")
-        )
 
     def _decide(self) -> tuple[Path | None, FreshStart | None]:
         path = self.latest()
