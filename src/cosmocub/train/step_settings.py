@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from cosmocub.config import Config, ConfigError
+from cosmocub.models.memory_layout import memory_format
 from cosmocub.parallel.parallel_dims import ParallelDims
 from cosmocub.train import runtime
 
@@ -56,20 +57,17 @@ def step_settings(cfg: Config, dims: ParallelDims) -> StepSettings:
             f"kernel (only {', '.join(FUSED_OPTIMIZERS)}; set auto or false)"
         )
     autocast = runtime.autocast_dtype(tc.amp, device)
-    if tc.channels_last == "auto":
-        # CPU: oneDNN's 3D convolutions took 2-5x less CPU per step in NDHWC (models/
-        # memory_layout.py); GPU: cuDNN runs bf16 3D convolutions on tensor cores in NDHWC and
-        # would transpose NCDHW around every one.
-        channels_last = not split and (device.type == "cpu" or autocast is not None)
+    if tc.channels_last == "auto":  # the rule evaluation and the perf model follow too
+        layout = memory_format(device, spatial=dims.spatial, autocast=autocast is not None)
     else:
-        channels_last = bool(tc.channels_last)
+        layout = torch.channels_last_3d if tc.channels_last else torch.contiguous_format
     if tc.fused_optimizer == "auto":
         fused = device.type == "cuda" and name in FUSED_OPTIMIZERS
     else:
         fused = bool(tc.fused_optimizer)
     return StepSettings(
         autocast_dtype=autocast,
-        memory_format=torch.channels_last_3d if channels_last else torch.contiguous_format,
+        memory_format=layout,
         compile=tc.compile,
         fused_optimizer=fused,
     )
