@@ -5,6 +5,7 @@ fixed crops; no host read or copy per batch once the shard is resident; resume s
 from __future__ import annotations
 
 import itertools
+import threading
 
 import pytest
 import torch
@@ -15,8 +16,9 @@ from torch.utils.data import DataLoader
 from cosmocub.data.augment import CUBE_SYMMETRIES, symmetries_for_split
 from cosmocub.data.dataset import FirstUniverses, ShardDataset
 from cosmocub.data.resident_crops import gather_crops, load_resident, resident_bytes
+from cosmocub.train import resident_loader
 from cosmocub.train.loaders import ResumableSampler
-from cosmocub.train.resident_loader import ResidentLoader
+from cosmocub.train.resident_loader import ResidentLoader, _one_ahead
 
 CPU = torch.device("cpu")
 HALF = CROP // 2
@@ -167,9 +169,14 @@ class _HostData(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def test_after_its_first_batch_an_epoch_brings_nothing_from_the_host(shards) -> None:  # noqa: F811
+def test_after_its_first_batch_an_epoch_brings_nothing_from_the_host(
+    shards,  # noqa: F811
+    monkeypatch,
+) -> None:
     """The epoch's draws cross once, with its first batch; the others are cut from tensors
-    already on the device (on a GPU: no copy and no sync to wait for)."""
+    already on the device (on a GPU: no copy and no sync to wait for). The cut runs on this
+    thread here, where the dispatch mode (thread-local) sees it."""
+    monkeypatch.setattr(resident_loader, "_one_ahead", lambda make, starts: map(make, starts))
     dataset = _dataset(shards["random"])
     sampler = _sampler(dataset, symmetries=tuple(range(48)), random_origins=SIZE)
     loader = ResidentLoader(load_resident(dataset, CPU), sampler, batch_size=3, device=CPU)
@@ -180,3 +187,27 @@ def test_after_its_first_batch_an_epoch_brings_nothing_from_the_host(shards) -> 
     with _HostData() as rest:
         assert len(list(batches)) == 2
     assert first.count > 0 and rest.count == 0
+
+
+def test_the_next_batch_is_cut_while_the_caller_holds_this_one() -> None:
+    """On a CPU the resident path cuts batch b + 1 on a helper thread while the step runs
+    batch b: in order, one ahead, and an error is raised where its batch is taken."""
+    made: list[int] = []
+    started_next = threading.Event()
+
+    def make(start: int) -> int:
+        made.append(start)
+        if start == 4:
+            started_next.set()
+        if start == 6:
+            raise ValueError("bad batch at 6")
+        return start
+
+    batches = _one_ahead(make, range(0, 8, 2))
+    assert next(batches) == 0
+    assert next(batches) == 2
+    assert started_next.wait(10)  # batch 4 was begun while the caller held batch 2
+    assert next(batches) == 4 and made[:3] == [0, 2, 4]
+    with pytest.raises(ValueError, match="bad batch at 6"):
+        next(batches)
+    assert list(_one_ahead(make, range(0))) == []
