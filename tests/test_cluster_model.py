@@ -24,7 +24,14 @@ from cosmocub.perfmodel.uses.time_to_train import (
 )
 
 MLPERF = Path(__file__).parents[1] / "config" / "cosmoflow-mlperf.yaml"
-SOURCED = ("peak_tflops", "hbm_gbyte_s", "intra_node_gbyte_s", "hbm_share", "flops_share")
+SOURCED = (
+    "peak_tflops",
+    "hbm_gbyte_s",
+    "intra_node_gbyte_s",
+    "hbm_share",
+    "flops_share",
+    "conv3d_share",
+)
 
 
 def mlperf_work() -> Workload:
@@ -49,10 +56,50 @@ def test_a_cluster_preset_loads_with_its_node_and_every_number_sourced() -> None
 
 def test_a_kernel_takes_the_slower_of_its_flops_and_bytes_plus_the_floor() -> None:
     memory = Kernel("relu", flops=1e6, nbytes=2e9)
-    math_bound = Kernel("conv", flops=1e15, nbytes=1e3, matrix=True)
-    rates = {"matrix_flops": 1e15, "vector_flops": 1e13, "hbm": 1e12, "floor_s": 3e-6}
+    math_bound = Kernel("linear", flops=1e15, nbytes=1e3, matrix=True)
+    conv = Kernel("conv", flops=1e15, nbytes=1e3, matrix=True, conv3d=True)
+    rates = {
+        "conv3d_flops": 2.5e14,
+        "matrix_flops": 1e15,
+        "vector_flops": 1e13,
+        "hbm": 1e12,
+        "floor_s": 3e-6,
+    }
     assert kernel_seconds(memory, **rates) == pytest.approx(2e-3 + 3e-6)
     assert kernel_seconds(math_bound, **rates) == pytest.approx(1.0 + 3e-6)
+    assert kernel_seconds(conv, **rates) == pytest.approx(4.0 + 3e-6)
+    slow_bytes = Kernel("conv", flops=1e15, nbytes=1e13, matrix=True, conv3d=True)
+    assert kernel_seconds(slow_bytes, **rates) == pytest.approx(10.0 + 3e-6)
+
+
+def test_3d_convolutions_take_the_unet3d_share_and_dense_layers_the_gemm_share() -> None:
+    model = load_config(MLPERF).model
+    layers = step_kernels(model, batch=1, spatial=1, act=2)
+    block1 = {k.name: k for k in layers["block1"]}
+    convs = [block1[n] for n in ("conv", "conv wgrad", "conv dgrad")]
+    assert all(k.conv3d and k.matrix for k in convs)
+    gemms = [k for k in layers["head"] if k.matrix]
+    assert gemms and not any(k.conv3d for k in gemms)
+    floor = 3e-6
+    # Compute-bound (32 -> 64 channels at 64³: 29 GFLOP, 50 MB): the H100's conv3d share of its
+    # 989.4 TFLOP/s, 0.180 (MLPerf Training unet3d v3.0), not the GEMM share 0.79
+    h100 = SpecAccelerator(spec=ACCELERATORS["h100_sxm"])
+    conv = block1["conv"]
+    assert conv.flops / (989.4e12 * 0.180) > 2 * conv.nbytes / (3350e9 * 0.88)
+    assert h100.seconds([conv]) == pytest.approx(conv.flops / (989.4e12 * 0.180) + floor)
+    a100 = SpecAccelerator(spec=ACCELERATORS["a100_40gb"])
+    assert a100.seconds([conv]) == pytest.approx(conv.flops / (312e12 * 0.299) + floor)
+    # A compute-bound GEMM keeps 0.79 of peak on either
+    gemm = Kernel("linear", flops=1e13, nbytes=1e3, matrix=True)
+    assert h100.seconds([gemm]) == pytest.approx(1e13 / (989.4e12 * 0.79) + floor)
+    assert a100.seconds([gemm]) == pytest.approx(1e13 / (312e12 * 0.79) + floor)
+    # No 3D-conv figure for V100 or MI250X: their convs are priced as GEMMs, and say so
+    for key in ("v100_sxm2", "mi250x_gcd"):
+        spec = ACCELERATORS[key]
+        assert spec.conv3d_share == spec.flops_share
+        assert spec.sources["conv3d_share"].startswith("no MLPerf unet3d batch-1 figure")
+    assert "training_results_v3.0@" in ACCELERATORS["h100_sxm"].sources["conv3d_share"]
+    assert "training_results_v2.0@" in ACCELERATORS["a100_80gb"].sources["conv3d_share"]
 
 
 def test_conv_block_bytes_count_activations_fwd_and_bwd_and_the_step_is_memory_bound() -> None:
@@ -64,8 +111,8 @@ def test_conv_block_bytes_count_activations_fwd_and_bwd_and_the_step_is_memory_b
     assert block0["conv"].flops == 2 * 27 * 4 * 32 * 128**3
     assert "conv dgrad" not in block0  # the input needs no gradient
     assert "conv dgrad" in {k.name for k in layers["block1"]}
-    # At one sample a GPU the step is bandwidth-bound: H100 ÷ A100 40GB follows HBM (2.15x),
-    # not the tensor peak (3.2x)
+    # At one sample a GPU the convolutions run at unet3d's shares (H100 ÷ A100: 1.91x) and the
+    # rest is bandwidth-bound (HBM: 2.15x): the step's ratio is near those, not the peaks' (3.2x)
     h100, a100 = (SpecAccelerator(spec=ACCELERATORS[k]) for k in ("h100_sxm", "a100_40gb"))
     step = {
         d.name: sum(d.layer_seconds(model, batch=1, split=(1, 1, 1)).values()) for d in (h100, a100)

@@ -1,6 +1,7 @@
 """Accelerators from their public specifications, each number with its source
 beside it ([V]: seen in the cited page; [R]: recalled, the excerpt not retrieved: verify before
-leaning on it). No number here is fitted to a training run.
+leaning on it; [C]: computed from what the cited code builds). No number here is fitted to a
+training run.
 """
 
 from __future__ import annotations
@@ -40,7 +41,41 @@ HBM_SHARE_SOURCE = (
 )
 FLOPS_SHARE_SOURCE = (
     "H100 SXM bf16 GEMM 780 of 989 TFLOP/s (79 %), gist.github.com/Chillee/"
-    "2ec89696db8b7ed1c24461159e325405 [V]; taken for every GPU (no A100/MI250X figure retrieved)"
+    "2ec89696db8b7ed1c24461159e325405 [V]; taken for every GPU's GEMMs and vector work (no "
+    "A100/MI250X figure retrieved); 3D convolutions take conv3d_share"
+)
+# 3D convolutions at one sample a GPU reach far less than a GEMM: a share per family, from
+# NVIDIA's MLPerf Training unet3d submissions (a 3D U-Net on 128^3 patches, fp16, NDHWC, MXNet +
+# cuDNN, batch 1 a GPU; another benchmark than MLPerf HPC CosmoFlow, whose logs set nothing here).
+# The share is the whole training step's (samples/s x conv FLOPs a sample over the dense fp16
+# peak), so the U-Net's norms, activations, concats, loss, update and any exposed all-reduce are
+# charged to its convolutions: it errs toward a slower conv, the conservative side. A share of the
+# convolutions alone would need a model of that other work, which is not measured, so none is used.
+UNET3D_FLOPS = (
+    "2.86 TFLOP a sample = 2 x MACs of every conv and transposed conv, forward + dgrad + wgrad "
+    "(torch FlopCounterMode over forward and backward of the network rebuilt from its "
+    "model/unet3d.py, model/layers.py: filters 32-320, 128^3 x 1 channel; 3 x forward = 2.864) [C]"
+)
+CONV3D_SHARE_AMPERE_SOURCE = (
+    "MLPerf Training v2.0 unet3d, DGX A100 80GB, 9 nodes, batch 1 a GPU "
+    "(config_DGXA100_9x8x1.sh: 56 GPUs train, 2 nodes evaluate): "
+    "mlcommons/training_results_v2.0@8437fbb78349aa3c3054aeccb1d47d2a315a80e7:"
+    "NVIDIA/results/dgxa100_n9_ngc22.04_mxnet/unet3d/result_*.txt, tracked_stats throughput, "
+    "median over 40 runs 1826.6 samples/s = 32.6 a GPU [V]; x " + UNET3D_FLOPS + " = 93 TFLOP/s, "
+    "0.299 of 312 (fp16, cuDNN 8.4); the whole step's share"
+)
+CONV3D_SHARE_HOPPER_SOURCE = (
+    "MLPerf Training v3.0 unet3d, DGX H100, 9 nodes, batch 1 a GPU "
+    "(config_DGXH100_9x8x1.sh: 56 GPUs train, 2 nodes evaluate): "
+    "mlcommons/training_results_v3.0@63e326c400f5d8bb8c6070a9ab08332d4931152e:"
+    "NVIDIA/results/dgxh100_n9_ngc23.04_mxnet/unet3d/result_*.txt, tracked_stats throughput, "
+    "median over 40 runs 3492.7 samples/s = 62.4 a GPU [V]; x " + UNET3D_FLOPS + " = 178 TFLOP/s, "
+    "0.180 of 989.4 (fp16, cuDNN 8.9); the whole step's share; measured on H100 SXM, taken for "
+    "H200 and GH200 (the same H100 compute)"
+)
+CONV3D_SHARE_UNSOURCED = (
+    "no MLPerf unet3d batch-1 figure for this accelerator: conv3d priced as a GEMM, at "
+    "flops_share (" + FLOPS_SHARE_SOURCE + "), which is optimistic for 3D convolutions"
 )
 KERNEL_FLOOR_SOURCE = (
     "developer.nvidia.com/blog/cuda-graphs (a ~2.9 us kernel at ~3.8 us back to back) [R]; "
@@ -51,6 +86,8 @@ KERNEL_FLOOR_SOURCE = (
 KERNEL_FLOOR_US = 3.0
 HBM_SHARE = 0.88
 FLOPS_SHARE = 0.79
+CONV3D_SHARE_AMPERE = 0.299  # A100 80GB, unet3d v2.0: 32.6 samples/s x 2.86 TFLOP / 312 TFLOP/s
+CONV3D_SHARE_HOPPER = 0.180  # H100 SXM, unet3d v3.0: 62.4 samples/s x 2.86 TFLOP / 989.4 TFLOP/s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,17 +104,26 @@ class AcceleratorSpec:
     intra_node_gbyte_s: float
     nvlinks: int
     sources: Mapping[str, str]
+    conv3d_share: float  # its source in sources["conv3d_share"]; FLOPS_SHARE where none is known
     hbm_share: float = HBM_SHARE
     flops_share: float = FLOPS_SHARE
     kernel_floor_us: float = KERNEL_FLOOR_US
 
-    def rate_flops(self, dtype: str) -> float:
-        """The achievable FLOP/s of `dtype` (peak × flops_share)."""
+    def _peak_flops(self, dtype: str) -> float:
         if dtype not in self.peak_tflops:
             raise ValueError(
                 f"accelerator {self.name}: no peak for {dtype!r} (has {sorted(self.peak_tflops)})"
             )
-        return self.peak_tflops[dtype] * 1e12 * self.flops_share
+        return self.peak_tflops[dtype] * 1e12
+
+    def rate_flops(self, dtype: str) -> float:
+        """The achievable FLOP/s of `dtype` in a GEMM or vector kernel (peak × flops_share)."""
+        return self._peak_flops(dtype) * self.flops_share
+
+    def rate_conv3d(self, dtype: str) -> float:
+        """The achievable FLOP/s of `dtype` in a 3D convolution, forward or either gradient
+        (peak × conv3d_share; the share was measured in fp16 and is taken for every dtype)."""
+        return self._peak_flops(dtype) * self.conv3d_share
 
     @property
     def rate_bytes(self) -> float:
@@ -85,13 +131,14 @@ class AcceleratorSpec:
         return self.hbm_gbyte_s * 1e9 * self.hbm_share
 
 
-def _sources(peak: str, hbm: str, links: str) -> dict[str, str]:
+def _sources(peak: str, hbm: str, links: str, conv3d: str) -> dict[str, str]:
     return {
         "peak_tflops": peak,
         "hbm_gbyte_s": hbm,
         "intra_node_gbyte_s": links,
         "hbm_share": HBM_SHARE_SOURCE,
         "flops_share": FLOPS_SHARE_SOURCE,
+        "conv3d_share": conv3d,
         "kernel_floor_us": KERNEL_FLOOR_SOURCE,
     }
 
@@ -113,7 +160,13 @@ def _nvidia(name: str, memory_gb: float, hbm: float, hbm_source: str) -> Acceler
         hbm_gbyte_s=hbm,
         intra_node_gbyte_s=450.0 if hopper else 300.0,
         nvlinks=18 if hopper else 12,
-        sources=_sources(datasheet, hbm_source, f"{datasheet} ({links})"),
+        sources=_sources(
+            datasheet,
+            hbm_source,
+            f"{datasheet} ({links})",
+            CONV3D_SHARE_HOPPER_SOURCE if hopper else CONV3D_SHARE_AMPERE_SOURCE,
+        ),
+        conv3d_share=CONV3D_SHARE_HOPPER if hopper else CONV3D_SHARE_AMPERE,
     )
 
 
@@ -132,9 +185,15 @@ ACCELERATORS: dict[str, AcceleratorSpec] = {
         intra_node_gbyte_s=100.0,
         nvlinks=0,
         sources={
-            **_sources(MI250X_SOURCE, MI250X_SOURCE, MI250X_SOURCE + " (other packages: 50-100)"),
+            **_sources(
+                MI250X_SOURCE,
+                MI250X_SOURCE,
+                MI250X_SOURCE + " (other packages: 50-100)",
+                CONV3D_SHARE_UNSOURCED,
+            ),
             "hbm_share": HBM_SHARE_SOURCE + " [R: NVIDIA's figures taken for AMD]",
         },
+        conv3d_share=FLOPS_SHARE,  # no 3D-conv figure found for CDNA2
     ),
     "v100_sxm2": AcceleratorSpec(
         name="V100 SXM2 16GB",
@@ -144,6 +203,9 @@ ACCELERATORS: dict[str, AcceleratorSpec] = {
         hbm_gbyte_s=900.0,
         intra_node_gbyte_s=75.0,
         nvlinks=3,
-        sources=_sources(V100_SOURCE, V100_SOURCE, LONGHORN_LINKS),
+        sources=_sources(V100_SOURCE, V100_SOURCE, LONGHORN_LINKS, CONV3D_SHARE_UNSOURCED),
+        # No MLPerf unet3d batch-1 run on V100. NVIDIA/DeepLearningExamples' PyTorch nnU-Net
+        # README has one (AMP, ~0.26 of 125), but from another stack (0.76x unet3d's on A100).
+        conv3d_share=FLOPS_SHARE,
     ),
 }

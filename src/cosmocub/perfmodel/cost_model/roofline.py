@@ -1,9 +1,12 @@
 """Compute on an accelerator from its specification, without a hand-set efficiency: every kernel
 of a CosmoFlow step takes max(its FLOPs at the dtype's achievable rate, its bytes at the
 achievable HBM bandwidth) + a floor per kernel (hardware_specs: the shares and floor, each with
-its source). Bytes are counted per kernel from the layer shapes, as PyTorch's eager kernels
-read and write them under AMP (activations and weight copies in fp16, master weights, their
-gradients and the optimizer's state in fp32; max pooling keeps int64 indices for backward).
+its source). The achievable rate is a 3D convolution's (conv3d_share of peak, from a measured
+3D U-Net) for the convolutions and their gradients, a GEMM's (flops_share) for the dense layers,
+the fp32 vector rate for the rest. Bytes are counted per kernel from the layer shapes, as
+PyTorch's eager kernels read and write them under AMP (activations and weight copies in fp16,
+master weights, their gradients and the optimizer's state in fp32; max pooling keeps int64
+indices for backward).
 """
 
 from __future__ import annotations
@@ -23,13 +26,16 @@ OPTIMIZER_KERNELS = 4
 
 @dataclass(frozen=True)
 class Kernel:
-    """One kernel launch: FLOPs, bytes it reads + writes, and whether its FLOPs run on the
-    matrix units at the activations' dtype (convolutions, GEMMs) or as fp32 vector work."""
+    """One kernel launch: FLOPs, bytes it reads + writes, whether its FLOPs run on the matrix
+    units at the activations' dtype (convolutions, GEMMs) or as fp32 vector work, and whether it
+    is a 3D convolution (forward, or its input or weight gradient: a transposed convolution and
+    a reduction over the voxels), priced at the 3D-convolution rate rather than a GEMM's."""
 
     name: str
     flops: float
     nbytes: float
     matrix: bool = False
+    conv3d: bool = False
 
 
 def _cast(n: float, act: int) -> Kernel:
@@ -61,7 +67,7 @@ def conv_block_kernels(
     x, y = batch * cin * voxels, batch * cout * voxels  # values in, out of the conv
     w = cout * cin * kernel_size**3
     flops = 2.0 * kernel_size**3 * cin * cout * voxels * batch
-    ks = [_cast(w, act), _cast(cout, act), Kernel("conv", flops, act * (x + y + w), True)]
+    ks = [_cast(w, act), _cast(cout, act), Kernel("conv", flops, act * (x + y + w), True, True)]
     norm_or_bias = [Kernel("norm stats", 2 * y, act * y), Kernel("norm", 2 * y, 2 * act * y)]
     ks += norm_or_bias if batch_norm else [Kernel("bias", y, 2 * act * y)]
     ks += [
@@ -79,9 +85,9 @@ def conv_block_kernels(
         ks += [Kernel("norm bwd stats", 4 * y, 2 * act * y), Kernel("norm bwd", 4 * y, 3 * act * y)]
     else:
         ks += [Kernel("bias grad", y, act * y), _grad_cast(cout, act)]
-    ks += [Kernel("conv wgrad", flops, act * (x + y + w), True), _grad_cast(w, act)]
+    ks += [Kernel("conv wgrad", flops, act * (x + y + w), True, True), _grad_cast(w, act)]
     if not first:
-        ks.append(Kernel("conv dgrad", flops, act * (x + y + w), True))
+        ks.append(Kernel("conv dgrad", flops, act * (x + y + w), True, True))
     return ks
 
 
@@ -155,10 +161,13 @@ def step_kernels(
     return layers
 
 
-def kernel_seconds(kernel: Kernel, *, matrix_flops: float, vector_flops: float, hbm: float,
-                   floor_s: float) -> float:  # fmt: skip
-    """max(FLOPs at the matrix or vector rate, bytes at the HBM rate) + the floor."""
-    rate = matrix_flops if kernel.matrix else vector_flops
+def kernel_seconds(kernel: Kernel, *, conv3d_flops: float, matrix_flops: float,
+                   vector_flops: float, hbm: float, floor_s: float) -> float:  # fmt: skip
+    """max(FLOPs at the 3D-convolution, matrix (GEMM) or vector rate, bytes at the HBM rate)
+    + the floor."""
+    rate = vector_flops
+    if kernel.matrix:
+        rate = conv3d_flops if kernel.conv3d else matrix_flops
     return max(kernel.flops / rate, kernel.nbytes / hbm) + floor_s
 
 

@@ -53,14 +53,14 @@ class SpecAccelerator:
     def seconds(self, kernels: list[Kernel]) -> float:
         """The kernels one after another on this device (roofline.kernel_seconds each)."""
         spec = self.spec
-        matrix = spec.rate_flops(self.dtype)
-        vector = spec.rate_flops("fp32")
-        floor = spec.kernel_floor_us * 1e-6
-        return math.fsum(
-            kernel_seconds(k, matrix_flops=matrix, vector_flops=vector, hbm=spec.rate_bytes,
-                           floor_s=floor)
-            for k in kernels
-        )  # fmt: skip
+        rates = {
+            "conv3d_flops": spec.rate_conv3d(self.dtype),
+            "matrix_flops": spec.rate_flops(self.dtype),
+            "vector_flops": spec.rate_flops("fp32"),
+            "hbm": spec.rate_bytes,
+            "floor_s": spec.kernel_floor_us * 1e-6,
+        }
+        return math.fsum(kernel_seconds(k, **rates) for k in kernels)
 
     def _layers(self, model_cfg: ModelConfig, batch: int, split: tuple[int, int, int],
                 train: bool) -> dict[str, float]:  # fmt: skip
@@ -109,8 +109,9 @@ class SpecAccelerator:
         how = (
             f"layers timed on {self.calibration.device} (GPU calibration)"
             if self.calibration
-            else f"roofline: {s.flops_share:g} x {s.peak_tflops[self.dtype]:g} TFLOP/s "
-            f"{self.dtype}, {s.hbm_share:g} x {s.hbm_gbyte_s:g} GB/s HBM, "
+            else f"roofline: {s.conv3d_share:g} (3D conv), {s.flops_share:g} (GEMM) x "
+            f"{s.peak_tflops[self.dtype]:g} TFLOP/s {self.dtype}, "
+            f"{s.hbm_share:g} x {s.hbm_gbyte_s:g} GB/s HBM, "
             f"{s.kernel_floor_us:g} us a kernel"
         )
         return f"{s.name}: {how}, {s.memory_gb:g} GB, {self.bytes_per_value} bytes an activation"
