@@ -11,7 +11,6 @@ from cosmocub.perfmodel.cost_model.nccl_collectives import (
     algorithm_time_us,
     channels,
     choose,
-    ring_bytes_by_link,
 )
 
 DGX_H100 = NcclNode(
@@ -78,9 +77,10 @@ def test_nccl_picks_by_size_tree_at_scale_ring_within_a_node() -> None:
 
 
 def test_a_node_of_eight_sends_seven_eighths_of_a_rings_bytes_over_nvlink() -> None:
-    intra, inter = ring_bytes_by_link(800.0, ranks=512, nodes=64)
-    assert (intra, inter) == (700.0, 100.0)
-    assert ring_bytes_by_link(800.0, ranks=8, nodes=1) == (800.0, 0.0)
+    net = NcclNetwork(node=DGX_H100)
+    inter = 800.0 * net.inter_fraction("allreduce", 512, 1)  # 512 ranks on 64 nodes
+    assert (800.0 - inter, inter) == (700.0, 100.0)
+    assert 800.0 * net.inter_fraction("allreduce", 8, 1) == 0.0  # one node
 
 
 def test_nccl_network_lays_groups_out_node_by_node_and_inverts_sent_bytes() -> None:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from cosmocub.parallel.node_layout import ring_inter_fraction
 from cosmocub.perfmodel.cost_model.nccl_collectives import (
     Choice,
     NcclNode,
     alltoall_time_us,
     choose,
-    ring_bytes_by_link,
     sendrecv_time_us,
 )
 
@@ -42,8 +42,9 @@ class NcclNetwork:
 
     def inter_fraction(self, kind: str, group_size: int, stride: int) -> float:
         """Of the bytes a rank sends, the share through the node's NICs: a ring crosses each
-        node boundary once (1/ranks a node of its hops: ring_bytes_by_link), an all-to-all
-        sends (P − ranks a node)/P to other nodes, a halo face that spans nodes all of it."""
+        node boundary once (1/ranks a node of its hops: node_layout.ring_inter_fraction, the
+        count the training's meters use), an all-to-all sends (P − ranks a node)/P to other
+        nodes, a halo face that spans nodes all of it."""
         nodes, per_node = self.layout(group_size, stride)
         if nodes == 1:
             return 0.0
@@ -52,7 +53,7 @@ class NcclNetwork:
             return (ranks - per_node) / ranks
         if kind == "halo":
             return 1.0
-        return ring_bytes_by_link(1.0, ranks, nodes)[1]
+        return ring_inter_fraction(ranks, per_node)
 
     def choice(self, kind: str, nbytes: float, group_size: int, stride: int = 1) -> Choice:
         """NCCL's algorithm, protocol and time for a ring/tree collective (allreduce, allgather,

@@ -237,14 +237,6 @@ def choose(node: NcclNode, coll: str, nbytes: float, ranks: int, nodes: int) -> 
     return best
 
 
-def ring_bytes_by_link(sent_bytes: float, ranks: int, nodes: int) -> tuple[float, float]:
-    """(within a node, across nodes) of the bytes one rank sends in a ring laid out node by
-    node: of a ring's `ranks` hops, `nodes` cross a node boundary (none on one node), so a node
-    of 8 sends 7/8 of a ring's traffic over NVLink and 1/8 through its NICs."""
-    inter = 0.0 if nodes == 1 else sent_bytes * nodes / ranks
-    return sent_bytes - inter, inter
-
-
 def alltoall_time_us(node: NcclNode, nbytes: float, ranks: int, nodes: int) -> float:
     """An all-to-all of an `nbytes` buffer as grouped send/recv (NCCL has no time model for
     them; ours): the (ppn−1)/P within the node over the GPU's intra-node bandwidth and the
