@@ -144,11 +144,18 @@ def _log2i(n: float) -> int:
 
 
 def tuned(
-    node: NcclNode, coll: str, algorithm: str, protocol: str, ranks: int, nodes: int
+    node: NcclNode,
+    coll: str,
+    algorithm: str,
+    protocol: str,
+    ranks: int,
+    nodes: int,
+    ring_channels: tuple[int, float],
 ) -> tuple[float, float] | None:
     """(latency µs, algorithm bandwidth GB/s) of ncclTopoTuneModel for one collective,
-    algorithm and protocol on `ranks` ranks over `nodes` nodes; None where NCCL does not run
-    it (tree for anything but all-reduce, LL128 where it is off)."""
+    algorithm and protocol on `ranks` ranks over `nodes` nodes, given `channels()` of that
+    layout; None where NCCL does not run it (tree for anything but all-reduce, LL128 where it
+    is off)."""
     if coll not in COLLECTIVES:
         raise ValueError(f"NCCL model: collective {coll!r} is not one of {', '.join(COLLECTIVES)}")
     if algorithm == "tree" and coll != "allreduce":
@@ -157,7 +164,7 @@ def tuned(
     if protocol == "LL128" and not node.ll128:
         return None
     ppn = ranks // nodes
-    n_ch, bw = channels(node, nodes, ppn)
+    n_ch, bw = ring_channels
     arch = node.arch_index
     index2 = nodes - 1 if nodes <= 2 else 2
     ll_row = arch if nodes == 1 else (1 if node.cpu_vendor == "amd" else 0)
@@ -198,25 +205,35 @@ def tuned(
 
 
 def algorithm_time_us(
-    node: NcclNode, coll: str, algorithm: str, protocol: str, nbytes: float, ranks: int, nodes: int
+    node: NcclNode,
+    coll: str,
+    algorithm: str,
+    protocol: str,
+    nbytes: float,
+    ranks: int,
+    nodes: int,
+    *,
+    ring_channels: tuple[int, float] | None = None,
 ) -> float | None:
     """ncclTopoGetAlgoTime of one operation (numPipeOps 1): µs, None where NCCL cannot run it.
     nbytes as NCCL counts it (info.h): the all-reduced buffer, or the all-gathered /
-    reduce-scattered total (count per rank × ranks)."""
-    got = tuned(node, coll, algorithm, protocol, ranks, nodes)
+    reduce-scattered total (count per rank × ranks). `ring_channels`: channels() of this
+    layout where the caller has it (choose prices six algorithm-protocol pairs on one)."""
+    if ring_channels is None:
+        ring_channels = channels(node, nodes, ranks // nodes)
+    got = tuned(node, coll, algorithm, protocol, ranks, nodes, ring_channels)
     if got is None:
         return None
     lat, bw = got
     log_size = _log2i(int(nbytes) >> 6)
     if algorithm == "tree" and log_size < len(TREE_CORRECTION[0]):
         bw *= TREE_CORRECTION[PROTOCOLS.index(protocol)][log_size]
-    n_ch = channels(node, nodes, ranks // nodes)[0]
     if (
         algorithm == "ring"
         and protocol == "Simple"
         and nodes > 1
         and coll == "allreduce"
-        and nbytes / (n_ch * ranks) >= 64
+        and nbytes / (ring_channels[0] * ranks) >= 64
     ):
         lat *= RING_PLATEAU[node.arch]
     return lat + nbytes / (1000.0 * bw)
@@ -227,10 +244,13 @@ def choose(node: NcclNode, coll: str, nbytes: float, ranks: int, nodes: int) -> 
     least time, tree before ring and LL, LL128, Simple in turn winning ties) and its time."""
     if ranks == 1:
         return Choice("ring", "Simple", 0.0)
+    ring_channels = channels(node, nodes, ranks // nodes)
     best: Choice | None = None
     for algorithm in ALGORITHMS:
         for protocol in PROTOCOLS:
-            us = algorithm_time_us(node, coll, algorithm, protocol, nbytes, ranks, nodes)
+            us = algorithm_time_us(
+                node, coll, algorithm, protocol, nbytes, ranks, nodes, ring_channels=ring_channels
+            )
             if us is not None and (best is None or us * 1e-6 < best.seconds):
                 best = Choice(algorithm, protocol, us * 1e-6)
     assert best is not None, "ring Simple always runs"
