@@ -8,7 +8,12 @@ import numpy as np
 import pytest
 from baseline_shards import write_shards
 
-from cosmocub.evaluation.baselines import baseline_predictions, fit_ridge, usable_columns
+from cosmocub.evaluation.baselines import (
+    RIDGE_ALPHAS,
+    baseline_predictions,
+    fit_ridge,
+    usable_columns,
+)
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +85,44 @@ def test_field_level_metrics_compare_on_the_split_they_are_given(shards):
         assert crop[name]["one_point"] == pytest.approx(
             np.abs(expected["one_point"][:, j] - y[:, j]).mean()
         )
+
+
+def _write_planted_features(folder, rows: dict[str, int], seed: int = 6) -> dict[str, np.ndarray]:
+    """train/val/test targets and a features.h5 by hand: parameter 0 sits in the one-point
+    statistics, 1 in P(k), 2 in the bispectrum, 3 nowhere; the bispectrum block is wide noise,
+    so a fit on every feature together overfits the training rows."""
+    from cosmocub.data.features import FEATURES_FILE
+
+    rng = np.random.default_rng(seed)
+    targets = {}
+    with h5py.File(folder / FEATURES_FILE, "w") as features:
+        for split, n in rows.items():
+            y = rng.uniform(-1, 1, size=(n, 4))
+            one_point, pk, bispectrum = (rng.normal(size=(n, m)) for m in (3, 3, 40))
+            one_point[:, 0] += 5 * y[:, 0]
+            pk[:, 0] += 5 * y[:, 1]
+            bispectrum[:, 0] += 5 * y[:, 2]
+            group = features.create_group(split)
+            group["one_point"], group["pk"], group["bispectrum"] = one_point, pk, bispectrum
+            with h5py.File(folder / f"{split}.h5", "w") as shard:
+                shard["y"] = y
+            targets[split] = y
+    return targets
+
+
+def test_metrics_record_and_report_the_classical_fit_chosen_on_validation(tmp_path):
+    from cosmocub.evaluation.headline import field_level_metrics
+    from cosmocub.evaluation.report import format_comparison
+
+    y = _write_planted_features(tmp_path, {"train": 60, "val": 60, "test": 20})["test"]
+    test = {"mean": y + 0.1, "true": y, "universe_index": np.arange(len(y))}
+    names = ("Omega_m", "sigma_8", "N_spec", "H_0")
+    metrics, _ = field_level_metrics(shards_dir=tmp_path, names=names, test=test, val=None)
+    chosen = metrics["comparison"]["classical_choice"]
+    assert [chosen[n]["feature_set"] for n in names[:3]] == ["one_point", "pk", "combined"]
+    assert chosen["N_spec"]["features"] == ("pk", "one_point", "bispectrum")
+    assert chosen["Omega_m"]["penalty"] in RIDGE_ALPHAS
+    page = "\n".join(format_comparison(metrics))
+    classical = metrics["comparison"]["per_universe"]["sigma_8"]["classical"]
+    assert f"| {classical:.4f} (P(k)) |" in page
+    assert " (P(k) + one-point + bispectrum) |" in page and " (one-point) |" in page

@@ -296,6 +296,11 @@ def test_evaluate_end_to_end(tiny_run):
             saved["per_parameter"][name]["mae"]
         )
     assert "calibration" not in saved  # the point head has no intervals
+    for choice in saved["comparison"]["classical_choice"].values():
+        assert choice["features"] == {"pk": ["pk"], "one_point": ["one_point"]}.get(
+            choice["feature_set"], ["pk", "one_point"]
+        )
+    assert list(saved["comparison"]["classical_choice"]) == list(NAMES)
     assert {a for a, _ in tracker.artifacts} == {p.name for p in out_dir.iterdir()}
     assert all(where == "eval" for _, where in tracker.artifacts)
     # PNGs are real images of a sensible size, not empty files.

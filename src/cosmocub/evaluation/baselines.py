@@ -12,6 +12,7 @@ penalties: its coefficients come from the training rows alone.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import h5py
 import numpy as np
@@ -48,10 +49,27 @@ def _targets(shard: Path) -> np.ndarray:
         return f["y"][:].astype(np.float64)
 
 
+class ClassicalChoice(NamedTuple):
+    """What the best classical fit chose for one parameter on validation."""
+
+    feature_set: str  # a name of `feature_sets`
+    features: tuple[str, ...]  # its datasets of features.h5
+    penalty: float  # the ridge's alpha
+
+
 def baseline_predictions(
     shards_dir: Path, split: str, *, train_universes: int | None = None
 ) -> dict[str, np.ndarray]:
-    """Each baseline's (N, P) unitPar predictions for `split`, every fit made on train only.
+    """Each baseline's (N, P) unitPar predictions for `split` (`fit_baselines` without the best
+    classical fit's choices)."""
+    return fit_baselines(shards_dir, split, train_universes=train_universes)[0]
+
+
+def fit_baselines(
+    shards_dir: Path, split: str, *, train_universes: int | None = None
+) -> tuple[dict[str, np.ndarray], list[ClassicalChoice]]:
+    """Each baseline's (N, P) unitPar predictions for `split`, every fit made on train only, and
+    per parameter the feature set and penalty the best classical fit chose.
 
     "mean" predicts the training targets' mean; "one_point" and "pk" are ridge fits on the
     features of features.h5; "classical" the best classical fit (`classical_predictions`).
@@ -73,12 +91,12 @@ def baseline_predictions(
         out[name] = ridge_predictions(train[dataset], y_train, target[dataset])
     val = read_features(features_path, "val")
     y_val = _targets(shards_dir / "val.h5")
-    out["classical"] = classical_predictions(
+    out["classical"], choice = classical_predictions(
         {k: (train[k], y_train) for k in train},
         {k: (val[k], y_val) for k in val},
         target,
-    )[0]
-    return out
+    )
+    return out, choice
 
 
 def feature_sets(available: set[str] | list[str]) -> dict[str, tuple[str, ...]]:
@@ -93,18 +111,18 @@ def classical_predictions(
     target: dict[str, np.ndarray],
     *,
     alphas: np.ndarray = RIDGE_ALPHAS,
-) -> tuple[np.ndarray, list[tuple[str, float]]]:
+) -> tuple[np.ndarray, list[ClassicalChoice]]:
     """The best classical fit's (N, P) predictions for `target`'s features, and per parameter
-    its (feature set, penalty): every candidate (`feature_sets` × `alphas`) is a ridge fitted on
-    the training rows (`train`: set name → (features, targets)); each parameter takes the one
-    with the lowest MAE on the validation rows (`val`, the same form)."""
+    its choice of feature set and penalty: every candidate (`feature_sets` × `alphas`) is a
+    ridge fitted on the training rows (`train`: set name → (features, targets)); each parameter
+    takes the one with the lowest MAE on the validation rows (`val`, the same form)."""
     y_train = next(iter(train.values()))[1]
     y_val = next(iter(val.values()))[1]
     if len(y_val) == 0:
         raise ValueError("classical_predictions: the validation split holds no rows to choose on")
     n, p = len(next(iter(target.values()))), y_train.shape[1]
     best_mae = np.full(p, np.inf)
-    choice: list[tuple[str, float]] = [("", 0.0)] * p
+    choice: list[ClassicalChoice] = [ClassicalChoice("", (), 0.0)] * p
     out = np.zeros((n, p))
     for set_name, names in feature_sets(list(train)).items():
         x_train = np.hstack([train[k][0] for k in names])
@@ -122,9 +140,8 @@ def classical_predictions(
             if better.any() and n:
                 out[:, better] = model.predict(x_target).reshape(n, p)[:, better]
             best_mae = np.where(better, mae, best_mae)
-            choice = [
-                (set_name, float(alpha)) if b else c for b, c in zip(better, choice, strict=True)
-            ]
+            chosen = ClassicalChoice(set_name, names, float(alpha))
+            choice = [chosen if b else c for b, c in zip(better, choice, strict=True)]
     return out, choice
 
 

@@ -19,7 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from cosmocub.evaluation import uncertainty as unc
-from cosmocub.evaluation.baselines import baseline_predictions
+from cosmocub.evaluation.baselines import fit_baselines
 
 # The CNN and the baselines it is compared with, in table order ("classical": the best
 # classical fit, evaluation.baselines.classical_predictions).
@@ -83,7 +83,7 @@ def field_level_metrics(
     `split` names the shard `test` comes from (the baselines predict the same samples);
     `train_universes` (train.universes) the training universes the baselines are fitted on.
     """
-    baselines = baseline_predictions(shards_dir, split, train_universes=train_universes)
+    baselines, classical_choice = fit_baselines(shards_dir, split, train_universes=train_universes)
     true, where = test["true"], test["universe_index"]
     crop_preds = {"cnn": test["mean"], **baselines}
     true_u = unc.mean_per_universe(true, where)
@@ -112,6 +112,9 @@ def field_level_metrics(
             "per_crop": comparison_table(crop_preds, true, names),
             "num_universes": len(true_u),
             "num_crops": len(true),
+            "classical_choice": {
+                name: choice._asdict() for name, choice in zip(names, classical_choice, strict=True)
+            },
         }
     }
     if calibration is not None:

@@ -84,6 +84,8 @@ def format_comparison(metrics: dict[str, Any]) -> list[str]:
                 # Per universe: the ratios' bootstrap ±1σ ranges.
                 if key.startswith("cnn_over") and row.get(f"{key}_lo") is not None:
                     cells[i] += f" ({row[f'{key}_lo']:.2f}–{row[f'{key}_hi']:.2f})"
+            if choice := comparison.get("classical_choice", {}).get(name):
+                cells[4] += f" ({classical_features_label(choice['features'])})"
             cells[5] = f"**{cells[5]}**"
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -123,6 +125,15 @@ _COMPARISON = (
     ("cnn_over_one_point", ".3f"),
     ("cnn_over_mean", ".3f"),
 )
+
+# How the report names the datasets of features.h5 a best classical fit chose.
+FEATURE_LABELS = {"pk": "P(k)", "one_point": "one-point", "bispectrum": "bispectrum"}
+
+
+def classical_features_label(features: Sequence[str]) -> str:
+    """The features a best classical fit chose, as the report writes them: "P(k) + one-point"."""
+    return " + ".join(FEATURE_LABELS.get(name, name) for name in features)
+
 
 _COLUMNS = ("mae", "baseline_mae", "mae_ratio", "rmse", "r2", "mae_phys")
 _FORMATS = (".4f", ".4f", ".3f", ".4f", ".3f", ".4g")
