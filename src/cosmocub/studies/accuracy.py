@@ -1,5 +1,5 @@
-"""What the accuracy studies (sample size, universes) read from an evaluated point, and how they
-pick a learning rate on validation.
+"""What the accuracy studies (sample size, universes, known answer) read from an evaluated point,
+and how they pick a learning rate on validation.
 
 Per point, eval/metrics.json's `comparison` (and, for the gaussian head, `calibration`) becomes
 rows per (level, parameter): the unitPar test MAE of the CNN and of each baseline it is compared
@@ -25,18 +25,24 @@ SCOPES = {"universe": "per_universe", "sample": "per_crop"}
 # The estimators of metrics.json's comparison, each a `<est>_mae` column here (those of
 # evaluation.headline, not imported: it loads matplotlib and scikit-learn at plan time).
 ESTIMATORS = ("cnn", "mean", "one_point", "pk")
+# A value's column, then its bootstrap ±1σ range's (metrics.json's suffixes too).
+RANGE_ENDS = ("", "_lo", "_hi")
 # Coverage levels of the gaussian head's calibrated intervals and their column.
 COVERAGES = {"0.68": "coverage68", "0.95": "coverage95"}
 
 
-def level_rows(metrics: Mapping[str, Any]) -> list[dict[str, Any]]:
+def level_rows(
+    metrics: Mapping[str, Any], *, estimators: Sequence[str] = ESTIMATORS
+) -> list[dict[str, Any]]:
     """Rows per (level, parameter and "mean") from one point's eval/metrics.json: the unitPar
-    MAE of the CNN, predict-the-mean, the one-point and the P(k) ridge fits (`<est>_mae`, with
-    `<est>_mae_lo` / `_hi`, the bootstrap ±1σ range over the test universes, where the
-    evaluation gives one), the CNN's ratios to the mean and P(k) (with the bootstrap range of
-    CNN ÷ P(k) per universe), and, for the gaussian head, the mean width and the coverage of
-    its calibrated intervals. The "mean" row averages the MAEs, widths and coverages over
-    parameters and gives the ratios of those averages."""
+    MAE of each of `estimators` ("cnn" and the baselines of its comparison; by default the CNN,
+    predict-the-mean, the one-point and the P(k) ridge fits) as `<est>_mae`, with `<est>_mae_lo`
+    / `_hi`, the bootstrap ±1σ range over the test universes, where the evaluation gives one;
+    the CNN's ratio to each baseline, `cnn_over_<baseline>` with its range likewise; and, for
+    the gaussian head, the mean width and the coverage of its calibrated intervals. The "mean"
+    row averages the MAEs, widths and coverages over parameters and gives the ratios of those
+    averages."""
+    baselines = [est for est in estimators if est != "cnn"]
     comparison = metrics["comparison"]
     calibration = metrics.get("calibration")
     names = list(comparison["per_universe"])  # the parameters, in metrics.json's order
@@ -50,35 +56,23 @@ def level_rows(metrics: Mapping[str, Any]) -> list[dict[str, Any]]:
         for name in names:
             t = table[name]
             row: dict[str, Any] = {"level": level, "parameter": name, "count": count}
-            for est in ESTIMATORS:
-                row[f"{est}_mae"] = t.get(est, math.nan)
-                row[f"{est}_mae_lo"] = t.get(f"{est}_lo", math.nan)
-                row[f"{est}_mae_hi"] = t.get(f"{est}_hi", math.nan)
-            row |= {
-                "cnn_over_mean": t["cnn_over_mean"],
-                "cnn_over_pk": t["cnn_over_pk"],
-                "cnn_over_pk_lo": t.get("cnn_over_pk_lo", math.nan),
-                "cnn_over_pk_hi": t.get("cnn_over_pk_hi", math.nan),
-                "width68": after.get("width68", {}).get(name, math.nan),
-            }
+            for est in estimators:
+                for end in RANGE_ENDS:
+                    row[f"{est}_mae{end}"] = t.get(f"{est}{end}", math.nan)
+            for base in baselines:
+                for end in RANGE_ENDS:
+                    row[f"cnn_over_{base}{end}"] = t.get(f"cnn_over_{base}{end}", math.nan)
+            row["width68"] = after.get("width68", {}).get(name, math.nan)
             coverage = after.get("coverage", {}).get(name, {})
             row |= {col: coverage.get(level_key, math.nan) for level_key, col in COVERAGES.items()}
             level_out.append(row)
-        averaged = (*(f"{est}_mae" for est in ESTIMATORS), "width68", *COVERAGES.values())
+        averaged = (*(f"{est}_mae" for est in estimators), "width68", *COVERAGES.values())
         mean = {k: float(np.mean([r[k] for r in level_out])) for k in averaged}
-        level_out.append(
-            {
-                "level": level,
-                "parameter": "mean",
-                "count": count,
-                **mean,
-                "cnn_over_mean": ratio(mean["cnn_mae"], mean["mean_mae"]),
-                "cnn_over_pk": ratio(mean["cnn_mae"], mean["pk_mae"]),
-                "cnn_over_pk_lo": math.nan,
-                "cnn_over_pk_hi": math.nan,
-            }
-        )
-        rows += level_out
+        mean_row = {"level": level, "parameter": "mean", "count": count, **mean}
+        for base in baselines:
+            mean_row[f"cnn_over_{base}"] = ratio(mean["cnn_mae"], mean[f"{base}_mae"])
+            mean_row |= {f"cnn_over_{base}{end}": math.nan for end in RANGE_ENDS[1:]}
+        rows += [*level_out, mean_row]
     return rows
 
 
@@ -86,7 +80,9 @@ def ratio(a: float, b: float) -> float:
     return a / b if b > 0 else math.nan  # undefined where the baseline is exact
 
 
-def evaluated_point_rows(outputs: PointOutputs) -> list[dict[str, Any]]:
+def evaluated_point_rows(
+    outputs: PointOutputs, *, estimators: Sequence[str] = ESTIMATORS
+) -> list[dict[str, Any]]:
     """A point's level_rows with the optimizer steps it took and its final validation loss."""
     path = outputs.eval_dir / "metrics.json"
     metrics = read_json(path, not_found="not found (run `cosmocub evaluate`)")
@@ -97,7 +93,7 @@ def evaluated_point_rows(outputs: PointOutputs) -> list[dict[str, Any]]:
         "steps": outputs.train_summary()["steps"],
         "final_val_loss": epochs[-1].get("val_loss") if epochs else None,
     }
-    return [{**point, **r} for r in level_rows(metrics)]
+    return [{**point, **r} for r in level_rows(metrics, estimators=estimators)]
 
 
 def select_lr_per_group(

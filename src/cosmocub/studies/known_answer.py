@@ -9,7 +9,6 @@ before any run (docs/known_answer.md), is in GOALS; the extra section says which
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -17,8 +16,13 @@ from typing import Any
 from cosmocub.config import Config, ConfigError
 from cosmocub.cosmology.parameters import NAME_PAR
 from cosmocub.data.known_answer_fields import PARAMETER_CASE, PARAMETERS
-from cosmocub.io import atomic_path, format_cell, read_json
-from cosmocub.studies.accuracy import select_lr_per_group, selected_rows
+from cosmocub.io import atomic_path, format_cell
+from cosmocub.studies.accuracy import (
+    RANGE_ENDS,
+    evaluated_point_rows,
+    select_lr_per_group,
+    selected_rows,
+)
 from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition
 
 # The estimators of metrics.json's comparison, and the CNN's ratios to the baselines.
@@ -49,8 +53,8 @@ COLUMNS = (
     "parameter",
     "slot",
     "count",
-    *(f"{e}_mae{end}" for e in ESTIMATORS for end in ("", "_lo", "_hi")),
-    *(f"cnn_over_{b}{end}" for b in BASELINES for end in ("", "_lo", "_hi")),
+    *(f"{e}_mae{end}" for e in ESTIMATORS for end in RANGE_ENDS),
+    *(f"cnn_over_{b}{end}" for b in BASELINES for end in RANGE_ENDS),
 )
 
 
@@ -71,31 +75,14 @@ def lr_points(cfg: Config) -> list[Point]:
 
 def point_rows(outputs: PointOutputs, cfg: Config) -> list[dict[str, Any]]:
     """Per level (universe, sample) and parameter: each estimator's test MAE with its bootstrap
-    range (per universe) and the CNN's ratio to each baseline with its range."""
-    path = outputs.eval_dir / "metrics.json"
-    metrics = read_json(path, not_found="not found (run `cosmocub evaluate`)")
-    epochs = outputs.metrics()
-    point = {
-        "steps": outputs.train_summary()["steps"],
-        "final_val_loss": epochs[-1].get("val_loss") if epochs else None,
-    }
-    comparison = metrics["comparison"]
-    rows = []
-    for level, scope in (("universe", "per_universe"), ("sample", "per_crop")):
-        count = comparison["num_universes" if level == "universe" else "num_crops"]
-        for slot, name in zip(NAME_PAR, PARAMETERS, strict=True):
-            table = comparison[scope][slot]
-            row = {**point, "level": level, "case": PARAMETER_CASE[name], "parameter": name}
-            row |= {"slot": slot, "count": count}
-            for est in ESTIMATORS:
-                row[f"{est}_mae"] = table.get(est, math.nan)
-                row[f"{est}_mae_lo"] = table.get(f"{est}_lo", math.nan)
-                row[f"{est}_mae_hi"] = table.get(f"{est}_hi", math.nan)
-            for base in BASELINES:
-                for end in ("", "_lo", "_hi"):
-                    row[f"cnn_over_{base}{end}"] = table.get(f"cnn_over_{base}{end}", math.nan)
-            rows.append(row)
-    return rows
+    range (per universe) and the CNN's ratio to each baseline with its range, as the accuracy
+    studies read them, under the known-answer parameter's name and case."""
+    known = dict(zip(NAME_PAR, PARAMETERS, strict=True))
+    return [
+        {**r, "case": PARAMETER_CASE[known[slot]], "parameter": known[slot], "slot": slot}
+        for r in evaluated_point_rows(outputs, estimators=ESTIMATORS)
+        if (slot := r["parameter"]) != "mean"  # the cases' parameters average to nothing
+    ]
 
 
 def select_lr(rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
