@@ -358,3 +358,23 @@ def test_comparison_table_ratios_and_bootstrap_range():
     assert row["cnn_over_pk"] == pytest.approx(0.5)
     # Resampling four universes: the ratio's ±1σ range spans values between 0.25 and 0.75.
     assert 0.25 <= row["cnn_over_pk_lo"] < 0.5 < row["cnn_over_pk_hi"] <= 0.75
+
+
+def test_evaluate_names_known_answer_parameters_by_their_universes(tiny_run):
+    from cosmocub.data.known_answer_fields import DESIGN, PARAMETERS
+
+    cfg, shards, run_dir, out_dir, _, y_test, _ = tiny_run
+    cfg = dataclasses.replace(
+        cfg, universes=dataclasses.replace(cfg.universes, source="known_answer")
+    )
+    tracker = RecordingTracker()
+    metrics = evaluate(cfg, shards_dir=shards, run_dir=run_dir, out_dir=out_dir, tracker=tracker)
+    assert list(metrics["per_parameter"]) == list(PARAMETERS) == metrics["params"]
+    assert list(metrics["comparison"]["per_universe"]) == list(PARAMETERS)
+    assert "univ_cnn_over_pk_f_nl" in tracker.metrics
+    # Physical units are the known-answer design's: f_nl = 0.5·u, its MAE half the unitPar one.
+    f_nl = metrics["per_parameter"]["f_nl"]
+    assert f_nl["mae_phys"] == pytest.approx(0.5 * f_nl["mae"])
+    with np.load(out_dir / "predictions.npz") as npz:
+        np.testing.assert_allclose(npz["true_phys"], DESIGN.physical(y_test), rtol=1e-6)
+        assert list(npz["param_names"]) == list(PARAMETERS)

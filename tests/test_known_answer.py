@@ -154,7 +154,6 @@ def test_classical_fit_chooses_on_validation():
 
 def test_study_rows_and_goals_from_an_evaluation(tmp_path):
     from cosmocub.config import load_config
-    from cosmocub.cosmology.parameters import NAME_PAR
     from cosmocub.evaluation.headline import comparison_table
     from cosmocub.io import write_json
     from cosmocub.studies import known_answer as study
@@ -174,23 +173,23 @@ def test_study_rows_and_goals_from_an_evaluation(tmp_path):
     noise = {"cnn": [0.1] * 4, "pk": [0.1, 0.1, 0.3, 0.1], "one_point": [0.3, 0.3, 0.1, 0.3]}
     noise |= {"classical": [0.1, 0.1, 0.1, 0.2], "mean": [0.5] * 4}
     preds = {k: true + np.array(v) for k, v in noise.items()}
-    table = comparison_table(preds, true, NAME_PAR, bootstrap=50)
-    write_json(
-        outputs.eval_dir / "metrics.json",
-        {
-            "comparison": {
-                "per_universe": table,
-                "per_crop": table,
-                "num_universes": 50,
-                "num_crops": 50,
-            }
-        },
-    )
+
+    def write_metrics(names):
+        table = comparison_table(preds, true, names, bootstrap=50)
+        comparison = {"per_universe": table, "per_crop": table}
+        comparison |= {"num_universes": 50, "num_crops": 50}
+        write_json(outputs.eval_dir / "metrics.json", {"comparison": comparison})
+
+    # Evaluated before the evaluation named the known-answer parameters: refused, not misread.
+    write_metrics(("Omega_m", "sigma_8", "N_spec", "H_0"))
+    with pytest.raises(ValueError, match=r"metrics.json: parameters \['H_0', 'N_spec'"):
+        study.point_rows(outputs, cfg)
+    write_metrics(ka.PARAMETERS)
     # As the engine's gather makes them: the point's name and labels, then its rows.
     rows = [{"point": point.name, **point.labels, **r} for r in study.point_rows(outputs, cfg)]
     rows = study.select_lr(rows, cfg)
     by_name = {r["parameter"]: r for r in rows if r["level"] == "universe"}
-    assert by_name["lognormal_sigma"]["slot"] == "N_spec"
+    assert by_name["lognormal_sigma"]["case"] == "lognormal"
     assert by_name["lognormal_sigma"]["cnn_over_pk"] == pytest.approx(1 / 3)
     assert by_name["f_nl"]["cnn_over_classical"] == pytest.approx(0.5)
     lines = "\n".join(study.goal_lines(rows))

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,8 @@ import h5py
 import numpy as np
 
 from cosmocub.config import Config
-from cosmocub.cosmology.parameters import BASE_PHYS_PAR, NAME_PAR
+from cosmocub.cosmology.parameters import NAME_PAR
+from cosmocub.data.known_answer_fields import DESIGN, PARAMETERS
 from cosmocub.data.shard_file import first_universe_rows
 from cosmocub.evaluation.headline import field_level_metrics, plot_calibration
 from cosmocub.evaluation.headline import tracker_metrics as field_tracker_metrics
@@ -30,6 +32,14 @@ OUTPUT_FILES = (
     "loss_curves.png",
     "calibration.png",
 )
+
+
+def parameter_space(source: str) -> tuple[tuple[str, ...], Callable[[np.ndarray], np.ndarray]]:
+    """The unitPar slots' names and their map to physical values in universes of `source`
+    (universes.source): the known-answer universes' own parameters, else the N-body ones."""
+    if source == "known_answer":
+        return PARAMETERS, DESIGN.physical
+    return NAME_PAR, to_physical
 
 
 def evaluate(
@@ -61,10 +71,11 @@ def evaluate(
             f"{model_path}: a {model_cfg.name} model predicts fields; evaluate it with "
             "`cosmocub evaluate-fields`"
         )
-    if model_cfg.num_outputs != len(NAME_PAR):
+    names, physical = parameter_space(cfg.universes.source)
+    if model_cfg.num_outputs != len(names):
         raise ValueError(
             f"{model_path}: model has {model_cfg.num_outputs} outputs, evaluation needs "
-            f"{len(NAME_PAR)} ({', '.join(NAME_PAR)})"
+            f"{len(names)} ({', '.join(names)})"
         )
     test = open_split(shards_dir, "test", model_cfg)
     if len(test) == 0:
@@ -80,10 +91,12 @@ def evaluate(
         if model_cfg.gaussian
         else None
     )
-    metrics = parameter_metrics(pred_unit, true_unit, train_mean_unit)
+    metrics = parameter_metrics(
+        pred_unit, true_unit, train_mean_unit, names=names, physical=physical
+    )
     field_level, field_arrays = field_level_metrics(
         shards_dir=shards_dir,
-        names=NAME_PAR,
+        names=names,
         test=test_pred,
         val=val_pred,
         train_universes=cfg.train.universes,
@@ -91,8 +104,8 @@ def evaluate(
     metrics.update(field_level)
     metrics.update(
         num_samples=len(test),
-        params=list(NAME_PAR),
-        base_phys=BASE_PHYS_PAR.tolist(),
+        params=list(names),
+        base_phys=physical(np.zeros(len(names))).tolist(),
         train_mean_unit=train_mean_unit.tolist(),
         model=str(model_path),
         test_shard=str(test.path),
@@ -118,18 +131,18 @@ def evaluate(
             tmp / "predictions.npz",
             pred_unit=pred_unit.astype(np.float32),
             true_unit=true_unit.astype(np.float32),
-            pred_phys=to_physical(pred_unit),
-            true_phys=to_physical(true_unit),
-            param_names=np.array(NAME_PAR),
+            pred_phys=physical(pred_unit),
+            true_phys=physical(true_unit),
+            param_names=np.array(names),
             **extra,
             **field_arrays,
         )
-        plot_calibration(metrics.get("calibration"), names=NAME_PAR, path=tmp / "calibration.png")
+        plot_calibration(metrics.get("calibration"), names=names, path=tmp / "calibration.png")
         plot_pred_vs_true(
-            to_physical(pred_unit),
-            to_physical(true_unit),
-            baseline=to_physical(train_mean_unit),
-            names=NAME_PAR,
+            physical(pred_unit),
+            physical(true_unit),
+            baseline=physical(train_mean_unit),
+            names=names,
             metrics=metrics["per_parameter"],
             path=tmp / "pred_vs_true.png",
         )

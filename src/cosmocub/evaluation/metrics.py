@@ -5,7 +5,7 @@ physical units, beside a predict-the-train-mean baseline, and their flat MLflow 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,10 +47,12 @@ def parameter_metrics(
     train_mean_unit: np.ndarray,
     *,
     names: Sequence[str] = NAME_PAR,
+    physical: Callable[[np.ndarray], np.ndarray] = to_physical,
 ) -> dict[str, Any]:
     """Model and predict-the-train-mean baseline metrics per parameter, unit and physical units.
 
-    pred_unit, true_unit: (N, P); train_mean_unit: (P,). Returns
+    pred_unit, true_unit: (N, P); train_mean_unit: (P,); `physical` maps unitPar to the
+    parameters' physical values (the N-body ones' by default). Returns
     `{"per_parameter": {name: {...}}, "mean": {...}}` where each parameter holds mae, rmse, r2,
     mae_phys, rmse_phys, r2_phys, baseline_mae, baseline_rmse, baseline_r2, baseline_mae_phys,
     baseline_rmse_phys and mae_ratio (model MAE / baseline MAE; < 1 means better than the mean).
@@ -69,9 +71,7 @@ def parameter_metrics(
             f"(N, {num_params})"
         )
     baseline_unit = np.broadcast_to(np.asarray(train_mean_unit, np.float64), true_unit.shape)
-    pred_phys, true_phys, base_phys = (
-        to_physical(a) for a in (pred_unit, true_unit, baseline_unit)
-    )
+    pred_phys, true_phys, base_phys = (physical(a) for a in (pred_unit, true_unit, baseline_unit))
     per_parameter: dict[str, dict[str, float]] = {}
     for j, name in enumerate(names):
         model_u = regression_metrics(pred_unit[:, j], true_unit[:, j])

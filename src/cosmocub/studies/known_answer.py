@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cosmocub.config import Config, ConfigError
-from cosmocub.cosmology.parameters import NAME_PAR
 from cosmocub.data.known_answer_fields import PARAMETER_CASE, PARAMETERS
 from cosmocub.io import atomic_path, format_cell
 from cosmocub.studies.accuracy import (
@@ -51,7 +50,6 @@ COLUMNS = (
     "level",
     "case",
     "parameter",
-    "slot",
     "count",
     *(f"{e}_mae{end}" for e in ESTIMATORS for end in RANGE_ENDS),
     *(f"cnn_over_{b}{end}" for b in BASELINES for end in RANGE_ENDS),
@@ -76,13 +74,18 @@ def lr_points(cfg: Config) -> list[Point]:
 def point_rows(outputs: PointOutputs, cfg: Config) -> list[dict[str, Any]]:
     """Per level (universe, sample) and parameter: each estimator's test MAE with its bootstrap
     range (per universe) and the CNN's ratio to each baseline with its range, as the accuracy
-    studies read them, under the known-answer parameter's name and case."""
-    known = dict(zip(NAME_PAR, PARAMETERS, strict=True))
-    return [
-        {**r, "case": PARAMETER_CASE[known[slot]], "parameter": known[slot], "slot": slot}
+    studies read them, with the parameter's case."""
+    rows = [
+        r
         for r in evaluated_point_rows(outputs, estimators=ESTIMATORS)
-        if (slot := r["parameter"]) != "mean"  # the cases' parameters average to nothing
+        if r["parameter"] != "mean"  # the cases' parameters average to nothing
     ]
+    if other := sorted({r["parameter"] for r in rows} - set(PARAMETERS)):
+        raise ValueError(
+            f"{outputs.eval_dir}/metrics.json: parameters {other}, not the known-answer "
+            f"universes' {list(PARAMETERS)} (evaluated by an older cosmocub: rerun the evaluation)"
+        )
+    return [{**r, "case": PARAMETER_CASE[r["parameter"]]} for r in rows]
 
 
 def select_lr(rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
@@ -177,7 +180,7 @@ STUDY = StudyDefinition(
         "and per-crop test MAE (unitPar) of the CNN, the P(k) and one-point ridge fits, the best "
         "classical fit (P(k), one-point or both with the bispectrum, chosen on validation) and "
         "predict-the-mean, with bootstrap ±1σ ranges over the test universes (`_lo`, `_hi`), and "
-        "the CNN's ratio to each; `slot` is the parameter's name in metrics.json; `selected` = 1 "
-        "on the lr with the lowest final validation loss."
+        "the CNN's ratio to each; `selected` = 1 on the lr with the lowest final validation "
+        "loss."
     ),
 )
