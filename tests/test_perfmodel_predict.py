@@ -3,18 +3,21 @@ that sums to the step, Lion Cub against Lion by link rate, DDP's overlap, and on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from cosmocub.config import load_config, write_config
+from cosmocub.config import ConfigError, load_config, write_config
 from cosmocub.optim.collectives import ring_allreduce_bytes
 from cosmocub.perfmodel.cost_model import machines
+from cosmocub.perfmodel.cost_model.hardware_specs import ACCELERATORS
 from cosmocub.perfmodel.cost_model.machines import Accelerator, fitted_network, this_cpu
 from cosmocub.perfmodel.cost_model.overlap import exposed_allreduce
 from cosmocub.perfmodel.cost_model.step_model import parameter_sizes
 from cosmocub.perfmodel.cost_model.topology import Mesh, Network
+from cosmocub.perfmodel.measure.compute import accelerator_seconds
 from cosmocub.perfmodel.measure.costs import AlphaBeta, Fit
 from cosmocub.perfmodel.measure.link_fits import LinkFits
 from cosmocub.perfmodel.uses.run_prediction import PARTS, Workload, lion_reference, predict
@@ -148,6 +151,40 @@ def test_lion_cub_speedup_is_large_on_a_slow_link_and_near_one_on_a_fast_one() -
     assert slow.speedup > 5
     fast = _lion_cub_against_lion(0.0, 1e9)
     assert fast.speedup == pytest.approx(1.0, abs=0.05)
+
+
+def test_an_accelerators_efficiency_is_its_measured_conv3d_share_or_the_configs() -> None:
+    cfg = load_config(MLPERF_CONFIG)
+    defaults = cfg.perf_model.extrapolate.accelerators
+    h100 = Accelerator(name="h100", spec=defaults["h100"], bytes_per_value=2)
+    # The roofline's number: MLPerf Training unet3d on an H100 SXM at batch 1, 0.180 of peak.
+    assert h100.efficiency == ACCELERATORS["h100_sxm"].conv3d_share == 0.180
+    assert h100.layer_seconds(cfg.model, batch=4, split=(2, 1, 1)) == accelerator_seconds(
+        cfg.model, batch=4, spatial=2, peak_flops=989e12, efficiency=0.180
+    )
+    assert "x 0.18 efficiency (h100_sxm's measured 3D-conv share)" in h100.describe()
+    # An entry that gives its efficiency (every config written before conv3d_share_of) loads.
+    old = {"peak_tflops": 989, "efficiency": 0.3, "memory_gb": 80, "memory_gbyte_s": 3350}
+    old["intra_node_gbit"] = 3600
+
+    def accelerators(h100: dict) -> dict:
+        overrides = {"perf_model": {"extrapolate": {"accelerators": {"h100": h100}}}}
+        return load_config(MLPERF_CONFIG, overrides=overrides).perf_model.extrapolate.accelerators
+
+    mine = accelerators(old)["h100"]
+    assert Accelerator(name="h100", spec=mine, bytes_per_value=2).efficiency == 0.3
+    key = "key 'perf_model.extrapolate.accelerators.h100"
+    with pytest.raises(ConfigError, match=f"{key}': both of conv3d_share_of and efficiency"):
+        accelerators(old | {"conv3d_share_of": "h100_sxm"})
+    with pytest.raises(ConfigError, match=f"{key}': neither of conv3d_share_of and efficiency"):
+        accelerators(old | {"efficiency": None})
+    for named, why in (
+        ("h100x", "'h100x' is not one of a100_40gb"),
+        ("v100_sxm2", "v100_sxm2 has no measured"),
+    ):
+        spec = dataclasses.replace(defaults["h100"], conv3d_share_of=named)
+        with pytest.raises(ValueError, match=f"{key}.conv3d_share_of': {why}"):
+            Accelerator(name="h100", spec=spec, bytes_per_value=2)
 
 
 def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

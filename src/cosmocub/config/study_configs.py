@@ -180,7 +180,8 @@ class BenchConfig:
 @dataclass(frozen=True, kw_only=True)
 class AcceleratorConfig:
     peak_tflops: float
-    efficiency: float
+    conv3d_share_of: str | None  # a hardware_specs accelerator; its measured share is efficiency
+    efficiency: float | None
     memory_gb: float
     memory_gbyte_s: float
     intra_node_gbit: float
@@ -208,6 +209,13 @@ class ExtrapolateConfig:
         object.__setattr__(self, "accelerators", accelerators)
         if not accelerators:
             raise ConfigError("key 'perf_model.extrapolate.accelerators': none given")
+        for name, acc in accelerators.items():
+            if (acc.conv3d_share_of is None) == (acc.efficiency is None):
+                given = "neither" if acc.efficiency is None else "both"
+                raise ConfigError(
+                    f"key 'perf_model.extrapolate.accelerators.{name}': {given} of "
+                    "conv3d_share_of and efficiency given; give one"
+                )
 
 
 @dataclass(frozen=True, kw_only=True)

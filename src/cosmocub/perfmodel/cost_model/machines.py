@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 
 from cosmocub.config import AcceleratorConfig, ExtrapolateConfig, ModelConfig, OptimizerConfig
+from cosmocub.perfmodel.cost_model.hardware_specs import ACCELERATORS, CONV3D_SHARE_UNSOURCED
 from cosmocub.perfmodel.cost_model.step_model import parameter_sizes
 from cosmocub.perfmodel.cost_model.topology import Network
 from cosmocub.perfmodel.measure.compute import accelerator_seconds
@@ -56,6 +57,24 @@ class Accelerator:
     # NCCL's waits spin on the device: no thread to wake.
     collective_wake_s = 0.0
 
+    def __post_init__(self) -> None:
+        named = self.spec.conv3d_share_of
+        if named is None:
+            return
+        key = f"key 'perf_model.extrapolate.accelerators.{self.name}.conv3d_share_of'"
+        if named not in ACCELERATORS:
+            raise ValueError(f"{key}: {named!r} is not one of {', '.join(ACCELERATORS)}")
+        # Where none was measured a GEMM's share stands in (optimistic): not taken unasked.
+        if ACCELERATORS[named].sources["conv3d_share"] == CONV3D_SHARE_UNSOURCED:
+            raise ValueError(f"{key}: {named} has no measured 3D-conv share; give efficiency")
+
+    @property
+    def efficiency(self) -> float:
+        """The layers' share of peak: the measured 3D-conv share of the hardware_specs
+        accelerator named (the roofline's number), else the config's assumed efficiency."""
+        named = self.spec.conv3d_share_of
+        return self.spec.efficiency if named is None else ACCELERATORS[named].conv3d_share
+
     @property
     def memory_bytes(self) -> float | None:
         return self.spec.memory_gb * 1e9
@@ -77,7 +96,7 @@ class Accelerator:
             batch=batch,
             spatial=spatial,
             peak_flops=self.spec.peak_tflops * 1e12,
-            efficiency=self.spec.efficiency,
+            efficiency=self.efficiency,
         )
 
     def norm_collectives_in_layers(self, split: tuple[int, int, int]) -> bool:
@@ -91,8 +110,10 @@ class Accelerator:
 
     def describe(self) -> str:
         s = self.spec
+        share = f"{s.conv3d_share_of}'s measured 3D-conv share" if s.conv3d_share_of else "assumed"
         return (
-            f"{self.name}: {s.peak_tflops:g} TFLOP/s peak x {s.efficiency:g} efficiency, "
+            f"{self.name}: {s.peak_tflops:g} TFLOP/s peak x {self.efficiency:g} efficiency "
+            f"({share}), "
             f"{s.memory_gb:g} GB at {s.memory_gbyte_s:g} GB/s, {s.intra_node_gbit:g} Gbit/s "
             f"within a node, {self.bytes_per_value} bytes per activation"
         )

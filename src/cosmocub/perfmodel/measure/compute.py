@@ -1,6 +1,6 @@
 """Compute per layer: measured directly here (forward + backward of each conv block and the dense
 head on this CPU, at one rank's block of a split sample: what the calibration's fits are checked
-against), or, for an accelerator, FLOPs at a peak rate × an efficiency from the config.
+against), or, for an accelerator, FLOPs at a peak rate × an efficiency (cost_model.machines').
 """
 
 from __future__ import annotations

@@ -201,9 +201,7 @@ def headline(
 
 def assumptions_text(base: Config, settings: ExtrapolateConfig, source: str) -> str:
     accs = "\n".join(
-        f"- {name}: {a.peak_tflops:g} TFLOP/s peak x {a.efficiency:g} efficiency, "
-        f"{a.memory_gb:g} GB at {a.memory_gbyte_s:g} GB/s, {a.intra_node_gbit:g} Gbit/s between "
-        "GPUs of a node"
+        f"- {Accelerator(name=name, spec=a, bytes_per_value=settings.activation_bytes).describe()}"
         for name, a in settings.accelerators.items()
     )
     optimizers = optimizer_configs(base, settings).values()
@@ -220,7 +218,8 @@ layer grows with the sample: flatten of the last block's output).
 Optimizers: {", ".join(f"{k} = {v}" for k, v in settings.optimizers.items())}.
 
 Accelerators (forward + backward = 3 x the forward FLOPs of convs and dense layers at peak x
-efficiency; the conv stack's work divides over the spatial ranks, the head is replicated):
+efficiency; the conv stack's work divides over the spatial ranks, the head is replicated; a
+measured share is MLPerf Training unet3d's at batch 1, the whole step's, as the roofline's):
 {accs}
 
 Network: {settings.gpus_per_node} GPUs per node; between nodes {list(settings.link_gbit)} Gbit/s
