@@ -12,8 +12,12 @@ universe: log P(k) of each channel (10 log bins), the one-point statistics of it
 the bispectrum statistics (data/features.py, the baselines' own), and the trained CNN's means
 (its 8 fixed crops of side model.input_size, standardised with the shards' stats.json and
 combined by inverse variance, as evaluation combines a test universe's crops). Each summary's
-marginal 1σ on unitPar comes out of evaluation/fisher.py twice, the standard estimate (biased
-low in σ by derivative noise) and the compressed one (biased high): the truth lies between.
+1σ on unitPar comes out of evaluation/fisher.py twice, the standard estimate (biased low in σ by
+derivative noise) and the compressed one (biased high): the truth lies between. Two views: Ω_m
+and σ_8 with the other two known, and all four free with the uniform prior's variance added
+(alone, the four are nearly degenerate in every summary here, and their marginal errors run far
+past the prior's width). `--summaries FILE.npz` keeps the summaries, and reads them back
+instead of simulating when the file exists.
 
 A Fisher σ is what an unbiased estimator could reach at best from that summary near the
 centre; the ratios between summaries say how much each adds. Summaries are lower bounds on what
@@ -36,12 +40,18 @@ from cosmocub.config import load_config
 from cosmocub.data.dataset import read_stats, stats_say_standardize
 from cosmocub.data.features import sample_features
 from cosmocub.data.simulate import simulate_universe
-from cosmocub.evaluation.fisher import estimate_fisher
+from cosmocub.evaluation.fisher import (
+    conditional_sigma,
+    estimate_fisher,
+    independent_columns,
+    marginal_sigma,
+)
 from cosmocub.evaluation.uncertainty import combine_crops
 from cosmocub.models.heads import split_output, variance
 from cosmocub.models.model_factory import load_model_file
 
 PARAMETERS = ("Omega_m", "sigma_8", "N_spec", "H_0")
+UNIFORM_PRIOR_PRECISION = 3.0  # 1 / the variance of U[-1, 1)
 FIDUCIAL_SEED, PAIR_SEED = 1_000_000, 2_000_000  # far from the workflow's seeds 0 … count − 1
 
 
@@ -126,44 +136,13 @@ def summaries(results: list, model, stats, crop: int) -> dict[str, np.ndarray]:
     }
 
 
-def usable(fiducial: np.ndarray) -> np.ndarray:
-    """Columns that are finite and vary over the fiducial universes (empty k bins are NaN)."""
-    finite = np.all(np.isfinite(fiducial), axis=0)
-    return finite & (np.nanstd(np.where(finite, fiducial, 0.0), axis=0) > 0)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--config", default="config/science.yaml")
-    parser.add_argument("--run", type=Path, required=True, help="the training run (model.pt)")
-    parser.add_argument("--shards", type=Path, required=True, help="its shards (stats.json)")
-    parser.add_argument("--fiducial", type=int, default=500)
-    parser.add_argument("--pairs", type=int, default=100, help="± pairs per parameter")
-    parser.add_argument("--step", type=float, default=0.1, help="± step in unitPar")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args()
-    before, start = load_avg(), time.perf_counter()
-    cfg = load_config(args.config)
-    model = load_model_file(args.run / "model.pt").eval()
-    torch.set_num_threads(args.workers)
-    sims = simulate_all(
-        cfg, fiducial=args.fiducial, pairs=args.pairs, step=args.step, workers=args.workers
-    )
-    simulated = time.perf_counter() - start
-    # Read the way training read the shards: standardised with their stats unless they say not.
-    mean, std = read_stats(args.shards)
-    if not stats_say_standardize(args.shards):
-        mean, std = [0.0] * len(mean), [1.0] * len(std)
-    stats, crop = (mean, std), model.config.input_size
-    fiducial = summaries(sims["fiducial"], model, stats, crop)
-    plus = [summaries(r, model, stats, crop) for r in sims["plus"]]
-    minus = [summaries(r, model, stats, crop) for r in sims["minus"]]
-    steps = np.full(4, args.step)
-
+def fisher_rows(fiducial: dict, plus: list[dict], minus: list[dict], step: float) -> dict:
+    """{summary: {"values", "standard", "compressed"}} Fisher matrices (4, 4) of each summary
+    over a full-rank subset of its values (evaluation.fisher.independent_columns)."""
     rows = {}
+    steps = np.full(len(PARAMETERS), step)
     for name, fid in fiducial.items():
-        keep = usable(fid)
+        keep = independent_columns(fid)
         try:
             estimate = estimate_fisher(
                 fid[:, keep],
@@ -176,38 +155,141 @@ def main() -> None:
             continue
         rows[name] = {
             "values": int(keep.sum()),
-            "sigma_standard": estimate.sigma_standard.tolist(),
-            "sigma_compressed": estimate.sigma_compressed.tolist(),
+            "standard": estimate.standard,
+            "compressed": estimate.compressed,
         }
-    reference = np.array(rows["P(k)"]["sigma_standard"]) if "P(k)" in rows else np.ones(4)
-    print(
-        f"\n{args.fiducial} fiducial universes, {args.pairs} ± pairs a parameter at step "
-        f"{args.step} (unitPar), {cfg.universes.size}³; marginal 1σ on unitPar, standard – "
-        "compressed estimate (the truth between); ÷ P(k): standard over P(k)'s standard\n"
-    )
+    return rows
+
+
+def print_table(rows: dict, title: str, sigma, names: tuple[str, ...]) -> dict:
+    """One table: per summary, `sigma(F)` from the standard and the compressed estimate, and
+    each over P(k)'s; returns {summary: {"standard": [...], "compressed": [...]}}."""
+    out = {
+        name: {
+            "standard": sigma(row["standard"]).tolist(),
+            "compressed": sigma(row["compressed"]).tolist(),
+        }
+        for name, row in rows.items()
+    }
+    reference = out.get("P(k)")
+    print(f"\n{title}\n")
     print(
         "| summary | values | "
-        + " | ".join(PARAMETERS)
+        + " | ".join(f"σ {n}" for n in names)
         + " | "
-        + " | ".join(f"÷ P(k) {p}" for p in PARAMETERS)
+        + " | ".join(f"÷ P(k) {n}" for n in names)
         + " |"
     )
-    print("|---|---|" + "---|" * (2 * len(PARAMETERS)))
-    for name, row in rows.items():
-        sig = " | ".join(
-            f"{a:.4f} – {b:.4f}"
-            for a, b in zip(row["sigma_standard"], row["sigma_compressed"], strict=True)
+    print("|---|---|" + "---|" * (2 * len(names)))
+    for name, row in out.items():
+        pairs = zip(row["standard"], row["compressed"], strict=True)
+        cells = " | ".join(f"{a:.3f} – {b:.3f}" for a, b in pairs)
+        ratios = (
+            " | ".join(
+                f"{a / ra:.2f} – {b / rb:.2f}"
+                for a, b, ra, rb in zip(
+                    row["standard"],
+                    row["compressed"],
+                    reference["standard"],
+                    reference["compressed"],
+                    strict=True,
+                )
+            )
+            if reference
+            else ""
         )
-        ratio = " | ".join(
-            f"{a / r:.2f}" for a, r in zip(row["sigma_standard"], reference, strict=True)
+        print(f"| {name} | {rows[name]['values']} | {cells} | {ratios} |")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default="config/science.yaml")
+    parser.add_argument("--run", type=Path, help="the training run (model.pt)")
+    parser.add_argument("--shards", type=Path, help="its shards (stats.json)")
+    parser.add_argument("--fiducial", type=int, default=500)
+    parser.add_argument("--pairs", type=int, default=100, help="± pairs per parameter")
+    parser.add_argument("--step", type=float, default=0.1, help="± step in unitPar")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--summaries",
+        type=Path,
+        help="an .npz of the summaries: written after simulating, or read instead of it",
+    )
+    args = parser.parse_args()
+    before, start = load_avg(), time.perf_counter()
+    cfg = load_config(args.config)
+    if args.summaries is not None and args.summaries.is_file():  # an earlier run's summaries
+        with np.load(args.summaries) as saved:
+            fiducial, plus, minus = unpack(dict(saved))
+        simulated = 0.0
+    else:
+        if args.run is None or args.shards is None:
+            parser.error("--run and --shards are needed to simulate (or an existing --summaries)")
+        model = load_model_file(args.run / "model.pt").eval()
+        torch.set_num_threads(args.workers)
+        sims = simulate_all(
+            cfg, fiducial=args.fiducial, pairs=args.pairs, step=args.step, workers=args.workers
         )
-        print(f"| {name} | {row['values']} | {sig} | {ratio} |")
+        simulated = time.perf_counter() - start
+        # Read as training read the shards: standardised with their stats unless they say not.
+        mean, std = read_stats(args.shards)
+        if not stats_say_standardize(args.shards):
+            mean, std = [0.0] * len(mean), [1.0] * len(std)
+        stats, crop = (mean, std), model.config.input_size
+        fiducial = summaries(sims["fiducial"], model, stats, crop)
+        plus = [summaries(r, model, stats, crop) for r in sims["plus"]]
+        minus = [summaries(r, model, stats, crop) for r in sims["minus"]]
+        if args.summaries is not None:
+            np.savez(args.summaries, **pack(fiducial, plus, minus))
+    rows = fisher_rows(fiducial, plus, minus, args.step)
+    fiducials, pairs = len(fiducial["P(k)"]), len(plus[0]["P(k)"])
+    print(
+        f"\n{fiducials} fiducial universes at unitPar 0, {pairs} ± pairs a parameter at step "
+        f"{args.step}, {cfg.universes.size}³. 1σ on unitPar (the prior is [-1, 1)), standard – "
+        "compressed estimate: the truth lies between; ÷ P(k): each over P(k)'s own estimate."
+    )
+    tables = {
+        "omega_m_sigma_8_others_known": print_table(
+            rows,
+            "Ω_m and σ_8, with n_s and H_0 known (the Fisher matrix's Ω_m–σ_8 block):",
+            lambda f: conditional_sigma(f, [0, 1]),
+            PARAMETERS[:2],
+        ),
+        "all_four_with_prior": print_table(
+            rows,
+            "All four free, with the uniform prior's variance 1/3 (precision 3) on each:",
+            lambda f: marginal_sigma(f, UNIFORM_PRIOR_PRECISION),
+            PARAMETERS,
+        ),
+    }
     total = time.perf_counter() - start
     print(f"\nsimulated in {simulated:.0f} s, {total:.0f} s in all; load {before} → {load_avg()}")
     if args.json:
         args.json.write_text(
-            json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rows": rows}, indent=1)
+            json.dumps(
+                {"args": {k: str(v) for k, v in vars(args).items()}, "tables": tables}, indent=1
+            )
         )
+
+
+def pack(fiducial: dict, plus: list[dict], minus: list[dict]) -> dict[str, np.ndarray]:
+    """The summaries as flat arrays for np.savez: fiducial/NAME, plus/NAME (P, m, F), …"""
+    out = {f"fiducial/{k}": v for k, v in fiducial.items()}
+    for side, sets in (("plus", plus), ("minus", minus)):
+        out.update({f"{side}/{k}": np.stack([s[k] for s in sets]) for k in fiducial})
+    return out
+
+
+def unpack(saved: dict[str, np.ndarray]) -> tuple[dict, list[dict], list[dict]]:
+    names = [k.split("/", 1)[1] for k in saved if k.startswith("fiducial/")]
+    fiducial = {n: saved[f"fiducial/{n}"] for n in names}
+    sides = [
+        [{n: saved[f"{side}/{n}"][p] for n in names} for p in range(len(PARAMETERS))]
+        for side in ("plus", "minus")
+    ]
+    return fiducial, sides[0], sides[1]
 
 
 if __name__ == "__main__":

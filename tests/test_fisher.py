@@ -6,7 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cosmocub.evaluation.fisher import estimate_fisher, marginal_sigma
+from cosmocub.evaluation.fisher import (
+    conditional_sigma,
+    estimate_fisher,
+    independent_columns,
+    marginal_sigma,
+)
 
 RESPONSE = np.array([[1.0, 0.5, 0.0, 0.2, 0.0], [0.0, 0.3, 1.0, -0.4, 0.1]])  # (P, F)
 COVARIANCE = np.diag([1.0, 2.0, 0.5, 1.5, 1.0]) + 0.3  # correlated noise
@@ -59,3 +64,25 @@ def test_too_few_fiducial_simulations_are_refused_with_the_numbers() -> None:
     plus, minus = _pairs(rng, 4, paired=True)
     with pytest.raises(ValueError, match="6 fiducial simulations for 5 summary values"):
         estimate_fisher(_sims(rng, 6), plus, minus, STEP)
+
+
+def test_independent_columns_drop_constant_and_repeated_values() -> None:
+    """A count field's quantiles can be constant or repeat one another exactly; the kept
+    columns have a full-rank covariance and lose no independent value."""
+    rng = np.random.default_rng(3)
+    base = rng.normal(size=(200, 3))
+    values = np.column_stack([base, base[:, 0], np.full(200, 2.5), base[:, 1] - base[:, 2]])
+    keep = independent_columns(values)
+    assert keep.sum() == 3 and not keep[4]
+    assert np.linalg.matrix_rank(np.cov(values[:, keep], rowvar=False)) == 3
+
+
+def test_the_prior_bounds_a_degenerate_direction_and_fixing_it_removes_it() -> None:
+    """Two parameters the summary moves alike: alone their marginal errors have no bound; the
+    uniform prior's precision 3 bounds them, and with the second known the
+    first's error is its own 1/√F₀₀."""
+    fisher = np.array([[100.0, 100.0 - 1e-9], [100.0 - 1e-9, 100.0]])
+    assert marginal_sigma(fisher)[0] > 100
+    # Along (1, −1)/√2 only the prior's variance 1/3 is left: half of it falls on θ₀.
+    np.testing.assert_allclose(marginal_sigma(fisher, 3.0)[0], np.sqrt(1 / 6), rtol=0.01)
+    np.testing.assert_allclose(conditional_sigma(fisher, [0]), [0.1])

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.linalg
 
 
 @dataclass(frozen=True)
@@ -66,13 +67,40 @@ def fisher_matrix(derivatives: np.ndarray, precision: np.ndarray) -> np.ndarray:
     return derivatives @ precision @ derivatives.T
 
 
-def marginal_sigma(fisher: np.ndarray) -> np.ndarray:
-    """(P,) marginal 1σ errors √(F⁻¹)ᵢᵢ (inf where the matrix is singular)."""
+def marginal_sigma(fisher: np.ndarray, prior_precision: float = 0.0) -> np.ndarray:
+    """(P,) marginal 1σ errors √((F + prior)⁻¹)ᵢᵢ, with `prior_precision` on every parameter's
+    diagonal (a uniform prior on [-1, 1) has variance 1/3: precision 3); inf where singular."""
     try:
-        inverse = np.linalg.inv(fisher)
+        inverse = np.linalg.inv(fisher + prior_precision * np.eye(len(fisher)))
     except np.linalg.LinAlgError:
         return np.full(len(fisher), np.inf)
     return np.sqrt(np.clip(np.diag(inverse), 0.0, np.inf))
+
+
+def conditional_sigma(fisher: np.ndarray, free: list[int]) -> np.ndarray:
+    """1σ errors of the `free` parameters with every other one known: the marginal errors of
+    the Fisher matrix's free sub-block."""
+    return marginal_sigma(fisher[np.ix_(free, free)])
+
+
+def independent_columns(fiducial: np.ndarray, rtol: float = 1e-6) -> np.ndarray:
+    """(F,) bool: a set of summary values whose fiducial covariance has full rank — constant
+    and linearly dependent columns out (pivoted QR of the standardised values; e.g. a count
+    field's quantiles, which take a few discrete values, can repeat one another exactly)."""
+    values = np.asarray(fiducial, np.float64)
+    finite = np.all(np.isfinite(values), axis=0)
+    spread = np.std(np.where(finite, values, 0.0), axis=0)
+    scale = np.abs(np.where(finite, values, 0.0)).max(axis=0, initial=0.0)
+    # A constant column's std comes out as rounding noise, not 0: constant means below 1e-12.
+    columns = np.flatnonzero(finite & (spread > 1e-12 * np.maximum(scale, 1e-300)))
+    z = values[:, columns]
+    z = (z - z.mean(axis=0)) / z.std(axis=0)
+    _, r, pivots = scipy.linalg.qr(z, mode="economic", pivoting=True)
+    diagonal = np.abs(np.diag(r))
+    rank = int(np.sum(diagonal > rtol * diagonal[0])) if len(diagonal) else 0
+    out = np.zeros(values.shape[1], bool)
+    out[columns[pivots[:rank]]] = True
+    return out
 
 
 def estimate_fisher(
