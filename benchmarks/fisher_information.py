@@ -9,7 +9,8 @@ Simulates `--fiducial` universes at unitPar 0 (the covariance) and, for each of 
 parameters, `--pairs` pairs at unitPar ±step with the same seeds (the derivatives: the pairs'
 cosmic variance cancels), with the config's simulate settings and size. Summaries per whole
 universe: log P(k) of each channel (10 log bins), the one-point statistics of its log1p counts,
-the bispectrum statistics (data/features.py, the baselines' own), and the trained CNN's means
+the bispectrum statistics (data/features.py, the baselines' own); the same averaged over the
+universe's fixed crops (what the evaluation's baselines see); and the trained CNN's means
 (its 8 fixed crops of side model.input_size, standardised with the shards' stats.json and
 combined by inverse variance, as evaluation combines a test universe's crops). Each summary's
 1σ on unitPar comes out of evaluation/fisher.py twice, the standard estimate (biased low in σ by
@@ -59,27 +60,43 @@ def load_avg() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _simulate(job: tuple[int, np.ndarray, int, object]) -> tuple[np.ndarray, ...]:
-    """(log P(k), one-point, bispectrum, stored values (C, N, N, N) float16) of one universe."""
-    seed, unit_par, size, settings = job
+def _simulate(job: tuple[int, np.ndarray, int, int, object]) -> tuple[np.ndarray, ...]:
+    """(log P(k), one-point, bispectrum of the whole universe, the same averaged over its fixed
+    crops of side `crop`, stored values (C, N, N, N) float16) of one universe."""
+    seed, unit_par, size, crop, settings = job
     counts = simulate_universe(size=size, seed=seed, settings=settings, unit_par=unit_par)
     counts_cdhw = np.moveaxis(counts.counts_dhwc, -1, 0)
-    pk, one_point, bispectrum = sample_features(counts_cdhw, log1p=False, bispectrum=True)
+    whole = sample_features(counts_cdhw, log1p=False, bispectrum=True)
+    per_crop = [
+        sample_features(
+            np.ascontiguousarray(counts_cdhw[:, d : d + crop, h : h + crop, w : w + crop]),
+            log1p=False,
+            bispectrum=True,
+        )
+        for d, h, w in fixed_origins(size, crop)
+    ]
+    crops = tuple(np.mean([c[i] for c in per_crop], axis=0) for i in range(3))
     stored = np.log1p(counts_cdhw.astype(np.float64)).astype(np.float16)  # as a shard holds it
-    return pk, one_point, bispectrum, stored
+    return (*whole, *crops, stored)
 
 
-def simulate_all(cfg, *, fiducial: int, pairs: int, step: float, workers: int) -> dict:
+def fixed_origins(size: int, crop: int) -> list[tuple[int, int, int]]:
+    """The non-overlapping cubes of side `crop`, as preprocess cuts validation and test."""
+    starts = range(0, size - crop + 1, crop)
+    return [(d, h, w) for d in starts for h in starts for w in starts]
+
+
+def simulate_all(cfg, *, fiducial: int, pairs: int, step: float, workers: int, crop: int) -> dict:
     """{"fiducial": [results], "plus": [[results] per parameter], "minus": …}."""
     size, settings = cfg.universes.size, cfg.simulate
     jobs: list[tuple] = [
-        (FIDUCIAL_SEED + i, np.zeros(4, np.float32), size, settings) for i in range(fiducial)
+        (FIDUCIAL_SEED + i, np.zeros(4, np.float32), size, crop, settings) for i in range(fiducial)
     ]
     for p in range(4):
         for sign in (1.0, -1.0):
             unit = np.zeros(4, np.float32)
             unit[p] = sign * step
-            jobs += [(PAIR_SEED + j, unit.copy(), size, settings) for j in range(pairs)]
+            jobs += [(PAIR_SEED + j, unit.copy(), size, crop, settings) for j in range(pairs)]
     with ProcessPoolExecutor(max_workers=workers) as pool:
         results = list(pool.map(_simulate, jobs, chunksize=8))
     out = {"fiducial": results[:fiducial], "plus": [], "minus": []}
@@ -98,9 +115,7 @@ def cnn_means(
     of side `crop`, as preprocess cuts validation and test), combined by inverse variance."""
     mean = torch.tensor(stats[0], dtype=torch.float32).view(-1, 1, 1, 1)
     inv_std = 1.0 / torch.tensor(stats[1], dtype=torch.float32).view(-1, 1, 1, 1)
-    size = stored[0].shape[-1]
-    starts = range(0, size - crop + 1, crop)
-    origins = [(d, h, w) for d in starts for h in starts for w in starts]
+    origins = fixed_origins(stored[0].shape[-1], crop)
     means, variances = [], []
     with torch.no_grad():
         for values in stored:
@@ -123,15 +138,21 @@ def cnn_means(
 
 def summaries(results: list, model, stats, crop: int) -> dict[str, np.ndarray]:
     """{summary name: (n, F)} for one set of universes."""
-    pk, one_point, bispectrum = (np.stack([r[i] for r in results]) for i in range(3))
-    cnn = cnn_means(model, [r[3] for r in results], stats, crop)
+    pk, one_point, bispectrum, crop_pk, crop_one_point, crop_bispectrum = (
+        np.stack([r[i] for r in results]) for i in range(6)
+    )
+    cnn = cnn_means(model, [r[6] for r in results], stats, crop)
     return {
         "P(k)": pk,
         "one-point": one_point,
         "bispectrum": bispectrum,
         "P(k) + one-point": np.hstack([pk, one_point]),
         "P(k) + one-point + bispectrum": np.hstack([pk, one_point, bispectrum]),
-        "CNN": cnn,
+        "crops: P(k)": crop_pk,
+        "crops: P(k) + one-point + bispectrum": np.hstack(
+            [crop_pk, crop_one_point, crop_bispectrum]
+        ),
+        "CNN (crops)": cnn,
         "CNN + P(k) + one-point + bispectrum": np.hstack([cnn, pk, one_point, bispectrum]),
     }
 
@@ -230,7 +251,12 @@ def main() -> None:
         model = load_model_file(args.run / "model.pt").eval()
         torch.set_num_threads(args.workers)
         sims = simulate_all(
-            cfg, fiducial=args.fiducial, pairs=args.pairs, step=args.step, workers=args.workers
+            cfg,
+            fiducial=args.fiducial,
+            pairs=args.pairs,
+            step=args.step,
+            workers=args.workers,
+            crop=model.config.input_size,
         )
         simulated = time.perf_counter() - start
         # Read as training read the shards: standardised with their stats unless they say not.
