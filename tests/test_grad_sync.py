@@ -129,7 +129,7 @@ def test_ddp_broadcasts_buffers_only_where_a_norm_is_not_synced():
         for synced in (True, False):
             assert has_unsynced_buffers(model(synced)) is not synced
             wrapped = DDPAllReduce(dims, timing="overlapped").wrap(model(synced))
-            assert wrapped.broadcast_buffers is not synced
+            assert wrapped.forward_sync_buffers is not synced
             wrapped(torch.randn(2, 1, 4, 4, 4)).sum().backward()  # trains either way
     finally:
         close_parallel_dims(dims)

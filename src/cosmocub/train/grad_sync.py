@@ -101,14 +101,16 @@ class DDPAllReduce:
         device_ids = [self.dims.device.index] if self.dims.device.type == "cuda" else None
         group = self.dims.group("data") if self.dims.spatial == 1 else self.dims.world_group
         # DDP broadcasts rank 0's parameters and buffers here, so every rank starts identical.
-        # It would broadcast the buffers again before every forward (broadcast_buffers): a
+        # It would broadcast the buffers again before every forward (forward_sync_buffers): a
         # blocking collective a step, for nothing where every buffer is a synced norm's, whose
         # running statistics come from the mesh-wide batch and so stay equal on every rank.
+        # (forward_sync_buffers, torch 2.13's name, keeps the broadcast at construction that
+        # broadcast_buffers=False kept; only the per-forward one is switched.)
         ddp = DistributedDataParallel(
             model,
             device_ids=device_ids,
             process_group=group,
-            broadcast_buffers=has_unsynced_buffers(model),
+            forward_sync_buffers=has_unsynced_buffers(model),
         )
         hook = self._blocking_allreduce if self.timing == "blocking" else self._timed_allreduce
         ddp.register_comm_hook(group, hook)
