@@ -31,7 +31,8 @@ from cosmocub.data.features import k_magnitude
 from cosmocub.data.universe import write_universe
 
 CASES = ("gaussian", "lognormal", "phase", "phase")  # the case in each channel
-# What each unitPar slot is in a known-answer universe (metrics.json keeps the slot's NAME_PAR).
+# What each unitPar slot is in a known-answer universe; evaluation names them so in metrics.json
+# (evaluate_run.parameter_space), while training's metrics.jsonl keeps the N-body names per slot.
 PARAMETERS = ("amplitude", "slope", "lognormal_sigma", "f_nl")
 PARAMETER_CASE = {"amplitude": "gaussian", "slope": "gaussian"} | {
     "lognormal_sigma": "lognormal",
