@@ -83,6 +83,14 @@ def test_a_node_of_eight_sends_seven_eighths_of_a_rings_bytes_over_nvlink() -> N
     assert 800.0 * net.inter_fraction("allreduce", 8, 1) == 0.0  # one node
 
 
+def test_an_all_to_all_sends_its_other_nodes_peers_chunks_across_nodes() -> None:
+    """Of what a rank sends in an all-to-all (one chunk to each of P − 1 peers), the chunks of
+    the P − g peers on other nodes cross: 8 of 15 at 16 ranks, 8 a node (not 8 of 16)."""
+    net = NcclNetwork(node=DGX_H100)
+    assert net.inter_fraction("alltoall", 16, 1) == 8 / 15
+    assert net.inter_fraction("alltoall", 8, 1) == 0.0
+
+
 def test_nccl_network_lays_groups_out_node_by_node_and_inverts_sent_bytes() -> None:
     net = NcclNetwork(node=DGX_H100)
     assert net.layout(8, 1) == (1, 8)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cosmocub.parallel.node_layout import ring_inter_fraction
+from cosmocub.parallel.node_layout import pairwise_inter_fraction, ring_inter_fraction
 from cosmocub.perfmodel.cost_model.nccl_collectives import (
     Choice,
     NcclNode,
@@ -43,14 +43,15 @@ class NcclNetwork:
     def inter_fraction(self, kind: str, group_size: int, stride: int) -> float:
         """Of the bytes a rank sends, the share through the node's NICs: a ring crosses each
         node boundary once (1/ranks a node of its hops: node_layout.ring_inter_fraction, the
-        count the training's meters use), an all-to-all sends (P − ranks a node)/P to other
-        nodes, a halo face that spans nodes all of it."""
+        count the training's meters use), an all-to-all (P − ranks a node)/(P − 1) of what it
+        sends, one equal chunk to each peer (node_layout.pairwise_inter_fraction, as the
+        optimizer's meters count it), a halo face that spans nodes all of it."""
         nodes, per_node = self.layout(group_size, stride)
         if nodes == 1:
             return 0.0
         ranks = nodes * per_node
         if kind == "alltoall":
-            return (ranks - per_node) / ranks
+            return pairwise_inter_fraction(ranks, per_node)
         if kind == "halo":
             return 1.0
         return ring_inter_fraction(ranks, per_node)
