@@ -8,6 +8,7 @@ resumed epoch starts at the sampler's position, so it skips exactly the batches 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -114,14 +115,11 @@ class ResidentLoader:
             self.counters.host_to_device_copies += 1
         plan = tuple(None if t is None else t.to(self.device, non_blocking=True) for t in plan)
         starts = self._starts(plan)
-        if self.device.type != "cpu":
-            for start in starts:
-                self.counters.batches += 1
-                yield self._cut(plan, start)
-            return
-        for x, y in _one_ahead(lambda start: self._cut(plan, start), starts):
+        cut = functools.partial(self._cut, plan)
+        batches = _one_ahead(cut, starts) if self.device.type == "cpu" else map(cut, starts)
+        for batch in batches:
             self.counters.batches += 1
-            yield x, y
+            yield batch
 
     def _prefetched(self, plan: Plan) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # Batch b + 1 is cut on the host, pinned and copied on a side stream by a helper thread
