@@ -40,6 +40,7 @@ import torch
 from cosmocub.config import load_config
 from cosmocub.data.dataset import read_stats, stats_say_standardize
 from cosmocub.data.features import sample_features
+from cosmocub.data.shard_file import cube_origins
 from cosmocub.data.simulate import simulate_universe
 from cosmocub.evaluation.fisher import (
     conditional_sigma,
@@ -73,17 +74,11 @@ def _simulate(job: tuple[int, np.ndarray, int, int, object]) -> tuple[np.ndarray
             log1p=False,
             bispectrum=True,
         )
-        for d, h, w in fixed_origins(size, crop)
+        for d, h, w in cube_origins(size, crop)
     ]
     crops = tuple(np.mean([c[i] for c in per_crop], axis=0) for i in range(3))
     stored = np.log1p(counts_cdhw.astype(np.float64)).astype(np.float16)  # as a shard holds it
     return (*whole, *crops, stored)
-
-
-def fixed_origins(size: int, crop: int) -> list[tuple[int, int, int]]:
-    """The non-overlapping cubes of side `crop`, as preprocess cuts validation and test."""
-    starts = range(0, size - crop + 1, crop)
-    return [(d, h, w) for d in starts for h in starts for w in starts]
 
 
 def simulate_all(cfg, *, fiducial: int, pairs: int, step: float, workers: int, crop: int) -> dict:
@@ -115,7 +110,7 @@ def cnn_means(
     of side `crop`, as preprocess cuts validation and test), combined by inverse variance."""
     mean = torch.tensor(stats[0], dtype=torch.float32).view(-1, 1, 1, 1)
     inv_std = 1.0 / torch.tensor(stats[1], dtype=torch.float32).view(-1, 1, 1, 1)
-    origins = fixed_origins(stored[0].shape[-1], crop)
+    origins = cube_origins(stored[0].shape[-1], crop)
     means, variances = [], []
     with torch.no_grad():
         for values in stored:

@@ -21,6 +21,14 @@ from cosmocub.data.splits import PreprocessError
 from cosmocub.data.universe import UniverseMeta
 
 
+def cube_origins(universe_size: int, sample_size: int) -> np.ndarray:
+    """(n, 3) int64 (d, h, w) origins of a universe's non-overlapping cubes of side
+    `sample_size`, depth slowest: the fixed crops of validation and test, in shard order."""
+    blocks = np.arange(universe_size // sample_size) * sample_size
+    bd, bh, bw = np.meshgrid(blocks, blocks, blocks, indexing="ij")
+    return np.stack([bd.ravel(), bh.ravel(), bw.ravel()], axis=1)
+
+
 def keeps_universes(split: str, settings: PreprocessConfig) -> bool:
     """Whether `split`'s shard keeps its universes whole (the training split under
     preprocess.train_crops random) rather than cut into crops."""
@@ -56,9 +64,7 @@ def create_shard(
                 f, "x", shape=(n, c, s, s, s), dtype=settings.dtype, chunks=(1, c, slab, s, s)
             )
         if n:
-            nb = metas[0].size // s
-            bd, bh, bw = np.meshgrid(*(np.arange(nb),) * 3, indexing="ij")
-            origins = np.stack([bd.ravel(), bh.ravel(), bw.ravel()], axis=1) * s
+            origins = cube_origins(metas[0].size, s)
             f["crop_origin"] = np.tile(origins, (len(metas), 1)).astype(np.int32)
             f["universe_index"] = np.repeat(np.arange(len(metas)), per_universe).astype(np.int32)
             f["y"] = np.repeat(np.stack([m.unit_par for m in metas]), per_universe, axis=0)
