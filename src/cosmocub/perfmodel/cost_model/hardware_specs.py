@@ -126,6 +126,11 @@ class AcceleratorSpec:
         return self._peak_flops(dtype) * self.conv3d_share
 
     @property
+    def conv3d_share_measured(self) -> bool:
+        """Whether conv3d_share was measured (a GEMM's share stands in where it was not)."""
+        return self.sources["conv3d_share"] != CONV3D_SHARE_UNSOURCED
+
+    @property
     def rate_bytes(self) -> float:
         """The achievable HBM bytes/s (peak × hbm_share)."""
         return self.hbm_gbyte_s * 1e9 * self.hbm_share

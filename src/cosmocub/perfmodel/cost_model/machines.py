@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from cosmocub.config import AcceleratorConfig, ExtrapolateConfig, ModelConfig, OptimizerConfig
-from cosmocub.perfmodel.cost_model.hardware_specs import ACCELERATORS, CONV3D_SHARE_UNSOURCED
+from cosmocub.perfmodel.cost_model.hardware_specs import ACCELERATORS
 from cosmocub.perfmodel.cost_model.step_model import parameter_sizes
 from cosmocub.perfmodel.cost_model.topology import Network
 from cosmocub.perfmodel.measure.compute import accelerator_seconds
@@ -65,7 +65,7 @@ class Accelerator:
         if named not in ACCELERATORS:
             raise ValueError(f"{key}: {named!r} is not one of {', '.join(ACCELERATORS)}")
         # Where none was measured a GEMM's share stands in (optimistic): not taken unasked.
-        if ACCELERATORS[named].sources["conv3d_share"] == CONV3D_SHARE_UNSOURCED:
+        if not ACCELERATORS[named].conv3d_share_measured:
             raise ValueError(f"{key}: {named} has no measured 3D-conv share; give efficiency")
 
     @property
