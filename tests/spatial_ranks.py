@@ -400,6 +400,17 @@ def synthetic_cases(results: Results, world: int) -> None:
     case = model_case(meshes[4], cfg, (2, 2, 1), batch=2, seed=97)
     if case is not None:
         results["model split=[2, 2, 1] pooled=mean_std"] = case
+    # Higher moments, merged from the blocks' power sums: to the 4th of the input and every block,
+    # and to the 8th of the input alone (with the blocks' at order 6 the split's fp32 rounding
+    # reached 7e-5 on one gradient tensor, past the 1e-5 tolerance: the 6th standardised moment
+    # of an 8³ map of 2 samples amplifies it). The whitening acts on merged statistics, the
+    # same on every rank: test_model tests it.
+    for order, taps in ((4, ("input", "blocks")), (8, ("input",))):
+        pooled = PooledConfig(stats="moments", order=order, taps=taps, join="last_hidden")
+        cfg = model_cfg(16, filters=4, blocks=2, batch_norm=True, pooled=pooled)
+        case = model_case(meshes[4], cfg, (2, 2, 1), batch=2, seed=96)
+        if case is not None:
+            results[f"model split=[2, 2, 1] pooled=moments{order} taps={list(taps)}"] = case
     # Only the spatial average from the gradient sync; the data axis done by the "optimizer".
     cfg = model_cfg(16, filters=4, blocks=2, batch_norm=True)
     case = model_case(meshes[2], cfg, (2, 1, 1), batch=2, seed=99, comm_optimizer=True)

@@ -239,3 +239,77 @@ def test_pooled_model_file_round_trip_and_resume_identity(tmp_path: Path) -> Non
         "taps": ["input", "blocks"],
         "join": "head_input",
     }
+
+
+def test_pooled_moments_to_order_are_the_standardised_central_moments() -> None:
+    # stats moments, order 6: per channel the mean, sqrt(var + eps), then E[((x − m)/sd)^p]
+    # less the Gaussian's 0, 3, 0, 15 for p = 3 … 6; blocks of C, as the branch lays them out.
+    model = CosmoFlow(small_cfg(stats="moments", order=6)).eval()
+    assert model.pooled is not None and model.pooled.num_features == 6 * (4 + 4 + 8)
+    gamma = torch.distributions.Gamma(torch.tensor([0.5, 1.0, 2.0, 8.0]), 1.0)
+    x = gamma.sample((3, 16, 16, 16)).permute(0, 4, 1, 2, 3)  # skewed, one shape a channel
+    got = model.pooled.moments["input"](x).double()
+    flat = x.double().flatten(2)
+    mean = flat.mean(2)
+    dev = flat - mean[..., None]
+    sd = ((dev**2).mean(2) + 1e-5).sqrt()
+    gaussian = {3: 0, 4: 3, 5: 0, 6: 15}
+    expected = [mean, sd] + [(dev**p).mean(2) / sd**p - gaussian[p] for p in range(3, 7)]
+    torch.testing.assert_close(got, torch.cat(expected, 1), rtol=2e-4, atol=2e-4)
+    # A gamma(k)'s skewness is 2/sqrt(k): the statistic is the distribution's, not a proxy.
+    skew = got[:, 8:12].mean(0)
+    torch.testing.assert_close(skew, 2 / torch.tensor([0.5, 1.0, 2.0, 8.0]).double().sqrt(),
+                               rtol=0.1, atol=0.0)  # fmt: skip
+
+
+def test_whitening_decorrelates_the_input_taps_statistics_and_stays_linear() -> None:
+    from cosmocub.models.pooling import GroupWhitening
+
+    torch.manual_seed(0)
+    # Two groups of three features, the second's first two nearly collinear (their correlation's
+    # eigenvalues 2 : 5e-4, as a lognormal field's moments are: docs/known_answer.md),
+    # interleaved as the branch lays them out (feature j of group g at column j·2 + g).
+    mix = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    skew = torch.tensor([[100.0, 0.0, 0.0], [99.9, 3.0, 0.0], [50.0, 0.0, 1.0]])
+    index = torch.tensor([[0, 2, 4], [1, 3, 5]])
+    whiten = GroupWhitening(index, momentum=0.05)
+
+    def batch(n: int) -> torch.Tensor:
+        a, b = torch.randn(n, 3) @ mix.T + 5.0, torch.randn(n, 3) @ skew.T - 2.0
+        return torch.stack([a, b], dim=2).flatten(1)  # (n, 6): a0 b0 a1 b1 a2 b2
+
+    whiten.train()
+    for _ in range(400):
+        whiten(batch(16))
+    whiten.eval()
+    out = whiten(batch(20000)).double()
+    for group in index:
+        cov = torch.cov(out[:, group].T)
+        torch.testing.assert_close(cov, torch.eye(3, dtype=cov.dtype), rtol=0, atol=0.12)
+    # Eval mode tracks nothing; the map is affine in its input, the same one for every sample.
+    before = whiten.num_batches_tracked.clone()
+    x = batch(4).requires_grad_()
+    y = whiten(x)
+    assert torch.equal(whiten.num_batches_tracked, before)
+    torch.testing.assert_close(
+        whiten(2 * x) - whiten(x), y - whiten(torch.zeros_like(x)), rtol=1e-4, atol=1e-3
+    )
+    y.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_pooled_whiten_config_errors_name_the_key() -> None:
+    from cosmocub.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"pooled\.order': 9 is greater than the maximum"):
+        small_cfg(stats="moments", order=9)
+    with pytest.raises(ConfigError, match=r"model\.pooled\.norm': 'whiten'.*no 'input'"):
+        small_cfg(stats="moments", norm="whiten", taps=["blocks"])
+    cfg = small_cfg(stats="moments", order=5, norm="whiten", join="last_hidden")
+    model = CosmoFlow(cfg)
+    # The input tap's 4 channels × 5 statistics whitened, the blocks' 12 × 5 batch-normalised.
+    assert model.pooled.whitened == 20
+    assert model.pooled.norm.num_features == 60
+    model.train()
+    out = model(torch.randn(4, 4, 16, 16, 16))
+    assert out.shape == (4, 4) and torch.isfinite(out).all()

@@ -61,6 +61,8 @@ MODEL_CASES = [
     "model split=[2, 1, 1] communicates_gradients",
     "model split=[2, 1, 1] head=gaussian",
     "model split=[2, 2, 1] pooled=mean_std",
+    "model split=[2, 2, 1] pooled=moments4 taps=['input', 'blocks']",
+    "model split=[2, 2, 1] pooled=moments8 taps=['input']",
 ]
 
 

@@ -128,7 +128,11 @@ class UNetShape:
     convs_per_level: int
 
 
-POOLED_STATS = ("none", "mean", "mean_std")
+POOLED_STATS = ("none", "mean", "mean_std", "moments")
+POOLED_NORMS = ("batch", "whiten")
+# Moments past the 8th are dominated by a box's few extreme voxels (and float64 power sums lose
+# their central moments to cancellation); the 3rd is the least that is a shape.
+MIN_MOMENT_ORDER, MAX_MOMENT_ORDER = 3, 8
 POOLED_TAPS = ("input", "blocks")
 POOLED_JOINS = ("head_input", "last_hidden")
 
@@ -141,6 +145,28 @@ class PooledConfig:
     stats: str = "none"
     taps: tuple[str, ...] = POOLED_TAPS
     join: str = "head_input"
+    # "batch": BatchNorm1d when model.batch_norm is on; "whiten": the input tap's statistics
+    # decorrelated channel by channel (models.pooling.GroupWhitening), the blocks' as "batch".
+    norm: str = "batch"
+    # With stats "moments": the standardised central moments from the third up to this order.
+    order: int = 4
+
+    def identity(self) -> dict[str, object]:
+        """What of the branch a run's identity holds: the keys that were there before `norm` and
+        `order`, and those two only where they change the model (whiten; stats moments), so
+        that checkpoints from before them still resume."""
+        values: dict[str, object] = {"stats": self.stats, "taps": list(self.taps)}
+        values["join"] = self.join
+        if self.norm != "batch":
+            values["norm"] = self.norm
+        if self.stats == "moments":
+            values["order"] = self.order
+        return values
+
+    @property
+    def per_channel(self) -> int:
+        """Statistics a channel gives: 1 (mean), 2 (and the deviation), or `order` (moments)."""
+        return {"mean": 1, "mean_std": 2}.get(self.stats, self.order)
 
     @property
     def enabled(self) -> bool:
@@ -151,9 +177,20 @@ class PooledConfig:
         for key, value, allowed in (
             ("stats", self.stats, POOLED_STATS),
             ("join", self.join, POOLED_JOINS),
+            ("norm", self.norm, POOLED_NORMS),
         ):
             if value not in allowed:
                 raise ConfigError(f"key 'model.pooled.{key}': {value!r} is not one of {allowed}")
+        if not MIN_MOMENT_ORDER <= self.order <= MAX_MOMENT_ORDER:
+            raise ConfigError(
+                f"key 'model.pooled.order': {self.order} is outside "
+                f"[{MIN_MOMENT_ORDER}, {MAX_MOMENT_ORDER}]"
+            )
+        if self.norm == "whiten" and "input" not in self.taps:
+            raise ConfigError(
+                f"key 'model.pooled.norm': 'whiten' whitens the input tap's statistics, and "
+                f"model.pooled.taps {list(self.taps)} has no 'input'"
+            )
         unknown = [t for t in self.taps if t not in POOLED_TAPS]
         if unknown or not self.taps or len(set(self.taps)) != len(self.taps):
             raise ConfigError(

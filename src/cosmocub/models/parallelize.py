@@ -136,7 +136,7 @@ def _parallelize_pooled(
     if dims.spatial > 1:
         for name, moments in list(branch.moments.items()):
             branch.moments[name] = SpatialGlobalMoments(
-                with_std=moments.with_std, eps=moments.eps, plan=plan
+                order=moments.order, eps=moments.eps, plan=plan
             )
     if stats_group is not None and isinstance(branch.norm, nn.BatchNorm1d):
         branch.norm = SyncBatchNorm3d(branch.norm, stats_group, replicas=dims.spatial)

@@ -10,26 +10,35 @@ import torch
 from torch import nn
 
 from cosmocub.config import ModelConfig
+from cosmocub.parallel.layers import central_moments, channel_statistics
 
 STD_EPS = 1e-5  # under the square root: a finite gradient even for a constant map
 
 
 class GlobalMoments(nn.Module):
-    """(B, C, D, H, W) → (B, C): each channel's mean over D, H and W; with `with_std`
-    (B, 2C): the means, then the standard deviations sqrt(var + eps) (population variance)."""
+    """(B, C, D, H, W) → (B, order·C): each channel's whole-sample statistics over D, H and W
+    up to `order` (parallel.layers.channel_statistics): 1 the mean; 2 and the standard
+    deviation sqrt(var + eps) (population variance); from 3 the standardised central moments,
+    computed in float64."""
 
-    def __init__(self, *, with_std: bool, eps: float = STD_EPS) -> None:
+    def __init__(self, *, order: int, eps: float = STD_EPS) -> None:
         super().__init__()
-        self.with_std, self.eps = with_std, eps
+        self.order, self.eps = order, eps
 
     def forward(self, x_bcdhw: torch.Tensor) -> torch.Tensor:
-        if not self.with_std:
-            return x_bcdhw.mean(dim=(2, 3, 4))  # (B, C)
-        var, mean = torch.var_mean(x_bcdhw, dim=(2, 3, 4), correction=0)  # (B, C) each
-        return torch.cat([mean, torch.sqrt(var + self.eps)], dim=1)  # (B, 2C)
+        dims = (2, 3, 4)
+        if self.order == 1:
+            return x_bcdhw.mean(dim=dims)  # (B, C)
+        if self.order == 2:
+            var, mean = torch.var_mean(x_bcdhw, dim=dims, correction=0)  # (B, C) each
+            return channel_statistics(mean, [var], order=2, eps=self.eps)
+        # Higher orders: the moments in float64 from the block, kept for backward as a spatial
+        # split keeps them (parallel.layers.central_moments), so both save the same bytes.
+        mean, central = central_moments(x_bcdhw, self.order)
+        return channel_statistics(mean, central, order=self.order, eps=self.eps)  # (B, order·C)
 
     def extra_repr(self) -> str:
-        return "mean, std" if self.with_std else "mean"
+        return f"order {self.order}"
 
 
 def tap_channels(cfg: ModelConfig) -> dict[str, int]:
@@ -44,19 +53,111 @@ def tap_channels(cfg: ModelConfig) -> dict[str, int]:
     return out
 
 
+class GroupWhitening(nn.Module):
+    """(B, F) → (B, F): the features `index` (G, k) groups, each group's k features standardised
+    and decorrelated (ZCA) by running estimates of their mean and covariance over the samples
+    seen in training (an exponential average, `momentum` a batch, started at the first batch):
+    x_g ↦ C_g^(−1/2) · (x_g − μ_g) / s_g with C_g the correlation and s_g the deviations. The
+    estimates are taken without gradient, so a step's map is linear and fixed, as batch norm's
+    in eval mode. Why: a lognormal field's σ lies in a combination of its mean, deviation,
+    skewness and kurtosis whose variance over the training universes is ~10⁻³ of the leading
+    one's (docs/known_answer.md); gradient descent moves along a direction at a rate
+    proportional to its variance, so a per-feature norm leaves that combination unreached in a
+    few thousand steps, while whitened it is as quick as any other.
+
+    `eps` is added to the correlation's diagonal (a floor on its eigenvalues, relative);
+    `var_eps` under each deviation keeps features that no sample moves (float noise of a
+    statistic fixed by construction) near zero instead of blowing their noise up to unit size.
+    """
+
+    def __init__(self, index: torch.Tensor, *, momentum: float = 0.01, eps: float = 1e-5,
+                 var_eps: float = 1e-10) -> None:  # fmt: skip
+        super().__init__()
+        groups, k = index.shape
+        self.momentum, self.eps, self.var_eps = momentum, eps, var_eps
+        self.register_buffer("index", index.clone(), persistent=False)
+        self.register_buffer("running_mean", torch.zeros(groups, k, dtype=torch.float64))
+        self.register_buffer(
+            "running_cov", torch.eye(k, dtype=torch.float64).expand(groups, k, k).clone()
+        )
+        self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
+
+    @torch.no_grad()
+    def _track(self, grouped: torch.Tensor) -> None:
+        x = grouped.double()  # (B, G, k)
+        mean = x.mean(0)
+        centred = x - mean
+        cov = torch.einsum("bgi,bgj->gij", centred, centred) / x.shape[0]
+        # The first batch sets the estimates (a step of 1); no .item(): no wait on the device.
+        m = torch.where(self.num_batches_tracked == 0, 1.0, self.momentum).to(x.dtype)
+        shift = mean - self.running_mean  # the new batch moves the mean: its outer product
+        spread = shift[:, :, None] * shift[:, None, :]
+        self.running_cov.mul_(1 - m).add_(m * cov + m * (1 - m) * spread)
+        self.running_mean.add_(m * shift)
+        self.num_batches_tracked += 1
+
+    def _whitening(self) -> torch.Tensor:
+        """(G, k, k) W with W (x − μ) whitened: C^(−1/2) diag(1/s), C the correlation."""
+        sd = torch.sqrt(torch.diagonal(self.running_cov, dim1=1, dim2=2) + self.var_eps)  # (G, k)
+        corr = self.running_cov / (sd[:, :, None] * sd[:, None, :])
+        k = corr.shape[-1]
+        floor = self.eps * torch.eye(k, dtype=corr.dtype, device=corr.device)
+        values, vectors = torch.linalg.eigh(corr + floor)
+        inv_sqrt = vectors @ torch.diag_embed(values.rsqrt()) @ vectors.transpose(1, 2)
+        return inv_sqrt / sd[:, None, :]
+
+    def forward(self, x_bf: torch.Tensor) -> torch.Tensor:
+        grouped = x_bf[:, self.index]  # (B, G, k)
+        if self.training and x_bf.shape[0] > 1:
+            self._track(grouped)
+        w = self._whitening().to(x_bf.dtype)
+        centred = grouped - self.running_mean.to(x_bf.dtype)
+        out = torch.einsum("gij,bgj->bgi", w, centred)  # (B, G, k)
+        # The groups partition the features: each lands back in its own column.
+        return out.new_zeros(x_bf.shape).index_copy(1, self.index.flatten(), out.flatten(1))
+
+    def extra_repr(self) -> str:
+        groups, k = self.index.shape
+        return f"{groups} groups of {k}, momentum={self.momentum}, eps={self.eps}"
+
+
+def whitening_groups(channels: int, per_channel: int) -> torch.Tensor:
+    """(C, k) indices into a tap's statistics (blocks of C: all the means, then all the
+    deviations, …): one group per channel, its k statistics."""
+    return torch.tensor(
+        [[j * channels + c for j in range(per_channel)] for c in range(channels)], dtype=torch.long
+    )
+
+
 class PooledBranch(nn.Module):
     """`moments`: a `GlobalMoments` per tap (keys as `tap_channels`); forward(list of their
-    outputs, in that order) → (B, num_features), batch-normalised when model.batch_norm is on:
-    the statistics differ between samples by a small fraction of their size (one universe's
-    mean density against another's), which the norm brings to the scale of the other features."""
+    outputs, in that order) → (B, num_features), normalised as model.pooled.norm says. "batch":
+    batch-normalised when model.batch_norm is on (the statistics differ between samples by a
+    small fraction of their size, one universe's mean density against another's, which the
+    norm brings to the scale of the other features). "whiten": the input tap's statistics
+    whitened per channel (`GroupWhitening`), the blocks' as "batch" does: the input's
+    statistics are the data's, the same all through training, so running estimates of their
+    covariance hold; a block's move with its weights, and estimates that lag them would
+    blow the whitened values up (measured: the outputs pinned at ±output_scale from the
+    first epoch on)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        with_std = cfg.pooled.stats == "mean_std"
+        per_channel = cfg.pooled.per_channel
         channels = tap_channels(cfg)
-        self.moments = nn.ModuleDict({name: GlobalMoments(with_std=with_std) for name in channels})
-        self.num_features = (2 if with_std else 1) * sum(channels.values())
-        self.norm = nn.BatchNorm1d(self.num_features) if cfg.batch_norm else nn.Identity()
+        self.moments = nn.ModuleDict({name: GlobalMoments(order=per_channel) for name in channels})
+        self.num_features = per_channel * sum(channels.values())
+        self.whitened = 0  # the leading features (the input tap's) that `whiten` takes
+        self.whiten: nn.Module = nn.Identity()
+        if cfg.pooled.norm == "whiten":
+            self.whitened = per_channel * channels["input"]
+            self.whiten = GroupWhitening(whitening_groups(channels["input"], per_channel))
+        rest = self.num_features - self.whitened
+        self.norm: nn.Module = nn.BatchNorm1d(rest) if cfg.batch_norm and rest else nn.Identity()
 
     def forward(self, stats: list[torch.Tensor]) -> torch.Tensor:
-        return self.norm(torch.cat(stats, dim=1))  # (B, num_features)
+        features = torch.cat(stats, dim=1)  # (B, num_features)
+        if not self.whitened:
+            return self.norm(features)
+        head, rest = features.split([self.whitened, self.num_features - self.whitened], dim=1)
+        return torch.cat([self.whiten(head), self.norm(rest)], dim=1)

@@ -11,6 +11,8 @@ both kinds alike, and averaging over the whole data × spatial mesh gives the da
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -270,74 +272,102 @@ class SharedDropout(nn.Module):
         return f"p={self.p}, shared over the spatial group"
 
 
-class _BlockMoments(torch.autograd.Function):
-    """Per (sample, channel), the mean and population variance of the whole sample over D, H, W
-    from each rank's equal block: one all-gather of the blocks' (mean, var), merged in float64.
+def gaussian_moment(p: int) -> int:
+    """E[z^p] of a standard normal z: 0 for odd p, (p − 1)!! for even p."""
+    return 0 if p % 2 else math.prod(range(p - 1, 0, -2))
 
-    Backward: the upstream gradient is the same on every rank (the head is replicated), and the
-    exact gradient of a block's voxel is (g_mean + 2·g_var·(x − mean)) / N over the sample's
-    N = S·n voxels; as the gather before the head does, each rank returns S × that, so the
-    spatial group's gradient average leaves the exact conv-stack gradient.
+
+def channel_statistics(
+    mean: torch.Tensor, central: list[torch.Tensor], *, order: int, eps: float
+) -> torch.Tensor:
+    """(B, order·C) from per-(sample, channel) central moments, (B, C) each: `central` holds
+    E[(x − mean)^p] for p = 2 … order. Order 1: the means; 2: then the deviations
+    sd = sqrt(var + eps) (finite for a constant map); from 3: then for each p the standardised
+    moment E[(x − mean)^p] / sd^p less its Gaussian value (skewness, excess kurtosis, …).
+    Blocks of C: all the means, then all the deviations, and so on (models.pooling's layout)."""
+    if order == 1:
+        return mean
+    sd = torch.sqrt(central[0] + eps)
+    shape = [c / sd**p - gaussian_moment(p) for p, c in enumerate(central[1:], start=3)]
+    return torch.cat([mean, sd, *shape], dim=1)
+
+
+class _CentralMoments(torch.autograd.Function):
+    """Per (sample, channel), the mean and the central moments E[(x − mean)^p], p = 2 … order,
+    over D, H, W of the whole sample: (order, B, C) in float64. With a `group`, each rank holds
+    an equal block of the sample and one all-gather of the blocks' power means E[x^p] gives
+    the sample's; the central moments follow from them by the binomial sum, in float64, where
+    the cancellation is harmless. Without one, the block is the sample.
+
+    Backward, from the saved block and moments (no per-power tensors kept): ∂mean/∂x = 1/N,
+    ∂m_p/∂x = p·((x − mean)^(p−1) − m_(p−1))/N with m_1 = 0, over the sample's N = S·n voxels.
+    The upstream gradient is the same on every rank (the head is replicated); as the gather
+    before the head does, each rank returns S × that, so the spatial group's gradient average
+    leaves the exact conv-stack gradient.
     """
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx, x_bcdhw: torch.Tensor, group: dist.ProcessGroup, num_ranks: int, with_var: bool
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        acc = torch.promote_types(x_bcdhw.dtype, torch.float32)
-        x = x_bcdhw.to(acc)
+        ctx, x_bcdhw: torch.Tensor, group: dist.ProcessGroup | None, num_ranks: int, order: int
+    ) -> torch.Tensor:
+        x = x_bcdhw.double()
         dims = (2, 3, 4)
-        if with_var:
-            var, mean = torch.var_mean(x, dim=dims, correction=0)  # (B, C) each
-        else:
-            mean = x.mean(dim=dims)
-            var = torch.zeros_like(mean)
-        local = torch.stack([mean.double(), var.double()])  # (2, B, C)
-        parts = [torch.empty_like(local) for _ in range(num_ranks)]
-        dist.all_gather(parts, local, group=group)
-        means, variances = torch.stack(parts).unbind(1)  # (S, B, C) each
-        # Equal blocks: the sample's mean is the blocks' mean, its variance the mean of each
-        # block's variance plus its mean's squared offset (Chan's merge at equal counts).
-        mean_g = means.mean(0)
-        var_g = (variances + (means - mean_g) ** 2).mean(0)
-        mean_out, var_out = mean_g.to(x_bcdhw.dtype), var_g.to(x_bcdhw.dtype)
-        ctx.with_var, ctx.block_voxels = with_var, x[0, 0].numel()
-        if with_var:
-            ctx.save_for_backward(x_bcdhw, mean_g.to(acc))
-        else:
-            ctx.mark_non_differentiable(var_out)
-        ctx.shape, ctx.acc, ctx.dtype = x_bcdhw.shape, acc, x_bcdhw.dtype
-        return mean_out, var_out
+        raw = torch.stack([(x**p).mean(dim=dims) for p in range(1, order + 1)])  # (k, B, C)
+        if group is not None:
+            parts = [torch.empty_like(raw) for _ in range(num_ranks)]
+            dist.all_gather(parts, raw, group=group)
+            raw = torch.stack(parts).mean(0)  # equal blocks: the mean of the blocks' means
+        mean = raw[0]
+        powers = [torch.ones_like(mean), *raw]  # E[x^0] … E[x^order]
+        central = [
+            sum(math.comb(p, j) * powers[j] * (-mean) ** (p - j) for j in range(p + 1))
+            for p in range(2, order + 1)
+        ]
+        if central:
+            central[0] = central[0].clamp_min(0.0)  # a variance, against rounding
+        out = torch.stack([mean, *central])
+        ctx.save_for_backward(x_bcdhw, out)
+        ctx.block_voxels = x[0, 0].numel()
+        return out
 
     @staticmethod
-    def backward(ctx, g_mean: torch.Tensor, g_var: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+        x_bcdhw, moments = ctx.saved_tensors
         n = ctx.block_voxels  # S × 1/N = 1/n: the S × of the convention folded in
-        g = (g_mean.to(ctx.acc) / n)[:, :, None, None, None]
-        if ctx.with_var and g_var is not None:
-            x_bcdhw, mean = ctx.saved_tensors
-            dx = x_bcdhw.to(ctx.acc) - mean[:, :, None, None, None]
-            dx.mul_((2 * g_var.to(ctx.acc) / n)[:, :, None, None, None]).add_(g)
-        else:
-            dx = g.expand(ctx.shape)
-        return dx.to(ctx.dtype), None, None, None
+        expand = (slice(None), slice(None), None, None, None)
+        deviation = x_bcdhw.double() - moments[0][expand]
+        dx = (g[0] / n)[expand].expand_as(deviation).clone()
+        power = torch.ones_like(deviation)
+        for p in range(2, moments.shape[0] + 1):
+            power = power * deviation  # (x − mean)^(p − 1)
+            lower = moments[p - 2] if p > 2 else torch.zeros_like(moments[0])  # m_(p−1)
+            dx += (p * g[p - 1] / n)[expand] * (power - lower[expand])
+        return dx.to(x_bcdhw.dtype), None, None, None
+
+
+def central_moments(
+    x_bcdhw: torch.Tensor, order: int, *, group: dist.ProcessGroup | None = None,
+    num_ranks: int = 1,
+) -> tuple[torch.Tensor, list[torch.Tensor]]:  # fmt: skip
+    """The mean and [E[(x − mean)^p] for p = 2 … order] per (sample, channel), (B, C) each,
+    in x's dtype: of the block, or with `group` of the whole sample (`_CentralMoments`)."""
+    out = _CentralMoments.apply(x_bcdhw, group, num_ranks, order).to(x_bcdhw.dtype)
+    return out[0], list(out[1:])
 
 
 class SpatialGlobalMoments(nn.Module):
-    """models.pooling.GlobalMoments on a block: the whole sample's per-channel mean (and
-    standard deviation), identical on every rank of the spatial group."""
+    """models.pooling.GlobalMoments on a block: the whole sample's per-channel statistics up to
+    `order` (channel_statistics), identical on every rank of the spatial group."""
 
-    def __init__(self, *, with_std: bool, eps: float, plan: HaloPlan) -> None:
+    def __init__(self, *, order: int, eps: float, plan: HaloPlan) -> None:
         super().__init__()
-        self.with_std, self.eps, self.plan = with_std, eps, plan
+        self.order, self.eps, self.plan = order, eps, plan
 
     def forward(self, x_bcdhw: torch.Tensor) -> torch.Tensor:
-        mean, var = _BlockMoments.apply(
-            x_bcdhw, self.plan.group, self.plan.num_ranks, self.with_std
-        )  # (B, C) each
-        if not self.with_std:
-            return mean
-        return torch.cat([mean, torch.sqrt(var + self.eps)], dim=1)  # (B, 2C), as the plain one
+        mean, central = central_moments(
+            x_bcdhw, self.order, group=self.plan.group, num_ranks=self.plan.num_ranks
+        )
+        return channel_statistics(mean, central, order=self.order, eps=self.eps)
 
     def extra_repr(self) -> str:
-        stats = "mean, std" if self.with_std else "mean"
-        return f"{stats}, merged over split={self.plan.split}"
+        return f"order {self.order}, merged over split={self.plan.split}"

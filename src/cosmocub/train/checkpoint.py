@@ -72,11 +72,10 @@ def resume_values(cfg: Config, *, data_identity: str = "") -> dict[str, Any]:
             {
                 "seed": c.seed,
                 "model": {
-                    k: v
-                    for k, v in dataclasses.asdict(c.model).items()
+                    **{k: v for k, v in dataclasses.asdict(c.model).items() if k != "pooled"},
                     # Off, the pooled branch leaves the model as it was before the key existed:
                     # so it leaves the identity too, and older checkpoints still resume.
-                    if k != "pooled" or c.model.pooled.enabled
+                    **({"pooled": c.model.pooled.identity()} if c.model.pooled.enabled else {}),
                 },
                 "parallel": dataclasses.asdict(c.parallel),
                 "optimizer": dataclasses.asdict(c.optimizer),
