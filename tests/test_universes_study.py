@@ -201,3 +201,19 @@ def test_gather_picks_the_lr_per_n_and_plots_the_curve(tmp_path: Path) -> None:
     assert float(u300["pk_mae_hi"]) == pytest.approx(0.33) and u300["coverage95"] == "0.9"
     assert out["png"].stat().st_size > 20_000
     assert out["md"].read_text().startswith("## Study `universes`")
+
+
+def test_val_universes_keeps_every_sample_of_the_first_validation_universes(
+    tmp_path: Path,
+) -> None:
+    # train.val_universes: the first N universes of val.h5 (source_files order), every one of
+    # their samples, wherever the rows lie; more than the shard holds is a one-line error.
+    path = tmp_path / "val.h5"
+    write_split(path, np.random.default_rng(3), universes=5, crops=3, interleaved=True)
+    subset = FirstUniverses(ShardDataset(path, mean=None, std=None), 2, key="train.val_universes")
+    assert sorted(subset.rows.tolist()) == [0, 1, 5, 6, 10, 11]
+    with pytest.raises(ValueError, match=r"val.h5: key 'train.val_universes' is 6 but the shard"):
+        FirstUniverses(ShardDataset(path, mean=None, std=None), 6, key="train.val_universes")
+    assert load_config(None, overrides={"train": {"val_universes": 2}}).train.val_universes == 2
+    with pytest.raises(ConfigError, match=r"train.val_universes"):
+        load_config(None, overrides={"train": {"val_universes": 0}})

@@ -112,6 +112,7 @@ class TrainConfig:
     max_steps_per_epoch: int | None
     seed: int | None  # None: the config's seed (Config.training_seed)
     universes: int | None  # None: every training universe
+    val_universes: int | None  # None: validate on every validation universe
     # How the step is fed and run; "auto" is made concrete on the device (train/step_settings.py).
     data_placement: str  # auto, loader, device, pinned
     channels_last: str | bool  # "auto", True, False

@@ -261,11 +261,11 @@ class FirstUniverses(Dataset):
     (first_universe_rows), in the shard's order: index k is the dataset's row rows[k], and an
     index tuple (k, symmetry[, origin]) keeps its symmetry and origin."""
 
-    def __init__(self, dataset: ShardDataset, count: int) -> None:
+    def __init__(self, dataset: ShardDataset, count: int, *, key: str = "train.universes") -> None:
         self.dataset = dataset
         self.path = dataset.path
         self.random_origins = dataset.random_origins
-        self.rows = first_universe_rows(dataset.path, count)
+        self.rows = first_universe_rows(dataset.path, count, key=key)
 
     def __len__(self) -> int:
         return len(self.rows)

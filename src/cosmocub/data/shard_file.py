@@ -136,10 +136,12 @@ def verify_written(path: Path, metas: list[UniverseMeta], settings: PreprocessCo
                 )
 
 
-def first_universe_rows(path: str | os.PathLike, count: int | None) -> np.ndarray | None:
+def first_universe_rows(
+    path: str | os.PathLike, count: int | None, *, key: str = "train.universes"
+) -> np.ndarray | None:
     """The rows of shard `path` cut from the first `count` of its universes (`source_files`
-    order, the key `train.universes`), or None for `count` None (every row). A shard holding
-    fewer universes is an error naming both numbers."""
+    order; `count` is the config's `key`), or None for `count` None (every row). A shard
+    holding fewer universes is an error naming both numbers."""
     if count is None:
         return None
     with h5py.File(path, "r") as f:
@@ -147,6 +149,6 @@ def first_universe_rows(path: str | os.PathLike, count: int | None) -> np.ndarra
         universe_of = f["universe_index"][:]
     if count > universes:
         raise ValueError(
-            f"{path}: key 'train.universes' is {count} but the shard holds {universes} universes"
+            f"{path}: key '{key}' is {count} but the shard holds {universes} universes"
         )
     return np.flatnonzero(universe_of < count)

@@ -45,6 +45,8 @@ def build_trainer(
     if tc.universes is not None:  # the universes study's learning curve
         train_set = FirstUniverses(train_set, tc.universes)
     val_set = task.open_split(shards_dir, "val", block=block)
+    if tc.val_universes is not None:  # a fixed subset: each epoch's validation costs less
+        val_set = FirstUniverses(val_set, tc.val_universes, key="train.val_universes")
     per_rank = len(train_set) // dims.data
     if per_rank < tc.local_batch_size:
         raise ValueError(
