@@ -3,6 +3,7 @@ logs' medians beside `perf-model predict --cluster`'s step, training epoch, eval
 staging and time to train, and the H100 ÷ A100 ratio of the training epoch.
 
     python benchmarks/against_mlperf.py LOGDIR [--config config/cosmoflow-mlperf.yaml]
+        [--gpu-calibration CAL.json ...]
 
 LOGDIR holds the results repositories' folders as fetched (never committed here), e.g.
 LOGDIR/v3.0/NVIDIA/results/eos_n64_ngc23.09_pytorch/strong/cosmoflow/result_*.txt beside
@@ -10,6 +11,11 @@ LOGDIR/v3.0/NVIDIA/systems/eos_n64_ngc23.09_pytorch.json. Each system is matched
 preset by its description (perfmodel.cost_model.cluster_presets); nothing is fitted to the logs:
 from each run the model takes only what the run was (nodes, GPUs a node, global batch, dropout,
 the number of epochs it trained, whether it staged inside the timed run).
+
+--gpu-calibration takes the layer times `perf-model calibrate --device cuda --batch 1` wrote on a
+GPU (CUDA events, this repository's PyTorch CosmoFlow): the rows whose preset has that GPU
+(matched by its family, H100 or A100 …, in the calibration's device name) take them in place of
+the roofline, and their note says so; the others keep the roofline.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 
 from cosmocub.config import load_config
 from cosmocub.perfmodel.cost_model.cluster_presets import cluster
+from cosmocub.perfmodel.measure.gpu_layers import GpuLayerTimes
 from cosmocub.perfmodel.uses.mllog import RunTimes, run_times, system_description
 from cosmocub.perfmodel.uses.run_prediction import Workload
 from cosmocub.perfmodel.uses.time_to_train import predict_cluster
@@ -72,10 +79,26 @@ class Row:
         }
 
 
-def predict_row(row: Row, base: Workload) -> None:
+GPU_FAMILIES = ("GH200", "H200", "H100", "A100", "V100", "MI250X")
+
+
+def gpu_family(name: str) -> str | None:
+    """The GPU family a device or accelerator name holds ("NVIDIA H100 80GB HBM3" → H100)."""
+    upper = name.upper()
+    return next((f for f in GPU_FAMILIES if f in upper), None)
+
+
+def calibration_for(spec_name: str, calibrations: list[GpuLayerTimes]) -> GpuLayerTimes | None:
+    """The first calibration timed on the family of GPU `spec_name` names, if any."""
+    family = gpu_family(spec_name)
+    return next((c for c in calibrations if family and gpu_family(c.device) == family), None)
+
+
+def predict_row(row: Row, base: Workload, calibrations: list[GpuLayerTimes]) -> None:
     first = row.runs[0]
     gpus = first.nodes * first.accelerators_per_node
     preset = cluster(row.preset or "")
+    calibration = calibration_for(preset.spec.name, calibrations)
     if first.accelerators_per_node != preset.ranks_per_node:
         row.note = f"{first.accelerators_per_node} GPUs a node, preset {preset.ranks_per_node}"
         return
@@ -86,7 +109,7 @@ def predict_row(row: Row, base: Workload) -> None:
     in_run = [r.staging_in_run for r in row.runs if r.staging_in_run is not None]
     p, t = predict_cluster(
         work, preset, nodes=first.nodes, epochs=epochs,
-        staging_in_run=statistics.mode(in_run) if in_run else None,
+        staging_in_run=statistics.mode(in_run) if in_run else None, calibration=calibration,
     )  # fmt: skip
     row.predicted = {
         "step": t.step_s + t.data_wait_s,
@@ -99,6 +122,8 @@ def predict_row(row: Row, base: Workload) -> None:
     parts = f"compute {1e3 * s.compute_s:.2f} + exchange {1e3 * s.exchange_s:.2f} + update "
     parts += f"{1e3 * s.optimizer_s:.2f} ms"
     row.note = f"{parts}; {epochs} epochs; staging {'in' if t.staging_in_run else 'out of'} run"
+    if calibration is not None:
+        row.note += f"; layers timed on {calibration.device}"
 
 
 def collect(logdir: Path) -> list[Row]:
@@ -187,13 +212,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("logdir", type=Path)
     parser.add_argument("--config", default="config/cosmoflow-mlperf.yaml")
+    parser.add_argument("--gpu-calibration", type=Path, action="append", default=[],
+                        help="a perf-model calibrate --device cuda file (repeatable)")  # fmt: skip
     args = parser.parse_args()
     cfg = load_config(args.config)
     base = Workload.of(cfg)
+    calibrations = [GpuLayerTimes.read(path) for path in args.gpu_calibration]
     rows = collect(args.logdir)
     for row in rows:
         if row.preset is not None:
-            predict_row(row, base)
+            predict_row(row, base, calibrations)
     print("published (median over runs of each run's median) / predicted (predicted ÷ published)")
     print(table(rows))
     print()

@@ -7,8 +7,8 @@ lognormal's σ from it (docs/known_answer.md, "Case (b)" and "Case (c)").
 
 Prints test MAE (unitPar) per parameter of ridge probes, each fitted on the training split:
 1. the CNN itself on train / val / test, and a ridge on the input of its last layer;
-2. ridges on the pooled branch's global moments (per channel mean and std of the input and of
-   every block's output), tap by tap and all together, trained and untrained (random init);
+2. ridges on the pooled branch's global statistics (per channel those model.pooled takes, of the
+   input and of every block's output), tap by tap and all together, trained and untrained;
 3. on the lognormal channel (1) as the network sees it, σ from the box's mean and std plus the
    means of LeakyReLU(z − c) of the standardised field z, and with one step of a conv block
    added before the average (a max-pool, a channel mix, a 3³ smoothing or sharpening filter);
@@ -45,7 +45,13 @@ def _mae(pred: np.ndarray, true: np.ndarray) -> str:
 def _outputs(model: torch.nn.Module, shards: str, split: str, hook_on: torch.nn.Module) -> tuple:
     """(predictions, targets, inputs of `hook_on`) over a split, in order."""
     captured: list[np.ndarray] = []
-    handle = hook_on.register_forward_hook(lambda m, i, o: captured.append(i[0].numpy().copy()))
+
+    def keep(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        first = inputs[0]  # the pooled branch takes its taps' statistics as a list
+        first = torch.cat(first, dim=1) if isinstance(first, list) else first
+        captured.append(first.numpy().copy())
+
+    handle = hook_on.register_forward_hook(keep)
     preds, targets = [], []
     with torch.inference_mode():
         for x, y in DataLoader(open_split(shards, split, model.config), batch_size=32):
@@ -69,10 +75,10 @@ def probe_network(run: str, shards: str) -> None:
     untrained = build_model(trained.config).eval()
     print("2. ridges on the pooled branch's moments (test)")
     for label, model in (("trained", trained), ("untrained", untrained)):
-        data = {s: _outputs(model, shards, s, model.pooled.norm) for s in ("train", "test")}
+        data = {s: _outputs(model, shards, s, model.pooled) for s in ("train", "test")}
         start = 0
         for tap, channels in tap_channels(model.config).items():
-            width = 2 * channels  # mean and std (the config's pooled stats: mean_std)
+            width = model.config.pooled.per_channel * channels  # the branch's statistics
             cols = slice(start, start + width)
             start += width
             probe = ridge_predictions(
