@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Feeding the accelerator (issue 37) on one GPU, in one short run (about 4 min on an H100, at most
-# TOTAL_S): benchmarks/gpu_feed_point.py, which measures
+# TOTAL_S, then at most 3 min of layer timing): benchmarks/gpu_feed_point.py, which measures
 #   - the science point's loader per core (the worker path) against crops cut on the GPU from the
 #     resident shard, and its step alone (samples/s);
 #   - short runs of config/science.yaml on synthetic 64³ universes (UNIVERSES, EPOCHS x STEPS):
@@ -9,7 +9,9 @@
 #     the shard in pinned memory): samples/s, data wait, device busy; the host syncs per step;
 #   - the reference CosmoFlow (128³, batch 8, bf16), eager and compiled: samples/s and achieved
 #     TFLOP/s against the GPU's bf16 peak;
-# and writes $OUT/feed_point.{md,json,log} and $OUT/gpu.csv (nvidia-smi every 0.5 s).
+# and writes $OUT/feed_point.{md,json,log} and $OUT/gpu.csv (nvidia-smi every 0.5 s); then times
+# the MLPerf reference CosmoFlow's layers at batch 1 for the performance model (at most 3 min):
+# $OUT/gpu_layers_mlperf.{json,log}.
 #
 # Runs in the repo root with the package from src/ (not pip-installed) and the missing pure/binary
 # dependencies from .whl/ when it is there (as gpu_universes_point.sh). Env (defaults): PYTHON
@@ -55,6 +57,15 @@ if [[ -s $OUT/gpu.csv ]]; then  # utilisation over the whole run (loader rows, r
   awk -F', ' '$2 ~ /^[0-9]+$/ {n++; s+=$2; if ($2 > m) m=$2}
     END {if (n) printf "\nGPU utilisation over the run: mean %.0f %%, max %d %% (%d samples of 0.5 s)\n", s/n, m, n}' \
     "$OUT/gpu.csv" | tee -a "$OUT/feed_point.md"
+fi
+# The performance model's layer calibration of the MLPerf reference CosmoFlow at one sample a
+# GPU (issue 36): `python benchmarks/against_mlperf.py LOGDIR --gpu-calibration
+# $OUT/gpu_layers_mlperf.json` back on the CPU machine prices that GPU's rows with it.
+if [[ -z ${SMOKE:-} ]]; then
+  timeout -k 10 180 "$PY" -m cosmocub.cli perf-model calibrate --device cuda --batch 1 \
+    --config config/cosmoflow-mlperf.yaml --out "$OUT/gpu_layers_mlperf.json" \
+    > "$OUT/gpu_layers_mlperf.log" 2>&1 || echo "layer calibration failed: $OUT/gpu_layers_mlperf.log"
+  tail -n 12 "$OUT/gpu_layers_mlperf.log"
 fi
 echo "=== exit $rc; $(ls "$OUT" | tr '\n' ' ')"
 exit "$rc"
