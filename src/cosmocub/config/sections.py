@@ -130,8 +130,8 @@ class UNetShape:
 
 POOLED_STATS = ("none", "mean", "mean_std", "moments")
 POOLED_NORMS = ("batch", "whiten")
-# Moments past the 8th are dominated by a box's few extreme voxels (and float64 power sums lose
-# their central moments to cancellation); the 3rd is the least that is a shape.
+# Moments past the 8th are dominated by a box's few extreme voxels; the 3rd is the least that is
+# a shape.
 MIN_MOMENT_ORDER, MAX_MOMENT_ORDER = 3, 8
 POOLED_TAPS = ("input", "blocks")
 POOLED_JOINS = ("head_input", "last_hidden")
@@ -155,8 +155,11 @@ class PooledConfig:
         """What of the branch a run's identity holds: the keys that were there before `norm` and
         `order`, and those two only where they change the model (whiten; stats moments), so
         that checkpoints from before them still resume."""
-        values: dict[str, object] = {"stats": self.stats, "taps": list(self.taps)}
-        values["join"] = self.join
+        values: dict[str, object] = {
+            "stats": self.stats,
+            "taps": list(self.taps),
+            "join": self.join,
+        }
         if self.norm != "batch":
             values["norm"] = self.norm
         if self.stats == "moments":

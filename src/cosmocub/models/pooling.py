@@ -18,8 +18,8 @@ STD_EPS = 1e-5  # under the square root: a finite gradient even for a constant m
 class GlobalMoments(nn.Module):
     """(B, C, D, H, W) → (B, order·C): each channel's whole-sample statistics over D, H and W
     up to `order` (parallel.layers.channel_statistics): 1 the mean; 2 and the standard
-    deviation sqrt(var + eps) (population variance); from 3 the standardised central moments,
-    computed in float64."""
+    deviation sqrt(var + eps) (population variance); from 3 the standardised central moments
+    (parallel.layers.central_moments)."""
 
     def __init__(self, *, order: int, eps: float = STD_EPS) -> None:
         super().__init__()
@@ -32,8 +32,8 @@ class GlobalMoments(nn.Module):
         if self.order == 2:
             var, mean = torch.var_mean(x_bcdhw, dim=dims, correction=0)  # (B, C) each
             return channel_statistics(mean, [var], order=2, eps=self.eps)
-        # Higher orders: the moments in float64 from the block, kept for backward as a spatial
-        # split keeps them (parallel.layers.central_moments), so both save the same bytes.
+        # Higher orders: the same autograd function a spatial split merges (it keeps the block
+        # and the moments for backward, no per-power tensors), so both save the same bytes.
         mean, central = central_moments(x_bcdhw, self.order)
         return channel_statistics(mean, central, order=self.order, eps=self.eps)  # (B, order·C)
 

@@ -292,24 +292,32 @@ def channel_statistics(
     return torch.cat([mean, sd, *shape], dim=1)
 
 
-def _mean_over_group(
-    local: torch.Tensor, group: dist.ProcessGroup | None, num_ranks: int
-) -> torch.Tensor:
-    """The mean of every rank's `local` (equal blocks of one sample: the sample's mean)."""
-    if group is None:
-        return local
+def _merge_blocks(local: torch.Tensor, group: dist.ProcessGroup, num_ranks: int) -> torch.Tensor:
+    """(order, B, C) of each rank's equal block, [mean, m_2 … m_order] about the block's own
+    mean, all-gathered once and merged in float64 into the sample's (the same layout): mean the
+    blocks' means; m_p = mean over blocks of Σ_j C(p, j)·m_j·δ^(p−j), δ the block's mean less
+    the sample's, m_0 = 1, m_1 = 0 (the exact shift of a block's moments to the sample's mean,
+    Chan's merge at equal counts for p = 2)."""
     parts = [torch.empty_like(local) for _ in range(num_ranks)]
     dist.all_gather(parts, local, group=group)
-    return torch.stack(parts).mean(0)
+    blocks = torch.stack(parts)  # (S, order, B, C)
+    mean = blocks[:, 0].mean(0)
+    delta = blocks[:, 0] - mean  # (S, B, C)
+    about_own = [torch.ones_like(delta), torch.zeros_like(delta), *blocks[:, 1:].unbind(1)]
+    central = [
+        sum(math.comb(p, j) * about_own[j] * delta ** (p - j) for j in range(p + 1)).mean(0)
+        for p in range(2, local.shape[0] + 1)
+    ]
+    return torch.stack([mean, *central])
 
 
 class _CentralMoments(torch.autograd.Function):
     """Per (sample, channel), the mean and the central moments E[(x − mean)^p], p = 2 … order,
-    over D, H, W of the whole sample: (order, B, C) in float64. Two passes: the mean, then the
-    powers of the deviations from it (in float32 at least; no cancellation, which raw power
-    sums would suffer where the mean is large against the spread). With a `group` each rank
-    holds an equal block of the sample, and each pass ends in one all-gather of the blocks'
-    means; without one, the block is the sample.
+    over D, H, W of the whole sample: (order, B, C) in float64. Two passes over the block: its
+    mean, then the powers of the deviations from it (in float32 at least; no cancellation,
+    which raw power sums would suffer where the mean is large against the spread). With a
+    `group` each rank holds an equal block of the sample, and one all-gather of the blocks'
+    moments gives the sample's (`_merge_blocks`); without one, the block is the sample.
 
     Backward, from the saved block and moments (no per-power tensors kept): ∂mean/∂x = 1/N,
     ∂m_p/∂x = p·((x − mean)^(p−1) − m_(p−1))/N with m_1 = 0, over the sample's N = S·n voxels.
@@ -325,17 +333,18 @@ class _CentralMoments(torch.autograd.Function):
         x = x_bcdhw.to(torch.promote_types(x_bcdhw.dtype, torch.float32))
         dims = (2, 3, 4)
         # Sums in float32 (torch's cascade summation: ~1e-7 relative at these sizes), as float64
-        # accumulation costs 15× the time on a CPU; the blocks' means merge in float64.
-        mean = _mean_over_group(x.mean(dim=dims).double(), group, num_ranks)
-        deviation = x - mean.to(x.dtype)[:, :, None, None, None]
-        sums, power = [], deviation
+        # accumulation costs 15× the time on a CPU; the blocks merge in float64.
+        mean = x.mean(dim=dims)
+        deviation = x - mean[:, :, None, None, None]
+        moments, power = [mean.double()], deviation
         for _ in range(2, order + 1):
             power = power * deviation
-            sums.append(power.mean(dim=dims).double())
-        central = list(_mean_over_group(torch.stack(sums), group, num_ranks)) if sums else []
-        if central:
-            central[0] = central[0].clamp_min(0.0)  # a variance, against rounding
-        out = torch.stack([mean, *central])
+            moments.append(power.mean(dim=dims).double())
+        out = torch.stack(moments)  # (order, B, C)
+        if group is not None:
+            out = _merge_blocks(out, group, num_ranks)
+        if order >= 2:
+            out[1].clamp_(min=0.0)  # a variance, against rounding
         ctx.save_for_backward(x_bcdhw, out)
         ctx.block_voxels = x[0, 0].numel()
         return out
