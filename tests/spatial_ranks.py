@@ -400,12 +400,17 @@ def synthetic_cases(results: Results, world: int) -> None:
     case = model_case(meshes[4], cfg, (2, 2, 1), batch=2, seed=97)
     if case is not None:
         results["model split=[2, 2, 1] pooled=mean_std"] = case
-    # Higher moments, merged from the blocks' power sums: to the 4th of the input and every block,
+    # Higher moments, merged from the blocks' power sums: to the 4th of the input and every
+    # block's normalised conv and output,
     # and to the 8th of the input alone (with the blocks' at order 6 the split's fp32 rounding
     # reached 7e-5 on one gradient tensor, past the 1e-5 tolerance: the 6th standardised moment
     # of an 8³ map of 2 samples amplifies it). The whitening acts on merged statistics, the
     # same on every rank: test_model tests it.
-    for order, taps in ((4, ("input", "blocks")), (8, ("input",))):
+    for order, taps in (
+        (4, ("input", "blocks")),
+        (3, ("input", "convs", "blocks")),
+        (8, ("input",)),
+    ):
         pooled = PooledConfig(stats="moments", order=order, taps=taps, join="last_hidden")
         cfg = model_cfg(16, filters=4, blocks=2, batch_norm=True, pooled=pooled)
         case = model_case(meshes[4], cfg, (2, 2, 1), batch=2, seed=96)

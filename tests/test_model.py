@@ -313,3 +313,31 @@ def test_pooled_whiten_config_errors_name_the_key() -> None:
     model.train()
     out = model(torch.randn(4, 4, 16, 16, 16))
     assert out.shape == (4, 4) and torch.isfinite(out).all()
+
+
+def test_pooled_convs_tap_reads_each_blocks_conv_before_its_norm_and_activation() -> None:
+    # taps [input, convs, blocks]: per block its conv output (a learned filter of the map below,
+    # before the norm, LeakyReLU and the max-pool), then its output, in the order the model runs.
+    cfg = small_cfg(stats="moments", order=3, taps=["input", "convs", "blocks"])
+    torch.manual_seed(0)
+    model = CosmoFlow(cfg).eval()
+    assert list(model.pooled.moments) == ["input", "conv0", "block0", "conv1", "block1"]
+    assert model.pooled.num_features == 3 * (4 + 4 + 4 + 8 + 8)
+    x = torch.randn(2, 4, 16, 16, 16)
+    captured = []
+    model.pooled.register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
+    model(x)
+    stats = captured[0]
+    block0 = model.conv_blocks.block0
+    conv = block0.conv(x)
+    expected = model.pooled.moments["conv0"](conv)
+    torch.testing.assert_close(stats[1], expected, rtol=0, atol=0)
+    # The skewness is the normalised map's too (an affine map per channel), not the activation's:
+    # LeakyReLU skews the map, so the third moment moves.
+    normed = block0.norm(conv)
+    tap = model.pooled.moments["conv0"]
+    torch.testing.assert_close(tap(normed)[:, 8:], expected[:, 8:], rtol=1e-4, atol=1e-4)
+    assert (tap(block0.act(normed))[:, 8:] - expected[:, 8:]).abs().max() > 0.1
+    torch.testing.assert_close(stats[2], model.pooled.moments["block0"](block0(x)))
+    with pytest.raises(Exception, match=r"model\.pooled\.taps"):
+        small_cfg(stats="mean", taps=["input", "pools"])

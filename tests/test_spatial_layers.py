@@ -87,7 +87,9 @@ def _assert_matches(case: dict[str, Any]) -> None:
     # does to the plain model there (measured against float64): only an ill-conditioned tensor,
     # like a norm's bias ahead of the next norm (its gradient a sum that mostly cancels), on a
     # 128³ sample, gets more than a few 1e-7 of extra room.
-    assert case["grad_excess"] <= TOLERANCE, case
+    assert case["grad_excess"] <= TOLERANCE, {
+        k: case[k] for k in ("grad_excess", "grad_worst", "grad_max", "grad_worst_plain_vs_f64")
+    }
     assert case["eval_output"] <= TOLERANCE, case  # running statistics, no batch statistics
     assert case["buffers"] <= TOLERANCE, case  # the running statistics after one step
     assert case["grads_identical_on_all_ranks"], case
@@ -101,6 +103,21 @@ def test_parallel_model_matches_the_single_process_model(
     synthetic: dict[str, dict[str, Any]], name: str
 ) -> None:
     _assert_matches(synthetic[name])
+
+
+@pytest.mark.slow
+def test_parallel_pooled_convs_tap_matches_the_single_process_model(
+    synthetic: dict[str, dict[str, Any]],
+) -> None:
+    # The conv tap's skewness of a near-Gaussian conv output is ~1e-3, a difference of large
+    # sums; the branch's batch norm over the case's 2 samples scales it to ±1, and fp32 rounding
+    # with it: gradients agree to ~1.5e-5 (measured) where the other cases hold 1e-5. The
+    # forward is held to the others' tolerance.
+    case = synthetic["model split=[2, 2, 1] pooled=moments3 taps=['input', 'convs', 'blocks']"]
+    for key in ("output", "loss", "eval_output", "buffers"):
+        assert case[key] <= TOLERANCE, (key, case[key])
+    assert case["grad_all"] <= 5 * TOLERANCE, case["grad_all"]
+    assert case["grad_excess"] <= 50 * TOLERANCE, case["grad_excess"]
 
 
 @pytest.mark.slow
@@ -253,8 +270,12 @@ def test_model_summary_reports_activations_per_rank(capsys: pytest.CaptureFixtur
 
 @pytest.mark.parametrize(
     "pooled",
-    [PooledConfig(), PooledConfig(stats="mean_std", join="last_hidden")],
-    ids=["plain", "pooled"],
+    [
+        PooledConfig(),
+        PooledConfig(stats="mean_std", join="last_hidden"),
+        PooledConfig(stats="moments", order=3, taps=("input", "convs", "blocks")),
+    ],
+    ids=["plain", "pooled", "moments_convs"],
 )
 def test_activation_bytes_unsplit_is_what_a_plain_forward_saves(pooled: PooledConfig) -> None:
     cfg = tiny_cfg(pooled=pooled)

@@ -133,6 +133,10 @@ POOLED_NORMS = ("batch", "whiten")
 # Moments past the 8th are dominated by a box's few extreme voxels; the 3rd is the least that is
 # a shape.
 MIN_MOMENT_ORDER, MAX_MOMENT_ORDER = 3, 8
+# "input" the input; "convs" every block's convolution output, before its norm, activation and
+# max-pool (a learned filter of the map below, whose skewness is a weighted bispectrum);
+# "blocks" every block's output. The default leaves "convs" out: the branch as first built.
+POOLED_TAP_NAMES = ("input", "convs", "blocks")
 POOLED_TAPS = ("input", "blocks")
 POOLED_JOINS = ("head_input", "last_hidden")
 
@@ -194,11 +198,11 @@ class PooledConfig:
                 f"key 'model.pooled.norm': 'whiten' whitens the input tap's statistics, and "
                 f"model.pooled.taps {list(self.taps)} has no 'input'"
             )
-        unknown = [t for t in self.taps if t not in POOLED_TAPS]
+        unknown = [t for t in self.taps if t not in POOLED_TAP_NAMES]
         if unknown or not self.taps or len(set(self.taps)) != len(self.taps):
             raise ConfigError(
                 f"key 'model.pooled.taps': {list(self.taps)} must be distinct names out of "
-                f"{list(POOLED_TAPS)}, at least one"
+                f"{list(POOLED_TAP_NAMES)}, at least one"
             )
 
 

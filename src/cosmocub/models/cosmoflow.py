@@ -38,9 +38,10 @@ class CosmoFlow(nn.Module):
 
     forward(x_bcdhw: (B, C, S, S, S)) → (B, num_outputs); with `head: gaussian`
     (B, 2·num_outputs): the means, then the log-variances (models/heads.py reads them).
-    With model.pooled on, `pooled` (models/pooling.py) takes whole-sample moments of the input
-    and/or every block's output, and they join the head's input or its last hidden layer; off,
-    `pooled` is None and the model is the plain CosmoFlow, parameter for parameter.
+    With model.pooled on, `pooled` (models/pooling.py) takes whole-sample moments of the input,
+    of every block's convolution and/or of every block's output, and they join the head's input
+    or its last hidden layer; off, `pooled` is None and the model is the plain CosmoFlow,
+    parameter for parameter.
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -96,10 +97,19 @@ class CosmoFlow(nn.Module):
         taps = self.pooled.moments if self.pooled is not None else {}
         stats = [taps["input"](x_bcdhw)] if "input" in taps else []  # [(B, k·C)]
         h = x_bcdhw
-        for name, block in self.conv_blocks.named_children():
-            h = block(h)
-            if name in taps:
-                stats.append(taps[name](h))
+        for i, block in enumerate(self.conv_blocks.children()):
+            if f"conv{i}" not in taps:
+                h = block(h)
+            else:
+                for layer_name, layer in block.named_children():
+                    h = layer(h)
+                    if layer_name == "conv":
+                        # Before the norm: a moment from the 3rd on is the same of the normalised
+                        # map (an affine map per channel), and its gradient does not reach the
+                        # norm's weight as a sum that cancels (ill-conditioned in fp32).
+                        stats.append(taps[f"conv{i}"](h))
+            if f"block{i}" in taps:
+                stats.append(taps[f"block{i}"](h))
         # h: (B, F, s, s, s), s = S / 2**num_conv_blocks
         return self.head_output(self.flatten(h), stats)  # flattened: (B, F·s³)
 

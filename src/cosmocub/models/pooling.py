@@ -42,14 +42,19 @@ class GlobalMoments(nn.Module):
 
 
 def tap_channels(cfg: ModelConfig) -> dict[str, int]:
-    """Channels of each pooled feature map, by tap name: "input", then "block0", "block1", …
-    (model.pooled.taps "blocks" stands for every conv block's output)."""
+    """Channels of each pooled feature map, by tap name, in the order the model computes them:
+    "input", then per conv block i "conv{i}" (its convolution's output, before the norm,
+    activation and max-pool; model.pooled.taps "convs") and "block{i}" (its output; taps
+    "blocks")."""
     out: dict[str, int] = {}
     if "input" in cfg.pooled.taps:
         out["input"] = cfg.in_channels
-    if "blocks" in cfg.pooled.taps:
-        for i in range(cfg.num_conv_blocks):
-            out[f"block{i}"] = cfg.base_filters * 2**i
+    for i in range(cfg.num_conv_blocks):
+        filters = cfg.base_filters * 2**i
+        if "convs" in cfg.pooled.taps:
+            out[f"conv{i}"] = filters
+        if "blocks" in cfg.pooled.taps:
+            out[f"block{i}"] = filters
     return out
 
 

@@ -74,15 +74,17 @@ def activation_bytes(
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         h = x_bcdhw
         stats = [taps["input"](h)] if "input" in taps else []
-        for block_name, block in model.conv_blocks.named_children():
+        for i, block in enumerate(model.conv_blocks.children()):
             # Unsplit, the conv saves the block itself, as a pooled branch's moments of it do.
             padded = F.pad(h, halo_pad) if any(halo_pad) else h
             h = F.conv3d(padded, block.conv.weight, block.conv.bias, padding=conv_pad)
+            if f"conv{i}" in taps:
+                stats.append(taps[f"conv{i}"](h))
             for name, layer in block.named_children():
                 if name != "conv":
                     h = layer(h)
-            if block_name in taps:
-                stats.append(taps[block_name](h))
+            if f"block{i}" in taps:
+                stats.append(taps[f"block{i}"](h))
         conv_stack = sum(saved.values())
         whole_shape = (*h.shape[:2], *(n * s for n, s in zip(h.shape[2:], split, strict=True)))
         # What the gather hands the head; unsplit, the last block itself (a moment may save it).
