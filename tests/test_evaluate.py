@@ -138,6 +138,9 @@ class RecordingTracker:
         self.artifacts.append((Path(path).name, artifact_path))
 
 
+STATS_MEAN, STATS_STD = [2.0, 1.5], [1.4, 0.9]  # the tiny run's stats.json
+
+
 def _tiny_model_cfg() -> ModelConfig:
     return ModelConfig(
         input_size=SIZE,
@@ -178,7 +181,7 @@ def tiny_run(tmp_path):
     x_test, y_test = _write_shard(shards / "test.h5", rng, 5)
     _write_shard(shards / "val.h5", rng, 4)
     write_features(shards, shards / FEATURES_FILE, num_workers=1)
-    mean, std = [2.0, 1.5], [1.4, 0.9]
+    mean, std = STATS_MEAN, STATS_STD
     (shards / "stats.json").write_text(json.dumps({"mean": mean, "std": std, "split": "train"}))
     torch.manual_seed(0)
     model = cosmoflow.CosmoFlow(_tiny_model_cfg())
@@ -296,6 +299,22 @@ def test_evaluate_end_to_end(tiny_run):
             saved["per_parameter"][name]["mae"]
         )
     assert "calibration" not in saved  # the point head has no intervals
+    # Validation per universe (crops 0-1, 2-3), as the test's: what a study picks its lr by.
+    with h5py.File(shards / "val.h5", "r") as f:
+        x_val, y_val = f["x"][:], f["y"][:]
+    x_val = (x_val.astype(np.float32) - np.reshape(STATS_MEAN, (1, -1, 1, 1, 1))) / np.reshape(
+        STATS_STD, (1, -1, 1, 1, 1)
+    )
+    model = model_factory.load_model_file(run_dir / "model.pt").eval()
+    with torch.no_grad():
+        pred_val = model(torch.from_numpy(x_val.astype(np.float32))).numpy()
+    val_u = [np.abs(pred_val[g].mean(0) - y_val[g].mean(0)) for g in ([0, 1], [2, 3])]
+    val_mae = np.mean(val_u, axis=0)
+    validation = saved["validation"]
+    assert validation["num_universes"] == 2
+    for j, name in enumerate(NAMES):
+        assert validation["per_universe_mae"][name] == pytest.approx(val_mae[j], rel=1e-5)
+    assert validation["mean_per_universe_mae"] == pytest.approx(val_mae.mean(), rel=1e-5)
     for choice in saved["comparison"]["classical_choice"].values():
         assert choice["features"] == {"pk": ["pk"], "one_point": ["one_point"]}.get(
             choice["feature_set"], ["pk", "one_point"]

@@ -152,6 +152,22 @@ def test_select_lr_keeps_the_lowest_val_loss_per_size_and_checks_budgets() -> No
         select_lr(rows, cfg)
 
 
+def test_select_lr_chooses_by_the_per_universe_validation_mae_not_the_loss() -> None:
+    cfg = load_config(None, overrides={"sample_size_study": {"lrs": [0.001, 0.002]}})
+    # At 16 the loss prefers 0.001 and the MAE 0.002: the MAE wins. At 32 a point was
+    # evaluated before metrics.json held the MAE: that size falls back to the loss, and says so.
+    scores = {(16, 0.001): (0.5, 0.30), (16, 0.002): (0.6, 0.25),
+              (32, 0.001): (0.5, None), (32, 0.002): (0.4, 0.20)}  # fmt: skip
+    rows = [
+        {"point": f"{s}_lr{lr:g}", "sample_size": s, "lr": lr, "steps": 48, "final_val_loss": loss,
+         "val_universe_mae": mae, "level": "universe"}
+        for (s, lr), (loss, mae) in scores.items()
+    ]  # fmt: skip
+    out = select_lr(rows, cfg)
+    chosen = {(r["sample_size"], r["lr"], r["selected_by"]) for r in out if r["selected"] == 1}
+    assert chosen == {(16, 0.002, "val_universe_mae"), (32, 0.002, "final_val_loss")}
+
+
 class RecordingTracker:
     def __init__(self) -> None:
         self.artifacts: list[str] = []
@@ -215,7 +231,10 @@ def test_gather_writes_tsv_plot_and_report_section(tmp_path: Path) -> None:
     assert (
         section.startswith("## Study `sample_size`") and "![Study `sample_size`](s.png)" in section
     )
-    assert section.count("\n| 32_lr0.001 | 32 | 0.001 | 0.001 0.003 | 1 | 2 | 24 |") == 10
+    assert (
+        section.count("\n| 32_lr0.001 | 32 | 0.001 | 0.001 0.003 | 1 | final_val_loss | 2 | 24 |")
+        == 10
+    )
 
 
 def test_points_share_shards_and_may_not_touch_fixed_sections() -> None:

@@ -85,12 +85,10 @@ def evaluate(
     opts = {"batch_size": cfg.evaluate.batch_size, "symmetries": cfg.evaluate.symmetries}
     test_pred = split_predictions(model, test, **opts)
     pred_unit, true_unit = test_pred["mean"], test_pred["true"]
-    # Validation fits the gaussian head's calibration (never the test split).
-    val_pred = (
-        split_predictions(model, open_split(shards_dir, "val", model_cfg), **opts)
-        if model_cfg.gaussian
-        else None
-    )
+    # Validation fits the gaussian head's calibration (never the test split), and its
+    # per-universe MAE is what a study chooses a learning rate by (metrics.json "validation").
+    val = open_split(shards_dir, "val", model_cfg)
+    val_pred = split_predictions(model, val, **opts) if len(val) else None
     metrics = parameter_metrics(
         pred_unit, true_unit, train_mean_unit, names=names, physical=physical
     )

@@ -119,7 +119,27 @@ def field_level_metrics(
     }
     if calibration is not None:
         metrics["calibration"] = calibration
+    if val is not None:
+        metrics["validation"] = validation_mae(val, names)
     return metrics, arrays
+
+
+def validation_mae(val: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, Any]:
+    """The CNN's unitPar MAE per universe on the validation split, each universe estimated as
+    the test's are (its crops' mean, or their inverse-variance weighted mean for the gaussian
+    head): what a study chooses a learning rate by (issue 38: the per-universe MAE, not the
+    loss, which weighs the crops and, for the gaussian head, the variances as well)."""
+    where = val["universe_index"]
+    if "var" in val:
+        mean_u, _ = unc.combine_crops(val["mean"], val["var"], where)
+    else:
+        mean_u = unc.mean_per_universe(val["mean"], where)
+    err = np.abs(mean_u - unc.mean_per_universe(val["true"], where)).mean(axis=0)  # (P,)
+    return {
+        "per_universe_mae": dict(zip(names, err.tolist(), strict=True)),
+        "mean_per_universe_mae": float(err.mean()),
+        "num_universes": len(mean_u),
+    }
 
 
 def _calibration(

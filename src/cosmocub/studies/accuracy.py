@@ -5,7 +5,7 @@ Per point, eval/metrics.json's `comparison` (and, for the gaussian head, `calibr
 rows per (level, parameter): the unitPar test MAE of the CNN and of each baseline it is compared
 with, their bootstrap ranges over the test universes, the CNN's ratios, the calibrated 68% widths
 and coverages. The study's gather then keeps, per group of points (a crop size, a number of
-training universes), the learning rate with the lowest final validation loss.
+training universes), the learning rate with the lowest per-universe validation MAE.
 """
 
 from __future__ import annotations
@@ -92,6 +92,7 @@ def evaluated_point_rows(
     point = {
         "steps": outputs.train_summary()["steps"],
         "final_val_loss": epochs[-1].get("val_loss") if epochs else None,
+        "val_universe_mae": metrics.get("validation", {}).get("mean_per_universe_mae"),
     }
     return [{**point, **r} for r in level_rows(metrics, estimators=estimators)]
 
@@ -103,10 +104,13 @@ def select_lr_per_group(
     grid: Callable[[Any], Sequence[float]],
     budget_key: str,
 ) -> list[dict[str, Any]]:
-    """Per value of column `group`, mark the learning rate with the lowest final validation loss
-    (`selected` = 1, the others 0; the first of the grid on a tie) and record the group's grid
-    (`grid(value)`) in `lr_grid`; refuse unequal budgets (points that took different numbers of
-    optimizer steps), naming the config key `budget_key` that sets them."""
+    """Per value of column `group`, mark the learning rate with the lowest per-universe
+    validation MAE (`val_universe_mae`, the mean over parameters; `selected` = 1, the others 0;
+    the first of the grid on a tie) and say so in `selected_by`; where a point of the group has
+    no such MAE (evaluated before metrics.json held it), the lowest final validation loss, and
+    `selected_by` says that instead. Record the group's grid (`grid(value)`) in `lr_grid`;
+    refuse unequal budgets (points that took different numbers of optimizer steps), naming the
+    config key `budget_key` that sets them."""
     steps: dict[str, int] = {}
     for r in rows:
         if r.get("steps") is not None:
@@ -116,19 +120,24 @@ def select_lr_per_group(
             f"unequal budgets, optimizer steps per point {steps} (a point has fewer batches "
             f"per epoch than {budget_key})"
         )
-    best: dict[Hashable, tuple[float, float]] = {}
+    members: dict[Hashable, list[dict[str, Any]]] = {}
     for r in rows:
-        loss = r.get("final_val_loss")
-        if loss is None or not math.isfinite(loss):
-            continue
-        key = r[group]
-        if key not in best or loss < best[key][0]:
-            best[key] = (loss, r["lr"])
-    for r in rows:
-        chosen = best.get(r[group])
-        r["selected"] = int(chosen is not None and r["lr"] == chosen[1])
-        r["lr_grid"] = " ".join(f"{lr:g}" for lr in grid(r[group]))
+        members.setdefault(r[group], []).append(r)
+    for key, group_rows in members.items():
+        by_mae = all(_finite_or_none(r.get("val_universe_mae")) is not None for r in group_rows)
+        column = "val_universe_mae" if by_mae else "final_val_loss"
+        values = [(_finite_or_none(r.get(column)), r["lr"]) for r in group_rows]
+        scored = [(v, lr) for v, lr in values if v is not None]
+        chosen = min(scored, key=lambda pair: pair[0])[1] if scored else None
+        for r in group_rows:
+            r["selected"] = int(chosen is not None and r["lr"] == chosen)
+            r["selected_by"] = column
+            r["lr_grid"] = " ".join(f"{lr:g}" for lr in grid(key))
     return rows
+
+
+def _finite_or_none(value: Any) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) else None
 
 
 def selected_rows(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

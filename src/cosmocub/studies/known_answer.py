@@ -45,8 +45,10 @@ COLUMNS = (
     "lr",
     "lr_grid",
     "selected",
+    "selected_by",
     "steps",
     "final_val_loss",
+    "val_universe_mae",
     "level",
     "case",
     "parameter",
@@ -180,7 +182,8 @@ STUDY = StudyDefinition(
         "and per-crop test MAE (unitPar) of the CNN, the P(k) and one-point ridge fits, the best "
         "classical fit (P(k), one-point or both with the bispectrum, chosen on validation) and "
         "predict-the-mean, with bootstrap ±1σ ranges over the test universes (`_lo`, `_hi`), and "
-        "the CNN's ratio to each; `selected` = 1 on the lr with the lowest final validation "
-        "loss."
+        "the CNN's ratio to each; `selected` = 1 on the lr with the lowest per-universe "
+        "validation MAE (`selected_by`; the final validation loss for points evaluated "
+        "without it)."
     ),
 )

@@ -6,7 +6,7 @@ predict-the-mean and P(k) fits of the same crops.
 The seed (*The Case for Strong Scaling in Deep Learning*) found larger samples far more accurate;
 this module derives one point per (size, learning rate), reads each point's evaluation
 (eval/metrics.json: `comparison`, and `calibration` for the gaussian head) and, in the gather,
-keeps per size the learning rate with the lowest final validation loss.
+keeps per size the learning rate with the lowest per-universe validation MAE.
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ COLUMNS = (
     "lr",
     "lr_grid",
     "selected",
+    "selected_by",
     "spatial",
     "steps",
     "final_val_loss",
+    "val_universe_mae",
     "level",
     "parameter",
     "count",
@@ -101,8 +103,8 @@ def size_config_values(cfg: Config, size: int, lr: float) -> dict[str, Any]:
 
 
 def select_lr(rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
-    """Per size, mark the learning rate with the lowest final validation loss and record the
-    size's grid (accuracy.select_lr_per_group); refuse unequal budgets."""
+    """Per size, mark the learning rate with the lowest per-universe validation MAE and record
+    the size's grid (accuracy.select_lr_per_group); refuse unequal budgets."""
     study = cfg.sample_size_study
     return select_lr_per_group(
         rows,
@@ -174,6 +176,7 @@ STUDY = StudyDefinition(
         "universe (its crops' predictions combined) and per crop: the CNN, predict-the-mean and "
         "the P(k) ridge fit, the CNN's ratios to both, and the gaussian head's calibrated 68% "
         "widths; each size trained at every lr of the grid, `selected` = 1 on the lr with the "
-        "lowest final validation loss."
+        "lowest per-universe validation MAE (`selected_by`; the final validation loss for "
+        "points evaluated without it)."
     ),
 )

@@ -3,7 +3,8 @@
 The same recipe trains on the first N universes of the training split (train.universes) for
 every N of `universes_study.train_universes`, at equal optimizer steps (the same epochs of the
 same capped length at every N, so a small N repeats its universes more often), each N once per
-learning rate of the grid; the gather keeps per N the lr with the lowest final validation loss.
+learning rate of the grid; the gather keeps per N the lr with the lowest per-universe validation
+MAE.
 Every point reads the same shards, so the test universes are the same at every N, and each
 point's evaluation fits its baselines (predict-the-mean, the one-point and P(k) ridge fits) on
 its own N universes. The table and plot give, per N, the per-universe test MAE of the CNN and of
@@ -40,8 +41,10 @@ COLUMNS = (
     "lr",
     "lr_grid",
     "selected",
+    "selected_by",
     "steps",
     "final_val_loss",
+    "val_universe_mae",
     "level",
     "parameter",
     "count",
@@ -203,6 +206,7 @@ STUDY = StudyDefinition(
         "training universes), with their bootstrap ±1σ ranges over the test universes "
         "(`_lo`, `_hi`), the CNN's ratios, and for the gaussian head its calibrated 68% widths "
         "and 68%/95% coverages; each N trained at every lr of the grid, `selected` = 1 on the "
-        "lr with the lowest final validation loss."
+        "lr with the lowest per-universe validation MAE (`selected_by`; the final validation "
+        "loss for points evaluated without it)."
     ),
 )
