@@ -86,19 +86,19 @@ def field_level_metrics(
     baselines, classical_choice = fit_baselines(shards_dir, split, train_universes=train_universes)
     true, where = test["true"], test["universe_index"]
     crop_preds = {"cnn": test["mean"], **baselines}
-    true_u = unc.mean_per_universe(true, where)
-    univ_preds = {est: unc.mean_per_universe(p, where) for est, p in crop_preds.items()}
+    cnn_u, var_u, true_u = universe_estimates(test)
+    univ_preds = {"cnn": cnn_u}
+    univ_preds |= {est: unc.mean_per_universe(p, where) for est, p in baselines.items()}
     arrays = {f"crop_{est}_unit": p for est, p in crop_preds.items() if est != "cnn"}
-    gaussian = "var" in test
+    val_u = universe_estimates(val) if val is not None else None
     calibration = None
-    if gaussian:
-        if val is None:
+    if var_u is not None:
+        if val is None or val_u is None:
             raise ValueError(
                 f"{shards_dir}/val.h5: no validation samples; the gaussian head's calibration "
                 "is fitted on them"
             )
-        univ_preds["cnn"], var_u = unc.combine_crops(test["mean"], test["var"], where)
-        calibration, var_u_cal = _calibration(test, val, univ_preds["cnn"], var_u, true_u, names)
+        calibration, var_u_cal = _calibration(test, val, val_u, cnn_u, var_u, true_u, names)
         arrays.update(universe_var_unit=var_u_cal, crop_var_unit=test["var"])
     arrays.update(
         {f"universe_{est}_unit": p for est, p in univ_preds.items()},
@@ -119,22 +119,34 @@ def field_level_metrics(
     }
     if calibration is not None:
         metrics["calibration"] = calibration
-    if val is not None:
-        metrics["validation"] = validation_mae(val, names)
+    if val_u is not None:
+        metrics["validation"] = validation_mae(val_u, names)
     return metrics, arrays
 
 
-def validation_mae(val: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[str, Any]:
-    """The CNN's unitPar MAE per universe on the validation split, each universe estimated as
-    the test's are (its crops' mean, or their inverse-variance weighted mean for the gaussian
-    head): what a study chooses a learning rate by (issue 38: the per-universe MAE, not the
-    loss, which weighs the crops and, for the gaussian head, the variances as well)."""
-    where = val["universe_index"]
-    if "var" in val:
-        mean_u, _ = unc.combine_crops(val["mean"], val["var"], where)
-    else:
-        mean_u = unc.mean_per_universe(val["mean"], where)
-    err = np.abs(mean_u - unc.mean_per_universe(val["true"], where)).mean(axis=0)  # (P,)
+def universe_estimates(
+    pred: Mapping[str, np.ndarray],
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """(mean, variance or None, truth) per universe of a split's predictions: a universe's
+    estimate is its crops' mean (point head) or their inverse-variance weighted mean with its
+    variance (gaussian head, where `pred` has "var")."""
+    where = pred["universe_index"]
+    true_u = unc.mean_per_universe(pred["true"], where)
+    if "var" not in pred:
+        return unc.mean_per_universe(pred["mean"], where), None, true_u
+    mean_u, var_u = unc.combine_crops(pred["mean"], pred["var"], where)
+    return mean_u, var_u, true_u
+
+
+def validation_mae(
+    val_u: tuple[np.ndarray, np.ndarray | None, np.ndarray], names: Sequence[str]
+) -> dict[str, Any]:
+    """The CNN's unitPar MAE per universe on the validation split (`universe_estimates` of its
+    predictions, each universe estimated as the test's are): what a study chooses a learning
+    rate by (issue 38: the per-universe MAE, not the loss, which weighs the crops and, for the
+    gaussian head, the variances as well)."""
+    mean_u, _, true_u = val_u
+    err = np.abs(mean_u - true_u).mean(axis=0)  # (P,)
     return {
         "per_universe_mae": dict(zip(names, err.tolist(), strict=True)),
         "mean_per_universe_mae": float(err.mean()),
@@ -145,6 +157,7 @@ def validation_mae(val: Mapping[str, np.ndarray], names: Sequence[str]) -> dict[
 def _calibration(
     test: Mapping[str, np.ndarray],
     val: Mapping[str, np.ndarray],
+    val_u: tuple[np.ndarray, np.ndarray | None, np.ndarray],
     mean_u: np.ndarray,
     var_u: np.ndarray,
     true_u: np.ndarray,
@@ -153,10 +166,7 @@ def _calibration(
     # Scales fitted on validation only, on the coverage they give there: a temperature² for
     # single crops, an inflation factor for the combination of a universe's correlated crops.
     temperature_sq = unc.coverage_scale(val["mean"], val["var"], val["true"])
-    val_mean_u, val_var_u = unc.combine_crops(val["mean"], val["var"], val["universe_index"])
-    inflation = unc.coverage_scale(
-        val_mean_u, val_var_u, unc.mean_per_universe(val["true"], val["universe_index"])
-    )
+    inflation = unc.coverage_scale(*val_u)
     var_u_cal = var_u * inflation
     crop_var_cal = test["var"] * temperature_sq
     cases = {

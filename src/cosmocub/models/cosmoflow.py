@@ -98,16 +98,13 @@ class CosmoFlow(nn.Module):
         stats = [taps["input"](x_bcdhw)] if "input" in taps else []  # [(B, k·C)]
         h = x_bcdhw
         for i, block in enumerate(self.conv_blocks.children()):
-            if f"conv{i}" not in taps:
-                h = block(h)
-            else:
-                for layer_name, layer in block.named_children():
-                    h = layer(h)
-                    if layer_name == "conv":
-                        # Before the norm: a moment from the 3rd on is the same of the normalised
-                        # map (an affine map per channel), and its gradient does not reach the
-                        # norm's weight as a sum that cancels (ill-conditioned in fp32).
-                        stats.append(taps[f"conv{i}"](h))
+            for layer_name, layer in block.named_children():
+                h = layer(h)
+                if layer_name == "conv" and f"conv{i}" in taps:
+                    # Before the norm: a moment from the 3rd on is the same of the normalised
+                    # map (an affine map per channel), and its gradient does not reach the
+                    # norm's weight as a sum that cancels (ill-conditioned in fp32).
+                    stats.append(taps[f"conv{i}"](h))
             if f"block{i}" in taps:
                 stats.append(taps[f"block{i}"](h))
         # h: (B, F, s, s, s), s = S / 2**num_conv_blocks

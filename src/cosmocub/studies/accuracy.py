@@ -126,8 +126,9 @@ def select_lr_per_group(
     for key, group_rows in members.items():
         by_mae = all(_finite_or_none(r.get("val_universe_mae")) is not None for r in group_rows)
         column = "val_universe_mae" if by_mae else "final_val_loss"
-        values = [(_finite_or_none(r.get(column)), r["lr"]) for r in group_rows]
-        scored = [(v, lr) for v, lr in values if v is not None]
+        scored = [
+            (v, r["lr"]) for r in group_rows if (v := _finite_or_none(r.get(column))) is not None
+        ]
         chosen = min(scored, key=lambda pair: pair[0])[1] if scored else None
         for r in group_rows:
             r["selected"] = int(chosen is not None and r["lr"] == chosen)
