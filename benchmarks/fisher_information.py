@@ -67,7 +67,9 @@ def _simulate(job: tuple[int, np.ndarray, int, int, object]) -> tuple[np.ndarray
     seed, unit_par, size, crop, settings = job
     counts = simulate_universe(size=size, seed=seed, settings=settings, unit_par=unit_par)
     counts_cdhw = np.moveaxis(counts.counts_dhwc, -1, 0)
-    whole = sample_features(counts_cdhw, log1p=False, bispectrum=True)
+    sets = ("pk", "one_point", "bispectrum")
+    features = sample_features(counts_cdhw, log1p=False, bispectrum=True)
+    whole = tuple(features[name] for name in sets)
     per_crop = [
         sample_features(
             np.ascontiguousarray(counts_cdhw[:, d : d + crop, h : h + crop, w : w + crop]),
@@ -76,7 +78,7 @@ def _simulate(job: tuple[int, np.ndarray, int, int, object]) -> tuple[np.ndarray
         )
         for d, h, w in cube_origins(size, crop)
     ]
-    crops = tuple(np.mean([c[i] for c in per_crop], axis=0) for i in range(3))
+    crops = tuple(np.mean([c[name] for c in per_crop], axis=0) for name in sets)
     stored = np.log1p(counts_cdhw.astype(np.float64)).astype(np.float16)  # as a shard holds it
     return (*whole, *crops, stored)
 

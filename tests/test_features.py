@@ -6,10 +6,12 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
+from scipy.ndimage import gaussian_filter
 
 from cosmocub.cosmology.power import binned_power_spectrum, log_k_edges
 from cosmocub.data.features import (
     FEATURES_FILE,
+    NUM_K_BINS,
     ONE_POINT_NAMES,
     one_point_statistics,
     read_features,
@@ -90,11 +92,13 @@ def test_one_point_moments_are_scipys():
 
 def test_sample_features_same_from_counts_and_log1p():
     counts = np.random.default_rng(1).poisson(3.0, size=(2, 8, 8, 8)).astype(np.float64)
-    pk_a, op_a = sample_features(counts, log1p=False)
-    pk_b, op_b = sample_features(np.log1p(counts), log1p=True)
-    np.testing.assert_allclose(pk_a, pk_b, rtol=1e-9, equal_nan=True)
-    np.testing.assert_allclose(op_a, op_b, rtol=1e-9)
-    assert op_a.shape == (2 * len(ONE_POINT_NAMES),)
+    a = sample_features(counts, log1p=False)
+    b = sample_features(np.log1p(counts), log1p=True)
+    assert list(a) == ["pk", "log_pk", "one_point"]
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-9, equal_nan=True)
+    assert a["one_point"].shape == (2 * len(ONE_POINT_NAMES),)
+    assert a["log_pk"].shape == a["pk"].shape
 
 
 def test_write_features_per_split(tmp_path):
@@ -111,9 +115,27 @@ def test_write_features_per_split(tmp_path):
         assert feats["pk"].shape[0] == n
     # Each row is the features of its own sample, in shard order.
     with h5py.File(tmp_path / "test.h5", "r") as f:
-        expected = sample_features(f["x"][2], log1p=True)[1]
-    np.testing.assert_allclose(
-        read_features(tmp_path / FEATURES_FILE, "test")["one_point"][2], expected
-    )
+        expected = sample_features(f["x"][2], log1p=True)
+    stored = read_features(tmp_path / FEATURES_FILE, "test")
+    assert set(stored) == {"pk", "log_pk", "one_point"}
+    for name, values in expected.items():
+        np.testing.assert_allclose(stored[name][2], values)
     with pytest.raises(FileNotFoundError, match="cosmocub features --shards"):
         read_features(tmp_path / "missing.h5", "train")
+
+
+def test_log_pk_is_the_log_fields_spectrum():
+    """On counts exp(h)·n̄ of a Gaussian h the log-density P(k) is h's own, which the counts'
+    P(k) is not (a lognormal's spectrum is log(1 + C) transformed, far from C at σ_h = 1)."""
+    n = 16
+    rng = np.random.default_rng(5)
+    h = gaussian_filter(rng.normal(size=(n, n, n)), 1.5, mode="wrap")
+    h /= h.std()
+    counts = np.round(1e4 * np.exp(h))
+    edges = log_k_edges(n, float(n), NUM_K_BINS)
+    expected = binned_power_spectrum(h - h.mean(), float(n), edges)[1]
+    features = sample_features(counts[None], log1p=False)
+    finite = np.isfinite(expected) & (expected > 1e-3 * np.nanmax(expected))
+    np.testing.assert_allclose(10 ** features["log_pk"][finite], expected[finite], rtol=2e-3)
+    counts_pk = 10 ** features["pk"][finite]
+    assert np.max(np.abs(np.log(counts_pk / expected[finite]))) > 0.3

@@ -1,8 +1,10 @@
 """Per-sample field statistics of the shards, the inputs of the baselines a CNN is judged against.
 
 For every sample of every split: the power spectrum P(k) of each channel in log-spaced |k| bins
-up to Nyquist, one-point statistics of the log1p counts (moments, the empty-voxel share and
-PDF quantiles) and, where preprocess.bispectrum asks, band-averaged bispectra. Dask computes them
+up to Nyquist, that of its log1p counts (the log-density spectrum, which keeps information the
+nonlinear field's P(k) loses: Neyrinck, Szapudi & Szalay 2009), one-point statistics of the
+log1p counts (moments, the empty-voxel share and PDF quantiles) and, where
+preprocess.bispectrum asks, band-averaged bispectra. Dask computes them
 once, a block of samples per task, after the shards are written; they are stored beside the
 shards in `features.h5` (docs/formats.md).
 """
@@ -30,8 +32,9 @@ QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 ONE_POINT_NAMES = ("mean", "std", "skewness", "kurtosis", "empty", *(f"q{q:g}" for q in QUANTILES))
 # Log-spaced |k| bands of the bispectrum statistics (preprocess.bispectrum).
 NUM_B_BANDS = 4
-# The datasets of each split's group in features.h5 ("bispectrum" only where asked for).
-FEATURE_SETS = ("pk", "one_point", "bispectrum")
+# The datasets of each split's group in features.h5, in their column order within a row
+# ("bispectrum" only where asked for; files written before "log_pk" existed lack it).
+FEATURE_SETS = ("pk", "log_pk", "one_point", "bispectrum")
 # Samples per Dask task: enough FFTs per task that scheduling costs nothing.
 BLOCK_SAMPLES = 16
 
@@ -49,6 +52,19 @@ def counts_power_spectrum(
     n = delta.shape[0]
     k, power, _ = binned_power_spectrum(delta, float(n), log_k_edges(n, float(n), num_bins))
     return k, power
+
+
+def log_power_spectrum(log1p_dhw: np.ndarray, *, num_bins: int = NUM_K_BINS) -> np.ndarray:
+    """P(k) of one channel's log1p counts less their mean, in the bins of
+    `counts_power_spectrum`: the log-density spectrum. A log maps the nonlinear field's long
+    tail back towards a Gaussian, so its P(k) carries information that the counts' P(k) spreads
+    into higher-order statistics (on the synthetic whole boxes a ridge on it and the counts'
+    P(k) and one-point statistics reaches Ω_m's per-universe error 0.109, where without it
+    0.156: docs/known_answer.md)."""
+    logs = np.asarray(log1p_dhw, dtype=np.float64)
+    n = logs.shape[0]
+    edges = log_k_edges(n, float(n), num_bins)
+    return binned_power_spectrum(logs - logs.mean(), float(n), edges)[1]
 
 
 def _count_overdensity(counts_dhw: np.ndarray) -> np.ndarray:
@@ -124,9 +140,10 @@ def one_point_statistics(log1p_counts: np.ndarray) -> np.ndarray:
 
 def sample_features(
     values_cdhw: np.ndarray, *, log1p: bool, bispectrum: bool = False
-) -> tuple[np.ndarray, ...]:
-    """(log10 P(k) per channel and bin, one-point statistics per channel) of one stored sample,
-    and with `bispectrum` the bispectrum statistics per channel and triple third.
+) -> dict[str, np.ndarray]:
+    """The statistics of one stored sample by feature set, in FEATURE_SETS order: "pk" log10
+    P(k) per channel and bin, "log_pk" log10 of its log1p counts' P(k), "one_point" the
+    one-point statistics per channel, and with `bispectrum` "bispectrum" per channel and triple.
 
     `values_cdhw` holds what the shard stores: log1p counts if `log1p`, else counts.
     """
@@ -134,16 +151,21 @@ def sample_features(
     counts = np.expm1(values) if log1p else values
     logs = values if log1p else np.log1p(values)
     with np.errstate(divide="ignore"):
-        pk = [np.log10(counts_power_spectrum(c)[1]) for c in counts]
-    one_point = [one_point_statistics(c) for c in logs]
-    out = (np.concatenate(pk), np.concatenate(one_point))
+        out = {
+            "pk": np.concatenate([np.log10(counts_power_spectrum(c)[1]) for c in counts]),
+            "log_pk": np.concatenate([np.log10(log_power_spectrum(c)) for c in logs]),
+        }
+    out["one_point"] = np.concatenate([one_point_statistics(c) for c in logs])
     if bispectrum:
-        out += (np.concatenate([bispectrum_statistics(c) for c in counts]),)
+        out["bispectrum"] = np.concatenate([bispectrum_statistics(c) for c in counts])
     return out
 
 
 def _block_features(block: np.ndarray, log1p: bool, bispectrum: bool = False) -> np.ndarray:
-    rows = [np.concatenate(sample_features(s, log1p=log1p, bispectrum=bispectrum)) for s in block]
+    rows = [
+        np.concatenate(list(sample_features(s, log1p=log1p, bispectrum=bispectrum).values()))
+        for s in block
+    ]
     return np.stack(rows) if rows else np.zeros((0, 0))
 
 
@@ -162,8 +184,8 @@ def _universe_features(
 def shard_features(
     shard: Path, *, num_workers: int | None = None, bispectrum: bool = False
 ) -> dict[str, np.ndarray]:
-    """Features of every sample of one shard: {"pk": (N, C·bins), "one_point": (N, C·10), "k"}
-    and with `bispectrum` "bispectrum": (N, C·triples).
+    """Features of every sample of one shard: {"pk": (N, C·bins), "log_pk": (N, C·bins),
+    "one_point": (N, C·10), "k"} and with `bispectrum` "bispectrum": (N, C·triples).
 
     A shard of whole universes (preprocess.train_crops random) gives the features of its fixed
     crops (its rows), the same numbers the shard of crops would give."""
@@ -177,9 +199,9 @@ def shard_features(
         k = counts_power_spectrum(np.ones((s, s, s)))[0]
         pk_width, op_width = c * len(k), c * len(ONE_POINT_NAMES)
         bs_width = c * len(bispectrum_triples()) if bispectrum else 0
+        width = 2 * pk_width + op_width + bs_width
         if n == 0:
-            return _split_columns(np.zeros((0, pk_width + op_width + bs_width)), k, pk_width, c)
-        width = pk_width + op_width + bs_width
+            return _split_columns(np.zeros((0, width)), k, pk_width, c)
         # Opened per block by path, so the graph pickles to worker processes.
         source = H5Source(shard, "x", x.shape, x.dtype)
         if whole:
@@ -218,8 +240,14 @@ def shard_features(
 def _split_columns(
     feats: np.ndarray, k: np.ndarray, pk_width: int, channels: int
 ) -> dict[str, np.ndarray]:
-    op_end = pk_width + channels * len(ONE_POINT_NAMES)
-    out = {"pk": feats[:, :pk_width], "one_point": feats[:, pk_width:op_end], "k": k}
+    # Columns in FEATURE_SETS order: pk, log_pk (as wide), one_point, then any bispectrum.
+    op_end = 2 * pk_width + channels * len(ONE_POINT_NAMES)
+    out = {
+        "pk": feats[:, :pk_width],
+        "log_pk": feats[:, pk_width : 2 * pk_width],
+        "one_point": feats[:, 2 * pk_width : op_end],
+        "k": k,
+    }
     if feats.shape[1] > op_end:
         out["bispectrum"] = feats[:, op_end:]
     return out
@@ -248,8 +276,9 @@ def write_features(
 
 
 def read_features(path: Path, split: str) -> dict[str, np.ndarray]:
-    """{"pk", "one_point"} of one split from a features file, and "bispectrum" where the file
-    has it (preprocess.bispectrum), with a clear error if the file is absent."""
+    """{"pk", "log_pk", "one_point"} of one split from a features file, and "bispectrum" where
+    the file has it (preprocess.bispectrum), with a clear error if the file is absent. A file
+    written before "log_pk" existed gives the sets it has."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(

@@ -5,8 +5,9 @@ all fitted on the training split only.
 scikit-learn does the regression: standardised features, then RidgeCV, which picks the penalty
 per parameter by efficient leave-one-out on the training samples. The best classical fit
 ("classical") chooses per parameter, on the validation split, among ridge fits on P(k), on the
-one-point statistics and on both with the bispectrum where features.h5 has it, and their
-penalties: its coefficients come from the training rows alone.
+one-point statistics and on all of them together (with the log-density P(k) and the bispectrum
+where features.h5 has them), and their penalties: its coefficients come from the training rows
+alone.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from sklearn.linear_model import Ridge, RidgeCV
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from cosmocub.data.features import FEATURES_FILE, read_features
+from cosmocub.data.features import FEATURE_SETS, FEATURES_FILE, read_features
 from cosmocub.data.shard_file import first_universe_rows
 
 # Feature set of each fitted baseline (datasets of features.h5).
@@ -100,8 +101,9 @@ def fit_baselines(
 
 
 def feature_sets(available: set[str] | list[str]) -> dict[str, tuple[str, ...]]:
-    """The classical fit's candidate feature sets: P(k), one-point, and everything together."""
-    combined = tuple(name for name in ("pk", "one_point", "bispectrum") if name in available)
+    """The classical fit's candidate feature sets: P(k), one-point, and everything together (the
+    log-density P(k) and the bispectrum where the features file has them)."""
+    combined = tuple(name for name in FEATURE_SETS if name in available)
     return {"pk": ("pk",), "one_point": ("one_point",), "combined": combined}
 
 

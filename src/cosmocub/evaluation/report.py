@@ -127,7 +127,12 @@ _COMPARISON = (
 )
 
 # How the report names the datasets of features.h5 a best classical fit chose.
-FEATURE_LABELS = {"pk": "P(k)", "one_point": "one-point", "bispectrum": "bispectrum"}
+FEATURE_LABELS = {
+    "pk": "P(k)",
+    "log_pk": "log-density P(k)",
+    "one_point": "one-point",
+    "bispectrum": "bispectrum",
+}
 
 
 def classical_features_label(features: Sequence[str]) -> str:
