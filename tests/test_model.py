@@ -6,6 +6,7 @@ import hashlib
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -171,6 +172,8 @@ def test_pooled_branch_off_is_the_plain_model_byte_for_byte() -> None:
         ({"stats": "mean"}, 16, ("dense0", 512 + 16)),
         ({"stats": "mean_std", "join": "last_hidden"}, 32, ("output", 8 + 32)),
         ({"stats": "mean_std", "taps": ["input"]}, 8, ("dense0", 512 + 8)),
+        # and the input's spectrum in 3 bins per channel: 12 more.
+        ({"stats": "mean_std", "taps": ["input"], "spectrum_bins": 3}, 20, ("dense0", 512 + 20)),
     ],
 )
 def test_pooled_branch_joins_the_head_and_summary_counts_it(
@@ -341,3 +344,41 @@ def test_pooled_convs_tap_reads_each_blocks_conv_before_its_norm_and_activation(
     torch.testing.assert_close(stats[2], model.pooled.moments["block0"](block0(x)))
     with pytest.raises(Exception, match=r"model\.pooled\.taps"):
         small_cfg(stats="mean", taps=["input", "pools"])
+
+
+def test_pooled_spectrum_is_the_log_density_pk_of_the_features() -> None:
+    # model.pooled.spectrum_bins: the input tap's moments, then per channel the log of its power
+    # spectrum in the bins of the P(k) features: the network's fixed statistic is the classical
+    # baseline's log_pk (data.features), up to log10 against log.
+    from cosmocub.config import ConfigError
+    from cosmocub.config.model_split import check_spatial_split
+    from cosmocub.data.features import log_power_spectrum
+
+    cfg = small_cfg(stats="moments", order=3, norm="whiten", spectrum_bins=5)
+    torch.manual_seed(0)
+    model = CosmoFlow(cfg).eval()
+    assert model.pooled.num_features == 3 * (4 + 4 + 8) + 5 * 4
+    assert model.pooled.whitened == (3 + 5) * 4
+    x = torch.randn(2, 4, 16, 16, 16, generator=torch.Generator().manual_seed(3))
+    x[1, 2] = 3.0 * x[1, 2] + 1.0  # a channel with 9x the power: its log spectrum + log 9
+    captured = []
+    model.pooled.register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
+    model(x)
+    tap = captured[0][0].double()  # the input tap: (B, 3·4 moments, then 5·4 spectrum)
+    assert tap.shape == (2, 3 * 4 + 5 * 4)
+    spectrum = tap[:, 12:].reshape(2, 5, 4)  # (B, bins, C)
+    for b, c in ((0, 0), (1, 2), (1, 3)):
+        expected = np.log(log_power_spectrum(x[b, c].double().numpy(), num_bins=5))
+        np.testing.assert_allclose(spectrum[b, :, c].numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        (spectrum[1, :, 2] - spectrum[0, :, 2]).mean().item(), np.log(9.0), atol=0.3
+    )
+    with pytest.raises(ConfigError, match=r"pooled\.spectrum_bins': 4 is the input tap's"):
+        small_cfg(stats="mean", taps=["blocks"], spectrum_bins=4)
+    with pytest.raises(ConfigError, match=r"spectrum_bins': 33 is greater than the maximum of 32"):
+        small_cfg(stats="mean", spectrum_bins=33)
+    with pytest.raises(ValueError, match=r"spectrum_bins 5.*split \[2, 1, 1\] divides it"):
+        check_spatial_split(cfg, 16, [2, 1, 1])
+    check_spatial_split(cfg, 16, [1, 1, 1])
+    assert cfg.pooled.identity()["spectrum_bins"] == 5
+    assert "spectrum_bins" not in small_cfg(stats="mean").pooled.identity()

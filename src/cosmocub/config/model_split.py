@@ -59,6 +59,12 @@ def check_spatial_split(model_cfg: ModelConfig, input_size: int, split: Sequence
     halo, or an odd local extent before a pooling layer (a pool window would straddle two
     ranks)."""
     split = as_split(split)
+    if model_cfg.pooled.spectrum_bins and any(n > 1 for n in split):
+        raise ValueError(
+            f"model.pooled.spectrum_bins {model_cfg.pooled.spectrum_bins}: the input's power "
+            f"spectrum needs each sample whole on one rank, and split {list(split)} divides it "
+            "(set spectrum_bins 0, or split [1, 1, 1])"
+        )
     blocks = [f"conv_blocks.block{i}" for i in range(model_cfg.num_conv_blocks)]
     _check_levels(
         split,

@@ -139,6 +139,9 @@ MIN_MOMENT_ORDER, MAX_MOMENT_ORDER = 3, 8
 POOLED_TAP_NAMES = ("input", "convs", "blocks")
 POOLED_TAPS = ("input", "blocks")
 POOLED_JOINS = ("head_input", "last_hidden")
+# Log-spaced |k| bins of the input's power spectrum (model.pooled.spectrum_bins); more than the
+# modes of a small cube can fill leaves bins empty.
+MAX_SPECTRUM_BINS = 32
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,6 +157,9 @@ class PooledConfig:
     norm: str = "batch"
     # With stats "moments": the standardised central moments from the third up to this order.
     order: int = 4
+    # > 0: the input tap also takes each channel's log power spectrum in this many log-spaced
+    # |k| bins (models.pooling.LogPowerSpectrum); 0: none, the branch as first built.
+    spectrum_bins: int = 0
 
     def identity(self) -> dict[str, object]:
         """What of the branch a run's identity holds: the keys that were there before `norm` and
@@ -168,6 +174,8 @@ class PooledConfig:
             values["norm"] = self.norm
         if self.stats == "moments":
             values["order"] = self.order
+        if self.spectrum_bins:
+            values["spectrum_bins"] = self.spectrum_bins
         return values
 
     @property
@@ -197,6 +205,16 @@ class PooledConfig:
             raise ConfigError(
                 f"key 'model.pooled.norm': 'whiten' whitens the input tap's statistics, and "
                 f"model.pooled.taps {list(self.taps)} has no 'input'"
+            )
+        if not 0 <= self.spectrum_bins <= MAX_SPECTRUM_BINS:
+            raise ConfigError(
+                f"key 'model.pooled.spectrum_bins': {self.spectrum_bins} is outside "
+                f"[0, {MAX_SPECTRUM_BINS}]"
+            )
+        if self.spectrum_bins and "input" not in self.taps:
+            raise ConfigError(
+                f"key 'model.pooled.spectrum_bins': {self.spectrum_bins} is the input tap's "
+                f"spectrum, and model.pooled.taps {list(self.taps)} has no 'input'"
             )
         unknown = [t for t in self.taps if t not in POOLED_TAP_NAMES]
         if unknown or not self.taps or len(set(self.taps)) != len(self.taps):

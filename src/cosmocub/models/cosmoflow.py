@@ -95,7 +95,8 @@ class CosmoFlow(nn.Module):
 
     def forward(self, x_bcdhw: torch.Tensor) -> torch.Tensor:
         taps = self.pooled.moments if self.pooled is not None else {}
-        stats = [taps["input"](x_bcdhw)] if "input" in taps else []  # [(B, k·C)]
+        # [(B, k·C)], with model.pooled.spectrum_bins the input's spectrum after its moments.
+        stats = [self.pooled.input_statistics(x_bcdhw)] if "input" in taps else []
         h = x_bcdhw
         for i, block in enumerate(self.conv_blocks.children()):
             for layer_name, layer in block.named_children():

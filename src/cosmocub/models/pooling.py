@@ -6,10 +6,13 @@ Plain layers only: `parallelize_cosmoflow` swaps the moments for spatially merge
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
 from cosmocub.config import ModelConfig
+from cosmocub.cosmology.power import log_k_edges
+from cosmocub.data.features import k_magnitude
 from cosmocub.parallel.layers import central_moments, channel_statistics
 
 STD_EPS = 1e-5  # under the square root: a finite gradient even for a constant map
@@ -39,6 +42,62 @@ class GlobalMoments(nn.Module):
 
     def extra_repr(self) -> str:
         return f"order {self.order}"
+
+
+class LogPowerSpectrum(nn.Module):
+    """(B, C, S, S, S) → (B, bins·C), bin-major like `GlobalMoments`: per channel the log of its
+    power spectrum, the mean over the modes of each log-spaced |k| bin (the bins of the P(k)
+    features, data.features) of |FFT(x − mean)|²/S³, in float32 whatever the input's dtype.
+
+    Why in the network: a CNN's global statistics of its feature maps hold the spectrum only
+    as filtered band powers it has to learn, and on whole boxes it did not (docs/known_answer.md:
+    its error on Ω_m stayed that of the input's one-point moments, where P(k) with them does
+    better). Taken whole, the spectrum of the input the network reads, the log-density P(k), is
+    a fixed feature, so what the network adds beyond it is what it learned. The FFT is
+    periodic: on a whole periodic box the spectrum is exact, on a crop it carries the crop's
+    edges (as the P(k) features of crops do). A bin with no mode on a small cube reads log of
+    the floor `eps`."""
+
+    def __init__(self, *, size: int, bins: int, eps: float = 1e-12) -> None:
+        super().__init__()
+        self.size, self.bins, self.eps = size, bins, eps
+        k = k_magnitude(size)  # (S, S, S//2 + 1): the rfftn grid
+        which = (np.digitize(k, log_k_edges(size, float(size), bins)) - 1).ravel()
+        # The rfft keeps half the modes: every kz plane but 0 (and Nyquist, for even S) stands
+        # for itself and its mirror image.
+        weight = np.full(k.shape[-1], 2.0)
+        weight[0] = 1.0
+        if size % 2 == 0:
+            weight[-1] = 1.0
+        weight = np.broadcast_to(weight, k.shape).ravel()
+        inside = (which >= 0) & (which < bins)
+        modes = np.bincount(which[inside], weights=weight[inside], minlength=bins)
+        # The mean per bin as one (modes, bins) matrix: a mode's weight over its bin's modes.
+        # Dense: 5 MB at 64³ and 10 bins, one matmul a forward.
+        matrix = np.zeros((k.size, bins), dtype=np.float32)
+        rows = np.flatnonzero(inside)
+        matrix[rows, which[rows]] = weight[rows] / modes[which[rows]]
+        self.num_modes = k.size
+        # torch.tensor, not from_numpy: under a device context (the summary's meta) it lands there.
+        self.register_buffer("bin_matrix", torch.tensor(matrix), persistent=False)
+
+    def forward(self, x_bcdhw: torch.Tensor) -> torch.Tensor:
+        b, c = x_bcdhw.shape[:2]
+        if x_bcdhw.shape[2:] != (self.size,) * 3:
+            raise ValueError(
+                f"LogPowerSpectrum: a sample of {list(x_bcdhw.shape[2:])} voxels, built for "
+                f"{self.size}³ (model.input_size)"
+            )
+        x = x_bcdhw.float()
+        x = x - x.mean(dim=(2, 3, 4), keepdim=True)
+        field_k = torch.fft.rfftn(x, dim=(2, 3, 4), norm="ortho")  # |.|² sums to S³·var
+        power = (field_k.real.square() + field_k.imag.square()).flatten(2)  # (B, C, modes)
+        banded = power.reshape(b * c, -1) @ self.bin_matrix  # (B·C, bins)
+        out = torch.log(banded.reshape(b, c, self.bins) + self.eps)
+        return out.transpose(1, 2).flatten(1)  # (B, bins·C): all channels' first bin, …
+
+    def extra_repr(self) -> str:
+        return f"{self.size}³, {self.bins} bins"
 
 
 def tap_channels(cfg: ModelConfig) -> dict[str, int]:
@@ -151,14 +210,24 @@ class PooledBranch(nn.Module):
         per_channel = cfg.pooled.per_channel
         channels = tap_channels(cfg)
         self.moments = nn.ModuleDict({name: GlobalMoments(order=per_channel) for name in channels})
-        self.num_features = per_channel * sum(channels.values())
+        bins = cfg.pooled.spectrum_bins
+        # The input tap's spectrum, after its moments (CosmoFlow.forward joins the two).
+        self.spectrum = LogPowerSpectrum(size=cfg.input_size, bins=bins) if bins else None
+        self.num_features = per_channel * sum(channels.values()) + bins * channels.get("input", 0)
         self.whitened = 0  # the leading features (the input tap's) that `whiten` takes
         self.whiten: nn.Module = nn.Identity()
         if cfg.pooled.norm == "whiten":
-            self.whitened = per_channel * channels["input"]
-            self.whiten = GroupWhitening(whitening_groups(channels["input"], per_channel))
+            self.whitened = (per_channel + bins) * channels["input"]
+            self.whiten = GroupWhitening(whitening_groups(channels["input"], per_channel + bins))
         rest = self.num_features - self.whitened
         self.norm: nn.Module = nn.BatchNorm1d(rest) if cfg.batch_norm and rest else nn.Identity()
+
+    def input_statistics(self, x_bcdhw: torch.Tensor) -> torch.Tensor:
+        """The input tap's features: its moments, then with spectrum_bins its spectrum."""
+        moments = self.moments["input"](x_bcdhw)  # (B, k·C)
+        if self.spectrum is None:
+            return moments
+        return torch.cat([moments, self.spectrum(x_bcdhw).to(moments.dtype)], dim=1)
 
     def forward(self, stats: list[torch.Tensor]) -> torch.Tensor:
         features = torch.cat(stats, dim=1)  # (B, num_features)

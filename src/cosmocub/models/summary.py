@@ -19,6 +19,7 @@ from torch import nn
 
 from cosmocub.config import Config, ModelConfig
 from cosmocub.models.cosmoflow import CosmoFlow
+from cosmocub.models.pooling import LogPowerSpectrum
 
 FLOPS_METHOD = "analytic: 2 x MACs of Conv3d and Linear (bias, activations, pooling not counted)"
 
@@ -30,6 +31,9 @@ def _layer_flops(module: nn.Module, out_shape: tuple[int, ...]) -> int:
         return 2 * math.prod(out_shape) * macs_per_output
     if isinstance(module, nn.Linear):
         return 2 * module.in_features * module.out_features
+    if isinstance(module, LogPowerSpectrum):
+        # The binning matmul, (C, modes) @ (modes, bins); the FFT is not counted.
+        return 2 * (out_shape[0] // module.bins) * module.num_modes * module.bins
     return 0
 
 
@@ -73,7 +77,8 @@ def activation_bytes(
         model.pooled.norm.eval()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         h = x_bcdhw
-        stats = [taps["input"](h)] if "input" in taps else []
+        # The input needs no gradient: its spectrum (model.pooled.spectrum_bins) saves nothing.
+        stats = [model.pooled.input_statistics(h)] if "input" in taps else []
         for i, block in enumerate(model.conv_blocks.children()):
             # Unsplit, the conv saves the block itself, as a pooled branch's moments of it do.
             padded = F.pad(h, halo_pad) if any(halo_pad) else h
@@ -144,18 +149,23 @@ def summarize(model_cfg: ModelConfig, split: tuple[int, int, int] = (1, 1, 1)) -
 def pooled_branch_counts(model: CosmoFlow) -> dict[str, Any] | None:
     """What model.pooled adds to the plain CosmoFlow (None when off): its statistics per sample,
     its parameters (the norm's, and the weights that read the statistics where they join the
-    head) and its FLOPs (those weights' 2 × MACs; its reductions, like pooling, not counted)."""
+    head) and its FLOPs (those weights' 2 × MACs, and the spectrum's binning matmul; its
+    reductions, like pooling, and the FFT not counted)."""
     if model.pooled is None:
         return None
     branch = model.pooled.num_features
     joined = getattr(model.head, model.join_at)
     weights = branch * joined.out_features
+    spectrum = model.pooled.spectrum
+    binning = (
+        0 if spectrum is None else model.config.in_channels * spectrum.num_modes * spectrum.bins
+    )
     return {
         "features": branch,
         "taps": list(model.pooled.moments),
         "join": model.join_at,
         "params": sum(p.numel() for p in model.pooled.parameters()) + weights,
-        "flops": 2 * weights,
+        "flops": 2 * (weights + binning),
     }
 
 
