@@ -317,7 +317,7 @@ def test_evaluate_end_to_end(tiny_run):
     assert validation["mean_per_universe_mae"] == pytest.approx(val_mae.mean(), rel=1e-5)
     for choice in saved["comparison"]["classical_choice"].values():
         assert choice["features"] == {"pk": ["pk"], "one_point": ["one_point"]}.get(
-            choice["feature_set"], ["pk", "one_point"]
+            choice["feature_set"], ["pk", "log_pk", "one_point"]
         )
     assert list(saved["comparison"]["classical_choice"]) == list(NAMES)
     assert {a for a, _ in tracker.artifacts} == {p.name for p in out_dir.iterdir()}
