@@ -126,3 +126,34 @@ def test_metrics_record_and_report_the_classical_fit_chosen_on_validation(tmp_pa
     classical = metrics["comparison"]["per_universe"]["sigma_8"]["classical"]
     assert f"| {classical:.4f} (P(k)) |" in page
     assert " (P(k) + one-point + bispectrum) |" in page and " (one-point) |" in page
+
+
+def test_features_file_without_log_pk_still_fits_and_says_so(tmp_path, caplog):
+    """A features.h5 written before log_pk existed: the baselines fit what it has and warn."""
+    import logging
+
+    from cosmocub.data.features import FEATURES_FILE, write_features
+    from cosmocub.evaluation.baselines import feature_sets, fit_baselines
+
+    rng = np.random.default_rng(4)
+    for split, n in {"train": 12, "val": 6, "test": 4}.items():
+        with h5py.File(tmp_path / f"{split}.h5", "w") as f:
+            f["x"] = np.log1p(rng.poisson(2.0, size=(n, 1, 8, 8, 8))).astype(np.float32)
+            f["y"] = rng.uniform(-1, 1, size=(n, 4)).astype(np.float32)
+            f.attrs["log1p"] = True
+    write_features(tmp_path, tmp_path / FEATURES_FILE, num_workers=1)
+    with caplog.at_level(logging.WARNING):
+        fit_baselines(tmp_path, "test")
+    assert feature_sets(["pk", "log_pk", "one_point"])["combined"] == ("pk", "log_pk", "one_point")
+    assert not [r for r in caplog.records if "no log_pk" in r.getMessage()]
+    with h5py.File(tmp_path / FEATURES_FILE, "a") as f:
+        for split in ("train", "val", "test"):
+            del f[split]["log_pk"]
+    with caplog.at_level(logging.WARNING):
+        preds, choice = fit_baselines(tmp_path, "test")
+    assert all("log_pk" not in c.features for c in choice)
+    assert preds["classical"].shape == (4, 4) and np.isfinite(preds["classical"]).all()
+    assert any(
+        "no log_pk" in r.getMessage() and "cosmocub features" in r.getMessage()
+        for r in caplog.records
+    )

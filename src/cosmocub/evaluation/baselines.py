@@ -12,6 +12,7 @@ alone.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import NamedTuple
 
@@ -23,6 +24,8 @@ from sklearn.preprocessing import StandardScaler
 
 from cosmocub.data.features import FEATURE_SETS, FEATURES_FILE, read_features
 from cosmocub.data.shard_file import first_universe_rows
+
+log = logging.getLogger(__name__)
 
 # Feature set of each fitted baseline (datasets of features.h5).
 BASELINE_FEATURES = {"one_point": "one_point", "pk": "pk"}
@@ -82,6 +85,13 @@ def fit_baselines(
     features_path = shards_dir / FEATURES_FILE
     y_train = _targets(shards_dir / "train.h5")
     train = read_features(features_path, "train")
+    if "log_pk" not in train:
+        log.warning(
+            "%s has no log_pk (written before the log-density P(k) existed): the best classical "
+            "fit goes without it; `cosmocub features --shards %s` adds it",
+            features_path,
+            shards_dir,
+        )
     rows = first_universe_rows(shards_dir / "train.h5", train_universes)
     if rows is not None:
         y_train, train = y_train[rows], {k: v[rows] for k, v in train.items()}
