@@ -265,6 +265,34 @@ def test_pooled_moments_to_order_are_the_standardised_central_moments() -> None:
                                rtol=0.1, atol=0.0)  # fmt: skip
 
 
+def test_whitening_estimates_are_the_exact_moments_of_every_sample_seen() -> None:
+    # The default cumulative average: after batches of one size, the running mean and
+    # covariance are those of all their samples pooled (population covariance), to rounding.
+    from cosmocub.models.pooling import GroupWhitening
+
+    torch.manual_seed(1)
+    index = torch.tensor([[0, 2, 4], [1, 3, 5]])
+    whiten = GroupWhitening(index).train()
+    batches = [
+        torch.randn(8, 6) * torch.tensor([1.0, 2.0, 3.0, 0.1, 5.0, 1e-3]) + i for i in range(30)
+    ]
+    for b in batches:
+        whiten(b)
+    seen = torch.cat(batches).double()
+    for g, cols in enumerate(index):
+        x = seen[:, cols]
+        torch.testing.assert_close(whiten.running_mean[g], x.mean(0), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(
+            whiten.running_cov[g], torch.cov(x.T, correction=0), rtol=1e-9, atol=1e-12
+        )
+    # An exponential average is not the pooled estimate: it weighs the late batches (here the
+    # means climb by 1 a batch) more than the early ones.
+    ema = GroupWhitening(index, momentum=0.05).train()
+    for b in batches:
+        ema(b)
+    assert (ema.running_mean - whiten.running_mean).abs().min() > 0.1
+
+
 def test_whitening_decorrelates_the_input_taps_statistics_and_stays_linear() -> None:
     from cosmocub.models.pooling import GroupWhitening
 
