@@ -410,3 +410,31 @@ def test_pooled_spectrum_is_the_log_density_pk_of_the_features() -> None:
     check_spatial_split(cfg, 16, [1, 1, 1])
     assert cfg.pooled.identity()["spectrum_bins"] == 5
     assert "spectrum_bins" not in small_cfg(stats="mean").pooled.identity()
+
+
+def test_pooled_head_without_flatten_reads_the_statistics_alone() -> None:
+    # model.pooled.flatten false: the head takes the pooled statistics only, so on a periodic
+    # box (circular padding) a shift by the stack's total stride leaves the output unchanged;
+    # with the flattened map beside them it does not.
+    from cosmocub.config import ConfigError
+
+    x = torch.randn(2, 4, 16, 16, 16, generator=torch.Generator().manual_seed(7))
+    shifted = torch.roll(x, shifts=(4, 8, 12), dims=(2, 3, 4))  # multiples of 2² = 4
+    outputs = {}
+    for flatten in (True, False):
+        torch.manual_seed(0)
+        model = CosmoFlow(small_cfg(stats="moments", order=4, flatten=flatten)).eval()
+        for block in model.conv_blocks:
+            block.conv.padding_mode = "circular"
+        with torch.no_grad():
+            outputs[flatten] = (model(x), model(shifted))
+    assert model.head.dense0.in_features == model.pooled.num_features == 4 * (4 + 4 + 8)
+    torch.testing.assert_close(outputs[False][0], outputs[False][1], rtol=1e-4, atol=1e-5)
+    assert (outputs[True][0] - outputs[True][1]).abs().max() > 1e-3
+    for bad in ({"join": "last_hidden"}, {"taps": ["input"]}):
+        with pytest.raises(ConfigError, match=r"model\.pooled\.flatten': false"):
+            small_cfg(stats="mean", flatten=False, **bad)
+    assert small_cfg(stats="mean", flatten=False).pooled.identity()["flatten"] is False
+    assert "flatten" not in small_cfg(stats="mean").pooled.identity()
+    summary = summarize(small_cfg(stats="moments", order=4, flatten=False))
+    assert summary["total_params"] == sum(p.numel() for p in model.parameters())

@@ -160,6 +160,9 @@ class PooledConfig:
     # > 0: the input tap also takes each channel's log power spectrum in this many log-spaced
     # |k| bins (models.pooling.LogPowerSpectrum); 0: none, the branch as first built.
     spectrum_bins: int = 0
+    # False: the dense head reads the pooled statistics alone, not the flattened last feature
+    # map (a head that does not see where in the box a feature is).
+    flatten: bool = True
 
     def identity(self) -> dict[str, object]:
         """What of the branch a run's identity holds: the keys that were there before `norm` and
@@ -176,6 +179,8 @@ class PooledConfig:
             values["order"] = self.order
         if self.spectrum_bins:
             values["spectrum_bins"] = self.spectrum_bins
+        if not self.flatten:
+            values["flatten"] = False
         return values
 
     @property
@@ -215,6 +220,16 @@ class PooledConfig:
             raise ConfigError(
                 f"key 'model.pooled.spectrum_bins': {self.spectrum_bins} is the input tap's "
                 f"spectrum, and model.pooled.taps {list(self.taps)} has no 'input'"
+            )
+        if (
+            not self.flatten
+            and self.enabled
+            and (self.join != "head_input" or "blocks" not in self.taps)
+        ):
+            raise ConfigError(
+                f"key 'model.pooled.flatten': false leaves the head the pooled statistics alone, "
+                f"which needs join 'head_input' (got {self.join!r}) and the 'blocks' tap (taps "
+                f"{list(self.taps)}), or the last block's output would reach nothing"
             )
         unknown = [t for t in self.taps if t not in POOLED_TAP_NAMES]
         if unknown or not self.taps or len(set(self.taps)) != len(self.taps):

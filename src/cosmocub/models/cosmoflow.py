@@ -70,8 +70,10 @@ class CosmoFlow(nn.Module):
         extra = self.pooled.num_features if self.pooled is not None else 0
         joins_first = cfg.pooled.join == "head_input" or not cfg.dense_sizes
 
+        # model.pooled.flatten false: the head reads the pooled statistics alone.
+        self.flattened = self.pooled is None or cfg.pooled.flatten
         head: OrderedDict[str, nn.Module] = OrderedDict()
-        width = self.flat_features + (extra if joins_first else 0)
+        width = (self.flat_features if self.flattened else 0) + (extra if joins_first else 0)
         for i, size in enumerate(cfg.dense_sizes):
             head[f"dense{i}"] = nn.Linear(width, size)
             head[f"act{i}"] = nn.LeakyReLU(cfg.leaky_relu_slope)
@@ -108,8 +110,9 @@ class CosmoFlow(nn.Module):
                     stats.append(taps[f"conv{i}"](h))
             if f"block{i}" in taps:
                 stats.append(taps[f"block{i}"](h))
-        # h: (B, F, s, s, s), s = S / 2**num_conv_blocks
-        return self.head_output(self.flatten(h), stats)  # flattened: (B, F·s³)
+        # h: (B, F, s, s, s), s = S / 2**num_conv_blocks; flattened (B, F·s³) unless the head
+        # reads the pooled statistics alone (then no gather of it under a spatial split either).
+        return self.head_output(self.flatten(h) if self.flattened else h, stats)
 
     def head_output(self, flat: torch.Tensor, stats: list[torch.Tensor]) -> torch.Tensor:
         """The dense head on the flattened features and the taps' moments (none without the
@@ -121,7 +124,7 @@ class CosmoFlow(nn.Module):
             h = flat
             for name, layer in self.head.named_children():
                 if name == self.join_at:
-                    h = torch.cat([h, pooled], dim=1)
+                    h = torch.cat([h, pooled], dim=1) if self.flattened else pooled
                 h = layer(h)
             out = h
         # out: (B, num_outputs · outputs_per_parameter)
