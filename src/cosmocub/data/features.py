@@ -59,8 +59,8 @@ def log_power_spectrum(log1p_dhw: np.ndarray, *, num_bins: int = NUM_K_BINS) -> 
     `counts_power_spectrum`: the log-density spectrum. A log maps the nonlinear field's long
     tail back towards a Gaussian, so its P(k) carries information that the counts' P(k) spreads
     into higher-order statistics (on the synthetic whole boxes a ridge on it and the counts'
-    P(k) and one-point statistics reaches Ω_m's per-universe error 0.109, where without it
-    0.156: docs/known_answer.md)."""
+    P(k) and one-point statistics reaches Ω_m's per-universe error 0.111, where without it
+    0.157: docs/known_answer.md)."""
     logs = np.asarray(log1p_dhw, dtype=np.float64)
     n = logs.shape[0]
     edges = log_k_edges(n, float(n), num_bins)
