@@ -22,11 +22,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from cosmocub.cosmology.power import log_k_edges
+from cosmocub.cosmology.power import log_k_edges, rfft_bins
 from cosmocub.data.features import FEATURES_FILE, NUM_K_BINS, k_magnitude, read_features
 from cosmocub.evaluation.baselines import ridge_predictions
 
-SPLITS = ("train", "val", "test")
 ROWS = (
     ("pk",),
     ("pk", "one_point"),
@@ -42,13 +41,9 @@ class CrossSpectra:
     """(C, n, n, n) log1p counts → per other channel and bin: corr(0, c) and P_0c / P_00."""
 
     def __init__(self, n: int, num_bins: int = NUM_K_BINS) -> None:
-        k = k_magnitude(n)
-        which = (np.digitize(k, log_k_edges(n, float(n), num_bins)) - 1).ravel()
-        weight = np.full(k.shape[-1], 2.0)  # rfft: planes other than kz = 0, Nyquist count twice
-        weight[0] = weight[-1] = 1.0
-        weight = np.broadcast_to(weight, k.shape).ravel()
-        self.inside = (which >= 0) & (which < num_bins)
-        self.which, self.weight, self.num_bins = which[self.inside], weight[self.inside], num_bins
+        edges = log_k_edges(n, float(n), num_bins)
+        self.inside, self.which, self.weight = rfft_bins(k_magnitude(n), edges)
+        self.num_bins = num_bins
 
     def _binned(self, values: np.ndarray) -> np.ndarray:
         return np.bincount(

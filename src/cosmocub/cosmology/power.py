@@ -130,23 +130,33 @@ def binned_power_spectrum(
         power = power / w3**2
     power = power - shot_noise
     k_mag = np.sqrt(k1d[:, None, None] ** 2 + k1d[None, :, None] ** 2 + kz[None, None, :] ** 2)
-    # The rfft stores half the modes: every kz plane except 0 (and Nyquist, for even n) stands
-    # for itself and its mirror image.
-    weight = np.full(kz.shape, 2.0)
-    weight[0] = 1.0
-    if n % 2 == 0:
-        weight[-1] = 1.0
-    weight = np.broadcast_to(weight[None, None, :], k_mag.shape)
-
     num_bins = len(edges) - 1
-    which = np.digitize(k_mag.ravel(), edges) - 1
-    inside = (which >= 0) & (which < num_bins)
-    which, w = which[inside], weight.ravel()[inside]
+    inside, which, w = rfft_bins(k_mag, edges)
     n_modes = np.bincount(which, weights=w, minlength=num_bins)
     k_sum = np.bincount(which, weights=w * k_mag.ravel()[inside], minlength=num_bins)
     p_sum = np.bincount(which, weights=w * power.ravel()[inside], minlength=num_bins)
     with np.errstate(invalid="ignore", divide="ignore"):
         return k_sum / n_modes, p_sum / n_modes, n_modes.astype(np.int64)
+
+
+def rfft_mode_weight(n: int) -> np.ndarray:
+    """(n//2 + 1,) the weight of each kz plane of an n³ cube's rfftn grid: the rfft stores half
+    the modes, so every plane but kz = 0 (and Nyquist, for even n) stands for itself and its
+    mirror image (2), those two for themselves (1)."""
+    weight = np.full(n // 2 + 1, 2.0)
+    weight[0] = 1.0
+    if n % 2 == 0:
+        weight[-1] = 1.0
+    return weight
+
+
+def rfft_bins(k_mag: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The modes of an rfftn grid (|k| `k_mag`, (n, n, n//2 + 1)) that fall in the bins
+    `edges`: (their flat indices, their bins, their `rfft_mode_weight`s)."""
+    which = np.digitize(k_mag.ravel(), edges) - 1
+    inside = np.flatnonzero((which >= 0) & (which < len(edges) - 1))
+    weight = np.broadcast_to(rfft_mode_weight(k_mag.shape[0]), k_mag.shape).ravel()
+    return inside, which[inside], weight[inside]
 
 
 def _cube_side(field: np.ndarray, box_size: float) -> int:

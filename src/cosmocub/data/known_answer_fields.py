@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from cosmocub import __version__
+from cosmocub.cosmology.power import rfft_mode_weight
 from cosmocub.data.features import k_magnitude
 from cosmocub.data.universe import write_universe
 
@@ -75,7 +76,7 @@ def power_law(size: int, slope: float, *, pivot_k: float = 1.0) -> np.ndarray:
 def mode_mean(power_k: np.ndarray, size: int) -> float:
     """The mean of power_k over the full grid of modes, given on the rfftn half (its planes
     other than kz = 0 and Nyquist stand for their mirror images too): a field's variance."""
-    return float(np.sum(power_k * _rfft_weight(size)) / size**3)
+    return float(np.sum(power_k * rfft_mode_weight(size)) / size**3)
 
 
 def unit_variance(power_k: np.ndarray, size: int) -> np.ndarray:
@@ -163,14 +164,6 @@ def _impose_amplitudes(field: np.ndarray, amplitude: np.ndarray, size: int) -> n
     modulus = np.abs(field_k)
     phase = np.where(modulus > 0, field_k / np.where(modulus > 0, modulus, 1.0), 1.0)
     return np.fft.irfftn(amplitude * phase, s=(size,) * 3, axes=(0, 1, 2))
-
-
-def _rfft_weight(size: int) -> np.ndarray:
-    weight = np.full(size // 2 + 1, 2.0)
-    weight[0] = 1.0
-    if size % 2 == 0:
-        weight[-1] = 1.0
-    return weight
 
 
 @dataclass(frozen=True, kw_only=True)

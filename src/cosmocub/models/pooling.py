@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from cosmocub.config import ModelConfig
-from cosmocub.cosmology.power import log_k_edges
+from cosmocub.cosmology.power import log_k_edges, rfft_bins
 from cosmocub.data.features import k_magnitude
 from cosmocub.parallel.layers import central_moments, channel_statistics
 
@@ -62,21 +62,12 @@ class LogPowerSpectrum(nn.Module):
         super().__init__()
         self.size, self.bins, self.eps = size, bins, eps
         k = k_magnitude(size)  # (S, S, S//2 + 1): the rfftn grid
-        which = (np.digitize(k, log_k_edges(size, float(size), bins)) - 1).ravel()
-        # The rfft keeps half the modes: every kz plane but 0 (and Nyquist, for even S) stands
-        # for itself and its mirror image.
-        weight = np.full(k.shape[-1], 2.0)
-        weight[0] = 1.0
-        if size % 2 == 0:
-            weight[-1] = 1.0
-        weight = np.broadcast_to(weight, k.shape).ravel()
-        inside = (which >= 0) & (which < bins)
-        modes = np.bincount(which[inside], weights=weight[inside], minlength=bins)
+        rows, which, weight = rfft_bins(k, log_k_edges(size, float(size), bins))
+        modes = np.bincount(which, weights=weight, minlength=bins)
         # The mean per bin as one (modes, bins) matrix: a mode's weight over its bin's modes.
         # Dense: 5 MB at 64³ and 10 bins, one matmul a forward.
         matrix = np.zeros((k.size, bins), dtype=np.float32)
-        rows = np.flatnonzero(inside)
-        matrix[rows, which[rows]] = weight[rows] / modes[which[rows]]
+        matrix[rows, which] = weight / modes[which]
         self.num_modes = k.size
         # torch.tensor, not from_numpy: under a device context (the summary's meta) it lands there.
         self.register_buffer("bin_matrix", torch.tensor(matrix), persistent=False)

@@ -157,15 +157,14 @@ def pooled_branch_counts(model: CosmoFlow) -> dict[str, Any] | None:
     joined = getattr(model.head, model.join_at)
     weights = branch * joined.out_features
     spectrum = model.pooled.spectrum
-    binning = (
-        0 if spectrum is None else model.config.in_channels * spectrum.num_modes * spectrum.bins
-    )
+    width = 0 if spectrum is None else spectrum.bins * model.config.in_channels
+    binning = 0 if spectrum is None else _layer_flops(spectrum, (width,))
     return {
         "features": branch,
         "taps": list(model.pooled.moments),
         "join": model.join_at,
         "params": sum(p.numel() for p in model.pooled.parameters()) + weights,
-        "flops": 2 * (weights + binning),
+        "flops": 2 * weights + binning,
     }
 
 
