@@ -2,7 +2,7 @@
 shards' field statistics (one-point statistics; the power spectrum), and the best classical fit,
 all fitted on the training split only.
 
-scikit-learn does the regression: standardised features, then RidgeCV, which picks the penalty
+The regression is data/ridge.py's: standardised features, then RidgeCV, which picks the penalty
 per parameter by efficient leave-one-out on the training samples. The best classical fit
 ("classical") chooses per parameter, on the validation split, among ridge fits on P(k), on the
 one-point statistics and on all of them together (with the log-density P(k) and the bispectrum
@@ -18,34 +18,22 @@ from typing import NamedTuple
 
 import h5py
 import numpy as np
-from sklearn.linear_model import Ridge, RidgeCV
-from sklearn.pipeline import Pipeline, make_pipeline
+from sklearn.linear_model import Ridge
 from sklearn.preprocessing import StandardScaler
 
 from cosmocub.data.features import FEATURE_SETS, FEATURES_FILE, read_features
+from cosmocub.data.ridge import RIDGE_ALPHAS, fit_ridge
 from cosmocub.data.shard_file import first_universe_rows
 
 log = logging.getLogger(__name__)
 
 # Feature set of each fitted baseline (datasets of features.h5).
 BASELINE_FEATURES = {"one_point": "one_point", "pk": "pk"}
-RIDGE_ALPHAS = np.logspace(-3, 4, 15)
 
 
 def usable_columns(features: np.ndarray) -> np.ndarray:
     """Columns finite in every row: bins with no mode (NaN) or empty ones (log 0) drop out."""
     return np.all(np.isfinite(features), axis=0)
-
-
-def fit_ridge(features: np.ndarray, targets: np.ndarray) -> Pipeline:
-    """StandardScaler → RidgeCV (one penalty per target) fitted on (N, F) → (N, P)."""
-    if features.shape[0] != targets.shape[0] or features.shape[0] < 3:
-        raise ValueError(
-            f"fit_ridge: {features.shape[0]} feature rows and {targets.shape[0]} targets; need "
-            "as many, and at least 3"
-        )
-    model = make_pipeline(StandardScaler(), RidgeCV(alphas=RIDGE_ALPHAS, alpha_per_target=True))
-    return model.fit(features, targets)
 
 
 def _targets(shard: Path) -> np.ndarray:
