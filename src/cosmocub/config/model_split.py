@@ -65,6 +65,11 @@ def check_spatial_split(model_cfg: ModelConfig, input_size: int, split: Sequence
             f"spectrum needs each sample whole on one rank, and split {list(split)} divides it "
             "(set spectrum_bins 0, or split [1, 1, 1])"
         )
+    if model_cfg.pooled.tap_ridge and any(n > 1 for n in split):
+        raise ValueError(
+            f"model.pooled.tap_ridge: its fit reads each training sample whole, and split "
+            f"{list(split)} divides them (set tap_ridge false, or split [1, 1, 1])"
+        )
     blocks = [f"conv_blocks.block{i}" for i in range(model_cfg.num_conv_blocks)]
     _check_levels(
         split,

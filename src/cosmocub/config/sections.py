@@ -163,6 +163,10 @@ class PooledConfig:
     # False: the dense head reads the pooled statistics alone, not the flattened last feature
     # map (a head that does not see where in the box a feature is).
     flatten: bool = True
+    # True: the means start from a ridge regression on the input tap's statistics, fitted on
+    # the training universes before the first step and then held fixed (train/tap_ridge.py);
+    # the rest of the network learns what the ridge leaves.
+    tap_ridge: bool = False
 
     def identity(self) -> dict[str, object]:
         """What of the branch a run's identity holds: the keys that were there before `norm` and
@@ -181,6 +185,8 @@ class PooledConfig:
             values["spectrum_bins"] = self.spectrum_bins
         if not self.flatten:
             values["flatten"] = False
+        if self.tap_ridge:
+            values["tap_ridge"] = True
         return values
 
     @property
@@ -220,6 +226,11 @@ class PooledConfig:
             raise ConfigError(
                 f"key 'model.pooled.spectrum_bins': {self.spectrum_bins} is the input tap's "
                 f"spectrum, and model.pooled.taps {list(self.taps)} has no 'input'"
+            )
+        if self.tap_ridge and (not self.enabled or "input" not in self.taps):
+            raise ConfigError(
+                f"key 'model.pooled.tap_ridge': true fits a ridge on the input tap's statistics, "
+                f"and the branch has none (stats {self.stats!r}, taps {list(self.taps)})"
             )
         if (
             not self.flatten

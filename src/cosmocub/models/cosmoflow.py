@@ -88,12 +88,17 @@ class CosmoFlow(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform weights and zero biases, as the reference (Keras defaults)."""
+        """Xavier-uniform weights and zero biases, as the reference (Keras defaults); with
+        model.pooled.tap_ridge the output layer's weights start at zero, so that the model starts
+        as the ridge (the means its prediction, the log-variances its residual's, which the fit
+        sets in the output's bias) and the network's share grows from nothing."""
         for module in self.modules():
             if isinstance(module, nn.Conv3d | nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+        if self.pooled is not None and self.pooled.ridge is not None:
+            nn.init.zeros_(self.head.output.weight)
 
     def forward(self, x_bcdhw: torch.Tensor) -> torch.Tensor:
         taps = self.pooled.moments if self.pooled is not None else {}
@@ -127,6 +132,12 @@ class CosmoFlow(nn.Module):
                     h = torch.cat([h, pooled], dim=1) if self.flattened else pooled
                 h = layer(h)
             out = h
+            if self.pooled.ridge is not None:
+                # model.pooled.tap_ridge: the means are the fixed ridge on the input tap's
+                # statistics (stats[0]) plus what the network learns beside it.
+                p = self.config.num_outputs
+                ridge = self.pooled.ridge(stats[0]).to(out.dtype)
+                out = torch.cat([out[:, :p] + ridge, out[:, p:]], dim=1)
         # out: (B, num_outputs · outputs_per_parameter)
         if not self.config.gaussian:
             return torch.tanh(out) * self.output_scale  # (B, num_outputs)

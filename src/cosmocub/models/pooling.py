@@ -197,6 +197,39 @@ def whitening_groups(channels: int, per_channel: int) -> torch.Tensor:
     )
 
 
+class TapRidge(nn.Module):
+    """A fixed affine map (B, F) → (B, P) of the input tap's statistics: the ridge regression
+    that model.pooled.tap_ridge starts the means from (pre-tanh, so that tanh · output_scale of
+    it is the ridge's prediction). Buffers, not parameters: fitted once on the training
+    universes (train/tap_ridge.py, `set_fit`), held fixed by every optimizer, and saved with
+    the model. Unfitted it is zero, and the model is what it would be without it."""
+
+    def __init__(self, features: int, outputs: int) -> None:
+        super().__init__()
+        self.register_buffer("weight", torch.zeros(outputs, features))
+        self.register_buffer("bias", torch.zeros(outputs))
+        self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
+
+    def set_fit(self, weight_pf: torch.Tensor, bias_p: torch.Tensor) -> None:
+        if weight_pf.shape != self.weight.shape or bias_p.shape != self.bias.shape:
+            raise ValueError(
+                f"TapRidge: fit of shape {tuple(weight_pf.shape)} + {tuple(bias_p.shape)}, "
+                f"expected {tuple(self.weight.shape)} + {tuple(self.bias.shape)}"
+            )
+        self.weight.copy_(weight_pf)
+        self.bias.copy_(bias_p)
+        self.fitted.fill_(True)
+
+    def forward(self, stats_bf: torch.Tensor) -> torch.Tensor:
+        # float32 whatever the autocast: the spectrum's logs and the moments differ in scale by
+        # orders of magnitude, and the ridge's weights undo that.
+        return nn.functional.linear(stats_bf.float(), self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        outputs, features = self.weight.shape
+        return f"features={features}, outputs={outputs}, fitted={bool(self.fitted)}"
+
+
 class PooledBranch(nn.Module):
     """`moments`: a `GlobalMoments` per tap (keys as `tap_channels`); forward(list of their
     outputs, in that order) → (B, num_features), normalised as model.pooled.norm says. "batch":
@@ -225,6 +258,8 @@ class PooledBranch(nn.Module):
             self.whiten = GroupWhitening(whitening_groups(channels["input"], per_channel + bins))
         rest = self.num_features - self.whitened
         self.norm: nn.Module = nn.BatchNorm1d(rest) if cfg.batch_norm and rest else nn.Identity()
+        input_features = (per_channel + bins) * channels.get("input", 0)
+        self.ridge = TapRidge(input_features, cfg.num_outputs) if cfg.pooled.tap_ridge else None
 
     def input_statistics(self, x_bcdhw: torch.Tensor) -> torch.Tensor:
         """The input tap's features: its moments, then with spectrum_bins its spectrum."""

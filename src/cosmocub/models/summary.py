@@ -19,7 +19,7 @@ from torch import nn
 
 from cosmocub.config import Config, ModelConfig
 from cosmocub.models.cosmoflow import CosmoFlow
-from cosmocub.models.pooling import LogPowerSpectrum
+from cosmocub.models.pooling import LogPowerSpectrum, TapRidge
 
 FLOPS_METHOD = "analytic: 2 x MACs of Conv3d and Linear (bias, activations, pooling not counted)"
 
@@ -34,6 +34,8 @@ def _layer_flops(module: nn.Module, out_shape: tuple[int, ...]) -> int:
     if isinstance(module, LogPowerSpectrum):
         # The binning matmul, (C, modes) @ (modes, bins); the FFT is not counted.
         return 2 * (out_shape[0] // module.bins) * module.num_modes * module.bins
+    if isinstance(module, TapRidge):
+        return 2 * module.weight.numel()
     return 0
 
 

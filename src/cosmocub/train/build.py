@@ -23,6 +23,7 @@ from cosmocub.train.loaders import build_eval_loader, build_train_loader
 from cosmocub.train.loop import Trainer, TrainState
 from cosmocub.train.resident_loader import resolve_placement
 from cosmocub.train.step_settings import step_settings
+from cosmocub.train.tap_ridge import fit_tap_ridge
 from cosmocub.train.tasks import build_task
 
 
@@ -116,6 +117,14 @@ def build_trainer(
         dims=dims,
     )
     resumed_from = checkpoints.restore_latest()
+    if resumed_from is None and cfg.model.name == "cosmoflow" and cfg.model.pooled.tap_ridge:
+        # Fitted once, before the first step; a resumed run has it in its checkpoint.
+        fit_tap_ridge(
+            getattr(model, "module", model),
+            train_set,
+            batch_size=tc.local_batch_size,
+            device=dims.device,
+        )
     checkpoints.prune_other_folders(tc.keep_old_checkpoint_folders)
     grad_sync = build_gradient_sync(optimizer, dims, ddp_timing=cfg.train.ddp_exchange_timing)
     trainer = Trainer(
