@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from test_train import tiny_cfg
 from torch.utils.data import TensorDataset
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -101,6 +101,8 @@ def test_the_model_starts_as_the_baselines_ridge_and_saves_it() -> None:
     assert summary["flops_per_sample"] == counter.get_total_flops()
     (layer,) = (layer for layer in summary["layers"] if layer["name"] == "pooled.ridge")
     assert layer["flops"] == 2 * 4 * (4 + 3) * 4
+    without = summarize(ridge_cfg(norm="batch", tap_ridge=False).model)["pooled_branch"]
+    assert summary["pooled_branch"]["flops"] == without["flops"] + layer["flops"]
     with pytest.raises(ValueError, match=r"TapRidge: fit of shape \(4, 3\) \+ \(4,\), expected"):
         model.pooled.ridge.set_fit(torch.zeros(4, 3), torch.zeros(4))
 
@@ -121,17 +123,7 @@ def test_training_holds_the_fit_fixed_and_a_resume_does_not_refit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     shards = make_random_shards(tmp_path / "s", counts={"train": 16, "val": 8}, size=8, seed=4)
-    values = {
-        "preprocess": {"sample_size": 8},
-        "model": {"input_size": 8, "base_filters": 4, "num_conv_blocks": 2, "dense_sizes": [8],
-                  "head": "gaussian", "pooled": POOLED | {"spectrum_bins": 0}},
-        "optimizer": {"name": "adamw", "lr": 0.003, "base_batch_size": 4, "warmup_epochs": 0,
-                      "decay_epochs": [], "decay_factors": []},
-        "train": {"epochs": 3, "local_batch_size": 4, "checkpoint_every_steps": 5,
-                  "threads_per_rank": 1},
-        "tracking": {"enabled": False},
-    }  # fmt: skip
-    cfg = load_config(None, overrides=json.loads(json.dumps(values)))
+    cfg = tiny_cfg(model={"head": "gaussian", "pooled": POOLED | {"spectrum_bins": 0}})
     fits = []
     monkeypatch.setattr(build, "fit_tap_ridge", lambda *a, **k: fits.append(fit_tap_ridge(*a, **k)))
 

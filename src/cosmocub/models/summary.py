@@ -151,8 +151,8 @@ def summarize(model_cfg: ModelConfig, split: tuple[int, int, int] = (1, 1, 1)) -
 def pooled_branch_counts(model: CosmoFlow) -> dict[str, Any] | None:
     """What model.pooled adds to the plain CosmoFlow (None when off): its statistics per sample,
     its parameters (the norm's, and the weights that read the statistics where they join the
-    head) and its FLOPs (those weights' 2 × MACs, and the spectrum's binning matmul; its
-    reductions, like pooling, and the FFT not counted)."""
+    head) and its FLOPs (those weights' 2 × MACs, the spectrum's binning matmul and the tap
+    ridge's; its reductions, like pooling, and the FFT not counted)."""
     if model.pooled is None:
         return None
     branch = model.pooled.num_features
@@ -161,12 +161,13 @@ def pooled_branch_counts(model: CosmoFlow) -> dict[str, Any] | None:
     spectrum = model.pooled.spectrum
     width = 0 if spectrum is None else spectrum.bins * model.config.in_channels
     binning = 0 if spectrum is None else _layer_flops(spectrum, (width,))
+    ridge = 0 if model.pooled.ridge is None else _layer_flops(model.pooled.ridge, ())
     return {
         "features": branch,
         "taps": list(model.pooled.moments),
         "join": model.join_at,
         "params": sum(p.numel() for p in model.pooled.parameters()) + weights,
-        "flops": 2 * weights + binning,
+        "flops": 2 * weights + binning + ridge,
     }
 
 

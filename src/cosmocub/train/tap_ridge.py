@@ -40,12 +40,9 @@ def fit_tap_ridge(
     # would shift every draw after it (dropout masks) against a run without the fit.
     loader = DataLoader(train_set, batch_size=batch_size, generator=torch.Generator())
     stats, targets = [], []
-    was_training = model.training
-    model.eval()
-    for x_bcdhw, y_bp in loader:
+    for x_bcdhw, y_bp in loader:  # the tap's moments and spectrum: no train/eval difference
         stats.append(model.pooled.input_statistics(x_bcdhw.to(device).float()).double().cpu())
         targets.append(y_bp.double())
-    model.train(was_training)
     features = torch.cat(stats).numpy()  # (N, F)
     y = torch.cat(targets).numpy()  # (N, P)
     if not np.all(np.isfinite(features)):
