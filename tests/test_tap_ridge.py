@@ -147,3 +147,68 @@ def test_training_holds_the_fit_fixed_and_a_resume_does_not_refit(
     torch.testing.assert_close(model.pooled.ridge.bias, fresh.pooled.ridge.bias)
     # ... and the network beside it did learn: the output layer left zero.
     assert model.head.output.weight.abs().max() > 1e-3
+
+
+def test_counts_spectrum_is_the_classical_pk_of_the_counts_the_shards_stored(
+    tmp_path: Path,
+) -> None:
+    # model.pooled.counts_spectrum: the input tap also takes the log P(k) of the count
+    # overdensity, the counts recovered from the standardised log1p input with the shards'
+    # statistics: the classical baselines' `pk` feature (data.features), whatever the
+    # standardisation, and it is set from the shards before the first step and saved.
+    from cosmocub.data.dataset import read_input_transform
+    from cosmocub.data.features import counts_power_spectrum
+
+    shards = make_random_shards(tmp_path / "s", counts={"train": 16, "val": 8}, size=8, seed=5)
+    mean, std, log1p = read_input_transform(shards)
+    assert log1p and len(mean) == 4 and all(s > 0 for s in std)
+    cfg = ridge_cfg(counts_spectrum=True)
+    torch.manual_seed(0)
+    model = CosmoFlow(cfg.model).eval()
+    assert model.pooled.whitened == (4 + 3 + 3) * 4
+    model.pooled.counts_spectrum.set_input_transform(mean, std, log1p=log1p)
+    g = torch.Generator().manual_seed(6)
+    counts = torch.poisson(torch.full((2, 4, 8, 8, 8), 2.0), generator=g)
+    counts[1, 3] *= 3.0  # a channel whose overdensity's power is not that of a Poisson field
+    x = (torch.log1p(counts) - torch.tensor(mean).view(1, -1, 1, 1, 1)) / torch.tensor(std).view(
+        1, -1, 1, 1, 1
+    )
+    with torch.no_grad():
+        tap = model.pooled.input_statistics(x).double()  # moments (4·4), log spectrum, counts'
+    assert tap.shape == (2, (4 + 3 + 3) * 4)
+    counts_spectrum = tap[:, 4 * 4 + 3 * 4 :].reshape(2, 3, 4)  # (B, bins, C)
+    for b in range(2):
+        for c in range(4):
+            _, expected = counts_power_spectrum(counts[b, c].double().numpy(), num_bins=3)
+            np.testing.assert_allclose(
+                counts_spectrum[b, :, c].numpy(), np.log(expected), rtol=1e-4, atol=1e-4
+            )
+    # Not the log-density spectrum: the two differ, or the feature would add nothing.
+    assert not torch.allclose(counts_spectrum, tap[:, 16:28].reshape(2, 3, 4), atol=0.05)
+    with pytest.raises(ValueError, match=r"CountsSpectrum: the shards standardise 3 channels"):
+        model.pooled.counts_spectrum.set_input_transform(mean[:3], std[:3], log1p=True)
+    with pytest.raises(ConfigError, match=r"'model\.pooled\.counts_spectrum'.*spectrum_bins is 0"):
+        ridge_cfg(counts_spectrum=True, spectrum_bins=0)
+    assert ridge_cfg(counts_spectrum=True).model.pooled.identity()["counts_spectrum"] is True
+    assert "counts_spectrum" not in ridge_cfg().model.pooled.identity()
+    # model-summary counts its binning matmul, as torch's FLOP counter does.
+    batch_norm_cfg = ridge_cfg(norm="batch", counts_spectrum=True)
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        CosmoFlow(batch_norm_cfg.model).eval()(x[:1])
+    summary = summarize(batch_norm_cfg.model)
+    assert summary["flops_per_sample"] == counter.get_total_flops()
+    without = summarize(ridge_cfg(norm="batch").model)
+    spectrum_flops = 2 * 4 * model.pooled.spectrum.num_modes * 3
+    assert summary["pooled_branch"]["flops"] == without["pooled_branch"]["flops"] + (
+        # the binning; 3·4 more inputs to the ridge (4 outputs) and to dense0 (8 units)
+        spectrum_flops + 2 * 3 * 4 * 4 + 2 * 3 * 4 * 8
+    )
+
+    # Training sets it from the shards before the ridge's fit; the saved model carries it.
+    cfg = tiny_cfg(model={"head": "gaussian", "pooled": POOLED | {"counts_spectrum": True}})
+    train(cfg, shards_dir=shards, run_dir=tmp_path / "run")
+    saved = load_model_file(tmp_path / "run/model.pt").pooled.counts_spectrum
+    assert bool(saved.transform_set) and bool(saved.log1p)
+    np.testing.assert_allclose(saved.input_mean.numpy(), mean, rtol=1e-6)
+    np.testing.assert_allclose(saved.input_std.numpy(), std, rtol=1e-6)

@@ -160,6 +160,10 @@ class PooledConfig:
     # > 0: the input tap also takes each channel's log power spectrum in this many log-spaced
     # |k| bins (models.pooling.LogPowerSpectrum); 0: none, the branch as first built.
     spectrum_bins: int = 0
+    # True (with spectrum_bins): the input tap also takes each channel's log P(k) of the count
+    # overdensity n/n̄ − 1 (the classical `pk` feature), the counts recovered from the input
+    # with the shards' standardisation, which the model holds (models.pooling.CountsSpectrum).
+    counts_spectrum: bool = False
     # False: the dense head reads the pooled statistics alone, not the flattened last feature
     # map (a head that does not see where in the box a feature is).
     flatten: bool = True
@@ -183,6 +187,8 @@ class PooledConfig:
             values["order"] = self.order
         if self.spectrum_bins:
             values["spectrum_bins"] = self.spectrum_bins
+        if self.counts_spectrum:
+            values["counts_spectrum"] = True
         if not self.flatten:
             values["flatten"] = False
         if self.tap_ridge:
@@ -226,6 +232,11 @@ class PooledConfig:
             raise ConfigError(
                 f"key 'model.pooled.spectrum_bins': {self.spectrum_bins} is the input tap's "
                 f"spectrum, and model.pooled.taps {list(self.taps)} has no 'input'"
+            )
+        if self.counts_spectrum and not self.spectrum_bins:
+            raise ConfigError(
+                "key 'model.pooled.counts_spectrum': true takes the counts' P(k) in the bins of "
+                "the input tap's spectrum, and model.pooled.spectrum_bins is 0"
             )
         if self.tap_ridge and (not self.enabled or "input" not in self.taps):
             raise ConfigError(

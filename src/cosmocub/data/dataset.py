@@ -65,6 +65,22 @@ def stats_say_standardize(shards_dir: str | os.PathLike) -> bool:
     return value
 
 
+def read_input_transform(shards_dir: str | os.PathLike) -> tuple[list[float], list[float], bool]:
+    """(mean, std, log1p): what a stored value v went through before the network reads
+    x = (v − mean)/std (mean 0 and std 1 where the shards are not standardised), and whether v
+    is log1p of the counts (the training shard's `log1p` attribute). model.pooled.counts_spectrum
+    undoes both."""
+    mean, std = read_stats(shards_dir)
+    if not stats_say_standardize(shards_dir):
+        mean, std = [0.0] * len(mean), [1.0] * len(std)
+    path = shard_path(shards_dir, "train")
+    with h5py.File(path, "r") as f:
+        log1p = f.attrs.get("log1p")
+    if not isinstance(log1p, bool | np.bool_):
+        raise ValueError(f"{path}: attribute 'log1p' must be true or false, got {log1p!r}")
+    return mean, std, bool(log1p)
+
+
 class ShardDataset(Dataset):
     """Samples of one shard file: (x float32 (C, S, S, S) or its block, y float32 (4,)).
 

@@ -91,6 +91,58 @@ class LogPowerSpectrum(nn.Module):
         return f"{self.size}³, {self.bins} bins"
 
 
+class CountsSpectrum(nn.Module):
+    """(B, C, S, S, S) → (B, bins·C), bin-major: per channel the log power spectrum of the count
+    overdensity n/n̄ − 1 (n̄ the sample's mean count), in the bins of `spectrum`, with n recovered
+    from the network's input by undoing the shards' standardisation and, where they hold
+    log1p counts, the log: the classical baselines' P(k) feature (data.features `pk`).
+
+    Why beside the log-density spectrum: on the synthetic whole boxes the two spectra together
+    with the one-point statistics are the best classical fit (Ω_m 0.111 per universe, against
+    0.131 without the counts' P(k): docs/known_answer.md). The network reads log1p counts, whose
+    spectrum it can take whole; the counts' own spectrum is a different function of the field,
+    one a conv stack would have to learn through an exponential.
+
+    The standardisation is the shards' (stats.json and manifest.json), set once before the first
+    step (`set_input_transform`, train/build.py) and saved with the weights, so an evaluation of
+    the saved model reads it from there. Float32 throughout: expm1 of a float16 log1p count is
+    exact enough (~10⁻³ relative), and the counts span orders of magnitude."""
+
+    def __init__(self, spectrum: LogPowerSpectrum, channels: int) -> None:
+        super().__init__()
+        self.spectrum = spectrum  # shared with the log-density spectrum: one bin matrix
+        self.register_buffer("input_mean", torch.zeros(channels))
+        self.register_buffer("input_std", torch.ones(channels))
+        self.register_buffer("log1p", torch.ones((), dtype=torch.bool))
+        self.register_buffer("transform_set", torch.zeros((), dtype=torch.bool))
+
+    def set_input_transform(self, mean: list[float], std: list[float], *, log1p: bool) -> None:
+        """The shards' per-channel standardisation (x = (v − mean)/std, v the stored value) and
+        whether v is log1p of the counts."""
+        channels = self.input_mean.numel()
+        if len(mean) != channels or len(std) != channels:
+            raise ValueError(
+                f"CountsSpectrum: the shards standardise {len(mean)} channels "
+                f"(mean) and {len(std)} (std), the model reads {channels}"
+            )
+        self.input_mean.copy_(torch.tensor(mean, dtype=torch.float32))
+        self.input_std.copy_(torch.tensor(std, dtype=torch.float32))
+        self.log1p.fill_(log1p)
+        self.transform_set.fill_(True)
+
+    def forward(self, x_bcdhw: torch.Tensor) -> torch.Tensor:
+        shape = (1, -1, 1, 1, 1)
+        values = x_bcdhw.float() * self.input_std.view(shape) + self.input_mean.view(shape)
+        counts = torch.where(self.log1p, torch.expm1(values), values)
+        mean = counts.mean(dim=(2, 3, 4), keepdim=True)
+        # An empty channel (n̄ = 0) has no overdensity: it reads the spectrum's floor.
+        overdensity = counts / torch.where(mean > 0, mean, torch.ones_like(mean))
+        return self.spectrum(overdensity)  # the spectrum takes off the mean: n/n̄ − 1
+
+    def extra_repr(self) -> str:
+        return f"{self.input_mean.numel()} channels, log1p={bool(self.log1p)}"
+
+
 def tap_channels(cfg: ModelConfig) -> dict[str, int]:
     """Channels of each pooled feature map, by tap name, in the order the model computes them:
     "input", then per conv block i "conv{i}" (its convolution's output, before the norm,
@@ -250,23 +302,35 @@ class PooledBranch(nn.Module):
         bins = cfg.pooled.spectrum_bins
         # The input tap's spectrum, after its moments (CosmoFlow.forward joins the two).
         self.spectrum = LogPowerSpectrum(size=cfg.input_size, bins=bins) if bins else None
-        self.num_features = per_channel * sum(channels.values()) + bins * channels.get("input", 0)
+        self.counts_spectrum = (
+            CountsSpectrum(self.spectrum, channels["input"]) if cfg.pooled.counts_spectrum else None
+        )
+        # The input tap's statistics per channel: its moments, then its spectra.
+        spectra_bins = bins * (2 if self.counts_spectrum is not None else 1)
+        input_per_channel = per_channel + spectra_bins
+        self.num_features = per_channel * sum(channels.values()) + spectra_bins * channels.get(
+            "input", 0
+        )
         self.whitened = 0  # the leading features (the input tap's) that `whiten` takes
         self.whiten: nn.Module = nn.Identity()
         if cfg.pooled.norm == "whiten":
-            self.whitened = (per_channel + bins) * channels["input"]
-            self.whiten = GroupWhitening(whitening_groups(channels["input"], per_channel + bins))
+            self.whitened = input_per_channel * channels["input"]
+            self.whiten = GroupWhitening(whitening_groups(channels["input"], input_per_channel))
         rest = self.num_features - self.whitened
         self.norm: nn.Module = nn.BatchNorm1d(rest) if cfg.batch_norm and rest else nn.Identity()
-        input_features = (per_channel + bins) * channels.get("input", 0)
+        input_features = input_per_channel * channels.get("input", 0)
         self.ridge = TapRidge(input_features, cfg.num_outputs) if cfg.pooled.tap_ridge else None
 
     def input_statistics(self, x_bcdhw: torch.Tensor) -> torch.Tensor:
-        """The input tap's features: its moments, then with spectrum_bins its spectrum."""
+        """The input tap's features: its moments, then with spectrum_bins its log spectrum, then
+        with counts_spectrum the counts' log spectrum."""
         moments = self.moments["input"](x_bcdhw)  # (B, k·C)
         if self.spectrum is None:
             return moments
-        return torch.cat([moments, self.spectrum(x_bcdhw).to(moments.dtype)], dim=1)
+        parts = [moments, self.spectrum(x_bcdhw).to(moments.dtype)]
+        if self.counts_spectrum is not None:
+            parts.append(self.counts_spectrum(x_bcdhw).to(moments.dtype))
+        return torch.cat(parts, dim=1)
 
     def forward(self, stats: list[torch.Tensor]) -> torch.Tensor:
         features = torch.cat(stats, dim=1)  # (B, num_features)

@@ -160,7 +160,9 @@ def pooled_branch_counts(model: CosmoFlow) -> dict[str, Any] | None:
     weights = branch * joined.out_features
     spectrum = model.pooled.spectrum
     width = 0 if spectrum is None else spectrum.bins * model.config.in_channels
-    binning = 0 if spectrum is None else _layer_flops(spectrum, (width,))
+    # With counts_spectrum the same binning runs twice: the log1p counts' and the counts'.
+    spectra = 1 + (model.pooled.counts_spectrum is not None)
+    binning = 0 if spectrum is None else spectra * _layer_flops(spectrum, (width,))
     ridge = 0 if model.pooled.ridge is None else _layer_flops(model.pooled.ridge, ())
     return {
         "features": branch,

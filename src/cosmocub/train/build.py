@@ -12,7 +12,7 @@ from torch import nn
 
 from cosmocub.config import Config, config_hash
 from cosmocub.data.augment import symmetries_for_split
-from cosmocub.data.dataset import FirstUniverses
+from cosmocub.data.dataset import FirstUniverses, read_input_transform
 from cosmocub.models.model_factory import build_model
 from cosmocub.optim.optimizer_factory import build_optimizer, build_schedule
 from cosmocub.parallel.parallel_dims import ParallelDims
@@ -116,6 +116,12 @@ def build_trainer(
         identity=identity,
         dims=dims,
     )
+    if cfg.model.name == "cosmoflow" and cfg.model.pooled.counts_spectrum:
+        # Before the restore, which loads the same values back (the shards are in the run's
+        # identity), and before the ridge's fit, which reads the counts' spectrum.
+        mean, std, log1p = read_input_transform(shards_dir)
+        plain = getattr(model, "module", model)
+        plain.pooled.counts_spectrum.set_input_transform(mean, std, log1p=log1p)
     resumed_from = checkpoints.restore_latest()
     if resumed_from is None and cfg.model.name == "cosmoflow" and cfg.model.pooled.tap_ridge:
         # Fitted once, before the first step; a resumed run has it in its checkpoint.
