@@ -1,0 +1,170 @@
+"""Where in the bispectrum a parameter sits: ridges on subsets of the band triples of
+`data.features.bispectrum_statistics`, fitted on a shard folder's training split, test MAE per
+universe on one parameter (docs/known_answer.md, "Case (c): more steps, more filters").
+
+    python benchmarks/bispectrum_subsets.py --shards results-known-answer/shards \\
+        --parameter 3 --channels 2 3
+
+The known-answer study's phase case (f_nl, unitPar slot 3, channels 2 and 3) asks it: a network
+that reads one scale at a time (a block's moments are its filtered field's, an integral of the
+bispectrum over one band) can reach what the equilateral triples hold; what the cross-scale
+triples hold it has to combine across blocks. Reads features.h5 (`preprocess.bispectrum`); each
+row is a RidgeCV on the standardised features, as the baselines fit them. Seconds.
+
+`--nyquist` adds rows computed from the shards' log1p counts (whole periodic boxes; ~1 min for
+1,400 of 32³): the same band bispectrum with and without the three real-valued modes at |k| = π
+on the axes of an even grid, and the cubic statistic of those three modes alone,
+Σ_a A_a⟨(−1)^(x_a)·δ_rest²⟩ (A_a the mode's amplitude, δ_rest the field without them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from cosmocub.cosmology.power import log_k_edges
+from cosmocub.data.features import (
+    FEATURES_FILE,
+    NUM_B_BANDS,
+    bispectrum_triples,
+    k_magnitude,
+    read_features,
+)
+from cosmocub.evaluation.baselines import ridge_predictions
+
+
+def subsets(triples: list[tuple[int, int, int]]) -> list[tuple[str, list[int]]]:
+    """(name, indices into `triples`) of the rows printed."""
+    bands = max(max(t) for t in triples) + 1
+
+    def where(test) -> list[int]:
+        return [i for i, t in enumerate(triples) if test(*t)]
+
+    rows = [
+        ("all triples", where(lambda a, b, c: True)),
+        ("equilateral (i = j = l)", where(lambda a, b, c: a == b == c)),
+        ("squeezed (i < j = l)", where(lambda a, b, c: a < b == c)),
+        ("the others", where(lambda a, b, c: not (a == b == c or a < b == c))),
+        ("all three bands differ", where(lambda a, b, c: a < b < c)),
+    ]
+    rows += [(f"band {k} in the triple", where(lambda *t, k=k: k in t)) for k in range(bands)]
+    rows += [(f"band {k} not in it", where(lambda *t, k=k: k not in t)) for k in range(bands)]
+    return rows
+
+
+class NyquistSplit:
+    """Per (n, n, n) count field: the band bispectrum (the feature's normalisation) with and
+    without the axis-Nyquist modes, and the cubic statistic of those modes alone."""
+
+    def __init__(self, n: int) -> None:
+        k = k_magnitude(n)
+        edges = log_k_edges(n, float(n), NUM_B_BANDS)
+        self.triples = bispectrum_triples()
+        self.nyquist = np.isclose(k, np.pi)  # (n/2, 0, 0) and its two turns on an even grid
+        self.bands = [(k >= lo) & (k < hi) for lo, hi in itertools.pairwise(edges)]
+        x = (-1.0) ** np.arange(n)
+        self.checkers = [x[:, None, None], x[None, :, None], x[None, None, :]]
+
+    def _bispectrum(self, delta_k: np.ndarray, shape: tuple[int, ...], drop: bool) -> np.ndarray:
+        masks = [m & ~self.nyquist for m in self.bands] if drop else self.bands
+        fields = [np.fft.irfftn(np.where(m, delta_k, 0), s=shape, axes=(0, 1, 2)) for m in masks]
+        power = [float(np.mean(f * f)) for f in fields]
+        return np.array([
+            np.mean(fields[a] * fields[b] * fields[c]) / np.sqrt(power[a] * power[b] * power[c])
+            for a, b, c in self.triples
+        ])  # fmt: skip
+
+    def __call__(self, counts: np.ndarray) -> dict[str, np.ndarray]:
+        delta = counts / counts.mean() - 1.0
+        delta_k = np.fft.rfftn(delta)
+        amplitudes = [float(np.mean(delta * c)) for c in self.checkers]
+        rest = delta - sum(a * c for a, c in zip(amplitudes, self.checkers, strict=True))
+        cubic = sum(
+            a * np.mean(c * rest * rest) for a, c in zip(amplitudes, self.checkers, strict=True)
+        )
+        return {
+            "band bispectrum, recomputed": self._bispectrum(delta_k, delta.shape, drop=False),
+            "band bispectrum without the 3 axis-Nyquist modes": self._bispectrum(
+                delta_k, delta.shape, drop=True
+            ),
+            "the 3 axis-Nyquist modes' cubic statistic": np.array([cubic]),
+        }
+
+
+def nyquist_rows(shards: Path, split: str, channels: list[int]) -> dict[str, np.ndarray]:
+    with h5py.File(shards / f"{split}.h5", "r") as f:
+        x = f["x"]
+        if not f.attrs.get("log1p", False):
+            raise SystemExit(f"{shards / split}.h5: --nyquist reads log1p counts (log1p false)")
+        split_stats = NyquistSplit(x.shape[-1])
+        rows = []
+        for i in range(x.shape[0]):
+            sample = x[i].astype(np.float64)
+            per_channel = [split_stats(np.rint(np.expm1(sample[c]))) for c in channels]
+            keys = per_channel[0]
+            rows.append({key: np.concatenate([p[key] for p in per_channel]) for key in keys})
+    return {key: np.stack([r[key] for r in rows]) for key in rows[0]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shards", type=Path, required=True)
+    parser.add_argument("--parameter", type=int, default=3, help="unitPar slot (default 3)")
+    parser.add_argument("--channels", type=int, nargs="+", default=[2, 3])
+    parser.add_argument("--nyquist", action="store_true", help="the rows from the shards (~1 min)")
+    args = parser.parse_args()
+    triples = bispectrum_triples()
+    data = {}
+    for split in ("train", "test"):
+        features = read_features(args.shards / FEATURES_FILE, split)
+        if "bispectrum" not in features:
+            raise SystemExit(
+                f"{args.shards / FEATURES_FILE}: split {split} has no bispectrum (preprocess with "
+                "preprocess.bispectrum: true)"
+            )
+        with h5py.File(args.shards / f"{split}.h5", "r") as f:
+            y = f["y"][:, args.parameter].astype(np.float64)
+        data[split] = (features["bispectrum"], y)
+    (b_train, y_train), (b_test, y_test) = data["train"], data["test"]
+    per_channel = len(triples)
+    channels = b_train.shape[1] // per_channel
+    if b_train.shape[1] != channels * per_channel or max(args.channels) >= channels:
+        raise SystemExit(
+            f"{args.shards / FEATURES_FILE}: bispectrum has {b_train.shape[1]} columns, not "
+            f"{per_channel} triples for each of channels {args.channels}"
+        )
+    print(f"shards {args.shards}: {len(y_train)} train, {len(y_test)} test; parameter "
+          f"{args.parameter}, channels {args.channels}; mean predictor "
+          f"{np.abs(y_test - y_train.mean()).mean():.3f}; load "
+          f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")  # fmt: skip
+    print("| triples | count | test MAE |")
+    print("|---|---|---|")
+    for name, idx in subsets(triples):
+        cols = [c * per_channel + i for c in args.channels for i in idx]
+        predicted = ridge_predictions(b_train[:, cols], y_train[:, None], b_test[:, cols])
+        mae = float(np.abs(predicted.ravel() - y_test).mean())
+        print(f"| {name} | {len(idx)} | {mae:.3f} |")
+    if not args.nyquist:
+        return
+    extra = {split: nyquist_rows(args.shards, split, args.channels) for split in data}
+    without = "band bispectrum without the 3 axis-Nyquist modes"
+    cubic = "the 3 axis-Nyquist modes' cubic statistic"
+    extra_rows = [(name, extra["train"][name], extra["test"][name]) for name in extra["train"]]
+    extra_rows.append((
+        f"{without}, + {cubic}",
+        np.hstack([extra["train"][without], extra["train"][cubic]]),
+        np.hstack([extra["test"][without], extra["test"][cubic]]),
+    ))  # fmt: skip
+    for name, x_train, x_test in extra_rows:
+        predicted = ridge_predictions(x_train, y_train[:, None], x_test)
+        mae = float(np.abs(predicted.ravel() - y_test).mean())
+        print(f"| {name} | {x_train.shape[1] // len(args.channels)} | {mae:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
