@@ -103,10 +103,11 @@ class CountsSpectrum(nn.Module):
     spectrum it can take whole; the counts' own spectrum is a different function of the field,
     one a conv stack would have to learn through an exponential.
 
-    The standardisation is the shards' (stats.json and manifest.json), set once before the first
-    step (`set_input_transform`, train/build.py) and saved with the weights, so an evaluation of
-    the saved model reads it from there. Float32 throughout: expm1 of a float16 log1p count is
-    exact enough (~10⁻³ relative), and the counts span orders of magnitude."""
+    The standardisation is the shards' (stats.json, and the training shard's `log1p` attribute:
+    data.dataset.read_input_transform), set once before the first step (`set_input_transform`,
+    train/build.py) and saved with the weights, so an evaluation of the saved model reads it
+    from there; `transform_set` says whether it was. Float32 throughout: expm1 of a float16
+    log1p count is exact enough (~10⁻³ relative), and the counts span orders of magnitude."""
 
     def __init__(self, spectrum: LogPowerSpectrum, channels: int) -> None:
         super().__init__()
@@ -140,7 +141,10 @@ class CountsSpectrum(nn.Module):
         return self.spectrum(overdensity)  # the spectrum takes off the mean: n/n̄ − 1
 
     def extra_repr(self) -> str:
-        return f"{self.input_mean.numel()} channels, log1p={bool(self.log1p)}"
+        return (
+            f"{self.input_mean.numel()} channels, log1p={bool(self.log1p)}, "
+            f"transform_set={bool(self.transform_set)}"
+        )
 
 
 def tap_channels(cfg: ModelConfig) -> dict[str, int]:
