@@ -11,7 +11,7 @@ from baseline_shards import write_shards
 
 from cosmocub.cosmology.power import binned_power_spectrum, log_k_edges
 from cosmocub.data import known_answer_fields as ka
-from cosmocub.data.features import bispectrum_statistics
+from cosmocub.data.features import bispectrum_statistics, bispectrum_triples, k_magnitude
 from cosmocub.data.universe import read_universe
 from cosmocub.evaluation.baselines import baseline_predictions, classical_predictions
 
@@ -94,6 +94,18 @@ def test_phase_case_keeps_spectrum_and_one_point_values_fixed():
             for f in (-0.5, 0.5)
         ]
         assert rise[1] - rise[0] > 0.2
+    # Modes left out of the bands (a probe's option): a band that keeps none gives 0 in every
+    # triple with it, the others move, and leaving out nothing is the feature.
+    counts = 1000 * (1 + 0.1 * fields[0.5])
+    k = k_magnitude(SIZE)
+    band0 = k < 2.0 * np.pi / SIZE * (SIZE / 2) ** 0.25  # the first of 4 log bands
+    full = bispectrum_statistics(counts)
+    np.testing.assert_array_equal(
+        bispectrum_statistics(counts, modes_left_out=np.zeros(k.shape, dtype=bool)), full
+    )
+    cut = bispectrum_statistics(counts, modes_left_out=band0)
+    with_band0 = [i for i, t in enumerate(bispectrum_triples()) if 0 in t]
+    assert np.all(cut[with_band0] == 0.0) and np.any(full[with_band0] != 0.0)
 
 
 def test_known_answer_universe_file(tmp_path):

@@ -74,22 +74,31 @@ def _count_overdensity(counts_dhw: np.ndarray) -> np.ndarray:
     return counts / mean - 1.0 if mean > 0 else np.zeros_like(counts)
 
 
-def bispectrum_statistics(counts_dhw: np.ndarray, *, num_bands: int = NUM_B_BANDS) -> np.ndarray:
+def bispectrum_statistics(
+    counts_dhw: np.ndarray,
+    *,
+    num_bands: int = NUM_B_BANDS,
+    modes_left_out: np.ndarray | None = None,
+) -> np.ndarray:
     """Band-averaged bispectrum of one count field's overdensity: per triple of log-spaced |k|
     bands (i ≤ j ≤ l) that closes a triangle, ⟨δ_i·δ_j·δ_l⟩ / (⟨δ_i²⟩⟨δ_j²⟩⟨δ_l²⟩)^½, with δ_i
     the field filtered to band i (FFTs; equilateral triples i = j = l, squeezed ones i < j = l).
 
     A field with no power in a band gives 0 there (a constant field has no shape).
+    `modes_left_out` (a boolean mask on the rfftn grid): modes no band takes (for probes of where
+    a statistic sits, benchmarks/bispectrum_subsets.py; None for the feature).
     """
     delta = _count_overdensity(counts_dhw)
     n = delta.shape[0]
     delta_k = np.fft.rfftn(delta)
     edges = log_k_edges(n, float(n), num_bands)
     k = k_magnitude(n)
+    kept = np.ones(k.shape, dtype=bool) if modes_left_out is None else ~modes_left_out
     bands = [
-        np.fft.irfftn(np.where((k >= lo) & (k < hi), delta_k, 0.0), s=delta.shape, axes=(0, 1, 2))
+        np.fft.irfftn(np.where((k >= lo) & (k < hi) & kept, delta_k, 0.0), s=delta.shape,
+                      axes=(0, 1, 2))
         for lo, hi in itertools.pairwise(edges)
-    ]
+    ]  # fmt: skip
     power = [float(np.mean(b * b)) for b in bands]
     out = []
     for a, b, c in bispectrum_triples(num_bands):
