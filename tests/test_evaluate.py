@@ -231,6 +231,18 @@ def test_evaluate_gaussian_head_writes_calibration(tiny_run):
         assert got == pytest.approx(inside.mean())
         assert tracker.metrics[f"coverage68_univ_after_{name}"] == pytest.approx(got)
     assert len(calibration["per_crop"]["before"]["curve"][0]) == len(calibration["curve_levels"])
+    held_out = calibration["validation_held_out"]
+    assert held_out["folds"] == min(5, held_out["num_universes"])
+    for name in NAMES:
+        assert 0 <= held_out["coverage"][name]["0.68"] <= held_out["coverage"][name]["0.95"] <= 1
+        assert tracker.metrics[f"coverage68_univ_val_held_out_{name}"] == pytest.approx(
+            held_out["coverage"][name]["0.68"]
+        )
+        # The test universes' errors ÷ their calibrated σ, from the files written.
+        z = (mean_u[:, NAMES.index(name)] - true_u[:, NAMES.index(name)]) / np.sqrt(
+            var_u[:, NAMES.index(name)]
+        )
+        assert held_out["error_rms"]["test"][name] == pytest.approx(np.sqrt(np.mean(z**2)))
     # The report's front page leads with CNN ÷ best classical per universe (with its bootstrap
     # range), then the coverage table.
     # How the step was fed, from the training summary's last epoch.
@@ -243,6 +255,7 @@ def test_evaluate_gaussian_head_writes_calibration(tiny_run):
     lead = f"**{row['cnn_over_classical']:.3f} ({row['cnn_over_classical_lo']:.2f}–"
     assert "| sigma_8 | " in page and lead in page
     assert "CNN ÷ best classical" in page
+    assert "| held-out 68 % | held-out 95 % | error ÷ σ, validation | error ÷ σ, test |" in page
     assert page.index("per universe") < page.index("per crop") < page.index("Coverage")
 
 

@@ -152,3 +152,50 @@ def test_coverage_scale_calibrates_a_barely_learnt_parameter_where_the_likelihoo
 def test_coverage_scale_of_exact_rows_keeps_the_likelihood_scale():
     mean = np.zeros((5, 1))
     np.testing.assert_array_equal(unc.coverage_scale(mean, np.ones_like(mean), mean), [0.0])
+
+
+def test_held_out_coverage_checks_the_scale_on_rows_it_was_not_fitted_on():
+    rng = np.random.default_rng(4)
+    n = 1000
+    true = rng.uniform(-1, 1, size=(n, 2))
+    spread = np.array([0.2, 0.1])  # the errors' σ; the head says 0.1 for both
+    mean = true + rng.normal(0, spread, size=(n, 2))
+    var = np.full_like(mean, 0.01)
+    assert unc.coverage(mean, var, true)[0, 0] < 0.45  # twice too narrow: ~38 % at 68 %
+    held_out = unc.held_out_coverage(mean, var, true, folds=5)
+    # 1,000 rows: a 68 % fraction has a binomial σ of 1.5 points; 0.035 is over 2σ.
+    np.testing.assert_allclose(held_out, [[0.68, 0.68], [0.95, 0.95]], atol=0.035)
+    scale = unc.coverage_scale(mean, var, true)
+    np.testing.assert_allclose(unc.error_rms(mean, var * scale, true), [1, 1], atol=0.06)
+    # Test universes whose errors are half validation's: over-covered, with an error RMS of ½,
+    # while the check on validation alone says the calibration holds.
+    test_mean = true + rng.normal(0, spread / 2, size=(n, 2))
+    assert np.all(unc.coverage(test_mean, var * scale, true)[0] > 0.9)
+    np.testing.assert_allclose(unc.error_rms(test_mean, var * scale, true), [0.5, 0.5], atol=0.04)
+    # Each row scaled by the others' factor, not its own: rows 0, 2, 4, … (fold 0 of 2) with
+    # errors four times the rest's under-cover at the odd rows' scale.
+    mean[::2] = true[::2] + 4 * (mean[::2] - true[::2])
+    even, odd = slice(0, None, 2), slice(1, None, 2)
+    expected = (
+        np.concatenate(
+            [
+                unc.coverage(
+                    mean[even],
+                    var[even] * unc.coverage_scale(mean[odd], var[odd], true[odd]),
+                    true[even],
+                ),
+                unc.coverage(
+                    mean[odd],
+                    var[odd] * unc.coverage_scale(mean[even], var[even], true[even]),
+                    true[odd],
+                ),
+            ],
+            axis=0,
+        )
+        .reshape(2, 2, 2)
+        .mean(axis=0)
+    )
+    np.testing.assert_allclose(unc.held_out_coverage(mean, var, true, folds=2), expected)
+    assert unc.held_out_coverage(mean, var, true, folds=2)[0, 0] < 0.6
+    with pytest.raises(ValueError, match="6 folds for 5 rows"):
+        unc.held_out_coverage(mean[:5], var[:5], true[:5], folds=6)

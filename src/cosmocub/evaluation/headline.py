@@ -25,6 +25,9 @@ from cosmocub.evaluation.baselines import fit_baselines
 # classical fit, evaluation.baselines.classical_predictions).
 ESTIMATORS = ("cnn", "mean", "one_point", "pk", "classical")
 BOOTSTRAP = 2000
+# Folds of the calibration's check on validation alone (`uncertainty.held_out_coverage`): each
+# fold's universes scaled by the factor fitted on the other four.
+HELD_OUT_FOLDS = 5
 
 
 def comparison_table(
@@ -191,20 +194,46 @@ def _calibration(
         for stage, (m, v, t) in by_stage.items():
             observed = unc.coverage(m, v, t)
             block[stage] = {
-                "coverage": {
-                    name: {
-                        f"{lvl:g}": float(observed[i, j])
-                        for i, lvl in enumerate(unc.COVERAGE_LEVELS)
-                    }
-                    for j, name in enumerate(names)
-                },
+                "coverage": _coverage_by_name(observed, names),
                 "curve": unc.coverage(m, v, t, unc.CURVE_LEVELS).T.tolist(),  # (P, L)
                 "width68": dict(zip(names, unc.interval_width(v, 0.68).tolist(), strict=True)),
                 "nll": dict(zip(names, unc.gaussian_nll(m, v, t).tolist(), strict=True)),
                 "miscalibrated": unc.miscalibrated(observed),
             }
         out[scope] = block
+    if (num_val := len(val_u[0])) >= 2:
+        folds = min(HELD_OUT_FOLDS, num_val)
+        val_mean, val_var, val_true = val_u
+        held_out = unc.held_out_coverage(val_mean, val_var, val_true, folds=folds)
+        out["validation_held_out"] = {
+            "folds": folds,
+            "num_universes": num_val,
+            "coverage": _coverage_by_name(held_out, names),
+            "miscalibrated": unc.miscalibrated(held_out),
+            # The universes' errors ÷ their calibrated σ: ~1 on validation (the scale is fitted
+            # there), and on test whatever its universes' errors make of it.
+            "error_rms": {
+                "validation": dict(
+                    zip(
+                        names,
+                        unc.error_rms(val_mean, val_var * inflation, val_true).tolist(),
+                        strict=True,
+                    )
+                ),
+                "test": dict(
+                    zip(names, unc.error_rms(mean_u, var_u_cal, true_u).tolist(), strict=True)
+                ),
+            },
+        }
     return out, var_u_cal
+
+
+def _coverage_by_name(observed: np.ndarray, names: Sequence[str]) -> dict[str, dict[str, float]]:
+    """{parameter: {level: share}} of an (L, P) coverage array."""
+    return {
+        name: {f"{lvl:g}": float(observed[i, j]) for i, lvl in enumerate(unc.COVERAGE_LEVELS)}
+        for j, name in enumerate(names)
+    }
 
 
 def plot_calibration(
@@ -257,4 +286,8 @@ def tracker_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
                     for level, value in cov.items():
                         pct = round(100 * float(level))
                         flat[f"coverage{pct}_{prefix}_{stage}_{name}"] = value
+        held_out = calibration.get("validation_held_out", {}).get("coverage", {})
+        for name, cov in held_out.items():
+            for level, value in cov.items():
+                flat[f"coverage{round(100 * float(level))}_univ_val_held_out_{name}"] = value
     return {k: float(v) for k, v in flat.items() if math.isfinite(v)}
