@@ -8,11 +8,14 @@ derivatives (issue 38, "A CNN that knows more than the classical statistics", pa
 Simulates `--fiducial` universes at unitPar 0 (the covariance) and, for each of the four
 parameters, `--pairs` pairs at unitPar ±step with the same seeds (the derivatives: the pairs'
 cosmic variance cancels), with the config's simulate settings and size. Summaries per whole
-universe: log P(k) of each channel (10 log bins), the one-point statistics of its log1p counts,
-the bispectrum statistics (data/features.py, the baselines' own); the same averaged over the
-universe's fixed crops (what the evaluation's baselines see); and the trained CNN's means
-(its 8 fixed crops of side model.input_size, standardised with the shards' stats.json and
-combined by inverse variance, as evaluation combines a test universe's crops). Each summary's
+universe: log P(k) of each channel (10 log bins), the log-density P(k) (of its log1p counts,
+the same bins), the one-point statistics of its log1p counts, the bispectrum statistics
+(data/features.py, the baselines' own), and the union the best classical fit reads (P(k),
+log-density P(k), one-point) with and without the bispectrum; the same averaged over the
+universe's fixed crops (what the evaluation's baselines see); and the trained CNN's means (its
+fixed crops of side model.input_size, standardised with the shards' stats.json and combined by
+inverse variance, as evaluation combines a test universe's crops; a whole-box model's one crop
+is the box). Each summary's
 1σ on unitPar comes out of evaluation/fisher.py twice, the standard estimate (biased low in σ by
 derivative noise) and the compressed one (biased high): the truth lies between. Two views: Ω_m
 and σ_8 with the other two known, and all four free with the uniform prior's variance added
@@ -62,12 +65,13 @@ def load_avg() -> str:
 
 
 def _simulate(job: tuple[int, np.ndarray, int, int, object]) -> tuple[np.ndarray, ...]:
-    """(log P(k), one-point, bispectrum of the whole universe, the same averaged over its fixed
-    crops of side `crop`, stored values (C, N, N, N) float16) of one universe."""
+    """(log P(k), log-density log P(k), one-point, bispectrum of the whole universe, the same
+    averaged over its fixed crops of side `crop`, stored values (C, N, N, N) float16) of one
+    universe."""
     seed, unit_par, size, crop, settings = job
     counts = simulate_universe(size=size, seed=seed, settings=settings, unit_par=unit_par)
     counts_cdhw = np.moveaxis(counts.counts_dhwc, -1, 0)
-    sets = ("pk", "one_point", "bispectrum")
+    sets = ("pk", "log_pk", "one_point", "bispectrum")
     features = sample_features(counts_cdhw, log1p=False, bispectrum=True)
     whole = tuple(features[name] for name in sets)
     per_crop = [
@@ -135,10 +139,13 @@ def cnn_means(
 
 def summaries(results: list, model, stats, crop: int) -> dict[str, np.ndarray]:
     """{summary name: (n, F)} for one set of universes."""
-    pk, one_point, bispectrum, crop_pk, crop_one_point, crop_bispectrum = (
-        np.stack([r[i] for r in results]) for i in range(6)
+    pk, log_pk, one_point, bispectrum, crop_pk, _, crop_one_point, crop_bispectrum = (
+        np.stack([r[i] for r in results]) for i in range(8)
     )
-    cnn = cnn_means(model, [r[6] for r in results], stats, crop)
+    cnn = cnn_means(model, [r[8] for r in results], stats, crop)
+    # The best classical fit's features (evaluation.baselines: the counts' P(k), the log-density
+    # P(k) and the one-point statistics), and with the bispectrum beside them.
+    classical = np.hstack([pk, log_pk, one_point])
     return {
         "P(k)": pk,
         "one-point": one_point,
@@ -151,6 +158,10 @@ def summaries(results: list, model, stats, crop: int) -> dict[str, np.ndarray]:
         ),
         "CNN (crops)": cnn,
         "CNN + P(k) + one-point + bispectrum": np.hstack([cnn, pk, one_point, bispectrum]),
+        "log-density P(k)": log_pk,
+        "best classical's: P(k) + log-density P(k) + one-point": classical,
+        "best classical's + bispectrum": np.hstack([classical, bispectrum]),
+        "CNN + best classical's + bispectrum": np.hstack([cnn, classical, bispectrum]),
     }
 
 
