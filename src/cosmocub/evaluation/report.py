@@ -122,7 +122,7 @@ def _held_out_lines(held_out: dict[str, Any] | None) -> list[str]:
     lines = [
         f"The same calibration on the {held_out['num_universes']} validation universes alone, "
         f"each of {held_out['folds']} folds scaled by the factor fitted on the others (what the "
-        "method gives on universes it was not fitted on, without the test's 200-universe "
+        "method gives on universes it was not fitted on, without the test split's sampling "
         "noise); and the RMS of the universes' errors ÷ their calibrated σ (1: errors as "
         "predicted; below 1 on test: its universes' errors smaller than validation's).",
         "",
