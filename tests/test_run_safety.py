@@ -331,3 +331,32 @@ def test_a_sigterm_during_a_guarded_write_waits_for_the_rename(tmp_path: Path) -
     assert final.read_text() == "whole"
     assert marker.read_text() == "after the rename, inside the block"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["marker", "step.pt"]
+
+
+SIGTERM_DURING_METRICS = """
+import os, pathlib, signal, sys
+from cosmocub.train.loop import write_jsonl
+
+write_text = pathlib.Path.write_text
+def cancelled_mid_write(self, text):
+    os.kill(os.getpid(), signal.SIGTERM)  # a scancel lands while metrics.jsonl is written
+    return write_text(self, text)
+pathlib.Path.write_text = cancelled_mid_write
+write_jsonl(pathlib.Path(sys.argv[1]), [{"epoch": 0}, {"epoch": 1}])
+pathlib.Path(sys.argv[1] + ".after").touch()  # not reached: the held SIGTERM ends it first
+"""
+
+
+def test_a_sigterm_while_metrics_are_written_leaves_them_whole(tmp_path: Path) -> None:
+    # The race CI caught in tests/cluster/test_slurm.py: a cancel at an epoch's end left
+    # .metrics.jsonl.tmp-<pid> in the run folder.
+    final = tmp_path / "metrics.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGTERM_DURING_METRICS, str(final)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, proc.stderr)
+    assert final.read_text() == '{"epoch": 0}\n{"epoch": 1}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from cosmocub.config import Config
-from cosmocub.io import atomic_path
+from cosmocub.io import atomic_path, sigterm_deferred
 from cosmocub.optim.schedule import EpochSchedule
 from cosmocub.parallel.parallel_dims import ParallelDims
 from cosmocub.parallel.timing import clock_for
@@ -250,5 +250,8 @@ def _peak_rss_mb() -> float:
 
 
 def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
-    with atomic_path(path) as tmp:
+    # A cancel (scancel's SIGTERM) between the write and the rename would leave the temporary
+    # beside metrics.jsonl: it waits for the rename instead (a short write, every epoch's end,
+    # right beside the checkpoint's, which waits the same way).
+    with sigterm_deferred(), atomic_path(path) as tmp:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -20,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from cosmocub.config import Config
-from cosmocub.io import atomic_path
+from cosmocub.io import atomic_path, sigterm_deferred
 from cosmocub.models.model_factory import build_model, save_model_file
 from cosmocub.parallel.parallel_dims import build_parallel_dims, close_parallel_dims
 from cosmocub.tracking.runs import job_run
@@ -140,10 +140,12 @@ def _write_outputs(
     module = getattr(model, "module", model)
     model = build_model(cfg.model)
     model.load_state_dict({k: v.detach().cpu() for k, v in module.state_dict().items()})
-    write_jsonl(run_dir / "metrics.jsonl", state.history)
-    save_model_file(run_dir / "model.pt", model, cfg.model)
-    with atomic_path(run_dir / "train_summary.json") as tmp:
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    # A cancel here waits for all three: never a model.pt without its summary beside it.
+    with sigterm_deferred():
+        write_jsonl(run_dir / "metrics.jsonl", state.history)
+        save_model_file(run_dir / "model.pt", model, cfg.model)
+        with atomic_path(run_dir / "train_summary.json") as tmp:
+            tmp.write_text(json.dumps(summary, indent=2) + "\n")
     tracker.log_artifact(run_dir / "metrics.jsonl")
     tracker.log_artifact(run_dir / "train_summary.json")
     tracker.log_model(model)
