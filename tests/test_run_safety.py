@@ -335,7 +335,7 @@ def test_a_sigterm_during_a_guarded_write_waits_for_the_rename(tmp_path: Path) -
 
 SIGTERM_DURING_METRICS = """
 import os, pathlib, signal, sys
-from cosmocub.train.loop import write_jsonl
+from cosmocub.io import write_jsonl
 
 write_text = pathlib.Path.write_text
 def cancelled_mid_write(self, text):

@@ -45,7 +45,8 @@ def sigterm_deferred() -> Iterator[None]:
     A scheduler cancels with SIGTERM (Slurm's scancel; SIGKILL follows KillWait later): without
     this, one landing between a temporary file's write and its rename kills the process with the
     temporary left beside the final name. Only the main thread can set handlers; elsewhere the
-    block runs unguarded. For short, bounded writes (a checkpoint): `atomic_path` itself does not
+    block runs unguarded. For short, bounded writes (a checkpoint; `write_json`, `write_jsonl`
+    and `write_tsv` hold one around their own): `atomic_path` itself does not
     defer, because some of its blocks hold a whole stage (preprocess writes into its temporary
     folder for minutes), and a cancel must stop those at once.
     """
@@ -91,9 +92,17 @@ def read_json(path: str | os.PathLike, *, not_found: str = "not found") -> Any:
 
 
 def write_json(path: str | os.PathLike, value: Any, *, indent: int | None = 2) -> None:
-    """`value` as JSON (one trailing newline) at `path`, atomically."""
-    with atomic_path(path) as tmp:
+    """`value` as JSON (one trailing newline) at `path`, atomically; a SIGTERM waits for the
+    rename (`sigterm_deferred`), so a cancelled job leaves no temporary beside it."""
+    with sigterm_deferred(), atomic_path(path) as tmp:
         tmp.write_text(json.dumps(value, indent=indent) + "\n")
+
+
+def write_jsonl(path: str | os.PathLike, records: Sequence[Mapping[str, Any]]) -> None:
+    """`records` as JSON lines (metrics.jsonl: one object per epoch) at `path`, as `write_json`
+    writes."""
+    with sigterm_deferred(), atomic_path(path) as tmp:
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 def read_jsonl(path: str | os.PathLike, *, not_found: str = "not found") -> list[dict[str, Any]]:
@@ -120,8 +129,8 @@ def read_jsonl(path: str | os.PathLike, *, not_found: str = "not found") -> list
 
 def write_tsv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], path: Path) -> None:
     """`rows` as a tab-separated table of `columns` (floats to 6 significant digits, None and NaN
-    as empty cells), atomically."""
-    with atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
+    as empty cells), atomically, as `write_json` writes."""
+    with sigterm_deferred(), atomic_path(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(
             f, fieldnames=list(columns), delimiter="\t", lineterminator="\n", extrasaction="ignore"
         )

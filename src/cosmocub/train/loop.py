@@ -8,7 +8,6 @@ or another model's task slots in without touching this loop.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import resource
 import sys
@@ -26,7 +25,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from cosmocub.config import Config
-from cosmocub.io import atomic_path, sigterm_deferred
+from cosmocub.io import write_jsonl
 from cosmocub.optim.schedule import EpochSchedule
 from cosmocub.parallel.parallel_dims import ParallelDims
 from cosmocub.parallel.timing import clock_for
@@ -247,11 +246,3 @@ def fit(t: Trainer, state: TrainState, *, metrics_path: Path) -> None:
 def _peak_rss_mb() -> float:
     """This rank's peak resident memory so far (ru_maxrss: KiB on Linux)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def write_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
-    # A cancel (scancel's SIGTERM) between the write and the rename would leave the temporary
-    # beside metrics.jsonl: it waits for the rename instead (a short write, every epoch's end,
-    # right beside the checkpoint's, which waits the same way).
-    with sigterm_deferred(), atomic_path(path) as tmp:
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -10,7 +10,6 @@ from the newest checkpoint in RUN_DIR/checkpoints by itself. One training at a t
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -20,13 +19,13 @@ from typing import Any
 from torch import nn
 
 from cosmocub.config import Config
-from cosmocub.io import atomic_path, sigterm_deferred
+from cosmocub.io import sigterm_deferred, write_json, write_jsonl
 from cosmocub.models.model_factory import build_model, save_model_file
 from cosmocub.parallel.parallel_dims import build_parallel_dims, close_parallel_dims
 from cosmocub.tracking.runs import job_run
 from cosmocub.train import runtime
 from cosmocub.train.build import build_trainer
-from cosmocub.train.loop import TrainState, fit, write_jsonl
+from cosmocub.train.loop import TrainState, fit
 from cosmocub.train.run_lock import hold_run_folder
 
 log = logging.getLogger(__name__)
@@ -144,8 +143,7 @@ def _write_outputs(
     with sigterm_deferred():
         write_jsonl(run_dir / "metrics.jsonl", state.history)
         save_model_file(run_dir / "model.pt", model, cfg.model)
-        with atomic_path(run_dir / "train_summary.json") as tmp:
-            tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        write_json(run_dir / "train_summary.json", summary)
     tracker.log_artifact(run_dir / "metrics.jsonl")
     tracker.log_artifact(run_dir / "train_summary.json")
     tracker.log_model(model)
