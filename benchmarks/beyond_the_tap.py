@@ -28,6 +28,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from torch.utils.data import DataLoader
 
+from cosmocub.cosmology.parameters import NAME_PAR
 from cosmocub.data.dataset import open_split
 from cosmocub.evaluation.baselines import usable_columns
 from cosmocub.models.heads import split_output
@@ -66,12 +67,15 @@ def model_features(model: torch.nn.Module, dataset, batch_size: int) -> dict[str
     return {name: np.concatenate(parts) for name, parts in rows.items()}
 
 
-def second_stage(train: dict, target: dict, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(per-parameter penalty, target's start + the stage's prediction) for feature set `name`."""
+def second_stage(
+    train: dict, targets: list[dict], name: str
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(per-parameter penalty, each target's start + the stage's prediction) for feature set
+    `name`, fitted once on `train`."""
     keep = usable_columns(train[name])
     fit = make_pipeline(StandardScaler(), RidgeCV(alphas=PENALTIES, alpha_per_target=True))
     fit.fit(train[name][:, keep], train["true"] - train["start"])
-    return fit[-1].alpha_, target["start"] + fit.predict(target[name][:, keep])
+    return fit[-1].alpha_, [t["start"] + fit.predict(t[name][:, keep]) for t in targets]
 
 
 def main() -> None:
@@ -90,7 +94,7 @@ def main() -> None:
         split: model_features(model, open_split(args.shards, split, model.config), args.batch_size)
         for split in SPLITS
     }
-    names = ("Omega_m", "sigma_8", "N_spec", "H_0")[: model.config.num_outputs]
+    names = NAME_PAR[: model.config.num_outputs]
     print(
         f"\n{args.run}/model.pt on {args.shards}: MAE per universe (unitPar), "
         f"{len(feats['train']['true'])} training universes\n"
@@ -105,8 +109,7 @@ def main() -> None:
 
     row("the tap's ridge (the model at step 0)", "—", feats["val"]["start"], feats["test"]["start"])
     for name in ("tap", "blocks", "hidden"):
-        penalty, val = second_stage(feats["train"], feats["val"], name)
-        _, test = second_stage(feats["train"], feats["test"], name)
+        penalty, (val, test) = second_stage(feats["train"], [feats["val"], feats["test"]], name)
         label = f"+ a ridge on {name} (penalty {' / '.join(f'{a:.0e}' for a in penalty)})"
         row(label, feats["train"][name].shape[1], val, test)
     row("the trained model", "—", feats["val"]["model"], feats["test"]["model"])

@@ -196,8 +196,8 @@ def _calibration(
             block[stage] = {
                 "coverage": _coverage_by_name(observed, names),
                 "curve": unc.coverage(m, v, t, unc.CURVE_LEVELS).T.tolist(),  # (P, L)
-                "width68": dict(zip(names, unc.interval_width(v, 0.68).tolist(), strict=True)),
-                "nll": dict(zip(names, unc.gaussian_nll(m, v, t).tolist(), strict=True)),
+                "width68": _by_name(unc.interval_width(v, 0.68), names),
+                "nll": _by_name(unc.gaussian_nll(m, v, t), names),
                 "miscalibrated": unc.miscalibrated(observed),
             }
         out[scope] = block
@@ -213,19 +213,18 @@ def _calibration(
             # The universes' errors ÷ their calibrated σ: ~1 on validation (the scale is fitted
             # there), and on test whatever its universes' errors make of it.
             "error_rms": {
-                "validation": dict(
-                    zip(
-                        names,
-                        unc.error_rms(val_mean, val_var * inflation, val_true).tolist(),
-                        strict=True,
-                    )
+                "validation": _by_name(
+                    unc.error_rms(val_mean, val_var * inflation, val_true), names
                 ),
-                "test": dict(
-                    zip(names, unc.error_rms(mean_u, var_u_cal, true_u).tolist(), strict=True)
-                ),
+                "test": _by_name(unc.error_rms(mean_u, var_u_cal, true_u), names),
             },
         }
     return out, var_u_cal
+
+
+def _by_name(values: np.ndarray, names: Sequence[str]) -> dict[str, float]:
+    """{parameter: value} of a (P,) array."""
+    return dict(zip(names, values.tolist(), strict=True))
 
 
 def _coverage_by_name(observed: np.ndarray, names: Sequence[str]) -> dict[str, dict[str, float]]:
