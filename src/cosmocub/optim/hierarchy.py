@@ -20,6 +20,12 @@ import torch
 import torch.distributed as dist
 
 from cosmocub.optim.collectives import CommStats, all_gather_flat, ring_allreduce_bytes
+from cosmocub.optim.exchange_plan import (
+    node_exchange_bytes,
+    node_slice_elements,
+    node_sum_intra_bytes,
+    node_sum_slice_elements,
+)
 from cosmocub.optim.packing import pack_bits, unpack_bits
 from cosmocub.optim.quantize import quantize
 from cosmocub.optim.vote import bits_to_signs
@@ -115,8 +121,7 @@ class TwoLevel:
     def new_slice(
         self, sizes: list[int], ties: tuple[torch.Tensor, torch.Tensor], like: torch.Tensor
     ) -> NodeSlice:
-        n = sum(sizes)
-        m = (n + (-n % (8 * self.size))) // self.size
+        m = node_slice_elements(sum(sizes), self.size)
         lo = self.rank * m
         padded = like.new_zeros(self.size * m)
         part = like.new_zeros(m)
@@ -140,7 +145,8 @@ class TwoLevel:
         s.padded[: c.numel()].copy_(c)
         reduce_scatter_flat(s.part, s.padded, group=self.group)
         s.part.div_(self.size)
-        self.stats.add_bytes((self.size - 1) * s.m * s.part.element_size(), 0.0)
+        sent = node_exchange_bytes(s.m, self.size, bytes_per_value=s.part.element_size())
+        self.stats.add_bytes(sent["reducescatter"], 0.0)
         self.stats.lap("node_average", t)
         return s.part
 
@@ -173,7 +179,7 @@ class TwoLevel:
         t = time.perf_counter()
         bits = pack_bits((voted > 0).to(torch.uint8))
         all_gather_flat(s.gathered, bits, group=self.group)
-        self.stats.add_bytes((self.size - 1) * bits.numel(), 0.0)
+        self.stats.add_bytes(node_exchange_bytes(s.m, self.size)["allgather"], 0.0)
         update = bits_to_signs(unpack_bits(s.gathered))[: sum(s.sizes)]
         self.stats.lap("node_share", t)
         return update
@@ -182,7 +188,7 @@ class TwoLevel:
         """Sum the flat x in place over every data rank, by node: fp32 reduce-scatter in the
         node, all-reduce of the 1/G slice over the rail, all-gather in the node."""
         n = x.numel()
-        m = (n + (-n % self.size)) // self.size
+        m = node_sum_slice_elements(n, self.size)
         padded = pad(x, self.size).contiguous()
         part = x.new_empty(m)
         reduce_scatter_flat(part, padded, group=self.group)
@@ -191,5 +197,5 @@ class TwoLevel:
         all_gather_flat(out, part, group=self.group)
         x.copy_(out[:n])
         nbytes = m * x.element_size()
-        self.stats.add_bytes(2 * (self.size - 1) * nbytes, 0.0)
+        self.stats.add_bytes(node_sum_intra_bytes(nbytes, self.size), 0.0)
         self.stats.add_bytes(ring_allreduce_bytes(nbytes, nodes), 1.0)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 
 from cosmocub.optim.collectives import CommStats, Pending, build_collective, ring_allreduce_bytes
+from cosmocub.optim.exchange_plan import bucket_elements
 from cosmocub.optim.hierarchy import NodeSlice, TwoLevel
 from cosmocub.optim.lion import check_lion_hyperparameters, lion_apply, lion_interpolation
 from cosmocub.optim.lion_cub_checkpoint import own_rows, own_state
@@ -197,7 +198,7 @@ class LionCub(Optimizer):
         self.sync_params = {id(p) for n, p in named if matches(n, sync_patterns)}
         self.step_count = 0
         self.overlap = overlap
-        cap = int(bucket_mb * 2**18)  # a bucket holds one group's parameters
+        cap = bucket_elements(bucket_mb)  # a bucket holds one group's parameters
         self.buckets = [
             self._new_bucket(b, g)
             for g in self.param_groups

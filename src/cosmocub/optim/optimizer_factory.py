@@ -12,6 +12,7 @@ import torch
 from torch.optim import Optimizer
 
 from cosmocub.config import ConfigError, LionCubConfig, OptimizerConfig
+from cosmocub.optim.exchange_plan import wire_settings
 from cosmocub.optim.lion import Lion
 from cosmocub.optim.lion_cub import LionCub
 from cosmocub.optim.quantize import quantizer_levels
@@ -70,11 +71,14 @@ def _build_lion_cub(
         # The plain form (Liu et al. 2024): 1-bit signs gathered by all, voted locally, momenta
         # never averaged.
         layout = _node_layout("flat", dims)
+        wire = wire_settings(cfg)
         return LionCub(
             named,
             group=_data_group(dims),
-            quantizer="sign",
-            collective="allgather",
+            quantizer=wire.quantizer,
+            bits=wire.bits,
+            collective=wire.collective,
+            bucket_mb=wire.bucket_mb,
             ranks_per_node=layout.data_per_node if layout is not None else None,
             **common,
         )

@@ -30,6 +30,15 @@ from dataclasses import dataclass
 
 from cosmocub.config import ModelConfig, OptimizerConfig
 from cosmocub.optim.collectives import ring_allreduce_bytes, vote_phase_bytes
+from cosmocub.optim.exchange_plan import (
+    FP32_BYTES,
+    bucket_elements,
+    node_exchange_bytes,
+    node_slice_elements,
+    node_sum_intra_bytes,
+    node_sum_slice_elements,
+    wire_settings,
+)
 from cosmocub.optim.lion_cub import split_into_buckets
 from cosmocub.optim.momentum_sync import is_sync_step
 from cosmocub.optim.quantize import quantizer_levels, wire_bits
@@ -148,27 +157,22 @@ def exchange(
         averaged = ring_allreduce_bytes(payload, mesh.spatial)
         sent += averaged
         inter += averaged * network.inter_fraction("allreduce", mesh.spatial, 1)
-    if optimizer_cfg.name == "distributed_lion":
-        quantizer, bits, collective, dtype, bucket_mb = "sign", 1, "allgather", "int8", 4.0
-    else:
-        lc = optimizer_cfg.lion_cub
-        assert lc is not None, "config.from_values fills lion_cub's defaults"
-        quantizer, bits, collective, dtype, bucket_mb = (
-            lc.quantizer,
-            lc.resolved_bits,
-            lc.collective,
-            lc.resolved_allreduce_dtype,
-            lc.bucket_mb,
-        )
+    wire = wire_settings(optimizer_cfg)
     p = mesh.data
     # Data ranks (of one spatial index) on a node; 1 where a spatial group spans nodes.
     per_node = max(1, network.ranks_per_node // mesh.spatial)
     lc = optimizer_cfg.lion_cub if optimizer_cfg.name == "lion_cub" else None
     if lc is not None and lc.hierarchy == "node" and 1 < per_node < p:
         two = two_level_exchange(
-            sizes, optimizer_cfg, mesh, network, per_node=per_node, steps=steps, host=vote_host,
+            sizes,
+            optimizer_cfg,
+            mesh,
+            network,
+            per_node=per_node,
+            steps=steps,
+            host=vote_host,
             wake_s=wake_s,
-        )  # fmt: skip
+        )
         return Exchange(
             seconds=seconds + two.seconds,
             sync_s=two.sync_s,
@@ -177,16 +181,15 @@ def exchange(
             inter_node_bytes=inter + two.inter_node_bytes,
         )
     if p > 1:
-        levels = quantizer_levels(quantizer, bits, p, collective=collective, allreduce_dtype=dtype)
-        wire = wire_bits(quantizer, levels)
-        cap = int(bucket_mb * 2**18)
+        kind = {"collective": wire.collective, "allreduce_dtype": wire.allreduce_dtype}
+        levels = quantizer_levels(wire.quantizer, wire.bits, p, **kind)
+        bits = wire_bits(wire.quantizer, levels)
         # The optimizer's buckets, from its own function (sizes stand in for the tensors); each
         # phase (alltoall: the vote, then the all-gather of its 1-bit result) at its own fit.
-        for bucket in split_into_buckets([_Sized(n) for n in sizes], cap):
-            n = sum(t.numel() for t in bucket)
+        for n in bucket_sizes(sizes, wire.bucket_mb):
             if vote_host is not None:  # encode, vote, unpack on the host, beside the wire
-                seconds += vote_host(quantizer, collective, n)
-            phases = vote_phase_bytes(collective, n, wire, p, allreduce_dtype=dtype)
+                seconds += vote_host(wire.quantizer, wire.collective, n)
+            phases = vote_phase_bytes(num_values=n, bits=bits, group_size=p, **kind)
             for phase, nbytes in phases.items():
                 seconds += wake_s + network.sent_s(phase, nbytes, p, mesh.spatial)
                 sent += nbytes
@@ -224,25 +227,23 @@ def two_level_exchange(
     g rails of a node sharing its link. Momentum syncs: reduce-scatter, the slice's all-reduce
     over the rail, all-gather. Inter-node bytes: the rail's. per_node: g; steps: the horizon of
     the momentum syncs; host: the vote's host work on the slice; wake_s: as `exchange`'s."""
-    lc = optimizer_cfg.lion_cub
-    assert lc is not None
+    wire = wire_settings(optimizer_cfg)
     g, nodes = per_node, mesh.data // per_node
     intra_stride, rail_stride = mesh.spatial, mesh.spatial * g
-    kind_args = {"collective": lc.collective, "allreduce_dtype": lc.resolved_allreduce_dtype}
-    wire = wire_bits(
-        lc.quantizer, quantizer_levels(lc.quantizer, lc.resolved_bits, nodes, **kind_args)
+    kind_args = {"collective": wire.collective, "allreduce_dtype": wire.allreduce_dtype}
+    bits = wire_bits(
+        wire.quantizer, quantizer_levels(wire.quantizer, wire.bits, nodes, **kind_args)
     )
     seconds = sent = inter = 0.0
-    for bucket in split_into_buckets([_Sized(n) for n in sizes], int(lc.bucket_mb * 2**18)):
-        n = sum(t.numel() for t in bucket)
-        m = (n + (-n % (8 * g))) // g
+    for n in bucket_sizes(sizes, wire.bucket_mb):
+        m = node_slice_elements(n, g)
         if host is not None:
-            seconds += host(lc.quantizer, lc.collective, m)
-        for kind, nbytes in (("reducescatter", (g - 1) * m * 4.0), ("allgather", (g - 1) * m / 8)):
+            seconds += host(wire.quantizer, wire.collective, m)
+        for kind, nbytes in node_exchange_bytes(m, g).items():
             seconds += wake_s + network.sent_s(kind, nbytes, g, intra_stride)
             sent += nbytes
         for phase, nbytes in vote_phase_bytes(
-            num_values=m, bits=wire, group_size=nodes, **kind_args
+            num_values=m, bits=bits, group_size=nodes, **kind_args
         ).items():
             seconds += wake_s + network.sent_s(phase, nbytes, nodes, rail_stride)
             sent += nbytes
@@ -250,13 +251,14 @@ def two_level_exchange(
     fraction = _sync_fraction(optimizer_cfg, steps)
     sync_s = sync_bytes = 0.0
     if fraction > 0:
-        synced = _synced_elements(sizes, optimizer_cfg)
-        m = (synced + (-synced % g)) // g
-        intra_bytes = 2 * (g - 1) * m * 4.0  # reduce-scatter and all-gather
+        slice_bytes = FP32_BYTES * node_sum_slice_elements(
+            _synced_elements(sizes, optimizer_cfg), g
+        )
+        intra_bytes = node_sum_intra_bytes(slice_bytes, g)  # reduce-scatter and all-gather
         sync_s = network.sent_s("allreduce", intra_bytes, g, intra_stride)
-        rail_s = network.collective_s("allreduce", m * 4.0, nodes, rail_stride)
+        rail_s = network.collective_s("allreduce", slice_bytes, nodes, rail_stride)
         sync_s = fraction * (3 * wake_s + sync_s + rail_s)
-        rail_bytes = ring_allreduce_bytes(m * 4.0, nodes)
+        rail_bytes = ring_allreduce_bytes(slice_bytes, nodes)
         sync_bytes = fraction * (intra_bytes + rail_bytes)
         inter += fraction * rail_bytes
     return Exchange(
@@ -288,6 +290,12 @@ class _Sized:
 
     def numel(self) -> int:
         return self.n
+
+
+def bucket_sizes(sizes: tuple[int, ...], bucket_mb: float) -> list[int]:
+    """Values in each of the optimizer's exchange buckets, from its own function."""
+    buckets = split_into_buckets([_Sized(n) for n in sizes], bucket_elements(bucket_mb))
+    return [sum(t.numel() for t in bucket) for bucket in buckets]
 
 
 def predict_step(
