@@ -8,6 +8,7 @@ from pathlib import Path
 from cosmocub.config import load_config
 from cosmocub.perfmodel.measure import calibration as grid
 from cosmocub.perfmodel.measure import cpu_model
+from cosmocub.perfmodel.measure import host_work as host
 from cosmocub.perfmodel.measure.rates import RateFit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,29 +56,29 @@ def synthetic_calibration(threads: tuple[int, ...] = (1, 2)) -> cpu_model.Calibr
             median_rel_error=0,
             worst_rel_error=0,
         )
-        for i, name in enumerate(grid.UPDATE_OPTIMIZERS)
+        for i, name in enumerate(host.UPDATE_OPTIMIZERS)
         for t in threads
     }
     glue = {f"{fmt}@{t}": 1e-3 / t for fmt in grid.FORMATS for t in threads}
     norms = {
-        grid.norm_key(kind, fmt, t): RateFit(
+        host.norm_key(kind, fmt, t): RateFit(
             seconds_per_unit={"call": NORM_CALL_S[kind] / t, "elements": NORM_ELEMENT_S[kind] / t},
             samples=6,
             median_rel_error=0,
             worst_rel_error=0,
         )
-        for kind in grid.NORM_KINDS
+        for kind in host.NORM_KINDS
         for fmt in grid.FORMATS
         for t in threads
     }
     votes = {
-        grid.vote_key(kind, collective, t): RateFit(
+        host.vote_key(kind, collective, t): RateFit(
             seconds_per_unit={"call": VOTE_CALL_S / t, "elements": VOTE_ELEMENT_S / t},
             samples=4,
             median_rel_error=0,
             worst_rel_error=0,
         )
-        for kind in grid.VOTE_QUANTIZERS
+        for kind in host.VOTE_QUANTIZERS
         for collective in ("allgather", "alltoall", "allreduce")
         for t in threads
     }

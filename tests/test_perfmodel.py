@@ -19,10 +19,11 @@ import yaml
 from cosmocub.config import load_config
 from cosmocub.launch import multirank
 from cosmocub.launch.torchrun import torchrun_argv
+from cosmocub.perfmodel.alpha_beta import KINDS, AlphaBeta
 from cosmocub.perfmodel.cost_model.overlap import ddp_buckets
 from cosmocub.perfmodel.cost_model.step_model import parameter_sizes, predict_step
 from cosmocub.perfmodel.cost_model.topology import Mesh, Network
-from cosmocub.perfmodel.measure.costs import KINDS, AlphaBeta, Sample, fit_alpha_beta, fit_per_kind
+from cosmocub.perfmodel.measure.costs import Sample, fit_alpha_beta, fit_per_kind
 from cosmocub.perfmodel.measure.link_fits import (
     LOOPBACK,
     LinkFits,

@@ -26,6 +26,7 @@ from calibration_fixtures import (
 from cosmocub.config import load_config
 from cosmocub.perfmodel.measure import calibration as grid
 from cosmocub.perfmodel.measure import calibration_cache, cpu_model
+from cosmocub.perfmodel.measure import host_work as host
 from cosmocub.perfmodel.measure.rates import RateFit, fit_rates
 
 
@@ -67,9 +68,9 @@ def test_the_rate_fit_recovers_a_known_rate_curve_from_noisy_timings() -> None:
     rows = [
         {"optimizer": "lion", "threads": 1, "tensors": n, "elements": e,
          "seconds": (30e-6 * n + 1.5e-9 * e) * (1 + 0.01 * rng.standard_normal())}
-        for n, e in grid.UPDATE_GRID
+        for n, e in host.UPDATE_GRID
     ]  # fmt: skip
-    per = grid.fit_updates(rows)["lion@1"].seconds_per_unit
+    per = host.fit_updates(rows)["lion@1"].seconds_per_unit
     assert per["tensors"] == pytest.approx(30e-6, rel=0.05)
     assert per["elements"] == pytest.approx(1.5e-9, rel=0.05)
 
@@ -216,16 +217,16 @@ def test_a_tiny_grid_is_timed_here_fitted_per_kind_and_cached(
 
 
 def test_batch_norms_plain_and_synced_are_timed_in_a_group_of_one_and_fitted() -> None:
-    rows = grid.measure_norms(threads=(1,), repeats=1)
+    rows = host.measure_norms(threads=(1,), repeats=1)
     # Every NORM_GRID shape, both kinds, both memory formats, timed here (and no group left).
-    assert len(rows) == len(grid.NORM_GRID) * 2 * 2 and all(r["seconds"] > 0 for r in rows)
+    assert len(rows) == len(host.NORM_GRID) * 2 * 2 and all(r["seconds"] > 0 for r in rows)
     assert not torch.distributed.is_initialized()
     # The fit is tested at known rates on the grid's real sizes.
     for r in rows:
         r["seconds"] = NORM_CALL_S[r["kind"]] + NORM_ELEMENT_S[r["kind"]] * r["elements"]
-    fits = grid.fit_norms(rows)
-    assert set(fits) == {grid.norm_key(k, f, 1) for k in grid.NORM_KINDS for f in grid.FORMATS}
-    synced = fits[grid.norm_key("synced", "channels_last_3d", 1)].seconds_per_unit
+    fits = host.fit_norms(rows)
+    assert set(fits) == {host.norm_key(k, f, 1) for k in host.NORM_KINDS for f in grid.FORMATS}
+    synced = fits[host.norm_key("synced", "channels_last_3d", 1)].seconds_per_unit
     assert synced["call"] == pytest.approx(2e-4, rel=1e-6)
     assert synced["elements"] == pytest.approx(4e-9, rel=1e-6)
 
@@ -285,14 +286,14 @@ def test_synced_norms_are_timed_in_a_step_of_two_real_ranks_and_fitted() -> None
 
 
 def test_the_votes_host_work_is_timed_without_a_wire_and_fitted_per_bucket() -> None:
-    rows = grid.measure_votes(threads=(1,), repeats=1)
-    kinds = [(k, c) for k in grid.VOTE_QUANTIZERS for c in ("allgather", "alltoall", "allreduce")]
-    assert len(rows) == len(kinds) * len(grid.VOTE_SIZES) and all(r["seconds"] > 0 for r in rows)
+    rows = host.measure_votes(threads=(1,), repeats=1)
+    kinds = [(k, c) for k in host.VOTE_QUANTIZERS for c in ("allgather", "alltoall", "allreduce")]
+    assert len(rows) == len(kinds) * len(host.VOTE_SIZES) and all(r["seconds"] > 0 for r in rows)
     for r in rows:  # the fit at known rates on the grid's sizes
         r["seconds"] = 3e-4 + 2e-8 * r["elements"]
-    fits = grid.fit_votes(rows)
-    assert set(fits) == {grid.vote_key(k, c, 1) for k, c in kinds}
-    per = fits[grid.vote_key("sign", "alltoall", 1)].seconds_per_unit
+    fits = host.fit_votes(rows)
+    assert set(fits) == {host.vote_key(k, c, 1) for k, c in kinds}
+    per = fits[host.vote_key("sign", "alltoall", 1)].seconds_per_unit
     assert per["call"] == pytest.approx(3e-4, rel=1e-6)
     assert per["elements"] == pytest.approx(2e-8, rel=1e-6)
     cal = synthetic_calibration()

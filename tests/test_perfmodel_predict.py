@@ -11,6 +11,7 @@ import pytest
 
 from cosmocub.config import ConfigError, load_config, write_config
 from cosmocub.optim.collectives import ring_allreduce_bytes
+from cosmocub.perfmodel.alpha_beta import AlphaBeta
 from cosmocub.perfmodel.cost_model import machines
 from cosmocub.perfmodel.cost_model.hardware_specs import ACCELERATORS
 from cosmocub.perfmodel.cost_model.machines import Accelerator, fitted_network, this_cpu
@@ -18,9 +19,9 @@ from cosmocub.perfmodel.cost_model.overlap import exposed_allreduce
 from cosmocub.perfmodel.cost_model.step_model import parameter_sizes
 from cosmocub.perfmodel.cost_model.topology import Mesh, Network
 from cosmocub.perfmodel.measure.compute import accelerator_seconds
-from cosmocub.perfmodel.measure.costs import AlphaBeta, Fit
+from cosmocub.perfmodel.measure.costs import Fit
 from cosmocub.perfmodel.measure.link_fits import LinkFits
-from cosmocub.perfmodel.uses.run_prediction import PARTS, Workload, lion_reference, predict
+from cosmocub.perfmodel.uses.run_prediction import PARTS, Workload, lion_reference, predict_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_CONFIG = ROOT / "config/test.yaml"
@@ -95,7 +96,7 @@ def test_predict_equals_the_validation_path_for_the_same_point(point: str, tmp_p
         threads_per_rank=None, ranks_per_node=world // nodes, cores=cores // nodes, calibration=cal
     )
     mesh = Mesh(data=int(labels["data"]), split=cfg.parallel.split_dhw)
-    p = predict(Workload.of(cfg), mesh, network, device)
+    p = predict_run(Workload.of(cfg), mesh, network, device)
     assert p.step == measured_path
     assert p.step.step_s > 0 and (p.step.halo_s > 0) == (mesh.spatial > 1)
 
@@ -110,7 +111,7 @@ def test_the_breakdown_sums_to_the_step_and_bytes_to_their_links() -> None:
     )
     mesh = Mesh(data=4, split=(2, 1, 1))
     work = Workload.of(cfg)
-    p = predict(work, mesh, network, h100, lion=lion_reference(cfg), train_samples=524_288)
+    p = predict_run(work, mesh, network, h100, lion=lion_reference(cfg), train_samples=524_288)
     s = p.step
     assert s.step_s == pytest.approx(sum(getattr(s, f"{part}_s") for part in PARTS), rel=1e-12)
     assert min(s.compute_s, s.halo_s, s.exchange_s, s.optimizer_s) > 0
@@ -142,7 +143,7 @@ def _lion_cub_against_lion(alpha_s: float, rate_mbit: float):
     network = Network.uniform(link, nvlink, ranks_per_node=4)
     device = Accelerator(name="h100", spec=spec, bytes_per_value=2)
     mesh = Mesh(data=16, split=(1, 1, 1))
-    return predict(Workload.of(cfg), mesh, network, device, lion=lion_reference(cfg))
+    return predict_run(Workload.of(cfg), mesh, network, device, lion=lion_reference(cfg))
 
 
 def test_lion_cub_speedup_is_large_on_a_slow_link_and_near_one_on_a_fast_one() -> None:
@@ -263,7 +264,7 @@ def test_an_extrapolation_row_is_the_prediction_of_its_case() -> None:
     )
     network = machines.assumed_network(s, s.accelerators["v100"], rate_mbit=25e3, ranks_per_node=4)
     v100 = Accelerator(name="v100", spec=s.accelerators["v100"], bytes_per_value=s.activation_bytes)
-    p = predict(work, Mesh(data=4, split=(2, 1, 1)), network, v100)
+    p = predict_run(work, Mesh(data=4, split=(2, 1, 1)), network, v100)
     assert row["step_s"] == p.step.step_s and row["memory_gb"] == p.memory_bytes / 1e9
     assert row["exchange_s"] == p.step.exchange_s and row["nodes"] == 2
 
@@ -371,7 +372,7 @@ def test_hierarchy_node_sends_one_gth_of_flats_inter_node_bytes() -> None:
         nvlink = AlphaBeta(alpha_s=5e-6, beta_s_per_byte=8 / 3.6e12)
         network = Network.uniform(link, nvlink, ranks_per_node=4)
         device = Accelerator(name="h100", spec=spec, bytes_per_value=2)
-        return predict(Workload.of(cfg), Mesh(data=512, split=(1, 1, 1)), network, device)
+        return predict_run(Workload.of(cfg), Mesh(data=512, split=(1, 1, 1)), network, device)
 
     flat, node = run("flat"), run("node")
     assert flat.intra_node_bytes_per_step == 0

@@ -1,6 +1,6 @@
 """`cosmocub perf-model bench | bench-ranks | fit | calibrate | validate | predict |
 extrapolate`: the step-time performance model (the stages' work is in
-cosmocub.perfmodel.uses.entry_points; predict's in cosmocub.cli.perf_model_predict).
+cosmocub.perfmodel.uses.entry_points; predict's in cosmocub.perfmodel.uses.predict_stage).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ OVERRIDE_EG = "'{optimizer: {name: lion_cub, lion_cub: {hierarchy: node}}}'"
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from cosmocub.cli.perf_model_predict import predict
+    from cosmocub.perfmodel.uses.predict_stage import print_prediction
 
     data, spatial = args.data, args.spatial
     if args.mesh is not None:
@@ -130,7 +130,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         raise ValueError("--ranks-per-node: needed unless --cluster names the nodes")
     if args.gpu_calibration is not None:
         raise ValueError("--gpu-calibration: only with --cluster (its accelerator's layers)")
-    predict(
+    print_prediction(
         load_config(args.config, overrides=overrides or None),
         data=data,
         spatial=spatial,
@@ -151,7 +151,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 def _predict_on_cluster(
     args: argparse.Namespace, data: int | None, spatial: int | None, overrides: dict
 ) -> int:
-    from cosmocub.cli.perf_model_predict import predict_on_cluster
+    from cosmocub.perfmodel.uses.predict_stage import print_cluster_prediction
 
     for flag, value in (
         ("--accelerator", args.accelerator),
@@ -161,7 +161,7 @@ def _predict_on_cluster(
     ):
         if value is not None:
             raise ValueError(f"{flag}: not with --cluster {args.cluster} (the preset sets it)")
-    predict_on_cluster(
+    print_cluster_prediction(
         load_config(args.config, overrides=overrides or None),
         cluster_name=args.cluster,
         nodes=args.nodes,

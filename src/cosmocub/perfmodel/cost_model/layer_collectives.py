@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 
 from cosmocub.config import ModelConfig
+from cosmocub.perfmodel.alpha_beta import rounds_and_bytes
 from cosmocub.perfmodel.cost_model.topology import Links, Mesh
-from cosmocub.perfmodel.measure.costs import rounds_and_bytes
 
 
 def halo(

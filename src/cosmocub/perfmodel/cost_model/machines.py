@@ -10,11 +10,12 @@ import math
 from dataclasses import dataclass
 
 from cosmocub.config import AcceleratorConfig, ExtrapolateConfig, ModelConfig, OptimizerConfig
+from cosmocub.models.memory_layout import memory_format
+from cosmocub.perfmodel.alpha_beta import AlphaBeta
 from cosmocub.perfmodel.cost_model.hardware_specs import ACCELERATORS
 from cosmocub.perfmodel.cost_model.step_model import parameter_sizes
 from cosmocub.perfmodel.cost_model.topology import Network
 from cosmocub.perfmodel.measure.compute import accelerator_seconds
-from cosmocub.perfmodel.measure.costs import AlphaBeta
 from cosmocub.perfmodel.measure.cpu_model import Calibration
 from cosmocub.perfmodel.measure.link_fits import LOOPBACK, LinkFits
 
@@ -185,8 +186,6 @@ class ThisCpu:
 def training_memory_format(split: tuple[int, int, int]) -> str:
     """The activations' layout training uses on a CPU (models.memory_layout), by name."""
     import torch
-
-    from cosmocub.models.memory_layout import memory_format
 
     layout = memory_format(torch.device("cpu"), spatial=math.prod(split))
     return "channels_last_3d" if layout == torch.channels_last_3d else "contiguous"

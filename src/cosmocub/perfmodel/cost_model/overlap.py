@@ -8,6 +8,7 @@ import functools
 from collections.abc import Mapping, Sequence
 
 from cosmocub.config import ModelConfig
+from cosmocub.models.cosmoflow import CosmoFlow
 
 # torch DDP's bucket caps: dist._DEFAULT_FIRST_BUCKET_BYTES for the first bucket (so that the
 # all-reduce starts early in backward), bucket_cap_mb's default for the rest.
@@ -23,8 +24,6 @@ def parameter_layers(model_cfg: ModelConfig) -> tuple[tuple[str, int], ...]:
     """(layer, elements) of every trainable parameter in registration order, the layer named as
     compute's layer times name it: a conv block's index, or "head" (meta device: no memory)."""
     import torch
-
-    from cosmocub.models.cosmoflow import CosmoFlow
 
     with torch.device("meta"):
         model = CosmoFlow(model_cfg)

@@ -149,9 +149,13 @@ def step_kernels(
     width = channels * side**3
     for size in model_cfg.dense_sizes:
         head += dense_kernels(
-            n_in=width, n_out=size, batch=batch, act=act, dropout=model_cfg.dropout > 0,
+            n_in=width,
+            n_out=size,
+            batch=batch,
+            act=act,
+            dropout=model_cfg.dropout > 0,
             train=train,
-        )  # fmt: skip
+        )
         width = size
     out = model_cfg.num_outputs
     head += dense_kernels(n_in=width, n_out=out, batch=batch, act=act, dropout=False, train=train)
@@ -161,8 +165,15 @@ def step_kernels(
     return layers
 
 
-def kernel_seconds(kernel: Kernel, *, conv3d_flops: float, matrix_flops: float,
-                   vector_flops: float, hbm: float, floor_s: float) -> float:  # fmt: skip
+def kernel_seconds(
+    kernel: Kernel,
+    *,
+    conv3d_flops: float,
+    matrix_flops: float,
+    vector_flops: float,
+    hbm: float,
+    floor_s: float,
+) -> float:
     """max(FLOPs at the 3D-convolution, matrix (GEMM) or vector rate, bytes at the HBM rate)
     + the floor."""
     rate = vector_flops

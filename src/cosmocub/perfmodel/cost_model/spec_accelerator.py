@@ -62,8 +62,9 @@ class SpecAccelerator:
         }
         return math.fsum(kernel_seconds(k, **rates) for k in kernels)
 
-    def _layers(self, model_cfg: ModelConfig, batch: int, split: tuple[int, int, int],
-                train: bool) -> dict[str, float]:  # fmt: skip
+    def _layers(
+        self, model_cfg: ModelConfig, batch: int, split: tuple[int, int, int], train: bool
+    ) -> dict[str, float]:
         cal = self.calibration
         if cal is not None:
             if cal.batch != batch or math.prod(split) != 1:
@@ -73,9 +74,12 @@ class SpecAccelerator:
                 )
             return dict(cal.train_s if train else cal.forward_s)
         layers = step_kernels(
-            model_cfg, batch=batch, spatial=math.prod(split), act=self.bytes_per_value,
+            model_cfg,
+            batch=batch,
+            spatial=math.prod(split),
+            act=self.bytes_per_value,
             train=train,
-        )  # fmt: skip
+        )
         return {name: self.seconds(ks) for name, ks in layers.items()}
 
     def layer_seconds(

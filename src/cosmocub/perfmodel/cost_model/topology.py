@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from cosmocub.perfmodel.measure.costs import KINDS, AlphaBeta, rounds_and_bytes
+from cosmocub.perfmodel.alpha_beta import KINDS, AlphaBeta, rounds_and_bytes
 
 
 class Links(Protocol):

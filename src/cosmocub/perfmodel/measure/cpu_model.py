@@ -1,5 +1,6 @@
-"""This CPU's calibrated compute: the grid's rate fits (perfmodel.measure.calibration) turned
-into any model's per-layer and update seconds (its cache per machine: calibration_cache).
+"""This CPU's calibrated compute: the grids' rate fits (perfmodel.measure.calibration and
+host_work) turned into any model's per-layer and update seconds (its cache per machine:
+calibration_cache).
 """
 
 from __future__ import annotations
@@ -17,10 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from cosmocub.config import CalibrationConfig, ModelConfig, OptimizerConfig
 from cosmocub.host_probe import read_core_ticks, steal_between
+from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.perfmodel.measure import calibration as grid
+from cosmocub.perfmodel.measure import host_work as host
+from cosmocub.perfmodel.measure.compute import fastest_time, torch_threads
 from cosmocub.perfmodel.measure.norm_pairs import fit_pairs, measure_pairs, pair_extra_s, pair_key
 from cosmocub.perfmodel.measure.rates import RateFit
 
@@ -60,9 +65,9 @@ def grid_settings(settings: CalibrationConfig) -> dict[str, Any]:
         "sizes": list(settings.sizes),
         "channels": [list(c) for c in settings.channels],
         "head_grid": [[f, list(d)] for f, d in grid.HEAD_GRID],
-        "update_grid": [list(u) for u in grid.UPDATE_GRID],
-        "norm_grid": [list(n) for n in grid.NORM_GRID],
-        "vote_sizes": list(grid.VOTE_SIZES),
+        "update_grid": [list(u) for u in host.UPDATE_GRID],
+        "norm_grid": [list(n) for n in host.NORM_GRID],
+        "vote_sizes": list(host.VOTE_SIZES),
     }
 
 
@@ -134,11 +139,12 @@ class Calibration:
         first, inner = (
             self.layers[grid.fit_key(kind, threads, batch)]
             for kind in (
-                grid.conv_kind(batch_norm=model_cfg.batch_norm, memory_format=memory_format,
-                               first=is_first)
+                grid.conv_kind(
+                    batch_norm=model_cfg.batch_norm, memory_format=memory_format, first=is_first
+                )
                 for is_first in (True, False)
             )
-        )  # fmt: skip
+        )
         shape = [model_cfg.input_size // s for s in split]
         channels, out = model_cfg.in_channels, {}
         for i in range(model_cfg.num_conv_blocks):
@@ -171,34 +177,34 @@ class Calibration:
         one (its arithmetic only)."""
         if self.norms_hold_local_collectives(memory_format, threads):
             return pair_extra_s(self.norm_pairs[pair_key(memory_format)], elements)
-        keys = [grid.norm_key(k, memory_format, threads) for k in grid.NORM_KINDS]
+        keys = [host.norm_key(k, memory_format, threads) for k in host.NORM_KINDS]
         if missing := [k for k in keys if k not in self.norms]:
             raise ValueError(
                 f"compute calibration: no batch-norm fit {missing} (a calibration from before "
                 "norms were timed); rerun `cosmocub perf-model calibrate`"
             )
-        work = grid.call_work(elements)
+        work = host.call_work(elements)
         plain, synced = (self.norms[k].seconds(work) for k in keys)
         return max(0.0, synced - plain)
 
     def vote_seconds(self, quantizer: str, collective: str, elements: int, threads: int) -> float:
         """The host work of one bucket's compressed exchange (encode, vote, unpack) of
         `elements` values, beside its collectives."""
-        key = grid.vote_key(grid.vote_kind(quantizer), collective, threads)
+        key = host.vote_key(host.vote_kind(quantizer), collective, threads)
         if key not in self.votes:
             raise ValueError(
                 f"compute calibration: no vote fit {key!r} (a calibration from before the vote "
                 "was timed); rerun `cosmocub perf-model calibrate`"
             )
-        return self.votes[key].seconds(grid.call_work(elements))
+        return self.votes[key].seconds(host.call_work(elements))
 
     def optimizer_seconds(
         self, sizes: Sequence[int], optimizer_cfg: OptimizerConfig, *, threads: int
     ) -> float:
         """The update of parameters of `sizes` elements (one rank, no wire)."""
         self._check_threads(threads)
-        fit = self.updates[f"{grid.update_key(optimizer_cfg)}@{threads}"]
-        return fit.seconds(grid.update_work(len(sizes), sum(sizes)))
+        fit = self.updates[f"{host.update_key(optimizer_cfg)}@{threads}"]
+        return fit.seconds(host.update_work(len(sizes), sum(sizes)))
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -243,9 +249,9 @@ def calibrate(settings: CalibrationConfig, *, cores: int) -> Calibration:
     start, load_start, ticks_start = time.perf_counter(), os.getloadavg()[0], read_core_ticks()
     timings = grid.measure_grid(settings, threads=threads)
     layers = grid.fit_grid(timings)
-    updates = grid.fit_updates(grid.measure_updates(threads=threads, repeats=settings.repeats))
-    norms = grid.fit_norms(grid.measure_norms(threads=threads, repeats=settings.repeats))
-    votes = grid.fit_votes(grid.measure_votes(threads=threads, repeats=settings.repeats))
+    updates = host.fit_updates(host.measure_updates(threads=threads, repeats=settings.repeats))
+    norms = host.fit_norms(host.measure_norms(threads=threads, repeats=settings.repeats))
+    votes = host.fit_votes(host.measure_votes(threads=threads, repeats=settings.repeats))
     pair_rows, wake_s = measure_pairs(batches=settings.batches, formats=grid.FORMATS, cores=cores)
     partial = Calibration(
         machine=machine_key(threads),
@@ -274,10 +280,6 @@ def _measure_glue(partial: Calibration, settings: CalibrationConfig) -> dict[str
     backward) less its layers' fitted seconds, the median over GLUE_MODELS × batches. Negative
     where each layer timed alone (its own zero_grad, sum and backward call) costs more glue than
     the step has: the layers' sum is then too high by that much."""
-    from torch import nn
-
-    from cosmocub.models.cosmoflow import CosmoFlow
-    from cosmocub.perfmodel.measure.compute import fastest_time, torch_threads
 
     base = grid.base_model()
     out = {}

@@ -39,8 +39,10 @@ class GpuLayerTimes:
     def read(cls, path: Path) -> GpuLayerTimes:
         data = json.loads(path.read_text())
         if data.pop("format", None) != FORMAT:
-            raise ValueError(f"{path}: not a GPU layer calibration ({FORMAT}); see perf-model "
-                             "calibrate --device cuda")  # fmt: skip
+            raise ValueError(
+                f"{path}: not a GPU layer calibration ({FORMAT}); see perf-model "
+                "calibrate --device cuda"
+            )
         return cls(**data)
 
 

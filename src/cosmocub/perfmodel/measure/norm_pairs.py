@@ -30,8 +30,11 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from cosmocub.config import ModelConfig
-from cosmocub.perfmodel.measure.calibration import NORM_KINDS, base_model, call_work, norm_key
+from cosmocub.models.cosmoflow import CosmoFlow
+from cosmocub.parallel.layers import SyncBatchNorm3d
+from cosmocub.perfmodel.measure.calibration import base_model
 from cosmocub.perfmodel.measure.compute import call_times
+from cosmocub.perfmodel.measure.host_work import NORM_KINDS, call_work, norm_key
 from cosmocub.perfmodel.measure.rates import RateFit
 
 # CosmoFlow shapes of the pair timings (3 conv blocks, a small head), apart from the studies'.
@@ -117,8 +120,6 @@ def _wake_seconds() -> float:
 def _rank(rank: int, port: int, batches: Sequence[int], formats: Mapping[str, Any], out) -> None:
     """One of the two ranks: pinned to core `rank`, one thread; rank 0 puts its rows and the
     wake-up cost on `out`."""
-    from cosmocub.models.cosmoflow import CosmoFlow
-    from cosmocub.parallel.layers import SyncBatchNorm3d
 
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
     torch.set_num_threads(1)
@@ -140,9 +141,16 @@ def _rank(rank: int, port: int, batches: Sequence[int], formats: Mapping[str, An
                         block.norm = SyncBatchNorm3d(block.norm, dist.group.WORLD)
                     synced = _step_seconds(model, cfg, batch, layout, dist.barrier)
                     calls, elements = norm_elements(cfg, batch)
-                    rows.append({"format": fmt, "calls": calls, "elements": elements,
-                                 "plain_s": plain, "synced_s": synced,
-                                 "seconds": max(synced - plain, 1e-6)})  # fmt: skip
+                    rows.append(
+                        {
+                            "format": fmt,
+                            "calls": calls,
+                            "elements": elements,
+                            "plain_s": plain,
+                            "synced_s": synced,
+                            "seconds": max(synced - plain, 1e-6),
+                        }
+                    )
         wake_s = _wake_seconds()
     finally:
         dist.destroy_process_group()
@@ -200,8 +208,7 @@ def fit_pairs(
         groups.setdefault(row["format"], []).append(row)
     fits = {}
     for fmt, group in groups.items():
-        plain, synced = (arithmetic[norm_key(kind, fmt, 1)].seconds_per_unit
-                         for kind in NORM_KINDS)  # fmt: skip
+        plain, synced = (arithmetic[norm_key(kind, fmt, 1)].seconds_per_unit for kind in NORM_KINDS)
         per_call = synced["call"] - plain["call"]
         per_element = max(0.0, synced["elements"] - plain["elements"])
         in_step = statistics.median(

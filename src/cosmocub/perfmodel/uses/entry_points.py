@@ -155,10 +155,10 @@ def validate(
     if names:
         scale = _fit_scale(tables, names)
     results = []
-    for study, rows, predict in tables:
-        predict = scaled_predictor(predict, scale) if names else predict
+    for study, rows, predictor in tables:
+        scaled = scaled_predictor(predictor, scale) if names else predictor
         results += [
-            {"study": study, **r} for r in compare(rows, predict, study=study, fit_set=names)
+            {"study": study, **r} for r in compare(rows, scaled, study=study, fit_set=names)
         ]
     if not results:
         raise ValueError(f"{', '.join(map(str, points))}: no point left to validate on")
@@ -210,11 +210,11 @@ def _fit_scale(tables, names: Sequence[str]) -> float:
     """The cores' speed correction fitted on the fit set's points, across the tables."""
 
     fit_rows, predictors = [], {}
-    for study, rows, predict in tables:
+    for study, rows, predictor in tables:
         for row in rows:
             if in_fit_set(study, row["point"], names):
                 fit_rows.append(row)
-                predictors[id(row)] = predict
+                predictors[id(row)] = predictor
     return fit_correction(lambda r: predictors[id(r)](r), fit_rows)
 
 

@@ -7,12 +7,14 @@ the assumptions written out beside the table.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cosmocub.config import Config, ExtrapolateConfig, derive, optimizer_variant
+from cosmocub.config import Config, ExtrapolateConfig, ModelConfig, derive, optimizer_variant
+from cosmocub.models.parallelize import check_spatial_split
 from cosmocub.perfmodel.cost_model.machines import (
     UPDATE_BYTES_PER_PARAM,
     Accelerator,
@@ -23,7 +25,7 @@ from cosmocub.perfmodel.uses.run_prediction import (
     STATE_BYTES_PER_PARAM,
     Prediction,
     Workload,
-    predict,
+    predict_run,
 )
 
 
@@ -86,8 +88,6 @@ def optimizer_configs(base: Config, settings: ExtrapolateConfig) -> dict[str, An
 def extrapolate(base: Config, settings: ExtrapolateConfig) -> list[dict[str, Any]]:
     """One row per accelerator, sample size, link, GPU count, spatial split and optimizer: the
     base config with that optimizer, DDP overlapped (as a user runs it on GPUs), predicted."""
-    from cosmocub.models.parallelize import check_spatial_split
-
     base_work = dataclasses.replace(Workload.of(base), ddp_overlap=True)
     variants = {
         name: dataclasses.replace(base_work, optimizer=opt)
@@ -96,28 +96,37 @@ def extrapolate(base: Config, settings: ExtrapolateConfig) -> list[dict[str, Any
     rows = []
     for acc_name, acc in settings.accelerators.items():
         device = Accelerator(name=acc_name, spec=acc, bytes_per_value=settings.activation_bytes)
-        for size in settings.sample_sizes:
+        for size, link in itertools.product(settings.sample_sizes, settings.link_gbit):
             sized = {name: work.at_sample_size(size) for name, work in variants.items()}
             model_cfg = next(iter(sized.values())).model
-            for link in settings.link_gbit:
-                network = assumed_network(
-                    settings, acc, rate_mbit=1e3 * link, ranks_per_node=settings.gpus_per_node
-                )
-                for gpus in settings.gpus:
-                    spatial = 1
-                    while spatial <= gpus and gpus % spatial == 0:
-                        split = balanced_split(spatial)
-                        try:
-                            check_spatial_split(model_cfg, size, split)
-                        except ValueError:
-                            break  # larger splits only get narrower
-                        mesh = Mesh(data=gpus // spatial, split=split)
-                        for opt_name, work in sized.items():
-                            p = predict(work, mesh, network, device)
-                            key = {"accelerator": acc_name, "sample_size": size, "link_gbit": link}
-                            rows.append(key | {"gpus": gpus} | _row(p, opt_name))
-                        spatial *= 2
+            network = assumed_network(
+                settings, acc, rate_mbit=1e3 * link, ranks_per_node=settings.gpus_per_node
+            )
+            key = {"accelerator": acc_name, "sample_size": size, "link_gbit": link}
+            for gpus in settings.gpus:
+                for split in runnable_splits(model_cfg, size, gpus):
+                    mesh = Mesh(data=gpus // math.prod(split), split=split)
+                    rows += [
+                        key | {"gpus": gpus} | _row(predict_run(work, mesh, network, device), name)
+                        for name, work in sized.items()
+                    ]
     return rows
+
+
+def runnable_splits(model_cfg: ModelConfig, size: int, gpus: int) -> list[tuple[int, int, int]]:
+    """The balanced power-of-two spatial splits of `gpus` that the model can run at `size`,
+    from no split up to the first that cannot (larger splits only get narrower)."""
+    splits = []
+    spatial = 1
+    while spatial <= gpus and gpus % spatial == 0:
+        split = balanced_split(spatial)
+        try:
+            check_spatial_split(model_cfg, size, split)
+        except ValueError:
+            break
+        splits.append(split)
+        spatial *= 2
+    return splits
 
 
 def _row(p: Prediction, optimizer: str) -> dict[str, Any]:

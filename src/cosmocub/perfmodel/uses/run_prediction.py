@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from cosmocub.config import Config, ModelConfig, OptimizerConfig, derive, optimizer_variant
+from cosmocub.data.naming import universe_ids
+from cosmocub.data.splits import split_counts
+from cosmocub.models.parallelize import check_spatial_split
+from cosmocub.models.summary import activation_bytes
 from cosmocub.perfmodel.cost_model.machines import Accelerator, ThisCpu
 from cosmocub.perfmodel.cost_model.step_model import StepPrediction, parameter_sizes, predict_step
 from cosmocub.perfmodel.cost_model.topology import Mesh, Network
@@ -129,7 +133,7 @@ class Prediction:
         }
 
 
-def predict(
+def predict_run(
     work: Workload,
     mesh: Mesh,
     network: Network,
@@ -140,7 +144,6 @@ def predict(
 ) -> Prediction:
     """The step of `work` on one rank of `mesh`; with `lion` (lion_reference), Lion's step on
     the same mesh beside it; with `train_samples`, the steps of an epoch and of work.epochs."""
-    from cosmocub.models.parallelize import check_spatial_split
 
     model_cfg, batch, epochs = work.model, work.local_batch, work.epochs
     check_spatial_split(model_cfg, model_cfg.input_size, mesh.split)
@@ -201,8 +204,6 @@ def lion_reference(cfg: Config) -> OptimizerConfig | None:
 def split_samples(cfg: Config, split: str) -> int:
     """Samples of `split` as preprocessing cuts them: the split's share of the universes (whole
     universes, data.splits) × (universes.size / preprocess.sample_size)³ crops each."""
-    from cosmocub.data.naming import universe_ids
-    from cosmocub.data.splits import split_counts
 
     universes = len(universe_ids(cfg))
     crops = (cfg.universes.size // cfg.preprocess.sample_size) ** 3
@@ -227,7 +228,6 @@ def steps_per_epoch(samples: int, *, data: int, batch: int, cap: int | None) -> 
 
 @functools.cache
 def _activation_bytes(model_cfg: ModelConfig, split: tuple[int, int, int], batch: int) -> int:
-    from cosmocub.models.summary import activation_bytes
 
     return activation_bytes(model_cfg, split, batch=batch)["total"]
 

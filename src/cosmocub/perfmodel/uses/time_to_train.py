@@ -15,7 +15,7 @@ from cosmocub.perfmodel.cost_model.cluster_presets import ClusterPreset
 from cosmocub.perfmodel.cost_model.spec_accelerator import SpecAccelerator
 from cosmocub.perfmodel.cost_model.topology import Mesh
 from cosmocub.perfmodel.measure.gpu_layers import GpuLayerTimes
-from cosmocub.perfmodel.uses.run_prediction import Prediction, Workload, predict, split_samples
+from cosmocub.perfmodel.uses.run_prediction import Prediction, Workload, predict_run, split_samples
 
 MLPERF_SOURCE = (
     "mlcommons/hpc cosmoflow/README.md: 524288 training and 65536 validation samples of "
@@ -59,14 +59,22 @@ def config_dataset(cfg: Config, *, train_samples: int | None = None) -> Dataset:
                 raise ValueError(f"{err}: give --train-samples N") from None
             # Without the universes the validation split keeps the MLPerf ratio to training.
             share = MLPERF_COSMOFLOW.val_samples / MLPERF_COSMOFLOW.train_samples
-            return Dataset(train_samples=train_samples, val_samples=round(share * train_samples),
-                           sample_bytes=sample_bytes, stored_bytes_per_sample=sample_bytes,
-                           source=f"{cfg.source}: --train-samples, uncompressed")  # fmt: skip
+            return Dataset(
+                train_samples=train_samples,
+                val_samples=round(share * train_samples),
+                sample_bytes=sample_bytes,
+                stored_bytes_per_sample=sample_bytes,
+                source=f"{cfg.source}: --train-samples, uncompressed",
+            )
         dataset = MLPERF_COSMOFLOW
     else:
-        dataset = Dataset(train_samples=train, val_samples=val, sample_bytes=sample_bytes,
-                          stored_bytes_per_sample=sample_bytes,
-                          source=f"{cfg.source}: its splits, uncompressed shards")  # fmt: skip
+        dataset = Dataset(
+            train_samples=train,
+            val_samples=val,
+            sample_bytes=sample_bytes,
+            stored_bytes_per_sample=sample_bytes,
+            source=f"{cfg.source}: its splits, uncompressed shards",
+        )
     if train_samples is not None:
         dataset = dataclasses.replace(dataset, train_samples=train_samples)
     return dataset
@@ -140,7 +148,7 @@ def predict_cluster(
 ) -> tuple[Prediction, TimeToTrain]:
     """The step on `mesh` (default: data parallel over nodes × the preset's ranks) with NCCL's
     collectives, and the run's time on `preset`; staging_in_run: the preset's unless given (a
-    log's own order); lion: Lion's step beside it (run_prediction.predict)."""
+    log's own order); lion: Lion's step beside it (run_prediction.predict_run)."""
     ranks = nodes * preset.ranks_per_node
     mesh = mesh or Mesh(data=ranks, split=(1, 1, 1))
     if mesh.world != ranks:
@@ -150,7 +158,7 @@ def predict_cluster(
         )
     device = SpecAccelerator(spec=preset.spec, calibration=calibration)
     network = preset.network()
-    p = predict(work, mesh, network, device, lion=lion, train_samples=dataset.train_samples)
+    p = predict_run(work, mesh, network, device, lion=lion, train_samples=dataset.train_samples)
     assert p.steps_per_epoch is not None
     step_s = p.step.step_s
     loader_s = loader_seconds(preset, dataset, work.local_batch)

@@ -88,7 +88,7 @@ def cpu_predictor(
     # oversubscription slowdown is the row's own.
     devices: dict[int, ThisCpu] = {}
 
-    def predict(row: Mapping[str, str]) -> tuple[StepPrediction, str]:
+    def predict_row(row: Mapping[str, str]) -> tuple[StepPrediction, str]:
         cfg = load_config(study_dir / row["point"] / "config.yaml")
         # Ranks sharing cores (cores_per_rank < 1) run one thread each; the slowdown below
         # accounts for the sharing.
@@ -121,7 +121,7 @@ def cpu_predictor(
         )
         return prediction, cfg.optimizer.name
 
-    return predict
+    return predict_row
 
 
 def skip_reason(row: Mapping[str, object]) -> str | None:
@@ -143,7 +143,7 @@ def in_fit_set(study: str, point: str, fit_set: Collection[str]) -> bool:
 
 def compare(
     rows: Sequence[Mapping[str, str]],
-    predict: Predictor,
+    predictor: Predictor,
     *,
     study: str = "",
     fit_set: Collection[str] = (),
@@ -152,7 +152,7 @@ def compare(
     their relative errors."""
     out = []
     for row in rows:
-        p, optimizer = predict(row)
+        p, optimizer = predictor(row)
         measured = {part: float(row[f"{part}_s"]) for part in PARTS}
         measured["exchange"] = float(row.get("exchange_exposed_s") or row["exchange_s"])
         # Tables with a halo_s column time the halo swaps apart from compute_s: the model's
@@ -191,7 +191,7 @@ def compare(
     return out
 
 
-def fit_correction(predict: Predictor, rows: Sequence[Mapping[str, str]]) -> float:
+def fit_correction(predictor: Predictor, rows: Sequence[Mapping[str, str]]) -> float:
     """How fast this machine's cores ran during the measurements against the calibration: the
     median over `rows` (the fit set; one-rank points, whose measured compute is all on-CPU
     work) of measured compute / predicted compute + halo + update."""
@@ -205,17 +205,17 @@ def fit_correction(predict: Predictor, rows: Sequence[Mapping[str, str]]) -> flo
                 f"perf_model.fit_set: point {row['point']!r} has {world} ranks; the correction "
                 "is fitted on one-rank points (their measured compute holds no network)"
             )
-        p, _ = predict(row)
+        p, _ = predictor(row)
         ratios.append(float(row["compute_s"]) / (p.compute_s + p.halo_s + p.optimizer_s))
     return statistics.median(ratios)
 
 
-def scaled_predictor(predict: Predictor, scale: float) -> Predictor:
-    """`predict` with its on-CPU work (compute, update) scaled by `scale`; the network's parts
+def scaled_predictor(predictor: Predictor, scale: float) -> Predictor:
+    """`predictor` with its on-CPU work (compute, update) scaled by `scale`; the network's parts
     are not the cores'."""
 
     def scaled(r: Mapping[str, str]) -> tuple[StepPrediction, str]:
-        q, name = predict(r)
+        q, name = predictor(r)
         work = {"compute_s": q.compute_s * scale, "optimizer_s": q.optimizer_s * scale}
         return dataclasses.replace(q, **work), name
 

@@ -1,5 +1,6 @@
 """`perf-model predict`: its flags resolved to the mesh, the device and one network per link
-rate, the train split's size; a bad flag is a ValueError naming it and the numbers.
+rate, the train split's size, and the step printed; a bad flag is a ValueError naming it and
+the numbers. cosmocub.cli.perf_model_commands parses the flags.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cosmocub.config import Config
+from cosmocub.perfmodel.cost_model.cluster_presets import cluster
 from cosmocub.perfmodel.cost_model.machines import (
     THIS_CPU,
     Accelerator,
@@ -20,18 +22,21 @@ from cosmocub.perfmodel.cost_model.machines import (
     fitted_network,
     this_cpu,
 )
+from cosmocub.perfmodel.cost_model.spec_accelerator import SpecAccelerator
 from cosmocub.perfmodel.cost_model.step_model import DDP_OPTIMIZERS
 from cosmocub.perfmodel.cost_model.topology import Mesh, Network
 from cosmocub.perfmodel.measure.calibration_cache import calibration_path, load_or_calibrate
+from cosmocub.perfmodel.measure.gpu_layers import GpuLayerTimes
 from cosmocub.perfmodel.measure.link_fits import LinkFits, read_fits
 from cosmocub.perfmodel.uses.run_prediction import (
     Workload,
     format_table,
     lion_reference,
+    predict_run,
     rate_label,
     train_samples,
 )
-from cosmocub.perfmodel.uses.run_prediction import predict as predict_run
+from cosmocub.perfmodel.uses.time_to_train import config_dataset, predict_cluster
 
 
 def mesh_from_flags(
@@ -154,7 +159,7 @@ def samples_from_flags(
         return None, f"epoch time: not predicted ({err}; give --train-samples N)"
 
 
-def predict(
+def print_prediction(
     cfg: Config,
     *,
     data: int | None,
@@ -220,7 +225,7 @@ def predict(
         print(note)
 
 
-def predict_on_cluster(
+def print_cluster_prediction(
     cfg: Config,
     *,
     cluster_name: str,
@@ -238,10 +243,6 @@ def predict_on_cluster(
     or --gpu-calibration's layer times) and NCCL's collectives; the step's parts and the time to
     train over the config's own samples and splits (time_to_train.config_dataset; --train-samples
     in place of its train split's) for --epochs (or train.epochs)."""
-    from cosmocub.perfmodel.cost_model.cluster_presets import cluster
-    from cosmocub.perfmodel.cost_model.spec_accelerator import SpecAccelerator
-    from cosmocub.perfmodel.measure.gpu_layers import GpuLayerTimes
-    from cosmocub.perfmodel.uses.time_to_train import config_dataset, predict_cluster
 
     preset = cluster(cluster_name)
     if ranks_per_node is not None and ranks_per_node != preset.ranks_per_node:
@@ -256,9 +257,15 @@ def predict_on_cluster(
     work = dataclasses.replace(work, epochs=epochs or work.epochs)
     calibration = None if gpu_calibration is None else GpuLayerTimes.read(gpu_calibration)
     p, ttt = predict_cluster(
-        work, preset, nodes=nodes, epochs=work.epochs, dataset=dataset, calibration=calibration,
-        mesh=mesh, lion=lion_reference(cfg),
-    )  # fmt: skip
+        work,
+        preset,
+        nodes=nodes,
+        epochs=work.epochs,
+        dataset=dataset,
+        calibration=calibration,
+        mesh=mesh,
+        lion=lion_reference(cfg),
+    )
     parts = {
         "step_s": ttt.step_s,
         "data_wait_s": ttt.data_wait_s,
