@@ -11,11 +11,13 @@ from the newest checkpoint in RUN_DIR/checkpoints by itself. One training at a t
 from __future__ import annotations
 
 import logging
+import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from cosmocub.config import Config
@@ -105,6 +107,10 @@ def train(
                 "spatial_parallel": dims.spatial,
                 "global_batch_size": trainer.global_batch,
                 "device": str(dims.device),
+                # What `perf-model calibrate --from-run` needs to price this run elsewhere.
+                "accelerator": accelerator_name(dims.device),
+                "ranks_per_node": dims.env.local_world_size,
+                "nodes": max(1, dims.world_size // max(1, dims.env.local_world_size)),
                 "data_placement": getattr(trainer.train_loader, "placement", "loader"),
                 "resumed_from": str(resumed_from) if resumed_from else None,
                 "fresh_start": None
@@ -147,3 +153,10 @@ def _write_outputs(
     tracker.log_artifact(run_dir / "metrics.jsonl")
     tracker.log_artifact(run_dir / "train_summary.json")
     tracker.log_model(model)
+
+
+def accelerator_name(device: torch.device) -> str:
+    """The device's model as its driver names it ("NVIDIA H100 80GB HBM3"), or the CPU's."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu: {platform.processor() or platform.machine()}"

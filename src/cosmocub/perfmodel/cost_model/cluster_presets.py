@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from cosmocub.perfmodel.cost_model.cluster_network import NcclNetwork
 from cosmocub.perfmodel.cost_model.hardware_specs import ACCELERATORS, AcceleratorSpec
@@ -77,8 +78,12 @@ class ClusterPreset:
             ll128=self.ll128,
         )
 
-    def network(self) -> NcclNetwork:
-        return NcclNetwork(node=self.nccl_node())
+    def network(self, protocols: tuple[str, ...] | None = None) -> NcclNetwork:
+        """NCCL on these nodes; `protocols`: NCCL_PROTO where a run script sets it."""
+        node = self.nccl_node()
+        if protocols is not None:
+            node = dataclasses.replace(node, protocols=protocols)
+        return NcclNetwork(node=node)
 
 
 DGX = "{round} NVIDIA/systems/{json}: 8 GPUs, compute 8x ConnectX-{nic} [V]"
@@ -241,3 +246,28 @@ def cluster(name: str) -> ClusterPreset:
     if name not in CLUSTERS:
         raise ValueError(f"--cluster {name}: not one of {', '.join(CLUSTERS)}")
     return CLUSTERS[name]
+
+
+# Perlmutter's NICs went from 2 (Slingshot-10) to 4 (Slingshot-11) a node in 2022 [R].
+PERLMUTTER_UPGRADE = datetime(2022, 1, 1, tzinfo=UTC)
+
+
+def preset_for_system(system: str, accelerator: str, run_start_ms: float) -> str | None:
+    """The preset a published system is, by its name and accelerator (the MLPerf systems
+    file's accelerator_model_name or the log's submission_platform) and, for Perlmutter, the
+    date of the run; None where no preset has that system or accelerator."""
+    name, gpu = system.lower(), accelerator.upper()
+    if "H100" in gpu:
+        return "eos"
+    if "dgxa100" in name or "A100-SXM4-80GB" in gpu:
+        return "selene"
+    if "perlmutter" in name:
+        when = datetime.fromtimestamp(run_start_ms / 1e3, tz=UTC)
+        return "perlmutter" if when >= PERLMUTTER_UPGRADE else "perlmutter_2021"
+    if "horeka" in name:
+        return "horeka"
+    if "juwels" in name:
+        return "juwels_booster"
+    if "longhorn" in name or "V100" in gpu:
+        return "longhorn"
+    return None

@@ -90,6 +90,7 @@ class NcclNode:
     ranks_per_node: int
     ll128: bool
     latency_inter_us: float = 0.0  # the net plugin's latency property (0 for IB)
+    protocols: tuple[str, ...] = PROTOCOLS  # NCCL_PROTO: the protocols NCCL may pick among
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHES:
@@ -98,6 +99,8 @@ class NcclNode:
             raise ValueError(f"NCCL node: intra_link {self.intra_link!r} is not nvlink or pci")
         if self.cpu_vendor not in NET_OVERHEAD_US:
             raise ValueError(f"NCCL node: cpu_vendor {self.cpu_vendor!r} not in {NET_OVERHEAD_US}")
+        if not self.protocols or set(self.protocols) - set(PROTOCOLS):
+            raise ValueError(f"NCCL node: protocols {self.protocols} not among {PROTOCOLS}")
 
     @property
     def arch_index(self) -> int:
@@ -249,13 +252,14 @@ def choose(node: NcclNode, coll: str, nbytes: float, ranks: int, nodes: int) -> 
     ring_channels = channels(node, nodes, ranks // nodes)
     best: Choice | None = None
     for algorithm in ALGORITHMS:
-        for protocol in PROTOCOLS:
+        for protocol in (p for p in PROTOCOLS if p in node.protocols):
             us = algorithm_time_us(
                 node, coll, algorithm, protocol, nbytes, ranks, nodes, ring_channels=ring_channels
             )
             if us is not None and (best is None or us * 1e-6 < best.seconds):
                 best = Choice(algorithm, protocol, us * 1e-6)
-    assert best is not None, "ring Simple always runs"
+    if best is None:
+        raise ValueError(f"NCCL: no algorithm runs {coll} under protocols {node.protocols}")
     return best
 
 

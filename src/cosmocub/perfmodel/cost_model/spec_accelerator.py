@@ -30,6 +30,9 @@ class SpecAccelerator:
     spec: AcceleratorSpec
     dtype: str = "fp16"
     calibration: GpuLayerTimes | None = None
+    # The layers' time ÷ the roofline's (or the layer calibration's), from one measured run of
+    # this accelerator and software (perfmodel.uses.run_calibration); 1: as priced.
+    layer_scale: float = 1.0
     # The vote's host passes are in the update's memory-bound cost; NCCL spins on the device.
     vote_host = None
     collective_wake_s = 0.0
@@ -72,7 +75,8 @@ class SpecAccelerator:
                     f"GPU calibration ({cal.device}) was timed at batch {cal.batch}, unsplit; "
                     f"asked for batch {batch}, split {'x'.join(map(str, split))}"
                 )
-            return dict(cal.train_s if train else cal.forward_s)
+            times = cal.train_s if train else cal.forward_s
+            return {name: self.layer_scale * t for name, t in times.items()}
         layers = step_kernels(
             model_cfg,
             batch=batch,
@@ -80,7 +84,7 @@ class SpecAccelerator:
             act=self.bytes_per_value,
             train=train,
         )
-        return {name: self.seconds(ks) for name, ks in layers.items()}
+        return {name: self.layer_scale * self.seconds(ks) for name, ks in layers.items()}
 
     def layer_seconds(
         self,
@@ -118,4 +122,6 @@ class SpecAccelerator:
             f"{s.hbm_share:g} x {s.hbm_gbyte_s:g} GB/s HBM, "
             f"{s.kernel_floor_us:g} us a kernel"
         )
+        if self.layer_scale != 1.0:
+            how += f", x {self.layer_scale:.3g} as one measured run's device time"
         return f"{s.name}: {how}, {s.memory_gb:g} GB, {self.bytes_per_value} bytes an activation"

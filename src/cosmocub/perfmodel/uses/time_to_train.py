@@ -1,7 +1,9 @@
 """Time to train on a GPU cluster = staging (when the timed run holds it) + epochs × (training
-epoch + evaluation): the step from the cost model with the loader's wait where it is slower,
-evaluation as forward-only steps over the validation split, staging as the node's share of the
-stored dataset read from the file system and inflated by the node's cores.
+epoch + evaluation): the step from the cost model, plus what the implementation runs outside
+its kernels (cost_model.software) and the wait for the slowest rank (cost_model.stragglers),
+with the loader's wait where it is slower; evaluation as forward-only steps over the validation
+split; staging as the node's share of the stored dataset read from the file system and inflated
+by the node's cores.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from dataclasses import dataclass
 
 from cosmocub.config import Config, OptimizerConfig
 from cosmocub.perfmodel.cost_model.cluster_presets import ClusterPreset
+from cosmocub.perfmodel.cost_model.software import SoftwareProfile
 from cosmocub.perfmodel.cost_model.spec_accelerator import SpecAccelerator
+from cosmocub.perfmodel.cost_model.stragglers import NO_STRAGGLERS, Stragglers
 from cosmocub.perfmodel.cost_model.topology import Mesh
 from cosmocub.perfmodel.measure.gpu_layers import GpuLayerTimes
 from cosmocub.perfmodel.uses.run_prediction import Prediction, Workload, predict_run, split_samples
@@ -94,10 +98,26 @@ class TimeToTrain:
     staging_s: float | None  # None: the file system's rate is not known
     staging_in_run: bool
     epochs: int
+    host_s: float = 0.0  # per step: launches and syncs in series with the device, the input's
+    # transform on the device (cost_model.software)
+    straggler_s: float = 0.0  # per step: the wait for the slowest rank (cost_model.stragglers)
+    compute_s: float = 0.0  # of step_s: the layers' forward and backward
+    exchange_s: float = 0.0  # of step_s: the exposed exchange and momentum syncs
+
+    @property
+    def own_s(self) -> float:
+        """One rank's own step: all but what it waits on (the exchange, the slowest rank)."""
+        return self.step_s - self.exchange_s + self.host_s
+
+    @property
+    def full_step_s(self) -> float:
+        """The step as a run sees it: the device's, the host's share, the wait for the slowest
+        rank and the loader's."""
+        return self.step_s + self.host_s + self.straggler_s + self.data_wait_s
 
     @property
     def train_epoch_s(self) -> float:
-        return self.steps_per_epoch * (self.step_s + self.data_wait_s)
+        return self.steps_per_epoch * self.full_step_s
 
     @property
     def eval_s(self) -> float:
@@ -145,10 +165,17 @@ def predict_cluster(
     staging_in_run: bool | None = None,
     mesh: Mesh | None = None,
     lion: OptimizerConfig | None = None,
+    software: SoftwareProfile | None = None,
+    stragglers: Stragglers = NO_STRAGGLERS,
+    layer_scale: float = 1.0,
+    eval_scale: float = 1.0,
 ) -> tuple[Prediction, TimeToTrain]:
     """The step on `mesh` (default: data parallel over nodes × the preset's ranks) with NCCL's
     collectives, and the run's time on `preset`; staging_in_run: the preset's unless given (a
-    log's own order); lion: Lion's step beside it (run_prediction.predict_run)."""
+    log's own order); lion: Lion's step beside it (run_prediction.predict_run); software: what
+    the implementation runs besides its kernels (None: nothing); stragglers: the ranks' spread;
+    layer_scale, eval_scale: one measured run's device time and evaluation step ÷ the model's
+    (perfmodel.uses.run_calibration; 1: as priced)."""
     ranks = nodes * preset.ranks_per_node
     mesh = mesh or Mesh(data=ranks, split=(1, 1, 1))
     if mesh.world != ranks:
@@ -156,20 +183,27 @@ def predict_cluster(
             f"mesh {mesh.data}x{mesh.spatial} is {mesh.world} ranks, not {nodes} nodes x "
             f"{preset.ranks_per_node} ranks of {preset.name}"
         )
-    device = SpecAccelerator(spec=preset.spec, calibration=calibration)
-    network = preset.network()
+    device = SpecAccelerator(spec=preset.spec, calibration=calibration, layer_scale=layer_scale)
+    network = preset.network(None if software is None else software.nccl_protocols)
     p = predict_run(work, mesh, network, device, lion=lion, train_samples=dataset.train_samples)
     assert p.steps_per_epoch is not None
-    step_s = p.step.step_s
+    step = p.step
+    host_s = 0.0
+    if software is not None:
+        hbm = preset.spec.rate_bytes
+        host_s = software.host_s() + software.input_s(dataset.sample_bytes, hbm, work.local_batch)
+    own_s = step.step_s - step.exchange_s - step.momentum_sync_s + host_s
+    straggler_s = stragglers.wait_s(own_s, ranks)
     loader_s = loader_seconds(preset, dataset, work.local_batch)
-    wait = max(0.0, loader_s - step_s)
+    wait = max(0.0, loader_s - (step.step_s + host_s + straggler_s))
     forward = sum(
         device.forward_seconds(work.model, batch=work.local_batch, split=mesh.split).values()
     )
-    eval_step = max(forward, loader_s)
+    eval_step = forward if software is None else software.eval_step_s(forward)
+    eval_step = max(eval_scale * eval_step, loader_s)
     eval_steps = math.ceil(dataset.val_samples / (mesh.data * work.local_batch))
     ttt = TimeToTrain(
-        step_s=step_s,
+        step_s=step.step_s,
         data_wait_s=wait,
         steps_per_epoch=p.steps_per_epoch,
         eval_step_s=eval_step,
@@ -178,5 +212,9 @@ def predict_cluster(
         staging_s=staging_seconds(preset, dataset, nodes),
         staging_in_run=preset.staging_in_timed_run if staging_in_run is None else staging_in_run,
         epochs=epochs,
+        host_s=host_s,
+        straggler_s=straggler_s,
+        compute_s=step.compute_s,
+        exchange_s=step.exchange_s + step.momentum_sync_s,
     )
     return p, ttt

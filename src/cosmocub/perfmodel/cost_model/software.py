@@ -1,0 +1,235 @@
+"""What an implementation runs a training step besides the kernels the roofline prices: kernel
+launches outside a CUDA graph, host syncs, graph launches, the input's transform on the device,
+how it evaluates, and which NCCL protocols it allows. One profile per implementation priced,
+each count with its source (the code read), each cost with a public measurement.
+
+A host sync makes the host wait for the device; the launches issued after it are in series
+with the device (it idles while the host issues kernels shorter than a launch: a step's
+optimizer loop over 16 tensors). Launches issued while a graph runs are hidden under it; the
+profiles count only those after the step's last sync. Where a step has no sync, the host runs
+ahead and its launches are hidden unless they outnumber what the device takes longer to run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+V3 = "mlcommons/hpc_results_v3.0 NVIDIA/benchmarks/cosmoflow/implementations/pytorch"
+V2 = "mlcommons/hpc_results_v2.0 NVIDIA/benchmarks/cosmoflow/implementations/pytorch"
+HPE = "mlcommons/hpc_results_v3.0 HPE+LBNL/benchmarks/cosmoflow/implementations/cosmoflow-pytorch"
+V1 = "mlcommons/hpc_results_v1.0 NVIDIA/benchmarks/cosmoflow/implementations/mxnet"
+
+# Costs of the host's side, each from a public measurement (no GPU here to time them).
+LAUNCH_S = 8e-6
+LAUNCH_SOURCE = (
+    "a PyTorch eager op submitted back to back on an A100 host: 8 us an op (flagos-ai/Torch-FL "
+    "PR 27, add[512^2] 'cuda_sub'); the driver's own cuLaunchKernel is 3.0 us of it "
+    "(meta-pytorch/tritonbench PR 1017) [V: read, not measured here]"
+)
+SYNC_S = 9e-6
+SYNC_SOURCE = (
+    "the same op with a sync after each: 17 us against 8 (Torch-FL PR 27, A100), so ~9 us a "
+    "round trip beyond the work it waits for; 4.7-7.1 us spin and blocking in CUDA.jl PR 896 [V]"
+)
+GRAPH_LAUNCH_S = 8e-6
+GRAPH_LAUNCH_SOURCE = (
+    "a CUDA graph's launch costs the host about one kernel launch: JuliaGPU's graphs page, an "
+    "80-kernel graph launched with 3.5 us of CPU time, an MLP's with 8 us [V]"
+)
+COSTS = {"launch_s": LAUNCH_SOURCE, "sync_s": SYNC_SOURCE, "graph_launch_s": GRAPH_LAUNCH_SOURCE}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SoftwareProfile:
+    """One implementation's step outside its kernels, per step and rank:
+    serial_launches   eager kernel launches the device waits for (after the step's last sync)
+    host_syncs        the host waits on the device (GradScaler's .item(), a metric's asnumpy)
+    graph_launches    CUDA graphs replayed
+    input_passes      bytes of HBM traffic per input byte as loaded (int16 counts): the
+                      transform to fp32 and the copy into the graph's input (0 where the loader
+                      hands over the graph's input itself)
+    step_graph        forward, backward and the all-reduce in one graph (else eager: every
+                      layer's launches are the host's too, hidden where the device is slower)
+    eval_mode, eval_batch, eval_launches  evaluation's forward: eager or a graph, its batch,
+                      and its launches a step (eager: in series where the device is faster)
+    nccl_protocols    NCCL_PROTO, where the run script sets it (None: NCCL's own choice)
+    spread            the runs' spread of the training epoch, (10th, 90th percentile) ÷ median,
+                      where the profile stands for published runs"""
+
+    name: str
+    description: str
+    serial_launches: int
+    host_syncs: int
+    graph_launches: int
+    input_passes: float
+    step_graph: bool
+    eval_mode: str
+    eval_batch: int
+    eval_launches: int
+    nccl_protocols: tuple[str, ...] | None = None
+    spread: tuple[float, float] | None = None
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def host_s(self) -> float:
+        """Seconds a step spends on the host in series with the device."""
+        return (
+            self.serial_launches * LAUNCH_S
+            + self.host_syncs * SYNC_S
+            + self.graph_launches * GRAPH_LAUNCH_S
+        )
+
+    def input_s(self, sample_bytes: float, hbm_bytes_per_s: float, batch: int) -> float:
+        """Seconds of the input's transform and copy on the device, a step of `batch` samples."""
+        return self.input_passes * sample_bytes * batch / hbm_bytes_per_s
+
+    def eval_step_s(self, forward_s: float) -> float:
+        """One evaluation step: the forward on the device, or its launches on the host where
+        eager and they take longer (a batch-1 forward of small kernels)."""
+        if self.eval_mode == "graph":
+            return forward_s + GRAPH_LAUNCH_S
+        return max(forward_s, self.eval_launches * LAUNCH_S)
+
+
+# int16 in (2 bytes a value) -> fp32 out (4) by log1p: 1 + 2 bytes per input byte; the copy of
+# the fp32 result into the graph's static input: 2 + 2 more.
+LOG1P_AND_COPY = 7.0
+PYTORCH_STEP = (
+    "trainer.py: after GradScaler's .item() each step the host issues the fixed_sgd loop "
+    "(optimizer.py, @torch.jit.script, per tensor buf.mul().add() and param.sub_(): 3 launches x "
+    "16 tensors, + 1 for each of 2 tensors with weight decay in the 64x8 configs), the scale "
+    "update (1), the next step's log1p (1) and two input copies (2): {n} launches; 2 graph "
+    "replays (zero_capture, graph_capture); one .item() (GradScaler._maybe_opt_step) [V: read]"
+)
+PYTORCH_EVAL = (
+    "trainer.py evaluate: eager, torch.no_grad, autocast, batch 1 a GPU: log1p, 5 x (conv, "
+    "leaky_relu, max_pool) with fp16 casts of each weight, 3 dense + 2 activations, tanh x 1.2, "
+    "the L1 score's update: ~35 launches [V: read; the count by reading, not profiled]"
+)
+PYTORCH_INPUT = (
+    "trainer.py _convert_format: input_tensor.log1p() of the int16 DALI output to fp32, then "
+    "static_input_data.copy_() [V: read]"
+)
+
+NVIDIA_V3 = SoftwareProfile(
+    name="nvidia_v3",
+    description="NVIDIA MLPerf HPC v3.0 PyTorch (NGC 23.09, CUDA graph, fixed_sgd, DALI)",
+    serial_launches=54,
+    host_syncs=1,
+    graph_launches=2,
+    input_passes=LOG1P_AND_COPY,
+    step_graph=True,
+    eval_mode="eager",
+    eval_batch=1,
+    eval_launches=35,
+    sources={
+        "step": f"{V3} " + PYTORCH_STEP.format(n="50 + 1 + 1 + 2 = 54"),
+        "input_passes": f"{V3} " + PYTORCH_INPUT,
+        "eval": f"{V3} " + PYTORCH_EVAL,
+        "nccl_protocols": f"{V3} run_and_time.sh: NCCL_DEBUG only [V]",
+        **COSTS,
+    },
+)
+NVIDIA_V2 = SoftwareProfile(
+    name="nvidia_v2",
+    description="NVIDIA MLPerf HPC v2.0 PyTorch (NGC 22.08, CUDA graph, fixed_sgd, DALI)",
+    serial_launches=54,
+    host_syncs=1,
+    graph_launches=2,
+    input_passes=LOG1P_AND_COPY,
+    step_graph=True,
+    eval_mode="eager",
+    eval_batch=1,
+    eval_launches=35,
+    sources={
+        "step": f"{V2} trainer.py, optimizer.py: as v3.0's but profiling markers [V: diffed]; "
+        + PYTORCH_STEP.format(n="54"),
+        "input_passes": f"{V2} " + PYTORCH_INPUT,
+        "eval": f"{V2} " + PYTORCH_EVAL,
+        "nccl_protocols": f"{V2} run_and_time.sh: NCCL_DEBUG only [V]",
+        **COSTS,
+    },
+)
+HPE_LBNL_V3 = SoftwareProfile(
+    name="hpe_lbnl_v3",
+    description="HPE+LBNL MLPerf HPC v3.0 PyTorch on Perlmutter (NVIDIA's code, NCCL_PROTO=simple)",
+    serial_launches=54,
+    host_syncs=1,
+    graph_launches=2,
+    input_passes=LOG1P_AND_COPY,
+    step_graph=True,
+    eval_mode="eager",
+    eval_batch=1,
+    eval_launches=35,
+    nccl_protocols=("Simple",),
+    sources={
+        "step": f"{HPE} trainer.py, optimizer.py: NVIDIA's v3.0 files but the copyright line "
+        "[V: diffed]",
+        "input_passes": f"{HPE} " + PYTORCH_INPUT,
+        "eval": f"{HPE} " + PYTORCH_EVAL,
+        "nccl_protocols": f"{HPE} run_and_time.sh: NCCL_PROTO=simple [V]",
+        **COSTS,
+    },
+)
+MXNET_V1 = SoftwareProfile(
+    name="mxnet_v1",
+    description="MLPerf HPC v1.0 MXNet (NGC 21.09: CUDA graphs, Horovod, aggregated SGD)",
+    serial_launches=2,
+    host_syncs=2,
+    graph_launches=2,
+    input_passes=0.0,
+    step_graph=True,
+    eval_mode="eager",
+    eval_batch=1,
+    eval_launches=35,
+    sources={
+        "step": f"{V1} train.py: MXNET_ENABLE_CUDA_GRAPHS=1 (forward, backward), Horovod's "
+        "all-reduce outside them, SGD aggregated over all 16 tensors "
+        "(MXNET_OPTIMIZER_AGGREGATION_SIZE=54: 1-2 launches); mx.metric.MAE's update calls "
+        ".asnumpy() on label and prediction each step (2 syncs) [V: read; NGC 21.09's MXNet "
+        "build not checked]",
+        "input_passes": f"{V1}: the loader hands over the network's input [V: read]",
+        "eval": f"{V1} train.py: model(data) eager, batch 1 [V: read]",
+        **COSTS,
+    },
+)
+COSMOCUB_EAGER = SoftwareProfile(
+    name="cosmocub_eager",
+    description="cosmocub's own step, eager (train.compile false): DDP, foreach optimizer",
+    serial_launches=0,
+    host_syncs=0,
+    graph_launches=0,
+    input_passes=0.0,
+    step_graph=False,
+    eval_mode="eager",
+    eval_batch=1,
+    eval_launches=35,
+    sources={
+        "step": "src/cosmocub/train/loop.py: no host sync a step (metrics are kept on the "
+        "device to the epoch's end); every launch eager, issued ahead of the device "
+        "(hidden where the device's kernels are longer) [V: read]",
+        "input_passes": "src/cosmocub/data/dataset.py: shards hold log1p'd fp32 samples [V]",
+        **COSTS,
+    },
+)
+PROFILES: dict[str, SoftwareProfile] = {
+    p.name: p for p in (NVIDIA_V3, NVIDIA_V2, HPE_LBNL_V3, MXNET_V1, COSMOCUB_EAGER)
+}
+
+
+def profile(name: str) -> SoftwareProfile:
+    if name not in PROFILES:
+        raise ValueError(f"software profile {name!r}: not one of {', '.join(PROFILES)}")
+    return PROFILES[name]
+
+
+def software_for(framework: str, submitter: str) -> SoftwareProfile | None:
+    """The profile of a published run by its systems file's framework and submitter; None
+    where none is known (the row says so)."""
+    if "MXNET" in framework.upper():
+        return MXNET_V1
+    if "PYTORCH" not in framework.upper():
+        return None
+    if "23.09" in framework:
+        return HPE_LBNL_V3 if "LBNL" in submitter.upper() else NVIDIA_V3
+    return NVIDIA_V2  # 22.08, and HelmholtzAI's PyTorch 1.13 (NVIDIA's v2.0 code, assumed)
