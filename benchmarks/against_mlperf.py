@@ -1,232 +1,338 @@
 """Published MLPerf HPC CosmoFlow runs against the performance model: per system and scale, the
-logs' medians beside `perf-model predict --cluster`'s step, training epoch, evaluation,
-staging and time to train, and the H100 ÷ A100 ratio of the training epoch.
+logs' medians beside the model's step, training epoch, evaluation and time to train, three ways:
+
+  uncalibrated   specifications and sources only (roofline, the software profile's host work,
+                 NCCL's collectives), with the GPU ranks' spread fitted on the scale pairs
+  calibrated     leave one out: each run predicted from another run's device time
+                 (`perf-model calibrate --from-run`), the same accelerator and software at another
+                 scale where there is one, else the nearest (same GPU family), the table says which
+  scale pairs    one system and software at two scales: published and predicted step growth,
+                 the ranks' spread fitted on the other pairs, and each term's share
 
     python benchmarks/against_mlperf.py LOGDIR [--config config/cosmoflow-mlperf.yaml]
-        [--gpu-calibration CAL.json ...]
 
 LOGDIR holds the results repositories' folders as fetched (never committed here), e.g.
 LOGDIR/v3.0/NVIDIA/results/eos_n64_ngc23.09_pytorch/strong/cosmoflow/result_*.txt beside
-LOGDIR/v3.0/NVIDIA/systems/eos_n64_ngc23.09_pytorch.json. Each system is matched to a cluster
-preset by its description (perfmodel.cost_model.cluster_presets); nothing is fitted to the logs:
-from each run the model takes only what the run was (nodes, GPUs a node, global batch, dropout,
-the number of epochs it trained, whether it staged inside the timed run).
-
---gpu-calibration takes the layer times `perf-model calibrate --device cuda --batch 1` wrote on a
-GPU (CUDA events, this repository's PyTorch CosmoFlow): the rows whose preset has that GPU
-(matched by its family, H100 or A100 …, in the calibration's device name) take them in place of
-the roofline, and their note says so; the others keep the roofline.
+LOGDIR/v3.0/NVIDIA/systems/eos_n64_ngc23.09_pytorch.json. From each run the model takes only
+what the run was (nodes, GPUs a node, global batch, dropout, epochs, where staging falls).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import statistics
+import sys
 from collections import defaultdict
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 from cosmocub.config import load_config
-from cosmocub.perfmodel.cost_model.cluster_presets import cluster
-from cosmocub.perfmodel.measure.gpu_layers import GpuLayerTimes
+from cosmocub.perfmodel.cost_model.cluster_presets import CLUSTERS
+from cosmocub.perfmodel.cost_model.software import SoftwareProfile
+from cosmocub.perfmodel.cost_model.stragglers import ScalePair, Stragglers, fit_cv, leave_one_out
 from cosmocub.perfmodel.uses.mllog import RunTimes, run_times, system_description
+from cosmocub.perfmodel.uses.run_calibration import (
+    GPU_STRAGGLERS,
+    RunCalibration,
+    calibrate_run,
+    mllog_preset,
+)
 from cosmocub.perfmodel.uses.run_prediction import Workload
-from cosmocub.perfmodel.uses.time_to_train import predict_cluster
+from cosmocub.perfmodel.uses.time_to_train import TimeToTrain, predict_cluster
 
-# Perlmutter's NICs went from 2 (Slingshot-10) to 4 (Slingshot-11) a node in 2022 [R].
-PERLMUTTER_UPGRADE = datetime(2022, 1, 1, tzinfo=UTC)
-
-
-def preset_for(system: str, desc: dict[str, Any] | None, run: RunTimes) -> str | None:
-    """The cluster preset a system's description names, by its accelerator and system name;
-    None where the model has none (a CPU system)."""
-    gpu = (desc or {}).get("accelerator_model_name", "")
-    name = system.lower()
-    if "H100" in gpu:
-        return "eos"
-    if "dgxa100" in name or "A100-SXM4-80GB" in gpu:
-        return "selene"
-    if "perlmutter" in name:
-        when = datetime.fromtimestamp(run.run_start_ms / 1e3, tz=UTC)
-        return "perlmutter" if when >= PERLMUTTER_UPGRADE else "perlmutter_2021"
-    if "horeka" in name:
-        return "horeka"
-    if "juwels" in name:
-        return "juwels_booster"
-    if "longhorn" in name or "V100" in gpu:
-        return "longhorn"
-    return None
+KEYS = ("step", "train", "eval", "ttt")
 
 
 @dataclasses.dataclass
 class Row:
     label: str
-    preset: str | None
     runs: list[RunTimes]
+    preset: str | None = None
+    software: SoftwareProfile | None = None
     note: str = ""
-    predicted: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    uncalibrated: TimeToTrain | None = None
+    calibrated: TimeToTrain | None = None
+    partner: str = ""
 
-    def published(self) -> dict[str, float | None]:
-        staged = [r.staging_s for r in self.runs if r.staging_s is not None]
+    @property
+    def gpus(self) -> int:
+        return self.runs[0].nodes * self.runs[0].accelerators_per_node
+
+    @property
+    def pytorch(self) -> bool:
+        return self.software is not None and self.software.name != "mxnet_v1"
+
+    def median_run(self) -> RunTimes:
+        """The row's runs as one: the medians of their epochs and evaluations."""
+        first = self.runs[0]
+        return dataclasses.replace(
+            first,
+            train_epoch_s=(statistics.median(r.median_train_epoch_s for r in self.runs),)
+            * round(statistics.median(r.epochs for r in self.runs)),
+            eval_s=(statistics.median(r.median_eval_s for r in self.runs),),
+            staging_in_run=statistics.mode(r.staging_in_run for r in self.runs),
+        )
+
+    def published(self) -> dict[str, float]:
         return {
             "step": statistics.median(r.step_s for r in self.runs),
             "train": statistics.median(r.median_train_epoch_s for r in self.runs),
             "eval": statistics.median(r.median_eval_s for r in self.runs),
-            "staging": statistics.median(staged) if staged else None,
             "ttt": statistics.median(r.run_s for r in self.runs),
         }
 
 
-GPU_FAMILIES = ("GH200", "H200", "H100", "A100", "V100", "MI250X")
-
-
-def gpu_family(name: str) -> str | None:
-    """The GPU family a device or accelerator name holds ("NVIDIA H100 80GB HBM3" → H100)."""
-    upper = name.upper()
-    return next((f for f in GPU_FAMILIES if f in upper), None)
-
-
-def calibration_for(spec_name: str, calibrations: list[GpuLayerTimes]) -> GpuLayerTimes | None:
-    """The first calibration timed on the family of GPU `spec_name` names, if any."""
-    family = gpu_family(spec_name)
-    return next((c for c in calibrations if family and gpu_family(c.device) == family), None)
-
-
-def predict_row(row: Row, base: Workload, calibrations: list[GpuLayerTimes]) -> None:
-    first = row.runs[0]
-    gpus = first.nodes * first.accelerators_per_node
-    preset = cluster(row.preset or "")
-    calibration = calibration_for(preset.spec.name, calibrations)
-    if first.accelerators_per_node != preset.ranks_per_node:
-        row.note = f"{first.accelerators_per_node} GPUs a node, preset {preset.ranks_per_node}"
-        return
-    rate = first.dropout
-    model = base.model if rate is None else dataclasses.replace(base.model, dropout=rate)
-    epochs = round(statistics.median(r.epochs for r in row.runs))
-    work = dataclasses.replace(base, model=model, local_batch=first.global_batch // gpus)
-    in_run = [r.staging_in_run for r in row.runs if r.staging_in_run is not None]
-    p, t = predict_cluster(
-        work, preset, nodes=first.nodes, epochs=epochs,
-        staging_in_run=statistics.mode(in_run) if in_run else None, calibration=calibration,
-    )  # fmt: skip
-    row.predicted = {
-        "step": t.step_s + t.data_wait_s,
-        "train": t.train_epoch_s,
-        "eval": t.eval_s,
-        "staging": t.staging_s,
-        "ttt": t.total_s,
-    }
-    s = p.step
-    parts = f"compute {1e3 * s.compute_s:.2f} + exchange {1e3 * s.exchange_s:.2f} + update "
-    parts += f"{1e3 * s.optimizer_s:.2f} ms"
-    row.note = f"{parts}; {epochs} epochs; staging {'in' if t.staging_in_run else 'out of'} run"
-    if calibration is not None:
-        row.note += f"; layers timed on {calibration.device}"
+def predicted(t: TimeToTrain) -> dict[str, float]:
+    return {"step": t.full_step_s, "train": t.train_epoch_s, "eval": t.eval_s, "ttt": t.total_s}
 
 
 def collect(logdir: Path) -> list[Row]:
     """One row per system and scale, in round order; copies of an earlier round's runs (the
-    same run_start times) and systems without a preset are noted, not predicted."""
+    same run_start times) and systems without a preset are noted, not predicted. A one-line
+    ValueError where LOGDIR is missing, empty, or not laid out as the results repositories."""
+    if not logdir.is_dir():
+        raise ValueError(f"{logdir}: no such folder (the MLPerf HPC result logs, fetched)")
+    logs = sorted(p for p in logdir.rglob("result_*.txt") if "pruned_results" not in p.parts)
+    if not logs:
+        raise ValueError(f"{logdir}: no result_*.txt below it (want the results repositories)")
+    if not any("results" in p.relative_to(logdir).parts for p in logs):
+        raise ValueError(
+            f"{logdir}: {len(logs)} result logs but none under <submitter>/results/<system>/"
+            "<scale>/cosmoflow/ (want the results repositories as fetched, systems/ beside)"
+        )
     groups: dict[Path, list[Path]] = defaultdict(list)
-    for log in sorted(logdir.rglob("result_*.txt")):
-        if "pruned_results" not in log.parts:
-            groups[log.parent].append(log)
+    for log in logs:
+        groups[log.parent].append(log)
     rows, seen = [], {}
-    for folder, logs in groups.items():
-        system, desc = system_description(logs[0])
-        scale = folder.parent.name
-        label = f"{folder.relative_to(logdir).parts[0]} {system} ({scale})"
-        if (desc or {}).get("accelerators_per_node") in (0, "0", None) and "fugaku" in system:
-            rows.append(Row(label, None, [], note=f"{len(logs)} logs: a CPU system, no preset"))
-            continue
+    for folder, paths in groups.items():
+        system, desc = system_description(paths[0])
+        label = f"{folder.relative_to(logdir).parts[0]} {system} ({folder.parent.name})"
         runs = []
-        for log in logs:
+        for path in paths:
             try:
-                runs.append(run_times(log))
+                runs.append(run_times(path))
             except ValueError as err:
                 print(f"skipped: {err}")
         if not runs:
             continue
         key = tuple(sorted(r.run_start_ms for r in runs))
+        row = Row(label, runs)
         if key in seen:
-            rows.append(Row(label, None, [], note=f"a copy of {seen[key]}"))
-            continue
-        seen[key] = label
-        rows.append(Row(label, preset_for(system, desc, runs[0]), runs))
+            row.note = f"a copy of {seen[key]}"
+        elif str((desc or {}).get("accelerators_per_node", "")) in ("0", ""):
+            row.note = f"{len(runs)} logs: no accelerator in its systems file (a CPU system)"
+        else:
+            seen[key] = label
+            try:
+                row.preset, row.software = mllog_preset(runs[0].path, runs[0])
+            except ValueError as err:
+                row.note = str(err).split(": ", 1)[1]
+        rows.append(row)
     return rows
 
 
-def fmt(x: float | None, scale: float = 1.0, digits: int = 3) -> str:
-    return "-" if x is None else f"{x * scale:.{digits}g}"
+def predict(
+    row: Row,
+    base: Workload,
+    stragglers: Stragglers,
+    cal: RunCalibration | None = None,
+) -> TimeToTrain:
+    run = row.median_run()
+    gpus = row.gpus
+    model = (
+        base.model if run.dropout is None else dataclasses.replace(base.model, dropout=run.dropout)
+    )
+    work = dataclasses.replace(base, model=model, local_batch=max(1, run.global_batch // gpus))
+    _, t = predict_cluster(
+        work,
+        CLUSTERS[row.preset or ""],
+        nodes=run.nodes,
+        epochs=run.epochs,
+        staging_in_run=run.staging_in_run,
+        software=row.software,
+        stragglers=stragglers,
+        layer_scale=1.0 if cal is None else cal.layer_scale,
+        eval_scale=1.0 if cal is None else cal.eval_scale,
+    )
+    return t
 
 
-def ratio(pred: float | None, pub: float | None) -> str:
-    return "" if not pred or not pub else f" ({pred / pub:.2f}x)"
+def family(row: Row) -> str:
+    return CLUSTERS[row.preset or ""].spec.name.split()[0]
 
 
-def table(rows: list[Row]) -> str:
-    head = ("run", "GPUs", "step ms", "train epoch s", "eval s", "staging s", "time to train s",
-            "note")  # fmt: skip
-    out = [head]
-    for row in rows:
-        if not row.runs or not row.predicted:
-            out.append((row.label, "", "", "", "", "", "", row.note))
-            continue
-        pub, pred = row.published(), row.predicted
-        first = row.runs[0]
-        cells = [row.label, f"{first.nodes}x{first.accelerators_per_node} ({len(row.runs)})"]
-        for key, scale in (("step", 1e3), ("train", 1), ("eval", 1), ("staging", 1), ("ttt", 1)):
-            cells.append(
-                f"{fmt(pub[key], scale)} / {fmt(pred[key], scale)}{ratio(pred[key], pub[key])}"
-            )
-        out.append((*cells, f"{row.preset}: {row.note}"))
-    widths = [max(len(r[i]) for r in out) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in out]
+def partner_of(row: Row, rows: list[Row]) -> tuple[Row | None, str]:
+    """The run to calibrate `row` from: the same preset and software at another scale, else the
+    nearest of the same GPU family (same software first, then the closest GPU count)."""
+    others = [r for r in rows if r is not row and r.preset and r.uncalibrated is not None]
+    same = [r for r in others if r.preset == row.preset and r.software == row.software]
+    same = [r for r in same if r.gpus != row.gpus]
+    if same:
+        return min(same, key=lambda r: abs(math.log(r.gpus / row.gpus))), "same system"
+    near = [r for r in others if family(r) == family(row)]
+    if not near:
+        return None, "no run of its GPU family"
+
+    def distance(r: Row) -> tuple[bool, bool, float]:
+        same_framework = (r.software is None) == (row.software is None) and r.pytorch == row.pytorch
+        return (not same_framework, r.preset != row.preset, abs(math.log(r.gpus / row.gpus)))
+
+    return min(near, key=distance), "nearest"
+
+
+def scale_pairs(rows: list[Row], base: Workload) -> list[tuple[ScalePair, Row, Row]]:
+    """Every pair of rows of one preset and software at two GPU counts (the smaller first), with
+    the model's exposed exchange at each."""
+    out = []
+    live = [r for r in rows if r.uncalibrated is not None]
+    for a in live:
+        for b in live:
+            if (a.preset, a.software) == (b.preset, b.software) and a.gpus < b.gpus:
+                ta, tb = (predict(r, base, GPU_STRAGGLERS) for r in (a, b))
+                pair = ScalePair(
+                    name=f"{a.label.split()[1]} {a.gpus}->{b.gpus}",
+                    ranks=(a.gpus, b.gpus),
+                    step_s=(a.published()["step"], b.published()["step"]),
+                    outside_s=(ta.exchange_s, tb.exchange_s),
+                    runs=(a.label, b.label),
+                )
+                out.append((pair, a, b))
+    return out
+
+
+def ratio_cell(pub: float, pred: float | None, scale: float = 1.0) -> str:
+    if pred is None:
+        return "-"
+    return f"{pub * scale:.3g} / {pred * scale:.3g} ({pred / pub:.2f}x)"
+
+
+def table(head: tuple[str, ...], body: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in [head, *body]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
-def h100_over_a100(rows: list[Row]) -> list[str]:
-    """Training epoch of v3.0 Eos ÷ each A100 system's at the same 512 GPUs and batch."""
-    by = {r.label: r for r in rows if r.predicted}
-    eos = next((r for k, r in by.items() if "eos_n64" in k), None)
-    if eos is None:
-        return []
+def row_cells(row: Row, t: TimeToTrain | None) -> list[str]:
+    pub = row.published()
+    pred = None if t is None else predicted(t)
+    scales = {"step": 1e3}
+    return [ratio_cell(pub[k], None if pred is None else pred[k], scales.get(k, 1.0)) for k in KEYS]
+
+
+def ratios(rows: list[Row], which: str, key: str) -> list[float]:
     out = []
-    for label, r in by.items():
-        same = (
-            r.runs[0].global_batch == 512
-            and r.runs[0].nodes * r.runs[0].accelerators_per_node == 512
-        )
-        if r.preset in ("perlmutter", "selene") and same:
-            pub = r.published()["train"] / eos.published()["train"]
-            pred = r.predicted["train"] / eos.predicted["train"]
-            out.append(f"H100 / A100 per training epoch, {label} over Eos: published {pub:.2f}, "
-                       f"predicted {pred:.2f} ({pred / pub:.2f}x)")  # fmt: skip
+    for r in rows:
+        t = getattr(r, which)
+        if t is not None and r.pytorch:
+            out.append(predicted(t)[key] / r.published()[key])
     return out
 
 
-def main() -> None:
+def summary(rows: list[Row], which: str) -> str:
+    parts = []
+    for key in ("train", "eval", "ttt"):
+        errs = [abs(x - 1) for x in ratios(rows, which, key)]
+        if errs:
+            parts.append(
+                f"{key}: median |error| {100 * statistics.median(errs):.1f} %, worst "
+                f"{100 * max(errs):.1f} %"
+            )
+    return f"PyTorch rows ({which}): " + "; ".join(parts)
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("logdir", type=Path)
     parser.add_argument("--config", default="config/cosmoflow-mlperf.yaml")
-    parser.add_argument("--gpu-calibration", type=Path, action="append", default=[],
-                        help="a perf-model calibrate --device cuda file (repeatable)")  # fmt: skip
     args = parser.parse_args()
-    cfg = load_config(args.config)
-    base = Workload.of(cfg)
-    calibrations = [GpuLayerTimes.read(path) for path in args.gpu_calibration]
-    rows = collect(args.logdir)
+    try:
+        rows = collect(args.logdir)
+    except ValueError as err:
+        print(f"against_mlperf: {err}", file=sys.stderr)
+        return 2
+    base = Workload.of(load_config(args.config))
+    live = [r for r in rows if r.preset is not None]
+    for row in live:
+        row.uncalibrated = predict(row, base, GPU_STRAGGLERS)
+    if not live:
+        print(f"against_mlperf: {args.logdir}: no row could be predicted", file=sys.stderr)
+        return 1
+    for row in live:
+        partner, how = partner_of(row, live)
+        if partner is None:
+            row.partner = how
+            continue
+        cal = calibrate_run(partner.median_run(), partner.preset or "", partner.software, base)
+        row.calibrated = predict(row, base, GPU_STRAGGLERS, cal)
+        row.partner = f"{how}: {partner.label} (device x{cal.layer_scale:.2f})"
+
+    print(
+        "Uncalibrated: published / predicted (predicted ÷ published), medians over each row's runs"
+    )
+    head = (
+        "run",
+        "GPUs",
+        "step ms",
+        "train epoch s",
+        "eval s",
+        "time to train s",
+        "where the step goes (ms)",
+    )
+    body = []
     for row in rows:
-        if row.preset is not None:
-            predict_row(row, base, calibrations)
-    print("published (median over runs of each run's median) / predicted (predicted ÷ published)")
-    print(table(rows))
-    print()
-    print("\n".join(h100_over_a100(rows)))
+        if row.preset is None:
+            body.append((row.label, "", "", "", "", "", row.note))
+            continue
+        t = row.uncalibrated
+        assert t is not None
+        where = (
+            f"layers {1e3 * t.compute_s:.2f}, other device {1e3 * (t.own_s - t.compute_s - t.host_s):.2f}, "
+            f"host {1e3 * t.host_s:.2f}, exchange {1e3 * t.exchange_s:.2f}, "
+            f"wait {1e3 * t.straggler_s:.2f} [{row.preset}, {row.software.name if row.software else 'no profile'}]"
+        )
+        body.append((row.label, f"{row.gpus} ({len(row.runs)})", *row_cells(row, t), where))
+    print(table(head, body))
+    print(summary(rows, "uncalibrated"))
+
+    print("\nCalibrated, leave one out: each row from another run's device time")
+    head = ("run", "step ms", "train epoch s", "eval s", "time to train s", "calibrated from")
+    body = [(r.label, *row_cells(r, r.calibrated), r.partner) for r in live]
+    print(table(head, body))
+    print(summary(rows, "calibrated"))
+
+    print("\nScale pairs: step growth, the GPU ranks' spread (cv) fitted on the other pairs")
+    pairs = scale_pairs(rows, base)
+    head = ("pair", "published", "predicted", "cv (others)", "wait", "exchange", "error (points)")
+    body = []
+    for (pair, _, _), (_, cv, growth) in zip(
+        pairs, leave_one_out([p for p, _, _ in pairs]), strict=True
+    ):
+        s = Stragglers(cv=cv, source="others")
+        own = (pair.step_s[0] - pair.outside_s[0]) / s.factor(pair.ranks[0])
+        wait = own * (s.factor(pair.ranks[1]) - s.factor(pair.ranks[0]))
+        exchange = pair.outside_s[1] - pair.outside_s[0]
+        total = wait + exchange
+        body.append(
+            (
+                pair.name,
+                f"{100 * pair.growth:+.1f} %",
+                f"{100 * growth:+.1f} %",
+                f"{cv:.3f}",
+                f"{100 * wait / total:.0f} %" if total else "-",
+                f"{100 * exchange / total:.0f} %" if total else "-",
+                f"{100 * (growth - pair.growth):+.1f}",
+            )
+        )
+    print(table(head, body))
+    if pairs:
+        print(
+            f"cv fitted on all {len(pairs)} pairs: {fit_cv([p for p, _, _ in pairs]):.3f} "
+            f"(the package's GPU_STRAGGLERS: {GPU_STRAGGLERS.cv})"
+        )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -128,8 +128,6 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         return _predict_on_cluster(args, data, spatial, overrides)
     if args.ranks_per_node is None:
         raise ValueError("--ranks-per-node: needed unless --cluster names the nodes")
-    if args.gpu_calibration is not None:
-        raise ValueError("--gpu-calibration: only with --cluster (its accelerator's layers)")
     print_prediction(
         load_config(args.config, overrides=overrides or None),
         data=data,
@@ -144,6 +142,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         train_samples=args.train_samples,
         as_json=args.json,
         calibration=None if args.calibration is None else Path(args.calibration),
+        gpu_calibration=None if args.gpu_calibration is None else Path(args.gpu_calibration),
     )
     return 0
 

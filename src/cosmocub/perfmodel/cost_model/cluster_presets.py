@@ -271,3 +271,28 @@ def preset_for_system(system: str, accelerator: str, run_start_ms: float) -> str
     if "longhorn" in name or "V100" in gpu:
         return "longhorn"
     return None
+
+
+def described_cluster(
+    accelerator: str, *, ranks_per_node: int, node_gbit_s: float
+) -> ClusterPreset:
+    """A machine described by flags: `ranks_per_node` GPUs of `accelerator` (hardware_specs) a
+    node, each with a NIC of its own (rails, as DGX nodes and Perlmutter's) sharing the node's
+    `node_gbit_s`; LL128 on where the GPUs have NVLinks (NCCL enables it for NVLink nodes whose
+    NICs sit on the GPUs' PCIe switches, the DGX layout), an Intel host (NCCL's net overhead),
+    the file system's rate unknown (staging not priced)."""
+    if accelerator not in ACCELERATORS:
+        raise ValueError(f"accelerator {accelerator!r}: not one of {', '.join(ACCELERATORS)}")
+    spec = ACCELERATORS[accelerator]
+    return ClusterPreset(
+        name=f"{accelerator}_by_flags",
+        system=f"{ranks_per_node} x {spec.name} a node, {node_gbit_s:g} Gbit/s a node (flags)",
+        accelerator=accelerator,
+        ranks_per_node=ranks_per_node,
+        cores_per_node=16 * ranks_per_node,
+        cpu_vendor="intel",
+        nics_per_node=ranks_per_node,
+        nic_gbit_s=node_gbit_s / ranks_per_node,
+        ll128=spec.nvlinks > 0,
+        sources={"node": "perf-model predict's flags; one NIC a GPU assumed (rails)"},
+    )

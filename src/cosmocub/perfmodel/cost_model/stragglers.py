@@ -76,6 +76,7 @@ class ScalePair:
     ranks: tuple[int, int]
     step_s: tuple[float, float]
     outside_s: tuple[float, float] = (0.0, 0.0)
+    runs: tuple[str, str] = ("", "")  # the two runs' names: pairs sharing one are not apart
 
     @property
     def growth(self) -> float:
@@ -111,11 +112,15 @@ def fit_cv(pairs: Sequence[ScalePair]) -> float:
 
 
 def leave_one_out(pairs: Sequence[ScalePair]) -> list[tuple[ScalePair, float, float]]:
-    """(pair, cv fitted on the others, the growth it predicts for the pair), one per pair."""
+    """(pair, cv fitted on the others, the growth it predicts for the pair), one per pair; the
+    others leave out every pair that shares a run with it (a run in two pairs would carry the
+    left-out pair's own step into the fit)."""
     out = []
-    for i, pair in enumerate(pairs):
-        cv = fit_cv([p for j, p in enumerate(pairs) if j != i])
-        others = [p.name for j, p in enumerate(pairs) if j != i]
+    for pair in pairs:
+        mine = {r for r in pair.runs if r}
+        apart = [p for p in pairs if p is not pair and not mine & set(p.runs)]
+        cv = fit_cv(apart)
+        others = [p.name for p in apart]
         s = Stragglers(cv=cv, source=f"fitted on {', '.join(others)}")
         out.append((pair, cv, pair.predicted_growth(s)))
     return out
