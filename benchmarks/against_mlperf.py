@@ -287,10 +287,12 @@ def main() -> int:
             continue
         t = row.uncalibrated
         assert t is not None
+        other = t.own_s - t.compute_s - t.host_s
+        software = row.software.name if row.software else "no profile"
         where = (
-            f"layers {1e3 * t.compute_s:.2f}, other device {1e3 * (t.own_s - t.compute_s - t.host_s):.2f}, "
+            f"layers {1e3 * t.compute_s:.2f}, other device {1e3 * other:.2f}, "
             f"host {1e3 * t.host_s:.2f}, exchange {1e3 * t.exchange_s:.2f}, "
-            f"wait {1e3 * t.straggler_s:.2f} [{row.preset}, {row.software.name if row.software else 'no profile'}]"
+            f"wait {1e3 * t.straggler_s:.2f} [{row.preset}, {software}]"
         )
         body.append((row.label, f"{row.gpus} ({len(row.runs)})", *row_cells(row, t), where))
     print(table(head, body))
