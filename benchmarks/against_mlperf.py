@@ -39,7 +39,7 @@ from cosmocub.perfmodel.uses.run_calibration import (
     mllog_preset,
 )
 from cosmocub.perfmodel.uses.run_prediction import Workload
-from cosmocub.perfmodel.uses.time_to_train import TimeToTrain, predict_cluster
+from cosmocub.perfmodel.uses.time_to_train import MLPERF_COSMOFLOW, TimeToTrain, predict_cluster
 
 KEYS = ("step", "train", "eval", "ttt")
 
@@ -149,6 +149,9 @@ def predict(
         CLUSTERS[row.preset or ""],
         nodes=run.nodes,
         epochs=run.epochs,
+        dataset=dataclasses.replace(
+            MLPERF_COSMOFLOW, train_samples=run.train_samples, val_samples=run.eval_samples
+        ),
         staging_in_run=run.staging_in_run,
         software=row.software,
         stragglers=stragglers,
@@ -308,10 +311,13 @@ def main() -> int:
     pairs = scale_pairs(rows, base)
     head = ("pair", "published", "predicted", "cv (others)", "wait", "exchange", "error (points)")
     body = []
-    for (pair, _, _), (_, cv, growth) in zip(
-        pairs, leave_one_out([p for p, _, _ in pairs]), strict=True
-    ):
-        s = Stragglers(cv=cv, source="others")
+    for pair, cv, growth in leave_one_out([p for p, _, _ in pairs]):
+        if cv is None or growth is None:
+            body.append(
+                (pair.name, f"{100 * pair.growth:+.1f} %", "-", "no other pair", "", "", "")
+            )
+            continue
+        s = Stragglers(cv=cv, source="the other pairs")
         own = (pair.step_s[0] - pair.outside_s[0]) / s.factor(pair.ranks[0])
         wait = own * (s.factor(pair.ranks[1]) - s.factor(pair.ranks[0]))
         exchange = pair.outside_s[1] - pair.outside_s[0]

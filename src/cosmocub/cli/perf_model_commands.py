@@ -60,6 +60,20 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.from_run is not None:
+        from cosmocub.perfmodel.uses.run_calibration import calibrate_from_run
+        from cosmocub.perfmodel.uses.run_prediction import Workload
+
+        if args.out is None:
+            raise ValueError("--from-run: needs --out FILE (the run calibration to write)")
+        cal = calibrate_from_run(Path(args.from_run), Workload.of(load_config(args.config)))
+        cal.write(Path(args.out))
+        print(
+            f"{args.out}: {cal.preset} ({cal.software or 'no software profile'}), "
+            f"{cal.nodes} x {cal.ranks_per_node} GPUs, step {1e3 * cal.step_s:.3g} ms: layers "
+            f"x {cal.layer_scale:.3f} the model's, evaluation step x {cal.eval_scale:.3f}"
+        )
+        return 0
     if args.device == "cuda":
         from cosmocub.perfmodel.measure.gpu_layers import calibrate_cuda
 
@@ -245,6 +259,12 @@ def add_perf_model(sub) -> None:
         "{results}/perf_model/gpu_layers.json); fails on a machine without CUDA",
     )
     c.add_argument("--batch", type=_positive, default=1, help="local batch timed (--device cuda)")
+    c.add_argument(
+        "--from-run",
+        help="one measured run: an MLPerf result log (its systems file beside it names the "
+        "accelerator and framework; batch and scale from the log) or a cosmocub GPU run folder "
+        "(train_summary.json): writes --out for perf-model predict --gpu-calibration",
+    )
     add_config(c)
     r = cmds.add_parser(
         "predict",

@@ -111,16 +111,18 @@ def fit_cv(pairs: Sequence[ScalePair]) -> float:
     return float(minimize_scalar(loss, bounds=(0.0, 0.95), method="bounded").x)
 
 
-def leave_one_out(pairs: Sequence[ScalePair]) -> list[tuple[ScalePair, float, float]]:
+def leave_one_out(pairs: Sequence[ScalePair]) -> list[tuple[ScalePair, float | None, float | None]]:
     """(pair, cv fitted on the others, the growth it predicts for the pair), one per pair; the
     others leave out every pair that shares a run with it (a run in two pairs would carry the
-    left-out pair's own step into the fit)."""
-    out = []
+    left-out pair's own step into the fit); None where no other pair is left."""
+    out: list[tuple[ScalePair, float | None, float | None]] = []
     for pair in pairs:
         mine = {r for r in pair.runs if r}
         apart = [p for p in pairs if p is not pair and not mine & set(p.runs)]
+        if not apart:
+            out.append((pair, None, None))
+            continue
         cv = fit_cv(apart)
-        others = [p.name for p in apart]
-        s = Stragglers(cv=cv, source=f"fitted on {', '.join(others)}")
+        s = Stragglers(cv=cv, source=f"fitted on {', '.join(p.name for p in apart)}")
         out.append((pair, cv, pair.predicted_growth(s)))
     return out

@@ -335,7 +335,7 @@ def print_on_clusters(
             calibration=layers,
             mesh=mesh,
             lion=lion_reference(cfg),
-            software=COSMOCUB_EAGER,
+            software=COSMOCUB_EAGER if run is None else run.software_profile,
             stragglers=GPU_STRAGGLERS,
             layer_scale=1.0 if run is None else run.layer_scale,
             eval_scale=1.0 if run is None else run.eval_scale,

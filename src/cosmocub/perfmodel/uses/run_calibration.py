@@ -24,7 +24,7 @@ from cosmocub.perfmodel.cost_model.software import SoftwareProfile, profile, sof
 from cosmocub.perfmodel.cost_model.stragglers import Stragglers
 from cosmocub.perfmodel.uses.mllog import RunTimes, read_events, run_times, system_description
 from cosmocub.perfmodel.uses.run_prediction import Workload
-from cosmocub.perfmodel.uses.time_to_train import TimeToTrain, predict_cluster
+from cosmocub.perfmodel.uses.time_to_train import MLPERF_COSMOFLOW, TimeToTrain, predict_cluster
 
 FORMAT = "cosmocub-run-calibration-1"
 
@@ -107,6 +107,9 @@ def _predict(
         CLUSTERS[preset],
         nodes=run.nodes,
         epochs=run.epochs,
+        dataset=dataclasses.replace(
+            MLPERF_COSMOFLOW, train_samples=run.train_samples, val_samples=run.eval_samples
+        ),
         staging_in_run=run.staging_in_run,
         software=software,
         stragglers=stragglers,

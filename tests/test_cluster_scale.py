@@ -1,0 +1,248 @@
+"""The cluster model at scale: the wait for the slowest rank against simulated draws, a software
+profile's launches and syncs in the step, NCCL_PROTO, one measured run (a synthetic MLPerf log)
+to another scale, and against_mlperf's errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cosmocub.cli import main
+from cosmocub.config import load_config
+from cosmocub.perfmodel.cost_model.cluster_presets import cluster, described_cluster
+from cosmocub.perfmodel.cost_model.nccl_collectives import choose
+from cosmocub.perfmodel.cost_model.software import LAUNCH_S, NVIDIA_V3, SYNC_S
+from cosmocub.perfmodel.cost_model.stragglers import (
+    ScalePair,
+    Stragglers,
+    expected_max_normal,
+    leave_one_out,
+)
+from cosmocub.perfmodel.uses.run_prediction import Workload
+from cosmocub.perfmodel.uses.time_to_train import predict_cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+MLPERF = ROOT / "config" / "cosmoflow-mlperf.yaml"
+
+
+@pytest.mark.parametrize("n", [2, 8, 32, 512])
+def test_expected_max_matches_a_simulation_of_n_draws(n: int) -> None:
+    rng = np.random.default_rng(n)
+    simulated = rng.standard_normal((20_000, n)).max(axis=1).mean()
+    assert expected_max_normal(n) == pytest.approx(simulated, abs=0.015)
+    assert expected_max_normal(1) == 0.0
+
+
+def test_the_wait_for_the_slowest_rank_is_the_simulated_synchronous_step() -> None:
+    """N ranks whose steps scatter by cv: the synchronous step (the slowest rank's) of many
+    simulated steps against own × (1 + cv·e_N)."""
+    rng = np.random.default_rng(7)
+    own, cv, ranks = 4e-3, 0.15, 64
+    steps = (own * (1 + cv * rng.standard_normal((20_000, ranks)))).max(axis=1)
+    s = Stragglers(cv=cv, source="test")
+    assert own + s.wait_s(own, ranks) == pytest.approx(steps.mean(), rel=0.003)
+    with pytest.raises(ValueError, match=r"cv 1\.5"):
+        Stragglers(cv=1.5, source="test")
+
+
+def test_a_pair_recovers_its_cv_and_leave_one_out_skips_pairs_sharing_a_run() -> None:
+    s = Stragglers(cv=0.12, source="truth")
+    own = 4e-3
+
+    def pair(name: str, ranks: tuple[int, int], runs: tuple[str, str]) -> ScalePair:
+        steps = (own * s.factor(ranks[0]) + 3e-4, own * s.factor(ranks[1]) + 5e-4)
+        return ScalePair(name=name, ranks=ranks, step_s=steps, outside_s=(3e-4, 5e-4), runs=runs)
+
+    pairs = [
+        pair("a", (32, 512), ("a32", "a512")),
+        pair("b", (128, 1024), ("b128", "b1024")),
+        pair("b2", (64, 1024), ("b64", "b1024")),
+    ]
+    assert pairs[0].cv() == pytest.approx(0.12, rel=1e-6)
+    for p, cv, growth in leave_one_out(pairs):
+        assert cv == pytest.approx(0.12, abs=1e-3)
+        assert growth == pytest.approx(p.growth, abs=1e-4)
+    # b and b2 share the 1024-GPU run: neither may be fitted on the other.
+    bent = [pairs[0], pairs[1], dataclasses.replace(pairs[2], step_s=(1.0, 2.0))]
+    _, cv_b, _ = leave_one_out(bent)[1]
+    assert cv_b == pytest.approx(0.12, abs=1e-3)
+
+
+def _eos_step(software=None, stragglers=None, nodes: int = 4):
+    cfg = load_config(MLPERF, overrides={"train": {"local_batch_size": 1}})
+    kwargs = {} if stragglers is None else {"stragglers": stragglers}
+    return predict_cluster(
+        Workload.of(cfg), cluster("eos"), nodes=nodes, epochs=1, software=software, **kwargs
+    )[1]
+
+
+def test_a_profiles_launches_and_syncs_change_the_step_as_stated() -> None:
+    base = _eos_step(NVIDIA_V3)
+    more = dataclasses.replace(NVIDIA_V3, serial_launches=NVIDIA_V3.serial_launches + 10)
+    synced = dataclasses.replace(NVIDIA_V3, host_syncs=NVIDIA_V3.host_syncs + 3)
+    assert _eos_step(more).full_step_s - base.full_step_s == pytest.approx(10 * LAUNCH_S)
+    assert _eos_step(synced).full_step_s - base.full_step_s == pytest.approx(3 * SYNC_S)
+    # The host's share waits for the slowest rank too: a straggler factor on it.
+    s = Stragglers(cv=0.2, source="test")
+    delta = _eos_step(more, s).full_step_s - _eos_step(NVIDIA_V3, s).full_step_s
+    assert delta == pytest.approx(10 * LAUNCH_S * s.factor(32))
+    # The input's log1p and copy: 7 bytes of HBM traffic per int16 byte of a 16.8 MB sample.
+    assert base.host_s - NVIDIA_V3.host_s() == pytest.approx(
+        7 * 16_777_216 / cluster("eos").spec.rate_bytes
+    )
+
+
+def test_nccl_proto_simple_keeps_ncclto_simple() -> None:
+    node = cluster("perlmutter").network(("Simple",)).node
+    assert choose(node, "allreduce", 4096.0, 512, 128).protocol == "Simple"
+    free = cluster("perlmutter").network().node
+    assert choose(free, "allreduce", 4096.0, 512, 128).protocol != "Simple"
+
+
+def test_a_machine_by_flags_is_priced_as_its_preset() -> None:
+    cfg = load_config(MLPERF)
+    eos = predict_cluster(Workload.of(cfg), cluster("eos"), nodes=64, epochs=1)[0]
+    flags = described_cluster("h100_sxm", ranks_per_node=8, node_gbit_s=3200.0)
+    by_flags = predict_cluster(Workload.of(cfg), flags, nodes=64, epochs=1)[0]
+    assert by_flags.step.step_s == pytest.approx(eos.step.step_s, rel=0.10)
+
+
+def _mllog(path: Path, *, nodes: int, gpus_per_node: int, step_s: float, eval_s: float) -> None:
+    """A result log as MLPerf HPC writes them: one epoch's training and evaluation."""
+    gpus = nodes * gpus_per_node
+    train_samples = 524_288
+    epoch_ms = 1e3 * step_s * train_samples / gpus
+    t0 = 1_700_000_000_000 + 1e6 * len(path.parts[-4])  # another start for another system
+
+    def line(key, value, time_ms, **meta) -> str:
+        record = {"key": key, "value": value, "time_ms": time_ms, "metadata": meta}
+        return ":::MLLOG " + json.dumps(record)
+
+    lines = [
+        line("submission_org", "NVIDIA", t0),
+        line("submission_platform", f"{nodes}xNVIDIA DGX H100", t0),
+        line("number_of_nodes", nodes, t0),
+        line("accelerators_per_node", gpus_per_node, t0),
+        line("global_batch_size", gpus, t0),
+        line("train_samples", train_samples, t0),
+        line("eval_samples", 65_536, t0),
+        line("run_start", None, t0),
+        line("epoch_start", None, t0 + 10, epoch_num=1),
+        line("eval_start", None, t0 + 10 + epoch_ms, epoch_num=1),
+        line("eval_stop", None, t0 + 10 + epoch_ms + 1e3 * eval_s, epoch_num=1),
+        line("epoch_stop", None, t0 + 20 + epoch_ms + 1e3 * eval_s, epoch_num=1),
+        line("run_stop", None, t0 + 30 + epoch_ms + 1e3 * eval_s),
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _tree(root: Path, system: str, **kw) -> Path:
+    log = root / "v3.0" / "NVIDIA" / "results" / system / "strong" / "cosmoflow" / "result_0.txt"
+    _mllog(log, **kw)
+    desc = {
+        "accelerator_model_name": "NVIDIA H100 80GB HBM3",
+        "accelerators_per_node": str(kw["gpus_per_node"]),
+        "framework": "PyTorch NVIDIA Release 23.09",
+        "submitter": "NVIDIA",
+    }
+    systems = root / "v3.0" / "NVIDIA" / "systems"
+    systems.mkdir(parents=True, exist_ok=True)
+    (systems / f"{system}.json").write_text(json.dumps(desc))
+    return log
+
+
+def test_from_run_on_a_synthetic_mllog_prices_its_own_scale_and_another(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = _tree(tmp_path, "eos_n4_test", nodes=4, gpus_per_node=8, step_s=4.5e-3, eval_s=5.7)
+    cal = tmp_path / "cal.json"
+    args = ["perf-model", "calibrate", "--config", str(MLPERF), "--from-run", str(log)]
+    assert main([*args, "--out", str(cal)]) == 0
+    written = json.loads(cal.read_text())
+    assert (written["preset"], written["software"]) == ("eos", "nvidia_v3")
+    assert written["layer_scale"] > 1.0  # the roofline is faster than the log's 4.5 ms
+    capsys.readouterr()
+
+    def predict(nodes: int) -> dict:
+        flags = ["--cluster", "eos", "--nodes", str(nodes), "--train-samples", "524288"]
+        batch = ["--override", "{train: {local_batch_size: 1}}", "--gpu-calibration", str(cal)]
+        assert (
+            main(["perf-model", "predict", "--config", str(MLPERF), *flags, *batch, "--json"]) == 0
+        )
+        return json.loads(capsys.readouterr().out)["predictions"][0]
+
+    own = predict(4)
+    assert own["full_step_s"] == pytest.approx(4.5e-3, rel=0.01)  # its own scale, round trip
+    assert own["evaluation_s"] == pytest.approx(5.7, rel=0.02)
+    far = predict(64)  # 512 GPUs: the wait for the slowest grows, the exchange with it
+    assert 1.05 < far["full_step_s"] / own["full_step_s"] < 1.25
+
+
+def test_from_run_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cal.json"
+    base = ["perf-model", "calibrate", "--config", str(MLPERF), "--out", str(out), "--from-run"]
+    assert main([*base, str(tmp_path / "missing.txt")]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
+    bad = tmp_path / "result_0.txt"
+    bad.write_text(':::MLLOG {"key": "run_start", "time_ms": 1}\n')
+    assert main([*base, str(bad)]) == 2
+    assert "no run_start/run_stop event" in capsys.readouterr().err
+    log = _tree(tmp_path / "t", "mystery_n4", nodes=4, gpus_per_node=8, step_s=5e-3, eval_s=1.0)
+    desc = log.parents[4] / "systems" / "mystery_n4.json"
+    desc.write_text(json.dumps({"accelerator_model_name": "Gaudi 2", "accelerators_per_node": "8"}))
+    assert main([*base, str(log)]) == 2
+    err = capsys.readouterr().err
+    assert "'Gaudi 2'" in err and "no cluster preset" in err and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def _against(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """benchmarks/against_mlperf.py's main in this process (its own imports are the package's)."""
+    spec = importlib.util.spec_from_file_location(
+        "against_mlperf", ROOT / "benchmarks" / "against_mlperf.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "against_mlperf", module)  # its dataclasses look it up
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(sys, "argv", ["against_mlperf.py", *args])
+    rc = module.main()
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_against_mlperf_smoke_and_its_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The benchmark on a small synthetic tree: Eos at 32 and 512 GPUs (a scale pair), and a
+    system whose accelerator has no preset (a row note); then each bad folder in one line."""
+    _tree(tmp_path, "eos_n4_test", nodes=4, gpus_per_node=8, step_s=4.48e-3, eval_s=5.7)
+    _tree(tmp_path, "eos_n64_test", nodes=64, gpus_per_node=8, step_s=5.0e-3, eval_s=0.38)
+    log = _tree(tmp_path, "gaudi_n4", nodes=4, gpus_per_node=8, step_s=6e-3, eval_s=1.0)
+    desc = log.parents[4] / "systems" / "gaudi_n4.json"
+    desc.write_text(json.dumps({"accelerator_model_name": "Gaudi 2", "accelerators_per_node": "8"}))
+    rc, out, err = _against(monkeypatch, capsys, str(tmp_path))
+    assert rc == 0, err
+    assert "accelerator 'Gaudi 2' of system 'gaudi_n4' has no cluster preset" in out
+    assert "eos_n4_test 32->512" in out and "no other pair" in out
+    assert "same system: v3.0 eos_n64_test" in out
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    (flat / "result_0.txt").write_text(log.read_text())
+    for folder, message in (
+        (tmp_path / "missing", "no such folder"),
+        (empty, "no result_*.txt below it"),
+        (flat, "none under <submitter>/results/"),
+    ):
+        rc, _, err = _against(monkeypatch, capsys, str(folder))
+        assert rc == 2
+        assert message in err and len(err.strip().splitlines()) == 1
