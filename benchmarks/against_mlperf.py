@@ -10,11 +10,15 @@ logs' medians beside the model's step, training epoch, evaluation and time to tr
                  the ranks' spread fitted on the other pairs, and each term's share
 
     python benchmarks/against_mlperf.py LOGDIR [--config config/cosmoflow-mlperf.yaml]
+        [--gpu-calibration CAL.json ...]
 
 LOGDIR holds the results repositories' folders as fetched (never committed here), e.g.
 LOGDIR/v3.0/NVIDIA/results/eos_n64_ngc23.09_pytorch/strong/cosmoflow/result_*.txt beside
 LOGDIR/v3.0/NVIDIA/systems/eos_n64_ngc23.09_pytorch.json. From each run the model takes only
 what the run was (nodes, GPUs a node, global batch, dropout, epochs, where staging falls).
+--gpu-calibration takes the layer times `perf-model calibrate --device cuda --batch 1` wrote on a
+GPU (benchmarks/gpu_feed_point.sh): the uncalibrated rows of that GPU's family take them in place
+of the roofline, and their note says so.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from cosmocub.config import load_config
 from cosmocub.perfmodel.cost_model.cluster_presets import CLUSTERS
 from cosmocub.perfmodel.cost_model.software import SoftwareProfile
 from cosmocub.perfmodel.cost_model.stragglers import ScalePair, Stragglers, fit_cv, leave_one_out
+from cosmocub.perfmodel.measure.gpu_layers import GpuLayerTimes
 from cosmocub.perfmodel.uses.mllog import RunTimes, run_times, system_description
 from cosmocub.perfmodel.uses.run_calibration import (
     GPU_STRAGGLERS,
@@ -137,6 +142,7 @@ def predict(
     base: Workload,
     stragglers: Stragglers,
     cal: RunCalibration | None = None,
+    layers: GpuLayerTimes | None = None,
 ) -> TimeToTrain:
     run = row.median_run()
     gpus = row.gpus
@@ -155,6 +161,7 @@ def predict(
         staging_in_run=run.staging_in_run,
         software=row.software,
         stragglers=stragglers,
+        calibration=layers,
         layer_scale=1.0 if cal is None else cal.layer_scale,
         eval_scale=1.0 if cal is None else cal.eval_scale,
     )
@@ -249,7 +256,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("logdir", type=Path)
     parser.add_argument("--config", default="config/cosmoflow-mlperf.yaml")
+    parser.add_argument(
+        "--gpu-calibration",
+        type=Path,
+        action="append",
+        default=[],
+        help="a perf-model calibrate --device cuda file (repeatable)",
+    )
     args = parser.parse_args()
+    timed = [GpuLayerTimes.read(path) for path in args.gpu_calibration]
     try:
         rows = collect(args.logdir)
     except ValueError as err:
@@ -258,7 +273,10 @@ def main() -> int:
     base = Workload.of(load_config(args.config))
     live = [r for r in rows if r.preset is not None]
     for row in live:
-        row.uncalibrated = predict(row, base, GPU_STRAGGLERS)
+        layers = next((c for c in timed if family(row) in c.device.upper()), None)
+        row.uncalibrated = predict(row, base, GPU_STRAGGLERS, layers=layers)
+        if layers is not None:
+            row.note = f"layers timed on {layers.device}"
     if not live:
         print(f"against_mlperf: {args.logdir}: no row could be predicted", file=sys.stderr)
         return 1
@@ -295,7 +313,7 @@ def main() -> int:
         where = (
             f"layers {1e3 * t.compute_s:.2f}, other device {1e3 * other:.2f}, "
             f"host {1e3 * t.host_s:.2f}, exchange {1e3 * t.exchange_s:.2f}, "
-            f"wait {1e3 * t.straggler_s:.2f} [{row.preset}, {software}]"
+            f"wait {1e3 * t.straggler_s:.2f} [{row.preset}, {software}] {row.note}"
         )
         body.append((row.label, f"{row.gpus} ({len(row.runs)})", *row_cells(row, t), where))
     print(table(head, body))

@@ -60,12 +60,18 @@ if [[ -s $OUT/gpu.csv ]]; then  # utilisation over the whole run (loader rows, r
 fi
 # The performance model's layer calibration of the MLPerf reference CosmoFlow at one sample a
 # GPU (issue 36): `python benchmarks/against_mlperf.py LOGDIR --gpu-calibration
-# $OUT/gpu_layers_mlperf.json` back on the CPU machine prices that GPU's rows with it.
+# $OUT/gpu_layers_mlperf.json` back on the CPU machine prices that GPU's rows with it (the device
+# part of the uncalibrated gap); then the host's costs the software profiles take from public
+# measurements (issue 52: an eager launch, a sync's round trip, a graph replay) measured on this
+# GPU: $OUT/host_costs.json beside perfmodel/cost_model/software.py's LAUNCH_S, SYNC_S,
+# GRAPH_LAUNCH_S (the host part).
 if [[ -z ${SMOKE:-} ]]; then
   timeout -k 10 180 "$PY" -m cosmocub.cli perf-model calibrate --device cuda --batch 1 \
     --config config/cosmoflow-mlperf.yaml --out "$OUT/gpu_layers_mlperf.json" \
     > "$OUT/gpu_layers_mlperf.log" 2>&1 || echo "layer calibration failed: $OUT/gpu_layers_mlperf.log"
   tail -n 12 "$OUT/gpu_layers_mlperf.log"
 fi
+timeout -k 10 60 "$PY" -m cosmocub.perfmodel.measure.host_costs --out "$OUT/host_costs.json" \
+  ${SMOKE:+--device cpu --repeats 3} 2>&1 | tee "$OUT/host_costs.log" || echo "host costs failed"
 echo "=== exit $rc; $(ls "$OUT" | tr '\n' ' ')"
 exit "$rc"
