@@ -16,6 +16,7 @@ import pytest
 from cosmocub.cli import main
 from cosmocub.config import load_config
 from cosmocub.perfmodel.cost_model.cluster_presets import cluster, described_cluster
+from cosmocub.perfmodel.cost_model.machines import accelerator_spec
 from cosmocub.perfmodel.cost_model.nccl_collectives import choose
 from cosmocub.perfmodel.cost_model.software import LAUNCH_S, NVIDIA_V3, SYNC_S
 from cosmocub.perfmodel.cost_model.stragglers import (
@@ -108,7 +109,8 @@ def test_nccl_proto_simple_keeps_ncclto_simple() -> None:
 def test_a_machine_by_flags_is_priced_as_its_preset() -> None:
     cfg = load_config(MLPERF)
     eos = predict_cluster(Workload.of(cfg), cluster("eos"), nodes=64, epochs=1)[0]
-    flags = described_cluster("h100_sxm", ranks_per_node=8, node_gbit_s=3200.0)
+    spec = accelerator_spec("h100", cfg.perf_model.extrapolate.accelerators["h100"])
+    flags = described_cluster(spec, ranks_per_node=8, node_gbit_s=3200.0)
     by_flags = predict_cluster(Workload.of(cfg), flags, nodes=64, epochs=1)[0]
     assert by_flags.step.step_s == pytest.approx(eos.step.step_s, rel=0.10)
 

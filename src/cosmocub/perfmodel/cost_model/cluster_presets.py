@@ -52,10 +52,11 @@ class ClusterPreset:
     loader_gbyte_s_per_core: float = 5.0
     inflate_gbyte_s_per_core: float = 0.4
     sources: Mapping[str, str] = field(default_factory=dict)
+    accelerator_spec: AcceleratorSpec | None = None  # in place of ACCELERATORS[accelerator]
 
     @property
     def spec(self) -> AcceleratorSpec:
-        return ACCELERATORS[self.accelerator]
+        return self.accelerator_spec or ACCELERATORS[self.accelerator]
 
     @property
     def nic_gbyte_s(self) -> float:
@@ -274,20 +275,18 @@ def preset_for_system(system: str, accelerator: str, run_start_ms: float) -> str
 
 
 def described_cluster(
-    accelerator: str, *, ranks_per_node: int, node_gbit_s: float
+    spec: AcceleratorSpec, *, ranks_per_node: int, node_gbit_s: float
 ) -> ClusterPreset:
-    """A machine described by flags: `ranks_per_node` GPUs of `accelerator` (hardware_specs) a
-    node, each with a NIC of its own (rails, as DGX nodes and Perlmutter's) sharing the node's
-    `node_gbit_s`; LL128 on where the GPUs have NVLinks (NCCL enables it for NVLink nodes whose
-    NICs sit on the GPUs' PCIe switches, the DGX layout), an Intel host (NCCL's net overhead),
-    the file system's rate unknown (staging not priced)."""
-    if accelerator not in ACCELERATORS:
-        raise ValueError(f"accelerator {accelerator!r}: not one of {', '.join(ACCELERATORS)}")
-    spec = ACCELERATORS[accelerator]
+    """A machine described by flags: `ranks_per_node` GPUs of `spec` a node, each with a NIC of
+    its own (rails, as DGX nodes and Perlmutter's) sharing the node's `node_gbit_s`; LL128 on
+    where the GPUs have NVLinks (NCCL enables it for NVLink nodes whose NICs sit on the GPUs'
+    PCIe switches, the DGX layout), an Intel host (NCCL's net overhead), the file system's rate
+    unknown (staging not priced)."""
     return ClusterPreset(
-        name=f"{accelerator}_by_flags",
+        name="by_flags",
         system=f"{ranks_per_node} x {spec.name} a node, {node_gbit_s:g} Gbit/s a node (flags)",
-        accelerator=accelerator,
+        accelerator=spec.name,
+        accelerator_spec=spec,
         ranks_per_node=ranks_per_node,
         cores_per_node=16 * ranks_per_node,
         cpu_vendor="intel",

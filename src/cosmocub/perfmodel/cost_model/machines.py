@@ -5,6 +5,7 @@ fitted here).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from cosmocub.config import AcceleratorConfig, ExtrapolateConfig, ModelConfig, OptimizerConfig
 from cosmocub.models.memory_layout import memory_format
 from cosmocub.perfmodel.alpha_beta import AlphaBeta
-from cosmocub.perfmodel.cost_model.hardware_specs import ACCELERATORS
+from cosmocub.perfmodel.cost_model.hardware_specs import ACCELERATORS, AcceleratorSpec
 from cosmocub.perfmodel.cost_model.step_model import parameter_sizes
 from cosmocub.perfmodel.cost_model.topology import Network
 from cosmocub.perfmodel.measure.compute import accelerator_seconds
@@ -230,3 +231,33 @@ def fitted_network(fits: LinkFits, *, rate_mbit: float | None, ranks_per_node: i
         if note:
             log.warning("%s", note)
     return Network(inter_node=inter, intra_node=fits.costs(LOOPBACK), ranks_per_node=ranks_per_node)
+
+
+def accelerator_spec(name: str, acc: AcceleratorConfig) -> AcceleratorSpec:
+    """An accelerator of perf_model.extrapolate.accelerators as the roofline prices a preset's:
+    the hardware_specs entry it names (conv3d_share_of) or whose key its name begins (its NCCL
+    generation, NVLinks, fp32 peak, kernel floor), with the config's own peak, memory, HBM and
+    intra-node rate, and its measured share (conv3d_share_of) or its efficiency as the 3D
+    convolutions' share; a ValueError naming the key where neither finds an entry."""
+    key = f"perf_model.extrapolate.accelerators.{name}"
+    named = acc.conv3d_share_of
+    matches = [named] if named else [k for k in ACCELERATORS if k.startswith(name)]
+    if len(matches) != 1 or matches[0] not in ACCELERATORS:
+        raise ValueError(
+            f"key '{key}': no single accelerator of hardware_specs to take its generation and "
+            f"links from (give conv3d_share_of: one of {', '.join(ACCELERATORS)})"
+        )
+    base = ACCELERATORS[matches[0]]
+    share = base.conv3d_share if named else acc.efficiency
+    if share is None:
+        raise ValueError(f"key '{key}': give conv3d_share_of or efficiency")
+    return dataclasses.replace(
+        base,
+        name=f"{name} ({base.name}'s generation, the config's rates)",
+        peak_tflops={**base.peak_tflops, "fp16": acc.peak_tflops, "bf16": acc.peak_tflops},
+        memory_gb=acc.memory_gb,
+        hbm_gbyte_s=acc.memory_gbyte_s,
+        intra_node_gbyte_s=acc.intra_node_gbit / 8,
+        conv3d_share=share,
+        sources={**base.sources, "config": key},
+    )

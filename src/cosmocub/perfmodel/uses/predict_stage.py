@@ -14,10 +14,10 @@ from pathlib import Path
 
 from cosmocub.config import Config
 from cosmocub.perfmodel.cost_model.cluster_presets import ClusterPreset, cluster, described_cluster
-from cosmocub.perfmodel.cost_model.hardware_specs import ACCELERATORS
 from cosmocub.perfmodel.cost_model.machines import (
     THIS_CPU,
     ThisCpu,
+    accelerator_spec,
     fitted_network,
     this_cpu,
 )
@@ -275,24 +275,17 @@ def print_cluster_prediction(
 def described_presets(
     cfg: Config, accelerator: str, rates_mbit: Sequence[float], *, ranks_per_node: int
 ) -> list[tuple[str, ClusterPreset]]:
-    """One preset per --rate-mbit for a machine described by flags: --accelerator's entry in
-    hardware_specs (conv3d_share_of, or the one its name begins), --ranks-per-node GPUs a node,
-    each with a NIC of its own (rails) sharing the node's rate (the intra-node link from the
-    accelerator's own entry)."""
+    """One preset per --rate-mbit for a machine described by flags: --accelerator's entry of
+    perf_model.extrapolate.accelerators priced by the roofline (machines.accelerator_spec),
+    --ranks-per-node GPUs a node, each with a NIC of its own (rails) sharing the node's rate,
+    NVLink within at the entry's intra_node_gbit."""
     settings = cfg.perf_model.extrapolate
     if accelerator not in settings.accelerators:
         raise ValueError(
             f"--accelerator {accelerator}: not one of {', '.join(settings.accelerators)} "
             f"(perf_model.extrapolate.accelerators) nor {THIS_CPU} (this machine)"
         )
-    named = settings.accelerators[accelerator].conv3d_share_of
-    keys = [named] if named else [k for k in ACCELERATORS if k.startswith(accelerator)]
-    if len(keys) != 1:
-        raise ValueError(
-            f"--accelerator {accelerator}: no single accelerator of hardware_specs to price it "
-            f"(give perf_model.extrapolate.accelerators.{accelerator}.conv3d_share_of: one of "
-            f"{', '.join(ACCELERATORS)})"
-        )
+    spec = accelerator_spec(accelerator, settings.accelerators[accelerator])
     if bad := [r for r in rates_mbit if r <= 0]:
         raise ValueError(
             f"--rate-mbit {bad[0]:g}: a link rate must be > 0 (no --fit to take it from)"
@@ -300,7 +293,7 @@ def described_presets(
     return [
         (
             rate_label(r),
-            described_cluster(keys[0], ranks_per_node=ranks_per_node, node_gbit_s=r / 1e3),
+            described_cluster(spec, ranks_per_node=ranks_per_node, node_gbit_s=r / 1e3),
         )
         for r in rates_mbit
     ]
