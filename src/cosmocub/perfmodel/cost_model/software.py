@@ -205,9 +205,10 @@ COSMOCUB_EAGER = SoftwareProfile(
     eval_batch=1,
     eval_launches=35,
     sources={
-        "step": "src/cosmocub/train/loop.py: no host sync a step (metrics are kept on the "
-        "device to the epoch's end); every launch eager, issued ahead of the device "
-        "(hidden where the device's kernels are longer) [V: read]",
+        "step": "src/cosmocub/train/loop.py: no host sync a step (the losses come to the host "
+        "every train.log_every_steps steps, one sync there: _check_losses); every launch "
+        "eager, issued ahead of the device (hidden where the device's kernels are longer); the "
+        "batch's copy to the device is not priced [V: read]",
         "input_passes": "src/cosmocub/data/dataset.py: shards hold log1p'd fp32 samples [V]",
         **COSTS,
     },
