@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -248,3 +249,34 @@ def test_against_mlperf_smoke_and_its_errors(
         rc, _, err = _against(monkeypatch, capsys, str(folder))
         assert rc == 2
         assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_from_run_on_a_tiny_real_cpu_run_scales_this_cpus_calibration(tmp_path: Path) -> None:
+    """A real (tiny) training on this CPU: its measured compute ÷ the calibration's price is the
+    scale, and the calibration times it gives back the measured compute at that point."""
+    from calibration_fixtures import synthetic_calibration
+    from test_train import tiny_cfg
+
+    from cosmocub.perfmodel.cost_model.machines import THIS_CPU, this_cpu
+    from cosmocub.perfmodel.uses.run_calibration import RunCalibration, calibrate_from_run
+    from cosmocub.train.main import train
+    from cosmocub.train.testing import make_random_shards
+
+    cfg = tiny_cfg()
+    shards = make_random_shards(tmp_path / "shards", counts={"train": 16, "val": 8}, size=8)
+    run = tmp_path / "run"
+    summary = train(cfg, shards_dir=shards, run_dir=run)
+    assert summary["accelerator"].startswith("cpu") and summary["ranks_per_node"] == 1
+    calibration = synthetic_calibration()
+    cal = calibrate_from_run(run, cfg, cpu=lambda: (calibration, 2))
+    assert cal.preset == THIS_CPU and cal.layer_scale > 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    measured = statistics.median(r["time_compute_s"] for r in records[1:])
+    device = this_cpu(threads_per_rank=1, ranks_per_node=1, cores=2, calibration=calibration)
+    layers = device.layer_seconds(cfg.model, batch=4, split=(1, 1, 1))
+    priced = sum(layers.values()) + device.optimizer_seconds(cfg.model, cfg.optimizer)
+    assert cal.layer_scale * priced == pytest.approx(measured, rel=1e-9)
+    cal.write(tmp_path / "cpu.json")
+    assert RunCalibration.read(tmp_path / "cpu.json") == cal
+    with pytest.raises(ValueError, match=r"no train_summary\.json"):
+        calibrate_from_run(tmp_path, cfg, cpu=lambda: (calibration, 2))

@@ -61,12 +61,13 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.from_run is not None:
+        from cosmocub.perfmodel.uses.entry_points import this_cpu_calibration
         from cosmocub.perfmodel.uses.run_calibration import calibrate_from_run
-        from cosmocub.perfmodel.uses.run_prediction import Workload
 
         if args.out is None:
             raise ValueError("--from-run: needs --out FILE (the run calibration to write)")
-        cal = calibrate_from_run(Path(args.from_run), Workload.of(load_config(args.config)))
+        cfg = load_config(args.config)
+        cal = calibrate_from_run(Path(args.from_run), cfg, cpu=lambda: this_cpu_calibration(cfg))
         cal.write(Path(args.out))
         print(
             f"{args.out}: {cal.preset} ({cal.software or 'no software profile'}), "

@@ -15,8 +15,8 @@ from cosmocub.config import Config, load_config
 from cosmocub.io import atomic_path, write_json, write_tsv
 from cosmocub.perfmodel.measure.bench_links import bench_links
 from cosmocub.perfmodel.measure.calibration_cache import calibration_path, load_or_calibrate
+from cosmocub.perfmodel.measure.cpu_model import Calibration, describe
 from cosmocub.perfmodel.measure.cpu_model import calibrate as measure
-from cosmocub.perfmodel.measure.cpu_model import describe
 from cosmocub.perfmodel.measure.link_fits import fit_per_link, read_fits, write_fits
 from cosmocub.perfmodel.measure.microbench import read_samples, run_microbench, write_samples
 from cosmocub.perfmodel.uses.extrapolate import (
@@ -113,6 +113,13 @@ def calibrate(cfg: Config, *, out: Path | None) -> None:
     cal = measure(cfg.perf_model.calibration, cores=_cores(cfg))
     write_json(path, cal.as_dict())
     log.info("%s\n%s", path, describe(cal))
+
+
+def this_cpu_calibration(cfg: Config) -> tuple[Calibration, int]:
+    """(this machine's calibration grid, timed now where none is cached, and its cores)."""
+    cores = _cores(cfg)
+    path = calibration_path(cfg, None)
+    return load_or_calibrate(path, cfg.perf_model.calibration, cores=cores), cores
 
 
 def _cores(cfg: Config) -> int:

@@ -112,13 +112,26 @@ def machine_from_flags(
             "cosmocub perf-model fit)"
         )
     cores = cfg.perf_model.cores or len(os.sched_getaffinity(0))
-    path = calibration_path(cfg, calibration)
+    # --calibration: this CPU's grid, or one run's (calibrate --from-run) over the default grid.
+    run = (
+        RunCalibration.read(calibration)
+        if calibration and is_run_calibration(calibration)
+        else None
+    )
+    path = calibration_path(cfg, None if run is not None else calibration)
     device = this_cpu(
         threads_per_rank=cfg.train.threads_per_rank,
         ranks_per_node=ranks_per_node,
         cores=cores,
         calibration=load_or_calibrate(path, cfg.perf_model.calibration, cores=cores),
     )
+    if run is not None:
+        if run.preset != THIS_CPU:
+            raise ValueError(
+                f"--calibration {calibration}: a run on {run.preset}, not this CPU (give it to "
+                "--gpu-calibration with --cluster)"
+            )
+        device = dataclasses.replace(device, slowdown=device.slowdown * run.layer_scale)
     rates = [0.0] if rates_mbit is None else list(rates_mbit)
     if bad := [r for r in rates if r < 0]:
         raise ValueError(f"--rate-mbit {bad[0]:g}: a link rate must be >= 0 (0: the fitted link)")
@@ -392,5 +405,11 @@ def _gpu_calibration(path: Path | None) -> tuple[GpuLayerTimes | None, RunCalibr
     if path is None:
         return None, None
     if is_run_calibration(path):
-        return None, RunCalibration.read(path)
+        run = RunCalibration.read(path)
+        if run.preset == THIS_CPU:
+            raise ValueError(
+                f"--gpu-calibration {path}: a run on this CPU (give it to --calibration with "
+                "--accelerator cpu --fit)"
+            )
+        return None, run
     return GpuLayerTimes.read(path), None

@@ -14,14 +14,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from cosmocub.config import load_config
+from cosmocub.config import Config
 from cosmocub.io import read_jsonl, write_json
 from cosmocub.perfmodel.cost_model.cluster_presets import CLUSTERS, preset_for_system
+from cosmocub.perfmodel.cost_model.machines import THIS_CPU, this_cpu
 from cosmocub.perfmodel.cost_model.software import SoftwareProfile, profile, software_for
 from cosmocub.perfmodel.cost_model.stragglers import Stragglers
+from cosmocub.perfmodel.measure.cpu_model import Calibration
 from cosmocub.perfmodel.uses.mllog import RunTimes, read_events, run_times, system_description
 from cosmocub.perfmodel.uses.run_prediction import Workload
 from cosmocub.perfmodel.uses.time_to_train import MLPERF_COSMOFLOW, TimeToTrain, predict_cluster
@@ -213,10 +217,9 @@ def _gpu_family_match(name: str) -> str | None:
     return None
 
 
-def calibrate_run_folder(run_dir: Path) -> RunCalibration:
-    """A cosmocub run on GPUs (train_summary.json: accelerator, nodes, ranks per node, global
-    batch; metrics.jsonl: the measured step's parts): its layers' scale against the roofline
-    of the preset with that accelerator."""
+def _run_record(run_dir: Path) -> tuple[dict[str, Any], float]:
+    """(train_summary.json, the median measured step's own compute over the epochs after the
+    first: metrics.jsonl's time_compute_s, the step less its exchange and halo)."""
     summary_path = run_dir / "train_summary.json"
     if not summary_path.is_file():
         raise ValueError(f"{run_dir}: no train_summary.json (not a finished cosmocub run)")
@@ -226,24 +229,64 @@ def calibrate_run_folder(run_dir: Path) -> RunCalibration:
         raise ValueError(
             f"{summary_path}: no {', '.join(missing)} (a run from before they were recorded)"
         )
+    metrics = run_dir / "metrics.jsonl"
+    records = [r for r in read_jsonl(metrics) if "time_compute_s" in r] if metrics.is_file() else []
+    if not records:
+        raise ValueError(f"{metrics}: no epoch with time_compute_s")
+    kept = records[1:] if len(records) > 1 else records  # the first epoch holds warm-up
+    return summary, statistics.median(r["time_compute_s"] for r in kept)
+
+
+def calibrate_cpu_run(
+    run_dir: Path, cfg: Config, calibration: Calibration, *, cores: int
+) -> RunCalibration:
+    """A cosmocub run on this machine's CPU (one rank a sample, no spatial split): its measured
+    compute (forward, backward, update) ÷ what this CPU's calibration prices at the run's batch,
+    threads and ranks, as `perf-model validate`'s correction fits it on its fit set; predict
+    --accelerator cpu --calibration FILE scales the calibration by it."""
+    summary, compute = _run_record(run_dir)
+    if cfg.parallel.spatial != 1:
+        raise ValueError(
+            f"{run_dir}: parallel.spatial {cfg.parallel.spatial}: calibrate on a run without a "
+            "spatial split (its measured compute then holds no halo)"
+        )
+    ranks = int(summary["ranks_per_node"])
+    device = this_cpu(
+        threads_per_rank=cfg.train.threads_per_rank,
+        ranks_per_node=ranks,
+        cores=cores,
+        calibration=calibration,
+    )
+    world = int(summary["world_size"])
+    layers = device.layer_seconds(
+        cfg.model, batch=cfg.train.local_batch_size, split=(1, 1, 1), synced_norm=world > 1
+    )
+    predicted = sum(layers.values()) + device.optimizer_seconds(cfg.model, cfg.optimizer)
+    return RunCalibration(
+        source=str(run_dir),
+        preset=THIS_CPU,
+        software=None,
+        nodes=int(summary["nodes"]),
+        ranks_per_node=ranks,
+        global_batch=int(summary["global_batch_size"]),
+        step_s=compute,
+        eval_step_s=None,
+        layer_scale=compute / predicted,
+        eval_scale=1.0,
+        stragglers_cv=0.0,
+    )
+
+
+def calibrate_run_folder(run_dir: Path, cfg: Config) -> RunCalibration:
+    """A cosmocub run on GPUs (train_summary.json: accelerator, nodes, ranks per node, global
+    batch; metrics.jsonl: the measured compute, timed with CUDA events): its layers' scale
+    against the roofline of the preset with that accelerator. Not yet run on a GPU."""
+    summary, step = _run_record(run_dir)
+    summary_path = run_dir / "train_summary.json"
     accelerator = str(summary["accelerator"])
     preset = _gpu_family_match(accelerator)
     if preset is None:
-        raise ValueError(
-            f"{summary_path}: accelerator {accelerator!r} has no cluster preset (a CPU run "
-            "calibrates this machine: perf-model calibrate without --from-run)"
-        )
-    records = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "time_compute_s" in r]
-    if not records:
-        raise ValueError(f"{run_dir / 'metrics.jsonl'}: no epoch with time_compute_s")
-    kept = records[1:] if len(records) > 1 else records  # the first epoch holds warm-up
-    step = statistics.median(
-        r["time_compute_s"] + r.get("time_exchange_s", 0.0) + r.get("time_halo_s", 0.0)
-        for r in kept
-    )
-    cfg = load_config(run_dir / "config.yaml") if (run_dir / "config.yaml").is_file() else None
-    if cfg is None:
-        raise ValueError(f"{run_dir}: no config.yaml beside the run")
+        raise ValueError(f"{summary_path}: accelerator {accelerator!r} has no cluster preset")
     base = Workload.of(cfg)
     fake = RunTimes(
         path=summary_path,
@@ -262,11 +305,15 @@ def calibrate_run_folder(run_dir: Path) -> RunCalibration:
         staging_in_run=None,
     )
     software = profile("cosmocub_eager")
-    ranks = fake.nodes * fake.accelerators_per_node
-    scale = 1.0
-    for _ in range(4):
-        t = _predict(base, fake, preset, software, GPU_STRAGGLERS, layer_scale=scale)
-        scale = layer_scale_for(step, t, GPU_STRAGGLERS, ranks, scale)
+    # The measured compute is the rank's own (the wait for others falls in its exchange time):
+    # less the model's other device work, the layers'.
+    t = _predict(base, fake, preset, software, GPU_STRAGGLERS)
+    other = t.own_s - t.host_s - t.compute_s
+    if step <= other:
+        raise ValueError(
+            f"{run_dir}: a measured compute of {1e3 * step:.3g} ms leaves nothing for the layers"
+        )
+    scale = (step - other) / t.compute_s
     return RunCalibration(
         source=str(run_dir),
         preset=preset,
@@ -282,10 +329,18 @@ def calibrate_run_folder(run_dir: Path) -> RunCalibration:
     )
 
 
-def calibrate_from_run(path: Path, base: Workload) -> RunCalibration:
-    """A result log (a file) or a cosmocub run folder; a one-line ValueError for anything else."""
+def calibrate_from_run(
+    path: Path, cfg: Config, *, cpu: Callable[[], tuple[Calibration, int]]
+) -> RunCalibration:
+    """A result log (a file) or a cosmocub run folder trained with `cfg` (a GPU run against its
+    preset's roofline; a CPU run against this CPU's calibration, `cpu()` giving it and the
+    cores); a one-line ValueError for anything else."""
     if path.is_dir():
-        return calibrate_run_folder(path)
+        summary, _ = _run_record(path)
+        if str(summary["accelerator"]).startswith("cpu"):
+            calibration, cores = cpu()
+            return calibrate_cpu_run(path, cfg, calibration, cores=cores)
+        return calibrate_run_folder(path, cfg)
     if not path.is_file():
         raise ValueError(f"--from-run {path}: no such file or folder")
-    return calibrate_mllog(path, base)
+    return calibrate_mllog(path, Workload.of(cfg))
