@@ -165,7 +165,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 def _predict_on_cluster(
     args: argparse.Namespace, data: int | None, spatial: int | None, overrides: dict
 ) -> int:
-    from cosmocub.perfmodel.uses.predict_stage import print_cluster_prediction
+    from cosmocub.perfmodel.uses.cluster_stage import print_cluster_prediction
 
     for flag, value in (
         ("--accelerator", args.accelerator),
