@@ -6,6 +6,7 @@ calibration_cache).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -281,29 +282,39 @@ def _measure_glue(partial: Calibration, settings: CalibrationConfig) -> dict[str
     where each layer timed alone (its own zero_grad, sum and backward call) costs more glue than
     the step has: the layers' sum is then too high by that much."""
 
-    base = grid.base_model()
     out = {}
     for t in partial.threads:
         with torch_threads(t):
             for fmt, layout in grid.FORMATS.items():
-                residues = []
-                for shape in GLUE_MODELS:
-                    cfg = dataclasses.replace(base, **shape, num_conv_blocks=2, dense_sizes=(16,))
-                    model = CosmoFlow(cfg).train().to(memory_format=layout)
-                    for batch in settings.batches:
-                        x = torch.randn(batch, cfg.in_channels, *(cfg.input_size,) * 3)
-                        x = x.to(memory_format=layout)
-                        y = torch.zeros(batch, cfg.num_outputs)
-
-                        def step(model=model, x=x, y=y) -> None:
-                            model.zero_grad(set_to_none=True)
-                            nn.functional.mse_loss(model(x), y).backward()
-
-                        whole = fastest_time(step, settings.repeats)
-                        layers = _layers_only(partial, cfg, batch, t, fmt)
-                        residues.append(whole - sum(layers.values()))
+                residues = [
+                    _glue_residue(partial, settings, shape, batch, t, fmt, layout)
+                    for shape, batch in itertools.product(GLUE_MODELS, settings.batches)
+                ]
                 out[f"{fmt}@{t}"] = statistics.median(residues)
     return out
+
+
+def _glue_residue(
+    partial: Calibration,
+    settings: CalibrationConfig,
+    shape: Mapping[str, Any],
+    batch: int,
+    threads: int,
+    fmt: str,
+    layout: torch.memory_format,
+) -> float:
+    """One model's whole training step less its layers' fitted seconds."""
+    cfg = dataclasses.replace(grid.base_model(), **shape, num_conv_blocks=2, dense_sizes=(16,))
+    model = CosmoFlow(cfg).train().to(memory_format=layout)
+    x = torch.randn(batch, cfg.in_channels, *(cfg.input_size,) * 3).to(memory_format=layout)
+    y = torch.zeros(batch, cfg.num_outputs)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(model(x), y).backward()
+
+    whole = fastest_time(step, settings.repeats)
+    return whole - sum(_layers_only(partial, cfg, batch, threads, fmt).values())
 
 
 def _layers_only(

@@ -11,6 +11,7 @@ last (small messages repeated more); the smallest sizes measure gloo's per-call 
 from __future__ import annotations
 
 import csv
+import itertools
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -92,29 +93,32 @@ def run_microbench(
         if not 2 <= p <= world:
             raise ValueError(f"micro-benchmark: group size {p} outside 2..{world} (world size)")
         group = dist.new_group(list(range(p)))  # every rank takes part in creating it
-        for kind in kinds:
-            for nbytes in sizes_bytes:
-                elements = buffer_elements(kind, nbytes, p)
-                seconds = torch.zeros(1, dtype=torch.float64)
-                if rank < p:
-                    buf = torch.ones(elements, dtype=KIND_DTYPES[kind], device=device)
-                    op = _op(kind, buf, group, rank, p)
-                    op()  # warm-up: connections, buffers
-                    times = []
-                    for _ in range(_repeats(op, repeats, group, device)):
-                        dist.barrier(group=group)
-                        start = time.perf_counter()
-                        op()
-                        if device.type == "cuda":
-                            torch.cuda.synchronize(device)
-                        times.append(time.perf_counter() - start)
-                    seconds[0] = float(torch.tensor(times).median())
-                dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank's
-                nbytes_buf = elements * _itemsize(kind)
-                samples.append(
-                    Sample(kind=kind, nbytes=nbytes_buf, group_size=p, seconds=float(seconds))
-                )
+        for kind, nbytes in itertools.product(kinds, sizes_bytes):
+            elements = buffer_elements(kind, nbytes, p)
+            seconds = torch.zeros(1, dtype=torch.float64)
+            if rank < p:
+                buf = torch.ones(elements, dtype=KIND_DTYPES[kind], device=device)
+                seconds[0] = _median_op_s(_op(kind, buf, group, rank, p), repeats, group, device)
+            dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank's
+            nbytes_buf = elements * _itemsize(kind)
+            samples.append(
+                Sample(kind=kind, nbytes=nbytes_buf, group_size=p, seconds=float(seconds))
+            )
     return samples
+
+
+def _median_op_s(op, repeats: int, group: dist.ProcessGroup, device: torch.device) -> float:
+    """The median of `op`'s times after a warm-up (connections, buffers), each after a barrier."""
+    op()
+    times = []
+    for _ in range(_repeats(op, repeats, group, device)):
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        op()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return float(torch.tensor(times).median())
 
 
 def _repeats(op, repeats: int, group: dist.ProcessGroup, device: torch.device) -> int:

@@ -17,6 +17,7 @@ beyond loopback (model.predict_step).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import socket
 import statistics
@@ -117,6 +118,27 @@ def _wake_seconds() -> float:
     return max(0.0, float(extra) / 2)
 
 
+def _pair_row(rank: int, cfg: ModelConfig, fmt: str, layout: Any, batch: int) -> dict[str, Any]:
+    """One model's step plain (rank 0 alone, as the layers' fits are timed: what the second
+    rank costs is the synced step's) and with its norms synced over the two ranks."""
+    torch.manual_seed(0)
+    model = CosmoFlow(cfg)
+    plain = _step_seconds(model, cfg, batch, layout, lambda: None) if rank == 0 else 0.0
+    dist.barrier()
+    for block in model.conv_blocks.children():
+        block.norm = SyncBatchNorm3d(block.norm, dist.group.WORLD)
+    synced = _step_seconds(model, cfg, batch, layout, dist.barrier)
+    calls, elements = norm_elements(cfg, batch)
+    return {
+        "format": fmt,
+        "calls": calls,
+        "elements": elements,
+        "plain_s": plain,
+        "synced_s": synced,
+        "seconds": max(synced - plain, 1e-6),
+    }
+
+
 def _rank(rank: int, port: int, batches: Sequence[int], formats: Mapping[str, Any], out) -> None:
     """One of the two ranks: pinned to core `rank`, one thread; rank 0 puts its rows and the
     wake-up cost on `out`."""
@@ -126,31 +148,8 @@ def _rank(rank: int, port: int, batches: Sequence[int], formats: Mapping[str, An
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     rows = []
     try:
-        for cfg in pair_models():
-            for fmt, layout in formats.items():
-                for batch in batches:
-                    torch.manual_seed(0)
-                    model = CosmoFlow(cfg)
-                    # The plain step alone (rank 1 waits), as the layers' fits are timed: what
-                    # the second rank costs is the synced step's
-                    plain = (
-                        _step_seconds(model, cfg, batch, layout, lambda: None) if rank == 0 else 0.0
-                    )
-                    dist.barrier()
-                    for block in model.conv_blocks.children():
-                        block.norm = SyncBatchNorm3d(block.norm, dist.group.WORLD)
-                    synced = _step_seconds(model, cfg, batch, layout, dist.barrier)
-                    calls, elements = norm_elements(cfg, batch)
-                    rows.append(
-                        {
-                            "format": fmt,
-                            "calls": calls,
-                            "elements": elements,
-                            "plain_s": plain,
-                            "synced_s": synced,
-                            "seconds": max(synced - plain, 1e-6),
-                        }
-                    )
+        for cfg, (fmt, layout), batch in itertools.product(pair_models(), formats.items(), batches):
+            rows.append(_pair_row(rank, cfg, fmt, layout, batch))
         wake_s = _wake_seconds()
     finally:
         dist.destroy_process_group()

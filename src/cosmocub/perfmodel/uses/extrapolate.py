@@ -276,27 +276,14 @@ def plot_extrapolation(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     optimizers = list(dict.fromkeys(r["optimizer"] for r in rows))
     for k, (acc, size) in enumerate(panels):
         ax = fig.add_subplot(1, len(panels), k + 1)
-        for c, link in enumerate(links):
-            for s, opt in enumerate(optimizers):
-                pts = []
-                for gpus in sorted({r["gpus"] for r in rows}):
-                    here = [
-                        r
-                        for r in rows
-                        if (r["accelerator"], r["sample_size"], r["link_gbit"], r["gpus"])
-                        == (acc, size, link, gpus)
-                        and r["optimizer"] == opt
-                        and r["fits_memory"]
-                    ]
-                    if here:
-                        best = min(here, key=lambda r: r["spatial"])
-                        pts.append((gpus, 1e3 * best["step_s"]))
-                if pts:
-                    xs, ys = zip(*pts, strict=True)
-                    style = ("-", "--", ":")[s % 3]
-                    ax.plot(
-                        xs, ys, style, color=f"C{c}", marker="o", ms=3, label=f"{opt} {link:g} Gb/s"
-                    )
+        for (c, link), (s, opt) in itertools.product(enumerate(links), enumerate(optimizers)):
+            pts = _smallest_split_steps(rows, acc, size, link, opt)
+            if pts:
+                xs, ys = zip(*pts, strict=True)
+                style = ("-", "--", ":")[s % 3]
+                ax.plot(
+                    xs, ys, style, color=f"C{c}", marker="o", ms=3, label=f"{opt} {link:g} Gb/s"
+                )
         ax.set(xscale="log", yscale="log", title=f"{acc}, {size}³ samples")
         ax.set_xlabel("GPUs (smallest spatial split that fits)")
         ax.set_ylabel("predicted step (ms)")
@@ -304,3 +291,22 @@ def plot_extrapolation(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     fig.axes[0].legend(fontsize=7)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=100, format="png")
+
+
+def _smallest_split_steps(
+    rows: Sequence[Mapping[str, Any]], acc: str, size: int, link: float, opt: str
+) -> list[tuple[int, float]]:
+    """(GPUs, step ms) of the smallest spatial split that fits in memory, per GPU count."""
+    pts = []
+    for gpus in sorted({r["gpus"] for r in rows}):
+        key = (acc, size, link, gpus, opt)
+        here = [
+            r
+            for r in rows
+            if (r["accelerator"], r["sample_size"], r["link_gbit"], r["gpus"], r["optimizer"])
+            == key
+            and r["fits_memory"]
+        ]
+        if here:
+            pts.append((gpus, 1e3 * min(here, key=lambda r: r["spatial"])["step_s"]))
+    return pts
