@@ -174,7 +174,8 @@ def family(row: Row) -> str:
 
 def partner_of(row: Row, rows: list[Row]) -> tuple[Row | None, str]:
     """The run to calibrate `row` from: the same preset and software at another scale, else the
-    nearest of the same GPU family (same software first, then the closest GPU count)."""
+    nearest of the same GPU family: the same framework, then the same accelerator model, then
+    the same system, then the closest GPU count."""
     others = [r for r in rows if r is not row and r.preset and r.uncalibrated is not None]
     same = [r for r in others if r.preset == row.preset and r.software == row.software]
     same = [r for r in same if r.gpus != row.gpus]
@@ -184,9 +185,15 @@ def partner_of(row: Row, rows: list[Row]) -> tuple[Row | None, str]:
     if not near:
         return None, "no run of its GPU family"
 
-    def distance(r: Row) -> tuple[bool, bool, float]:
+    def distance(r: Row) -> tuple[bool, bool, bool, float]:
         same_framework = (r.software is None) == (row.software is None) and r.pytorch == row.pytorch
-        return (not same_framework, r.preset != row.preset, abs(math.log(r.gpus / row.gpus)))
+        same_gpu = CLUSTERS[r.preset or ""].accelerator == CLUSTERS[row.preset or ""].accelerator
+        return (
+            not same_framework,
+            not same_gpu,
+            r.preset != row.preset,
+            abs(math.log(r.gpus / row.gpus)),
+        )
 
     return min(near, key=distance), "nearest"
 
