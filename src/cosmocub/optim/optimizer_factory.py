@@ -75,7 +75,7 @@ def _build_lion_cub(
             group=_data_group(dims),
             quantizer="sign",
             collective="allgather",
-            ranks_per_node=layout.data_per_node if layout is not None else None,
+            data_ranks_per_node=layout.data_per_node if layout is not None else None,
             **common,
         )
     lc = cfg.lion_cub
@@ -110,7 +110,7 @@ def _build_lion_cub(
         sync_patterns=sync.patterns,
         overlap=lc.overlap,
         bucket_mb=lc.bucket_mb,
-        ranks_per_node=layout.data_per_node if layout is not None else None,
+        data_ranks_per_node=layout.data_per_node if layout is not None else None,
         hierarchy=lc.hierarchy,
         node_groups=node_groups,
         **common,
