@@ -95,10 +95,11 @@ def bispectrum_statistics(
     k = k_magnitude(n)
     kept = np.ones(k.shape, dtype=bool) if modes_left_out is None else ~modes_left_out
     bands = [
-        np.fft.irfftn(np.where((k >= lo) & (k < hi) & kept, delta_k, 0.0), s=delta.shape,
-                      axes=(0, 1, 2))
+        np.fft.irfftn(
+            np.where((k >= lo) & (k < hi) & kept, delta_k, 0.0), s=delta.shape, axes=(0, 1, 2)
+        )
         for lo, hi in itertools.pairwise(edges)
-    ]  # fmt: skip
+    ]
     power = [float(np.mean(b * b)) for b in bands]
     out = []
     for a, b, c in bispectrum_triples(num_bands):
