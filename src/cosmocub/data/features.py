@@ -86,7 +86,8 @@ def bispectrum_statistics(
 
     A field with no power in a band gives 0 there (a constant field has no shape).
     `modes_left_out` (a boolean mask on the rfftn grid): modes no band takes (for probes of where
-    a statistic sits, benchmarks/bispectrum_subsets.py; None for the feature).
+    a statistic sits: benchmarks/bispectrum_subsets.py, removed; last at 040e681,
+    docs/benchmarks.md); None for the feature.
     """
     delta = _count_overdensity(counts_dhw)
     n = delta.shape[0]
