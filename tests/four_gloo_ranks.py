@@ -231,7 +231,7 @@ for (quantizer, bits), collective, bucket in itertools.product(
     before = [p.detach().clone() for p in model.parameters()]
     opt = LionCub(model.named_parameters(), group=data, lr=1e-3, betas=(0.9, 0.99),
                   quantizer=quantizer, bits=bits, collective=collective, bucket_mb=bucket,
-                  ranks_per_node=G, hierarchy="node", node_groups=(intra, rail))
+                  data_ranks_per_node=G, hierarchy="node", node_groups=(intra, rail))
     assert opt.two_level and opt.spec.levels == quantizer_levels(
         quantizer, bits, nodes, collective=collective)
     opt.step()
@@ -247,7 +247,7 @@ for (quantizer, bits), collective, bucket in itertools.product(
 # overlap: each bucket's two-level exchange starts in backward, as soon as its gradients are in.
 def build(model):
     return LionCub(model.named_parameters(), group=data, lr=1e-3, quantizer="l1", bits=4,
-                   overlap=True, bucket_mb=40 * 4 / 2**20, ranks_per_node=G, hierarchy="node",
+                   overlap=True, bucket_mb=40 * 4 / 2**20, data_ranks_per_node=G, hierarchy="node",
                    node_groups=(intra, rail))
 model, opt = model_and_grads(rank, build)
 before = [p.detach().clone() for p in model.parameters()]  # backward does not move them
@@ -265,13 +265,13 @@ assert torch.equal(got.to(torch.int8), expected_update("l1", 4, "alltoall", 0.9,
 n = 8 * G * nodes * 64
 w = torch.nn.Parameter(torch.zeros(n))
 w.grad = torch.randn(n, generator=torch.Generator().manual_seed(rank))
-opt = LionCub([("w", w)], group=data, lr=1e-3, ranks_per_node=G, hierarchy="node",
+opt = LionCub([("w", w)], group=data, lr=1e-3, data_ranks_per_node=G, hierarchy="node",
               node_groups=(intra, rail))
 opt.step()
 m = n // G
 assert opt.comm_stats.bytes_inter == 2 * (nodes - 1) / nodes * m / 8, opt.comm_stats
 assert opt.comm_stats.bytes_intra == (G - 1) * m * 4 + (G - 1) * m / 8, opt.comm_stats
-flat = LionCub([("w", w)], group=data, lr=1e-3, ranks_per_node=G)
+flat = LionCub([("w", w)], group=data, lr=1e-3, data_ranks_per_node=G)
 flat.step()
 # Flat all-to-all of n 1-bit values: (P-G)/(P-1) of its chunks leave the node (pairwise), and
 # a ring all-gather's one crossing a node (1/G per rank).

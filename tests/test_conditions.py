@@ -22,6 +22,7 @@ from cosmocub.host_probe import (
     steal_share,
 )
 from cosmocub.perfmodel.uses.validate import error_summary
+from cosmocub.point_rows import kept
 from cosmocub.studies import runners, scaling
 from cosmocub.studies.contention import (
     conditions_note,
@@ -35,7 +36,6 @@ from cosmocub.studies.engine import gather, write_point_record
 from cosmocub.train.epoch_conditions import (
     Sample,
     cpu_share,
-    kept,
     rank_conditions,
     ready_share,
     reduce_over_ranks,

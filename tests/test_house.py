@@ -45,4 +45,42 @@ def test_import_layers_hold() -> None:
         pytest.skip("lint-imports is not installed (pip install -e '.[test]')")
     done = subprocess.run([lint], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:]
-    assert "BROKEN" not in done.stdout and done.stdout.count("KEPT") >= 3
+    assert "BROKEN" not in done.stdout and done.stdout.count("KEPT") >= 4
+    assert "perfmodel does not import train KEPT" in done.stdout
+
+
+def test_nesting_stays_shallow() -> None:
+    """ruff's too-many-nested-blocks (PLR1702, max-nested-blocks in pyproject.toml) over the
+    package, the tests and the benchmarks: a function that nests deeper is split."""
+    ruff = shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed (pip install -e '.[test]')")
+    paths = ["src", "tests", "benchmarks"]
+    done = subprocess.run(
+        [ruff, "check", "--select", "PLR1702", "--output-format", "concise", *paths],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]
+
+
+def test_format_skips_are_few_and_say_why() -> None:
+    """At most 5 `# fmt: skip` / `# fmt: off` in the package, each under a comment line that
+    says why: the formatter is not to be turned off to fit a module under its line limit."""
+    texts = {p: p.read_text().splitlines() for p in _modules()}
+    marks = [
+        (p, i, lines)
+        for p, lines in texts.items()
+        for i, line in enumerate(lines)
+        if "# fmt: skip" in line or "# fmt: off" in line
+    ]
+    where = [f"{p.relative_to(REPO)}:{i + 1}" for p, i, _ in marks]
+    assert len(marks) <= 5, f"{len(marks)} fmt: skip/off: {where}"
+    unexplained = [
+        f"{p.relative_to(REPO)}:{i + 1}"
+        for p, i, lines in marks
+        if not any(lines[j].strip().startswith("#") for j in range(max(0, i - 3), i))
+    ]
+    assert not unexplained, f"fmt: skip/off without a comment above saying why: {unexplained}"

@@ -132,3 +132,16 @@ def test_no_warning_where_the_levels_are_kept_and_levels_in_use() -> None:
         )
     assert opt.levels_in_use == 127  # one rank: floor(127/1)
     assert LionCub(_model().parameters(), group=None).levels_in_use == 1  # sign
+
+
+def test_data_ranks_per_node_is_the_one_name_and_the_old_keyword_says_so() -> None:
+    """`ranks_per_node` counts every rank of a node everywhere else; LionCub's keyword counts
+    the data ranks of its group on a node, so it has its own name and the old one is refused."""
+    model = _model()
+    with pytest.raises(TypeError, match="ranks_per_node is now data_ranks_per_node"):
+        LionCub(model.parameters(), group=None, ranks_per_node=2)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        LionCub(model.parameters(), group=None, nodes=2)
+    # A group of one: whatever the node size, the flat exchange over one rank.
+    opt = LionCub(model.parameters(), group=None, data_ranks_per_node=4, hierarchy="node")
+    assert not opt.two_level and opt.collective.size == 1

@@ -92,6 +92,8 @@ CONFIG = {
         "log_every_steps": 100,
         "threads_per_rank": 1,
     },
+    # The world the points below start (training refuses another): 2 nodes of 1 rank unless said.
+    "cluster": {"train": {"nodes": 2}},
     "tracking": {"enabled": False},
 }
 
@@ -336,7 +338,12 @@ def test_lion_cub_on_two_nodes_of_two_sends_across_what_it_counts_flat_and_node(
         config = _write_config(
             shards.parent / f"lion_cub_{hierarchy}.yaml",
             optimizer={"name": "lion_cub", "lion_cub": lion_cub},
-            train={"epochs": 1, "checkpoint_every_steps": 100, "local_batch_size": 1},
+            train={
+                "epochs": 1,
+                "checkpoint_every_steps": 100,
+                "local_batch_size": 1,
+                "ranks_per_node": 2,
+            },
         )
         result = run_training_on_nodes(
             config_path=config, shards_dir=shards, out_dir=shards.parent / f"cub_{hierarchy}",

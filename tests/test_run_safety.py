@@ -100,9 +100,9 @@ def test_a_stopped_launcher_leaves_no_rank(shards: Path, tmp_path: Path, signum:
     """kill -9 (OOM killer, a killed Snakemake) or SIGTERM (scancel, Snakemake's stop) of
     `cosmocub launch` while its ranks train: within 10 s no torchrun and no rank is left, and
     the run folder's lock went with them. SIGTERM's log ends with the launcher's own line."""
-    cfg = tiny_yaml(tmp_path / "cfg.yaml", epochs=1000, checkpoint_every_steps=2)
+    cfg = tiny_yaml(tmp_path / "cfg.yaml", epochs=1000, checkpoint_every_steps=2, ranks_per_node=2)
     run = tmp_path / "run"
-    argv = [sys.executable, "-m", "cosmocub.cli", "launch", "--ranks-per-node", "2", "--"]
+    argv = [sys.executable, "-m", "cosmocub.cli", "launch", "--"]  # 2 ranks: the config's
     argv += ["train", "--config", str(cfg), "--shards", str(shards), "--out", str(run)]
     launcher = multirank.start_ranks(argv, cwd=tmp_path, stdout=subprocess.DEVNULL)
     try:

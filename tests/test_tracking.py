@@ -478,6 +478,23 @@ def test_pending_runs_survive_a_store_outage(store, tmp_path, monkeypatch):
 # A real tracking server
 
 
+def _wait_for_health(proc: subprocess.Popen, url: str, root: object) -> None:
+    """Until the server answers /health (a failure naming its log if it exits or is slow)."""
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"mlflow server exited with {proc.returncode}: see {root}/server.log")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"mlflow server did not answer /health in 120 s: see {root}/server.log")
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow-server")
@@ -496,23 +513,7 @@ def mlflow_server(tmp_path_factory):
         )
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 120
-            while True:
-                if proc.poll() is not None:
-                    pytest.fail(
-                        f"mlflow server exited with {proc.returncode}: see {root}/server.log"
-                    )
-                try:
-                    with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
-                        if reply.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    pytest.fail(
-                        f"mlflow server did not answer /health in 120 s: see {root}/server.log"
-                    )
-                time.sleep(0.5)
+            _wait_for_health(proc, url, root)
             yield url, root
         finally:
             os.killpg(proc.pid, signal.SIGTERM)

@@ -434,6 +434,28 @@ def test_cli_train_writes_run_and_reports_user_errors(
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"{missing}/stats.json: shard statistics not found" in err
 
+    # A world unlike the config's (here one process, no launcher, against 2 ranks a node on 3
+    # nodes) is refused before anything is written: one line naming both.
+    values["train"]["ranks_per_node"] = 2
+    values["cluster"] = {"train": {"nodes": 3}}
+    cfg_path.write_text(yaml.safe_dump(values))
+    other = tmp_path / "other-world"
+    assert cli.main([*args[:6], str(other)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err == (
+        f"cosmocub train: error: {cfg_path}: the launcher started 1 rank(s) (single), the "
+        "config's world is 6 (cluster.train.nodes 3 × train.ranks_per_node 2)"
+    )
+    assert not other.exists()
+
+    # Without a config a stage runs on the schema's defaults, and says so in one line.
+    assert cli.main(["model-summary"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "cosmocub model-summary: no --config: using the schema's defaults "
+        "(cosmocub/schemas/config.schema.yaml)"
+    )
+
 
 @pytest.mark.slow
 def test_metrics_reach_mlflow(shards: Path, tmp_path: Path) -> None:
@@ -632,8 +654,9 @@ def test_launch_starts_again_after_a_crash_but_not_after_a_user_error(
     for name in ("COSMOCUB_USER_ERROR_FILE", "COSMOCUB_LAUNCH_ATTEMPT"):
         env.pop(name, None)
     config = tmp_path / "cfg.yaml"
-    config.write_text(yaml.safe_dump({**TINY, "train": {**TINY["train"], "epochs": 1}}))
-    launch = [sys.executable, "-m", "cosmocub.cli", "launch", "--ranks-per-node", "2"]
+    train = {**TINY["train"], "epochs": 1, "ranks_per_node": 2}
+    config.write_text(yaml.safe_dump({**TINY, "train": train}))
+    launch = [sys.executable, "-m", "cosmocub.cli", "launch"]  # 2 ranks: the config's
 
     missing = tmp_path / "no-shards"
     train_args = ["train", "--config", str(config), "--out", str(tmp_path / "bad")]

@@ -8,7 +8,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from cosmocub.config import CONFIG_ENV, Config, coerce_cli_strings, from_values, resolve
+import yaml
+
+from cosmocub.config import (
+    Config,
+    coerce_cli_strings,
+    config_hash,
+    from_values,
+    resolve,
+    write_config,
+)
 from cosmocub.data.naming import group_seeds, universe_ids
 from cosmocub.emulator.unet_run_config import unet_world_size
 from cosmocub.launch.resources import (
@@ -32,10 +41,10 @@ from cosmocub.tracking.workflow_run import (
 )
 
 __all__ = [
-    "CONFIG_ENV",
     "STUDY_NAMES",
     "RankedJob",
     "finish_tracking",
+    "job_config_path",
     "mlflow_runs_link",
     "perf_model_bench_threads",
     "planned_points",
@@ -69,6 +78,26 @@ def workflow_config(config: dict[str, Any], *, source: str) -> Config:
     coerce_cli_strings(config)
     config.update(resolve(config, source=source))
     return from_values(config, source="snakemake config")
+
+
+def job_config_path(cfg: Config, sections: Sequence[str]) -> str:
+    """The --config of a job that reads `sections` (top-level keys, or dotted ones such as
+    "perf_model.bench"): the whole resolved config, in a file named by the hash of those
+    sections alone, written here where missing or different. As a rule's param it reruns the
+    job when one of its sections changes and only then; its command names the file, so it runs
+    by hand as the workflow ran it. A change elsewhere rewrites the file under the same name (the
+    workflow counts the job's work the same)."""
+    read = {name: _section(cfg.values, name) for name in sections}
+    path = cfg.results / "config" / f"sections-{config_hash(read)}.yaml"
+    if not path.exists() or yaml.safe_load(path.read_text()) != cfg.values:
+        write_config(cfg.values, path)
+    return str(path)
+
+
+def _section(values: Mapping[str, Any], dotted: str) -> Any:
+    for key in dotted.split("."):
+        values = values[key]
+    return values
 
 
 def simulate_group_by_seed(cfg: Config) -> dict[int, int]:

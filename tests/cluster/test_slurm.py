@@ -222,7 +222,12 @@ def test_kill_9_of_the_launcher_under_srun_leaves_no_task(slurm, tmp_path) -> No
     values = {
         "preprocess": {"sample_size": 8},
         "model": {"input_size": 8, "base_filters": 4, "num_conv_blocks": 2, "dense_sizes": [16]},
-        "train": {"epochs": 1000, "local_batch_size": 4, "checkpoint_every_steps": 2},
+        "train": {
+            "epochs": 1000,
+            "local_batch_size": 4,
+            "checkpoint_every_steps": 2,
+            "ranks_per_node": 2,
+        },
         "tracking": {"enabled": False},
     }
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(values))

@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,6 @@ BIN = Path(sys.executable).parent
 
 def snakemake(*args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     env = snakemake_env()
-    env.pop("COSMOCUB_CONFIG", None)
     env.pop("COSMOCUB_PARENT_RUN_ID", None)
     cmd = [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -270,6 +270,58 @@ def test_tiny_pipeline_end_to_end_with_tracking(tmp_path):
     )
     assert changed.returncode == 0, changed.stderr
     assert job_counts(changed.stdout) == {"train": 1, "evaluate": 1, "summary_report": 1, "all": 1}
+    # A change to the section evaluation alone reads reruns it alone (and what follows it); one
+    # to a section no rule names (the MLflow experiment) reruns nothing.
+    for change, expected in (
+        ("evaluate={batch_size: 4}", {"evaluate": 1, "summary_report": 1, "all": 1}),
+        ("tracking={experiment: renamed, system_metrics: false}", {}),
+    ):
+        config = str(REPO / "config/test.yaml")
+        dry = snakemake("-n", "--configfile", config, "--config", change, cwd=tmp_path)
+        assert dry.returncode == 0, dry.stderr
+        assert job_counts(dry.stdout) == expected, (change, dry.stdout[-2000:])
+
+    check_printed_commands_run_by_hand(tmp_path, results)
+
+
+def printed_commands(tmp_path: Path, *rules: str) -> dict[str, str]:
+    """The shell command `snakemake -p` prints for each rule's job (a dry run forcing them)."""
+    config = str(REPO / "config/test.yaml")
+    dry = snakemake("-n", "-p", "--forcerun", *rules, "--configfile", config, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    found = re.findall(r"Shell command: (.*)", dry.stdout + dry.stderr)
+    out = {rule: [c for c in found if f"COSMOCUB_RULE={rule} " in c] for rule in rules}
+    assert all(len(c) == 1 for c in out.values()), found
+    return {rule: c[0] for rule, c in out.items()}
+
+
+def check_printed_commands_run_by_hand(tmp_path: Path, results: Path) -> None:
+    """The train and evaluate jobs' printed commands, run by hand in the same folder with no
+    COSMOCUB_* variable set, do the jobs' work with the jobs' config (not the schema's
+    defaults): the same evaluation to the last digit, a training with the same config hash."""
+    commands = printed_commands(tmp_path, "train", "evaluate")
+    assert all("--config " in c for c in commands.values()), commands
+    env = {k: v for k, v in snakemake_env().items() if not k.startswith("COSMOCUB_")}
+    run = results / "runs/test"
+    by_workflow = json.loads((run / "eval/metrics.json").read_text())
+    shutil.rmtree(run / "eval")
+    done = subprocess.run(commands["evaluate"], shell=True, cwd=tmp_path, env=env, timeout=300)
+    assert done.returncode == 0, (results / "logs/evaluate/test.log").read_text()[-3000:]
+    assert (
+        json.loads((run / "eval/metrics.json").read_text())["per_parameter"]
+        == (by_workflow["per_parameter"])
+    )
+    workflow_summary = json.loads((run / "train_summary.json").read_text())
+    shutil.move(run, results / "runs/test-by-workflow")
+    done = subprocess.run(commands["train"], shell=True, cwd=tmp_path, env=env, timeout=300)
+    assert done.returncode == 0, (results / "logs/train/test.log").read_text()[-3000:]
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert summary["config_hash"] == workflow_summary["config_hash"]
+    assert summary["config_hash"] != load_config(None).hash  # not the defaults
+    assert (summary["world_size"], summary["steps"]) == (
+        workflow_summary["world_size"],
+        workflow_summary["steps"],
+    )
 
 
 def test_dry_run_lion_cub_by_config(tmp_path):

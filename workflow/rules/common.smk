@@ -4,9 +4,9 @@ import functools
 import os
 
 from cosmocub.workflow_support import (
-    CONFIG_ENV,
     STUDY_NAMES,
     finish_tracking,
+    job_config_path,
     mlflow_runs_link,
     perf_model_bench_threads,
     planned_points,
@@ -43,18 +43,23 @@ logger.info(
 )
 RESULTS = str(CFG.results)
 UNIVERSE_IDS = universe_ids(CFG)
-# The resolved config is content-addressed: jobs read it by path, and a config change that
-# does not touch a rule's own sections (its params) does not rerun that rule.
+# The resolved config, content-addressed (results/config/config-<hash>.yaml), as the
+# invocation's record; jobs name their own copy of it (job_config).
 RESOLVED_CONFIG = resolved_config_path(CFG)
-# Jobs find it through the environment rather than an input file or param, so that changing one
-# section reruns only the rules whose `params: settings=section(...)` hold that section.
-os.environ[CONFIG_ENV] = RESOLVED_CONFIG
 RUN = CFG.train.run_name
 
 
 def section(*names):
     """Config sections that a job depends on, for its params (a change there reruns it)."""
     return {name: config[name] for name in names}
+
+
+def job_config(*names):
+    """A job's `params: config`, its command's --config: the resolved config in a file named
+    by the hash of the sections `names` (or dotted sub-sections) it reads, so a change there,
+    and only there, reruns it, and the command `snakemake -p` prints runs by hand the same way.
+    (Not an input: a file's new mtime would rerun every job.)"""
+    return lambda wildcards: job_config_path(CFG, names)
 
 
 # Which simulate group makes each universe made here (cluster.simulate.universes_per_job).
@@ -108,7 +113,8 @@ def study_point_plan(wildcards):
 
 
 def study_settings(wildcards):
-    """A point's config depends on the sections it may override and its study's block."""
+    """A point's config: the resolved config named by the sections it may override and its
+    study's block (job_config)."""
     names = (
         "preprocess",
         "model",
@@ -118,7 +124,14 @@ def study_settings(wildcards):
         "evaluate",
         "seed",
     )
-    return section(*names, study_definition(wildcards.study).config_key)
+    return job_config_path(CFG, (*names, study_definition(wildcards.study).config_key))
+
+
+def study_gather_config(wildcards):
+    """The gather reads its study's block and the contended marks' limits (studies)."""
+    return job_config_path(
+        CFG, (study_definition(wildcards.study).config_key, "studies")
+    )
 
 
 def study_point_manifest(wildcards):

@@ -24,12 +24,12 @@ rule simulate_group:
         mem_mb=CFG.cluster.simulate.mem_mb,
         runtime=simulate_runtime(CFG),
     params:
-        settings=section("simulate"),
+        config=job_config("simulate"),
         size=CFG.universes.size,
         env=tracking_env("simulate_group"),
     shell:
-        "{params.env} cosmocub simulate-group --group {wildcards.group} --out {output}"
-        " > {log} 2>&1"
+        "{params.env} cosmocub simulate-group --config {params.config}"
+        " --group {wildcards.group} --out {output} > {log} 2>&1"
 
 
 rule simulate:
@@ -92,11 +92,11 @@ rule preprocess_plan:
         mem_mb=CFG.cluster.small.mem_mb,
         runtime=CFG.cluster.small.runtime,
     params:
-        settings=section("preprocess", "seed", "cluster"),
+        config=job_config("preprocess", "seed", "cluster"),
         universes=f"{RESULTS}/universes",
     shell:
-        "cosmocub preprocess-plan --universes-dir {params.universes} --staging {output}"
-        " > {log} 2>&1"
+        "cosmocub preprocess-plan --config {params.config} --universes-dir {params.universes}"
+        " --staging {output} > {log} 2>&1"
 
 
 rule preprocess_group:
@@ -115,10 +115,12 @@ rule preprocess_group:
         mem_mb=CFG.cluster.preprocess.mem_mb,
         runtime=CFG.cluster.preprocess.runtime,
     params:
+        # Its staging folder is the plan's: the same sections.
+        config=job_config("preprocess", "seed", "cluster"),
         env=tracking_env("preprocess_group"),
     shell:
-        "{params.env} cosmocub preprocess-group --staging {input} --group {wildcards.group}"
-        " --out {output} --threads {threads} > {log} 2>&1"
+        "{params.env} cosmocub preprocess-group --config {params.config} --staging {input}"
+        " --group {wildcards.group} --out {output} --threads {threads} > {log} 2>&1"
 
 
 rule preprocess:
@@ -144,10 +146,10 @@ rule preprocess:
         mem_mb=CFG.cluster.small.mem_mb,
         runtime=CFG.cluster.small.runtime,
     params:
-        settings=section("preprocess", "seed"),
+        config=job_config("preprocess", "seed"),
         out=lambda w, output: os.path.dirname(output.manifest),
         groups=lambda w, input: os.path.dirname(input.groups[0]),
         env=tracking_env("preprocess"),
     shell:
-        "{params.env} cosmocub preprocess-gather --staging {input.staging}"
-        " --groups-dir {params.groups} --out {params.out} > {log} 2>&1"
+        "{params.env} cosmocub preprocess-gather --config {params.config}"
+        " --staging {input.staging} --groups-dir {params.groups} --out {params.out} > {log} 2>&1"

@@ -25,10 +25,10 @@ rule perf_model_bench:
     params:
         # Its own settings only: a change to the extrapolation or the calibration does not
         # rerun the links' benchmark (and so the fit and every validation).
-        settings=lambda w: config["perf_model"]["bench"],
+        config=job_config("perf_model.bench"),
         rates=study_link_rates(CFG),
     shell:
-        "cosmocub perf-model bench --out {output} > {log} 2>&1"
+        "cosmocub perf-model bench --config {params.config} --out {output} > {log} 2>&1"
 
 
 rule perf_model_fit:
@@ -62,9 +62,9 @@ rule perf_model_calibrate:
         mem_mb=CFG.cluster.small.mem_mb,
         runtime=CFG.cluster.small.runtime,
     params:
-        settings=lambda w: config["perf_model"]["calibration"],
+        config=job_config("perf_model.calibration"),
     shell:
-        "cosmocub perf-model calibrate --out {output} > {log} 2>&1"
+        "cosmocub perf-model calibrate --config {params.config} --out {output} > {log} 2>&1"
 
 
 rule perf_model_validate:
@@ -93,9 +93,10 @@ rule perf_model_validate:
         mem_mb=CFG.cluster.small.mem_mb,
         runtime=CFG.cluster.small.runtime,
     params:
-        settings=section("perf_model"),
+        config=job_config("perf_model"),
     shell:
-        "cosmocub perf-model validate --points {input.points} --fit {input.fit}"
+        "cosmocub perf-model validate --config {params.config} --points {input.points}"
+        " --fit {input.fit}"
         " --calibration {input.calibration} --tsv {output.tsv} --plot {output.plot}"
         " > {log} 2>&1"
 
@@ -129,10 +130,11 @@ rule perf_model_extrapolate:
         mem_mb=CFG.cluster.small.mem_mb,
         runtime=CFG.cluster.small.runtime,
     params:
-        settings=section("perf_model"),
+        config=job_config("perf_model"),
         out=lambda w, output: os.path.dirname(output.tsv),
     shell:
-        "cosmocub perf-model extrapolate --model-config {input} --out {params.out} > {log} 2>&1"
+        "cosmocub perf-model extrapolate --config {params.config} --model-config {input}"
+        " --out {params.out} > {log} 2>&1"
 
 
 rule perf_model:

@@ -27,10 +27,10 @@ rule study_point_config:
         mem_mb=1000,
         runtime=CFG.cluster.small.runtime,
     params:
-        settings=study_settings,
+        config=study_settings,
     shell:
-        "cosmocub study-point-config --study {wildcards.study} --point {wildcards.point}"
-        " --out {output.config} > {log} 2>&1"
+        "cosmocub study-point-config --config {params.config} --study {wildcards.study}"
+        " --point {wildcards.point} --out {output.config} > {log} 2>&1"
 
 
 # Shards of points whose data sections differ from the base run's (points that agree share
@@ -207,10 +207,12 @@ rule study_gather:
         mem_mb=CFG.cluster.small.mem_mb,
         runtime=CFG.cluster.small.runtime,
     params:
+        config=study_gather_config,
         folder=lambda w, output: os.path.dirname(output.tsv),
         env=tracking_env("study_gather"),
     shell:
-        "{params.env} cosmocub study-gather --study {wildcards.study} --dir {params.folder}"
+        "{params.env} cosmocub study-gather --config {params.config} --study {wildcards.study}"
+        " --dir {params.folder}"
         " > {log} 2>&1"
 
 

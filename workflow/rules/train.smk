@@ -34,20 +34,18 @@ rule train:
         # wrapping it in `srun -n1`: `cosmocub launch` starts the ranks itself.
         mpi="",
     params:
-        settings=section(
+        config=job_config(
             "model", "parallel", "optimizer", "train", "preprocess", "seed"
         ),
         shards=lambda w, input: os.path.dirname(input.manifest),
         out=lambda w, output: os.path.dirname(output.model),
-        ranks_per_node=TRAIN_JOB.ranks_per_node,
         cpus=lambda w, threads: TRAIN_JOB.cpus_per_rank_within(threads),
         max_restarts=CFG.train.max_restarts,
         env=tracking_env("train"),
     shell:
-        "{params.env} cosmocub launch --nodes {resources.nodes}"
-        " --ranks-per-node {params.ranks_per_node} --cpus-per-rank {params.cpus}"
+        "{params.env} cosmocub launch --cpus-per-rank {params.cpus}"
         " --max-restarts {params.max_restarts}"
-        " -- train --shards {params.shards} --out {params.out}"
+        " -- train --config {params.config} --shards {params.shards} --out {params.out}"
         " > {log} 2>&1"
 
 
@@ -85,11 +83,11 @@ rule evaluate:
         mem_mb=CFG.cluster.small.mem_mb,
         runtime=CFG.cluster.small.runtime,
     params:
-        settings=section("model", "evaluate"),
+        config=job_config("model", "evaluate"),
         shards=lambda w, input: os.path.dirname(input.manifest),
         run_dir=lambda w, input: os.path.dirname(input.model),
         out=lambda w, output: os.path.dirname(output.metrics),
         env=tracking_env("evaluate"),
     shell:
-        "{params.env} cosmocub evaluate --shards {params.shards}"
+        "{params.env} cosmocub evaluate --config {params.config} --shards {params.shards}"
         " --run-dir {params.run_dir} --out {params.out} > {log} 2>&1"

@@ -14,7 +14,7 @@ rule unet_config:
     conda:
         "../../envs/cosmocub.yaml"
     params:
-        settings=section(
+        config=job_config(
             "preprocess",
             "model",
             "parallel",
@@ -26,7 +26,7 @@ rule unet_config:
             "seed",
         ),
     shell:
-        "cosmocub unet-config --out {output} > {log} 2>&1"
+        "cosmocub unet-config --config {params.config} --out {output} > {log} 2>&1"
 
 
 rule unet_train:
@@ -50,13 +50,12 @@ rule unet_train:
     params:
         shards=lambda w, input: os.path.dirname(input.manifest),
         out=lambda w, output: os.path.dirname(output.model),
-        ranks_per_node=lambda w: unet_train_job().ranks_per_node,
         cpus=lambda w, threads: unet_train_job().cpus_per_rank_within(threads),
         max_restarts=CFG.train.max_restarts,
         env=tracking_env("unet_train"),
     shell:
-        "{params.env} cosmocub launch --ranks-per-node {params.ranks_per_node}"
-        " --cpus-per-rank {params.cpus} --max-restarts {params.max_restarts}"
+        "{params.env} cosmocub launch --cpus-per-rank {params.cpus}"
+        " --max-restarts {params.max_restarts}"
         " -- train --config {input.config} --shards {params.shards} --out {params.out}"
         " > {log} 2>&1"
 

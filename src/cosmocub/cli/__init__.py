@@ -20,6 +20,7 @@ from cosmocub.cli import (
     train_commands,
     workflow_commands,
 )
+from cosmocub.cli.common import note_default_config
 from cosmocub.launch.agent import arm_rank
 from cosmocub.launch.launcher import record_user_error
 
@@ -63,6 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # Stages report through `logging`; plain lines on stderr, as the workflow's job logs want.
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    note_default_config(args)
     try:
         return args.handler(args)
     except (ValueError, FileNotFoundError) as err:

@@ -9,13 +9,30 @@ from cosmocub.cli.common import add_config, add_stage
 from cosmocub.config import load_config
 
 
+def _stage_config(command: list[str]) -> str | None:
+    """The --config the launched stage names (`-- train --config c.yaml …`), if any."""
+    for i, arg in enumerate(command):
+        if arg == "--config" and i + 1 < len(command):
+            return command[i + 1]
+        if arg.startswith("--config="):
+            return arg.removeprefix("--config=")
+    return None
+
+
 def _cmd_launch(args: argparse.Namespace) -> int:
     from cosmocub.launch.launcher import RankLayout, run_launch
 
     command = args.command_args[1:] if args.command_args[:1] == ["--"] else args.command_args
+    nodes, ranks_per_node = args.nodes, args.ranks_per_node
+    if nodes is None or ranks_per_node is None:
+        # The world the stage's own config asks for (training refuses any other), so the
+        # command names the config once.
+        cfg = load_config(_stage_config(command))
+        nodes = cfg.cluster.train.nodes if nodes is None else nodes
+        ranks_per_node = cfg.train.ranks_per_node if ranks_per_node is None else ranks_per_node
     layout = RankLayout(
-        nodes=args.nodes,
-        ranks_per_node=args.ranks_per_node,
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
         cpus_per_rank=args.cpus_per_rank,
         max_restarts=args.max_restarts,
     )
@@ -30,9 +47,10 @@ def _cmd_model_summary(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from cosmocub.train.main import train
+    from cosmocub.train.main import check_launched_world, train
 
     cfg = load_config(args.config)
+    check_launched_world(cfg)
     train(cfg, shards_dir=Path(args.shards), run_dir=Path(args.out))
     return 0
 
@@ -48,8 +66,12 @@ def add_launch(sub) -> None:
     p = add_stage(
         sub, "launch", _cmd_launch, "start the ranks of `cosmocub <stage>` with the right launcher"
     )
-    p.add_argument("--nodes", type=int, default=1)
-    p.add_argument("--ranks-per-node", type=int, default=1)
+    p.add_argument("--nodes", type=int, help="default: the stage's --config's cluster.train.nodes")
+    p.add_argument(
+        "--ranks-per-node",
+        type=int,
+        help="ranks started on each node; default: the stage's --config's train.ranks_per_node",
+    )
     p.add_argument("--cpus-per-rank", type=int, default=1)
     p.add_argument(
         "--max-restarts", type=int, default=0, help="starts again after a crash (not a user error)"

@@ -7,7 +7,6 @@ and perf model's (studies), and the whole config with its loading and deriving (
 """
 
 from cosmocub.config.load import (
-    CONFIG_ENV,
     Config,
     derive,
     from_values,
@@ -77,7 +76,6 @@ from cosmocub.config.training import (
 )
 
 __all__ = [
-    "CONFIG_ENV",
     "NUM_TARGETS",
     "SCHEMA_PATH",
     "SPATIAL_DIMS",

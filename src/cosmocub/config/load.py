@@ -58,9 +58,6 @@ from cosmocub.config.training import (
     TrainResources,
 )
 
-# The resolved config file a workflow job reads when no --config is given.
-CONFIG_ENV = "COSMOCUB_CONFIG"
-
 
 @dataclass(frozen=True, kw_only=True)
 class Config:

@@ -1,8 +1,9 @@
 """Power spectra: the linear P(k) that seeds a universe (colossus) and the estimator that measures
 one.
 
-The estimator is shared by the tests (initial field against input) and benchmarks/realism.py
-(synthetic against real universes), so both read k and P in the same units: h/Mpc and (Mpc/h)³.
+The estimator is shared by the tests (initial field against input) and what compared synthetic
+against real universes (benchmarks/realism.py, removed; last at a39a33b, docs/benchmarks.md), so
+both read k and P in the same units: h/Mpc and (Mpc/h)³.
 """
 
 from __future__ import annotations

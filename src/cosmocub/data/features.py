@@ -86,7 +86,8 @@ def bispectrum_statistics(
 
     A field with no power in a band gives 0 there (a constant field has no shape).
     `modes_left_out` (a boolean mask on the rfftn grid): modes no band takes (for probes of where
-    a statistic sits, benchmarks/bispectrum_subsets.py; None for the feature).
+    a statistic sits: benchmarks/bispectrum_subsets.py, removed; last at 040e681,
+    docs/benchmarks.md); None for the feature.
     """
     delta = _count_overdensity(counts_dhw)
     n = delta.shape[0]
@@ -95,10 +96,11 @@ def bispectrum_statistics(
     k = k_magnitude(n)
     kept = np.ones(k.shape, dtype=bool) if modes_left_out is None else ~modes_left_out
     bands = [
-        np.fft.irfftn(np.where((k >= lo) & (k < hi) & kept, delta_k, 0.0), s=delta.shape,
-                      axes=(0, 1, 2))
+        np.fft.irfftn(
+            np.where((k >= lo) & (k < hi) & kept, delta_k, 0.0), s=delta.shape, axes=(0, 1, 2)
+        )
         for lo, hi in itertools.pairwise(edges)
-    ]  # fmt: skip
+    ]
     power = [float(np.mean(b * b)) for b in bands]
     out = []
     for a, b, c in bispectrum_triples(num_bands):

@@ -144,19 +144,20 @@ def _parse_feature(buf: memoryview) -> tuple[str, list[memoryview] | np.ndarray]
             parts = [bytes(v) for n, _, v in _fields(value) if n == 1]  # type: ignore[arg-type]
             return "float", np.frombuffer(b"".join(parts), dtype="<f4").astype(np.float32)
         if number == 3:  # Int64List: packed varints or one varint per field
-            ints: list[int] = []
-            for n, wire, v in _fields(value):
-                if n != 1:
-                    continue
-                if wire == 0:
-                    ints.append(int(v))  # type: ignore[arg-type]
-                else:
-                    pos = 0
-                    while pos < len(v):  # type: ignore[arg-type]
-                        item, pos = _varint(v, pos)  # type: ignore[arg-type]
-                        ints.append(item)
+            ints = [i for n, wire, v in _fields(value) if n == 1 for i in _int64s(wire, v)]
             return "int64", np.array(ints, dtype=np.uint64).view(np.int64)
     return "empty", []
+
+
+def _int64s(wire: int, v: int | memoryview) -> list[int]:
+    """An Int64List field's values: one varint (wire 0), or a packed run of them."""
+    if wire == 0:
+        return [int(v)]  # type: ignore[arg-type]
+    out, pos = [], 0
+    while pos < len(v):  # type: ignore[arg-type]
+        item, pos = _varint(v, pos)  # type: ignore[arg-type]
+        out.append(item)
+    return out
 
 
 def parse_example(payload: bytes | memoryview) -> dict[str, tuple[str, object]]:

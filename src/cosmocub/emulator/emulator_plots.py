@@ -66,8 +66,11 @@ def plot_power(
     fig = Figure(figsize=(15, 4.4), layout="constrained")
     FigureCanvasAgg(fig)
     ax_p, ax_t, ax_r = (fig.add_subplot(1, 3, j) for j in (1, 2, 3))
-    for key, label, style in (("tt", "truth", "k-"), ("pp", "U-Net", "C0-o"),
-                              ("bb", "linear growth", "C3--")):  # fmt: skip
+    for key, label, style in (
+        ("tt", "truth", "k-"),
+        ("pp", "U-Net", "C0-o"),
+        ("bb", "linear growth", "C3--"),
+    ):
         ax_p.loglog(k, (sums[key] - shot.get(key, 0.0)) / num_samples, style, ms=3, label=label)
     ax_p.loglog(k, sums["tt"] / num_samples, "k:", label="truth, raw")
     ax_p.axhline(shot["tt"] / num_samples, color="0.6", lw=1, label="truth shot noise")

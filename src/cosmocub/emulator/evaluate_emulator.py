@@ -125,9 +125,11 @@ def evaluate_fields(
 
     def counts(values: np.ndarray, channel: int) -> np.ndarray:
         return to_counts(
-            values, mean=mean[channel], std=std[channel] if standard else None,
+            values,
+            mean=mean[channel],
+            std=std[channel] if standard else None,
             log1p=manifest["log1p"],
-        )  # fmt: skip
+        )
 
     x, y, pred = predict_fields(model, test, batch_size=cfg.evaluate.batch_size)
     with h5py.File(test.path, "r") as f:
@@ -150,9 +152,12 @@ def evaluate_fields(
         model_spectra = cross_spectra(d_pred, d_true, box)
         base_spectra = cross_spectra(d_base, d_true, box)
         for key, value in (
-            ("pp", model_spectra.p_aa), ("tt", model_spectra.p_bb), ("pt", model_spectra.p_ab),
-            ("bb", base_spectra.p_aa), ("bt", base_spectra.p_ab),
-        ):  # fmt: skip
+            ("pp", model_spectra.p_aa),
+            ("tt", model_spectra.p_bb),
+            ("pt", model_spectra.p_ab),
+            ("bb", base_spectra.p_aa),
+            ("bt", base_spectra.p_ab),
+        ):
             sums[key] = sums.get(key, 0.0) + value
         for name, field in (("truth", n_true), ("model", n_pred), ("baseline", n_base)):
             hists[name] += np.histogram(np.log1p(np.clip(field, 0, None)), PDF_BINS)[0]
@@ -190,8 +195,14 @@ def evaluate_fields(
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
         write_json(tmp / "metrics.json", json_safe(metrics))
-        columns = ("k", "k_over_nyquist", "transfer_model", "r_model", "transfer_baseline",
-                   "r_baseline")  # fmt: skip
+        columns = (
+            "k",
+            "k_over_nyquist",
+            "transfer_model",
+            "r_model",
+            "transfer_baseline",
+            "r_baseline",
+        )
         rows = ["\t".join(columns)] + [
             "\t".join(f"{metrics[c][j]:.5g}" for c in columns) for j in range(len(k))
         ]
@@ -211,8 +222,10 @@ def evaluate_fields(
     s = metrics["summary"]
     log.info(
         "up to k_N/2: min r %.3f (baseline %.3f), max |T-1| %.3f (baseline %.3f), %d samples",
-        s["model"]["min_r_to_half_nyquist"], s["baseline"]["min_r_to_half_nyquist"],
+        s["model"]["min_r_to_half_nyquist"],
+        s["baseline"]["min_r_to_half_nyquist"],
         s["model"]["max_transfer_error_to_half_nyquist"],
-        s["baseline"]["max_transfer_error_to_half_nyquist"], len(x),
-    )  # fmt: skip
+        s["baseline"]["max_transfer_error_to_half_nyquist"],
+        len(x),
+    )
     return metrics

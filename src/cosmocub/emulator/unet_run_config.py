@@ -18,7 +18,13 @@ def unet_config(cfg: Config) -> Config:
     parallel.spatial of them share a sample."""
     unet = cfg.unet
     model = {**unet.model, "name": "unet", "in_channels": len(cfg.task.input_redshifts)}
-    overrides: dict[str, Any] = {"model": model, "parallel": unet.parallel, "train": unet.train}
+    overrides: dict[str, Any] = {
+        "model": model,
+        "parallel": unet.parallel,
+        "train": unet.train,
+        # Its one node: the world its config names is the world `cosmocub launch` starts.
+        "cluster": {"train": {"nodes": 1}},
+    }
     replace = {}
     if "name" in unet.optimizer:
         # Another optimizer's options (optimizer.lion_cub, …) must not come along: a named

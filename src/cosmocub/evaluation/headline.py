@@ -281,12 +281,17 @@ def tracker_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     if calibration:
         for scope, prefix in short.items():
             for stage in ("before", "after"):
-                for name, cov in calibration[scope][stage]["coverage"].items():
-                    for level, value in cov.items():
-                        pct = round(100 * float(level))
-                        flat[f"coverage{pct}_{prefix}_{stage}_{name}"] = value
+                coverage = calibration[scope][stage]["coverage"]
+                flat |= _coverage_metrics(coverage, f"{prefix}_{stage}")
         held_out = calibration.get("validation_held_out", {}).get("coverage", {})
-        for name, cov in held_out.items():
-            for level, value in cov.items():
-                flat[f"coverage{round(100 * float(level))}_univ_val_held_out_{name}"] = value
+        flat |= _coverage_metrics(held_out, "univ_val_held_out")
     return {k: float(v) for k, v in flat.items() if math.isfinite(v)}
+
+
+def _coverage_metrics(coverage: dict[str, dict[str, float]], where: str) -> dict[str, float]:
+    """{parameter: {level: share}} → coverage<pct>_<where>_<parameter>: share."""
+    return {
+        f"coverage{round(100 * float(level))}_{where}_{name}": value
+        for name, cov in coverage.items()
+        for level, value in cov.items()
+    }

@@ -26,10 +26,10 @@ from cosmocub.parallel.layers import (
     GatherFlatten,
     SharedDropout,
     SpatialConv3d,
-    SpatialGlobalMoments,
     SyncBatchNorm3d,
 )
 from cosmocub.parallel.parallel_dims import ParallelDims
+from cosmocub.parallel.spatial_moments import SpatialGlobalMoments
 
 Split = tuple[int, int, int]
 # The split rules (check_spatial_split, check_unet_split) live with the config, which checks

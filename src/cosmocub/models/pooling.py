@@ -13,16 +13,16 @@ from torch import nn
 from cosmocub.config import ModelConfig
 from cosmocub.cosmology.power import log_k_edges, rfft_bins
 from cosmocub.data.features import k_magnitude
-from cosmocub.parallel.layers import central_moments, channel_statistics
+from cosmocub.parallel.spatial_moments import central_moments, channel_statistics
 
 STD_EPS = 1e-5  # under the square root: a finite gradient even for a constant map
 
 
 class GlobalMoments(nn.Module):
     """(B, C, D, H, W) → (B, order·C): each channel's whole-sample statistics over D, H and W
-    up to `order` (parallel.layers.channel_statistics): 1 the mean; 2 and the standard
+    up to `order` (parallel.spatial_moments.channel_statistics): 1 the mean; 2 and the standard
     deviation sqrt(var + eps) (population variance); from 3 the standardised central moments
-    (parallel.layers.central_moments)."""
+    (parallel.spatial_moments.central_moments)."""
 
     def __init__(self, *, order: int, eps: float = STD_EPS) -> None:
         super().__init__()
@@ -190,8 +190,14 @@ class GroupWhitening(nn.Module):
     predicted Ω_m's mean with them by 0.25 (docs/known_answer.md, "The log-density P(k)").
     """
 
-    def __init__(self, index: torch.Tensor, *, momentum: float | None = None, eps: float = 1e-5,
-                 var_eps: float = 1e-10) -> None:  # fmt: skip
+    def __init__(
+        self,
+        index: torch.Tensor,
+        *,
+        momentum: float | None = None,
+        eps: float = 1e-5,
+        var_eps: float = 1e-10,
+    ) -> None:
         super().__init__()
         groups, k = index.shape
         self.momentum, self.eps, self.var_eps = momentum, eps, var_eps

@@ -76,16 +76,32 @@ def time_messages(
     try:
         receiver = subprocess.Popen(
             [*receiver_node.exec_prefix(), *module, "receive", "--address", receiver_node.address],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         procs.append(receiver)
         port = _read_port(receiver)
         sender = subprocess.Popen(
-            [*sender_node.exec_prefix(), *module, "send", "--address", receiver_node.address,
-             "--port", str(port), "--repeats", str(repeats), "--gap-s", str(gap_s),
-             "--sizes", *map(str, sizes)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [
+                *sender_node.exec_prefix(),
+                *module,
+                "send",
+                "--address",
+                receiver_node.address,
+                "--port",
+                str(port),
+                "--repeats",
+                str(repeats),
+                "--gap-s",
+                str(gap_s),
+                "--sizes",
+                *map(str, sizes),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         procs.append(sender)
         try:
             out, err = sender.communicate(timeout=timeout_s)

@@ -188,9 +188,25 @@ def _shape(netns: str, interface: str, mbit: float) -> None:
     limit = max(4 * 1024 * 1024, int(bytes_per_s))
     _ip(["-n", netns, "link", "set", interface, "gso_max_segs", "1"])
     _ip(
-        ["netns", "exec", netns, "tc", "qdisc", "add", "dev", interface, "root", "tbf",
-         "rate", f"{mbit}mbit", "burst", str(BURST_BYTES), "limit", str(limit)]
-    )  # fmt: skip
+        [
+            "netns",
+            "exec",
+            netns,
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            interface,
+            "root",
+            "tbf",
+            "rate",
+            f"{mbit}mbit",
+            "burst",
+            str(BURST_BYTES),
+            "limit",
+            str(limit),
+        ]
+    )
 
 
 def _remove(names: Sequence[str]) -> None:

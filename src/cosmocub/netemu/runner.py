@@ -203,9 +203,10 @@ def _run_agents(
             f.flush()
             # Own session: a stop reaches the agent and its ranks, not the study's terminal.
             children.append(
-                subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-            )  # fmt: skip
+                subprocess.Popen(
+                    argv, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            )
     stopped: list[int] = []
 
     def forward(signum: int, frame: object) -> None:

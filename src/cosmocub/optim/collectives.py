@@ -157,7 +157,7 @@ class Pending:
 class Collective:
     """Base: the group, its size and this rank's place in it; a group of one sends nothing.
 
-    `ranks_per_node`: the group's ranks run node by node, that many on each (None: each rank on
+    `data_ranks_per_node`: the group's ranks run node by node, that many on each (None: each rank on
     its own node, so every byte counts as inter-node); what crosses nodes is then counted as an
     all-to-all's chunks to the other nodes' ranks and a ring's one crossing a node (see
     `cosmocub.parallel.node_layout`)."""
@@ -165,13 +165,16 @@ class Collective:
     name = "base"
 
     def __init__(
-        self, group: dist.ProcessGroup | None, stats: CommStats, ranks_per_node: int | None = None
+        self,
+        group: dist.ProcessGroup | None,
+        stats: CommStats,
+        data_ranks_per_node: int | None = None,
     ) -> None:
         self.group = group
         self.size = 1 if group is None else dist.get_world_size(group)
         self.rank = 0 if group is None else dist.get_rank(group)
         self.stats = stats
-        per_node = ranks_per_node or 1
+        per_node = data_ranks_per_node or 1
         self.ring_inter = ring_inter_fraction(self.size, per_node)
         self.pairwise_inter = pairwise_inter_fraction(self.size, per_node)
 
@@ -320,11 +323,11 @@ def build_collective(
     name: str,
     group: dist.ProcessGroup | None,
     stats: CommStats,
-    ranks_per_node: int | None = None,
+    data_ranks_per_node: int | None = None,
 ) -> Collective:
     for cls in (AllGatherVote, AllToAllVote, AllReduceVote):
         if cls.name == name:
-            return cls(group, stats, ranks_per_node)
+            return cls(group, stats, data_ranks_per_node)
     raise ValueError(f"unknown collective {name!r} ({', '.join(COLLECTIVES)})")
 
 

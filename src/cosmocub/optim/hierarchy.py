@@ -81,14 +81,14 @@ def scales_from_stats(stats: torch.Tensor, sizes: Sequence[int], quantizer: str)
     return torch.where(counts > 0, (sums / counts.clamp(min=1)).exp(), 0.0)
 
 
-def world_node_groups(ranks_per_node: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
+def world_node_groups(data_ranks_per_node: int) -> tuple[dist.ProcessGroup, dist.ProcessGroup]:
     """(the ranks on my node, my rail) for a script whose data group is the whole world, G ranks
     a node (torchrun: LOCAL_WORLD_SIZE), as LionCub's node_groups; every rank must call it (it
     makes every group, a collective over the world)."""
-    layout = NodeLayout(data=dist.get_world_size(), spatial=1, ranks_per_node=ranks_per_node)
+    layout = NodeLayout(data=dist.get_world_size(), spatial=1, ranks_per_node=data_ranks_per_node)
     rank = dist.get_rank()
-    intra = [dist.new_group(r) for r in layout.intra_groups()][rank // ranks_per_node]
-    rail = [dist.new_group(r) for r in layout.inter_groups()][rank % ranks_per_node]
+    intra = [dist.new_group(r) for r in layout.intra_groups()][rank // data_ranks_per_node]
+    rail = [dist.new_group(r) for r in layout.inter_groups()][rank % data_ranks_per_node]
     return intra, rail
 
 

@@ -1,8 +1,8 @@
 """Distributed Lion and Lion Cub: each data rank keeps its own momentum and the ranks agree on
 sign(Σ quantized c) through a swappable collective; the class only does the bookkeeping.
 
-Math: `quantize.py`, `vote.py`, `packing.py`, `momentum_sync.py`; wire: `collectives.py`; the
-two-level exchange (hierarchy "node"): `hierarchy.py`.
+Math: `quantize.py`, `vote.py`, `packing.py`, `momentum_sync.py`; the exchange, flat or two-level
+(hierarchy "node"), one object: `exchange.py` over `collectives.py` and `hierarchy.py`.
 Gradients arrive reduced over the spatial group only (see train.grad_sync): no DDP all-reduce.
 """
 
@@ -18,19 +18,18 @@ import torch
 import torch.distributed as dist
 from torch.optim import Optimizer
 
-from cosmocub.optim.collectives import CommStats, Pending, build_collective, ring_allreduce_bytes
+from cosmocub.optim.collectives import Collective, CommStats, Pending
+from cosmocub.optim.exchange import HIERARCHIES, BucketWire, FlatExchange, build_exchange
 from cosmocub.optim.exchange_plan import bucket_elements
-from cosmocub.optim.hierarchy import NodeSlice, TwoLevel
 from cosmocub.optim.lion import check_lion_hyperparameters, lion_apply, lion_interpolation
 from cosmocub.optim.lion_cub_checkpoint import own_rows, own_state
-from cosmocub.optim.momentum_sync import average_momenta, is_sync_step, matches
-from cosmocub.optim.quantize import levels_shrunk, quantize, quantizer_levels, wire_bits
+from cosmocub.optim.momentum_sync import is_sync_step, matches
+from cosmocub.optim.quantize import levels_shrunk
 from cosmocub.optim.vote import tie_pattern
 from cosmocub.optim.wire import WireSpec
-from cosmocub.parallel.node_layout import ring_inter_fraction
 from cosmocub.parallel.timing import Spans, clock_for
 
-HIERARCHIES = ("flat", "node")
+__all__ = ["HIERARCHIES", "LionCub", "named_groups", "split_into_buckets"]
 GROUP_OPTIONS = ("lr", "betas", "weight_decay")  # what a parameter group may set for itself
 
 
@@ -41,16 +40,13 @@ class _Bucket:
     params: list[torch.Tensor]
     group: dict[str, Any]  # the parameter group: its lr, betas, weight_decay (a schedule sets lr)
     momentum: torch.Tensor  # flat (n,)
-    ties: tuple[torch.Tensor, torch.Tensor]  # tie pattern on even and odd steps
-    # Reused every step: c, then the update as floats; q. Fresh n-sized tensors per step cost
+    # Reused every step: c, then the update as floats. Fresh n-sized tensors per step cost
     # more than the arithmetic on a CPU (page faults of large allocations).
     scratch: torch.Tensor
-    q: torch.Tensor
-    work: torch.Tensor  # a scaled quantizer's |c|
+    wire: BucketWire  # the exchange's buffers (tie pattern, q, the node slice)
     ready: int = 0  # parameters whose gradient is accumulated this step (overlap)
     pending: Pending | None = None
     views: list[torch.Tensor] = field(default_factory=list)
-    node: NodeSlice | None = None  # this rank's slice under hierarchy node
 
     @property
     def sizes(self) -> list[int]:
@@ -118,8 +114,10 @@ class LionCub(Optimizer):
                         parameters whose names match sync_patterns (none given: all)
       overlap           start a bucket's exchange in backward, when its gradients are ready
       bucket_mb         parameters per exchange bucket, in MiB of fp32
-      ranks_per_node    G: `group`'s ranks run node by node, G on each (None: one a node), for
-                        the intra/inter-node byte split and hierarchy node
+      data_ranks_per_node  G: `group`'s ranks run node by node, G on each (None: one a node),
+                        for the intra/inter-node byte split and hierarchy node (the data ranks
+                        of a node, not all its ranks: with a spatial group of S, G = ranks a
+                        node / S; the keyword was `ranks_per_node` before)
       hierarchy         "flat" (one vote over `group`) or "node": c averaged in fp32 inside the
                         node over node_groups[0] (the G ranks on mine), the vote across nodes on
                         1/G of it over node_groups[1] (my rail: my local index on every node),
@@ -151,10 +149,18 @@ class LionCub(Optimizer):
         sync_patterns: Sequence[str] = (),
         overlap: bool = False,
         bucket_mb: float = 4.0,
-        ranks_per_node: int | None = None,
+        data_ranks_per_node: int | None = None,
         hierarchy: str = "flat",
         node_groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None,
+        **renamed: Any,
     ) -> None:
+        if "ranks_per_node" in renamed:
+            raise TypeError(
+                "LionCub: keyword ranks_per_node is now data_ranks_per_node (the data ranks of "
+                "`group` on one node; ranks_per_node elsewhere counts all a node's ranks)"
+            )
+        if renamed:
+            raise TypeError(f"LionCub: unexpected keyword(s) {', '.join(sorted(renamed))}")
         groups = named_groups(params)
         named = [(n, p) for g in groups for n, p in g["params"] if p.requires_grad]
         trained = [{**g, "params": [p for n, p in g["params"] if p.requires_grad]} for g in groups]
@@ -170,28 +176,24 @@ class LionCub(Optimizer):
         self.group = group
         self.group_size = 1 if group is None else dist.get_world_size(group)
         self.rank = 0 if group is None else dist.get_rank(group)
-        per_node = min(ranks_per_node or 1, self.group_size)
-        self.ranks_per_node, self.nodes = per_node, self.group_size // per_node
-        self.two_level = self._check_hierarchy(hierarchy, node_groups)
-        if self.two_level:
-            assert node_groups is not None
-            self.node: TwoLevel | None = TwoLevel(node_groups[0], self.comm_stats)
-            self.rail = node_groups[1]
-            self.collective = build_collective(collective, self.rail, self.comm_stats)
-        else:
-            self.node, self.rail = None, None
-            self.collective = build_collective(collective, group, self.comm_stats, per_node)
+        self.exchange: FlatExchange = build_exchange(
+            group,
+            collective=collective,
+            stats=self.comm_stats,
+            data_ranks_per_node=data_ranks_per_node,
+            hierarchy=hierarchy,
+            node_groups=node_groups,
+        )
         if allreduce_dtype is not None and collective != "allreduce":
             raise ValueError(
                 f"LionCub: allreduce_dtype={allreduce_dtype!r} is for collective 'allreduce' "
                 f"only ({collective!r} sums on the rank)"
             )
         dtype = allreduce_dtype or "int8"
-        levels = quantizer_levels(  # the voters: ranks, or nodes under hierarchy node
-            quantizer, bits, self.collective.size, collective=collective, allreduce_dtype=dtype
+        spec = self.exchange.wire_spec(  # the voters: ranks, or nodes under hierarchy node
+            quantizer, bits, collective=collective, allreduce_dtype=dtype
         )
-        self.spec = WireSpec(quantizer, levels, wire_bits(quantizer, levels), dtype)
-        voters = f"{self.nodes} nodes" if self.two_level else f"{self.group_size} data ranks"
+        voters, levels = self.exchange.voters, spec.levels
         if shrunk := levels_shrunk(quantizer, bits, levels, voters, dtype):
             warnings.warn(f"LionCub: {shrunk}", stacklevel=2)
         self.sync = {"schedule": momentum_sync, "every": sync_every, "k": sync_k}
@@ -214,38 +216,26 @@ class LionCub(Optimizer):
         """s: the largest |q| a rank sends, as quantizer_levels allows at this group size."""
         return self.spec.levels
 
-    def _check_hierarchy(
-        self, hierarchy: str, node_groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None
-    ) -> bool:
-        """Whether the exchange has two levels; ValueError where the groups do not fit."""
-        if hierarchy not in HIERARCHIES:
-            raise ValueError(f"LionCub: unknown hierarchy {hierarchy!r} ({', '.join(HIERARCHIES)})")
-        if self.group_size % self.ranks_per_node:
-            raise ValueError(
-                f"LionCub: ranks_per_node {self.ranks_per_node} does not divide the group's "
-                f"{self.group_size} ranks"
-            )
-        if hierarchy == "flat" or self.ranks_per_node == 1 or self.nodes == 1:
-            return False
-        sizes = None if node_groups is None else [dist.get_world_size(g) for g in node_groups]
-        if sizes != [self.ranks_per_node, self.nodes]:
-            raise ValueError(
-                f"LionCub: hierarchy 'node' over {self.nodes} nodes × {self.ranks_per_node} "
-                f"ranks needs node_groups (intra-node, rail) of those sizes, got {sizes}"
-            )
-        return True
+    @property
+    def spec(self) -> WireSpec:
+        """What goes on the wire (quantizer, levels, bits a value, the all-reduce's dtype)."""
+        return self.exchange.spec
+
+    @property
+    def collective(self) -> Collective:
+        """The vote's collective: over `group`, or over the rail under two levels."""
+        return self.exchange.collective
+
+    @property
+    def two_level(self) -> bool:
+        return self.exchange.two_level
 
     def _new_bucket(self, params: list[torch.Tensor], group: dict[str, Any]) -> _Bucket:
         n = sum(p.numel() for p in params)
         momentum = torch.zeros(n, dtype=params[0].dtype, device=params[0].device)
         even = tie_pattern(n, step=0, device=momentum.device)
-        whole = n if self.node is None else 0  # two levels quantize a slice (its own buffers)
-        q = torch.zeros(whole, dtype=torch.int8, device=momentum.device)
-        work = momentum.new_zeros(whole) if self.spec.quantizer != "sign" else momentum[:0]
-        ties = (even, -even)
-        bucket = _Bucket(params, group, momentum, ties, torch.zeros_like(momentum), q, work)
-        if self.node is not None:
-            bucket.node = self.node.new_slice(bucket.sizes, bucket.ties, momentum)
+        wire = self.exchange.new_wire([p.numel() for p in params], (even, -even), momentum)
+        bucket = _Bucket(params, group, momentum, torch.zeros_like(momentum), wire)
         offset = 0
         for p in params:
             bucket.views.append(momentum[offset : offset + p.numel()].view_as(p))
@@ -268,26 +258,7 @@ class LionCub(Optimizer):
                 m, p.grad, beta1=beta1, out=c[offset : offset + p.numel()].view_as(p)
             )
             offset += p.numel()
-        if self.node is not None and bucket.node is not None:
-            self.comm_stats.lap("quantize", started)
-            self.node.average(c, bucket.node)
-            q = self.node.quantize(bucket.node, self.spec.quantizer, self.spec.levels)
-            tie = bucket.node.ties[step % 2]
-            bucket.pending = self.collective.start(q, tie, self.spec)
-            return
-        if self.spec.quantizer == "sign":
-            bucket.q.copy_(c.sign_())  # = quantize(c, "sign"), without a fresh tensor
-        else:
-            quantize(
-                c,
-                quantizer=self.spec.quantizer,
-                levels=self.spec.levels,
-                segments=bucket.sizes,
-                out=bucket.q,
-                work=bucket.work,
-            )
-        self.comm_stats.lap("quantize", started)  # c and its quantization, before the wire
-        bucket.pending = self.collective.start(bucket.q, bucket.ties[step % 2], self.spec)
+        bucket.pending = self.exchange.start(c, bucket.wire, step, started)
 
     @torch.no_grad()
     def _grad_ready(self, p: torch.Tensor) -> None:
@@ -323,10 +294,7 @@ class LionCub(Optimizer):
             updates = []
             for bucket in self.buckets:
                 assert bucket.pending is not None
-                update = self.collective.finish(bucket.pending, self.spec)
-                if self.node is not None and bucket.node is not None:
-                    update = self.node.share(update, bucket.node)
-                updates.append(update)
+                updates.append(self.exchange.finish(bucket.pending, bucket.wire))
                 bucket.pending, bucket.ready = None, 0
             return updates
 
@@ -361,22 +329,7 @@ class LionCub(Optimizer):
             for p, m in zip(b.params, b.views, strict=True)
             if id(p) in self.sync_params
         ]
-
-        if self.node is not None and self.rail is not None:
-            node, rail = self.node, self.rail
-
-            def two_level_sum(x: torch.Tensor) -> None:
-                node.sum_over_nodes(x, rail, self.nodes)  # counts its own bytes
-
-            average_momenta(momenta, two_level_sum, self.group_size)
-            return
-
-        def all_reduce_sum(x: torch.Tensor) -> None:
-            dist.all_reduce(x, group=self.group)
-
-        payload = average_momenta(momenta, all_reduce_sum, self.group_size)
-        inter = ring_inter_fraction(self.group_size, self.ranks_per_node)
-        self.comm_stats.add_bytes(ring_allreduce_bytes(payload, self.group_size), inter)
+        self.exchange.average_momenta(momenta)
 
     # -- checkpoints: this data rank's momentum, and the schedule's position ---------------------
 

@@ -79,7 +79,7 @@ def _build_lion_cub(
             bits=wire.bits,
             collective=wire.collective,
             bucket_mb=wire.bucket_mb,
-            ranks_per_node=layout.data_per_node if layout is not None else None,
+            data_ranks_per_node=layout.data_per_node if layout is not None else None,
             **common,
         )
     lc = cfg.lion_cub
@@ -114,7 +114,7 @@ def _build_lion_cub(
         sync_patterns=sync.patterns,
         overlap=lc.overlap,
         bucket_mb=lc.bucket_mb,
-        ranks_per_node=layout.data_per_node if layout is not None else None,
+        data_ranks_per_node=layout.data_per_node if layout is not None else None,
         hierarchy=lc.hierarchy,
         node_groups=node_groups,
         **common,

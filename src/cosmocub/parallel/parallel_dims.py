@@ -194,16 +194,19 @@ class ParallelDims:
             layout = self.node_layout()
             mine: dict[str, dist.ProcessGroup | None] = {"intra": None, "inter": None}
             if layout.two_level:
-                for kind, lists in (
-                    ("intra", layout.intra_groups()),
-                    ("inter", layout.inter_groups()),
-                ):
-                    for ranks in lists:
-                        group = self.new_group(ranks)
-                        if self.rank in ranks:
-                            mine[kind] = group
+                mine["intra"] = self._make_groups(layout.intra_groups())
+                mine["inter"] = self._make_groups(layout.inter_groups())
             self._node_groups = NodeGroups(layout=layout, **mine)
         return self._node_groups
+
+    def _make_groups(self, rank_lists: list[list[int]]) -> dist.ProcessGroup | None:
+        """Make every group of `rank_lists` (a collective over the world), return mine."""
+        mine = None
+        for ranks in rank_lists:
+            group = self.new_group(ranks)
+            if self.rank in ranks:
+                mine = group
+        return mine
 
 
 @dataclass(frozen=True)

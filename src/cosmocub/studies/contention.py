@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cosmocub.config import StudiesConfig
-from cosmocub.train.epoch_conditions import is_marked
+from cosmocub.point_rows import is_marked
 
 # The points.tsv columns beside a point's timings (blank for points measured before they were
 # recorded, or skipped).

@@ -157,7 +157,14 @@ def find_point(cfg: Config, study: str, point: str) -> Point:
 def point_config(cfg: Config, study: str, point: Point) -> Config:
     """The point's config: the base values, its overrides, and run name `<study>_<point>`;
     validated against the schema and the typed checks."""
-    overrides = deep_merge(dict(point.overrides), {"train": {"run_name": f"{study}_{point.name}"}})
+    named = {"train": {"run_name": f"{study}_{point.name}"}}
+    # The world the point's runner starts is the world its config names (training refuses any
+    # other): the study's nodes and ranks per node, where it gives them.
+    if point.launch.nodes is not None:
+        named["cluster"] = {"train": {"nodes": point.launch.nodes}}
+    if point.launch.ranks_per_node is not None:
+        named["train"]["ranks_per_node"] = point.launch.ranks_per_node
+    overrides = deep_merge(dict(point.overrides), named)
     return derive(cfg, overrides, source=f"study {study} point {point.name}")
 
 

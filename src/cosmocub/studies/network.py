@@ -262,11 +262,13 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
     summed = over_seeds(measured)
     for variant in variants:
         pts = sorted(
-            ((x_of(r["bandwidth_mbit"]), r)
-             for r in summed
-             if r["variant"] == variant and "speedup_vs_reference" in r),
+            (
+                (x_of(r["bandwidth_mbit"]), r)
+                for r in summed
+                if r["variant"] == variant and "speedup_vs_reference" in r
+            ),
             key=lambda point: point[0],
-        )  # fmt: skip
+        )
         xs = [x for x, _ in pts]
         ys = [r["speedup_vs_reference"] for _, r in pts]
         low = [r["speedup_vs_reference"] - r["speedup_vs_reference_min"] for _, r in pts]

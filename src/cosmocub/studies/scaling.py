@@ -21,6 +21,7 @@ from typing import Any
 
 from cosmocub.config import Config
 from cosmocub.io import atomic_path
+from cosmocub.point_rows import kept
 from cosmocub.studies.contention import CONDITION_COLUMNS
 from cosmocub.studies.engine import (
     Point,
@@ -31,7 +32,6 @@ from cosmocub.studies.engine import (
 )
 from cosmocub.studies.launch_plan import PointLaunch
 from cosmocub.studies.training_columns import COMM_BYTES_COLUMNS, STEP_TIME_COLUMNS
-from cosmocub.train.epoch_conditions import kept
 
 COLUMNS = (
     "mode",

@@ -13,8 +13,8 @@ their busy time), from /proc/stat's per-CPU steal column over the cores the rank
 virtual machine the host's other tenants take cores away unseen by the guest's scheduler, so
 ready_share and the load average stay as on a quiet machine while the steps slow (seen here: 29 %
 of the busy time stolen during a network point whose compute took 2.4x its quiet time, 1-3 % in
-quiet spells). The studies mark a point contended on either share (`contended` in points.tsv);
-`kept` is what efficiencies, fits and model errors may use. Pure: the studies and the Snakefile
+quiet spells). The studies mark a point contended on either share (`contended` in points.tsv,
+filtered by cosmocub.point_rows). Pure: the studies and the Snakefile
 read these without torch (train/epoch_conditions_meter.py measures); the readings of the
 kernel's counters are cosmocub.host_probe's.
 """
@@ -43,7 +43,6 @@ RANK_FIELDS = (
     "torch_threads",
     "cores_granted",
 )
-CONTENDED_COLUMN = "contended"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,13 +137,3 @@ def reduce_over_ranks(ranks: Sequence[Mapping[str, float]]) -> dict[str, float]:
     if all(math.isfinite(v) for v in steal):
         out["steal_share"] = max(steal)
     return out
-
-
-def is_marked(row: Mapping[str, object]) -> bool:
-    """A points.tsv row (as gathered, or read back as strings) marked contended."""
-    return row.get(CONTENDED_COLUMN) in (True, "True")
-
-
-def kept(rows: Sequence[Mapping[str, object]]) -> list:
-    """The rows not marked contended (the same objects, in order)."""
-    return [r for r in rows if not is_marked(r)]

@@ -250,9 +250,11 @@ def has_unsynced_buffers(model: nn.Module) -> bool:
     anything else a rank may change on its own): DDP must then broadcast the buffers before
     every forward to keep the ranks equal."""
     synced = {
-        id(sub) for module in model.modules() if isinstance(module, SyncBatchNorm3d)
+        id(sub)
+        for module in model.modules()
+        if isinstance(module, SyncBatchNorm3d)
         for sub in module.modules()
-    }  # fmt: skip
+    }
     return any(
         next(module.buffers(recurse=False), None) is not None
         for module in model.modules()

@@ -1,8 +1,8 @@
 """Entry of the training stage: read the launcher's environment, build, train, write, close.
 
-One process per device, started by `cosmocub launch --ranks-per-node N --max-restarts R -- train
---config CFG --shards DIR --out RUN_DIR` (torchrun locally, srun on Slurm, see
-cosmocub.launch.launcher):
+One process per device, started by `cosmocub launch --max-restarts R -- train --config CFG
+--shards DIR --out RUN_DIR` (torchrun locally, srun on Slurm, see cosmocub.launch.launcher; the
+world it starts must be the config's, cluster.train.nodes × train.ranks_per_node):
 it starts the ranks again after a crash, never after a user error (exit 2), and `train` resumes
 from the newest checkpoint in RUN_DIR/checkpoints by itself. One training at a time holds RUN_DIR
 (`run_lock`): a second one is refused at start.
@@ -23,7 +23,11 @@ from torch import nn
 from cosmocub.config import Config
 from cosmocub.io import sigterm_deferred, write_json, write_jsonl
 from cosmocub.models.model_factory import build_model, save_model_file
-from cosmocub.parallel.parallel_dims import build_parallel_dims, close_parallel_dims
+from cosmocub.parallel.parallel_dims import (
+    build_parallel_dims,
+    close_parallel_dims,
+    detect_launch_env,
+)
 from cosmocub.tracking.runs import job_run
 from cosmocub.train import runtime
 from cosmocub.train.build import build_trainer
@@ -160,3 +164,18 @@ def accelerator_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"cpu: {platform.processor() or platform.machine()}"
+
+
+def check_launched_world(cfg: Config) -> None:
+    """The `train` stage's first step (cli): refuse a world unlike the config's. Its batch,
+    learning rate, shards per rank and node layout are the config's world's, and a launcher
+    given other counts would train something the config does not say. Before any process
+    group, so every rank stops at once."""
+    launched = detect_launch_env()
+    if launched.world_size != cfg.world_size:
+        raise ValueError(
+            f"{cfg.source}: the launcher started {launched.world_size} rank(s) "
+            f"({launched.launcher}), the config's world is {cfg.world_size} "
+            f"(cluster.train.nodes {cfg.cluster.train.nodes} × train.ranks_per_node "
+            f"{cfg.train.ranks_per_node})"
+        )

@@ -39,8 +39,9 @@ LL_MAX_BWS = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (87.7, 22.5, 19.0))
 PER_CH_MAX_RING_LL128 = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7))
 PER_CH_MAX_TREE_LL128 = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0))
 PER_CH_MAX_TREE = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0))
-# tuning.cc treeCorrectionFactor[proto][log2(nBytes/64)], 64 B to 256 MB; fmt: skip keeps its
+# tuning.cc treeCorrectionFactor[proto][log2(nBytes/64)], 64 B to 256 MB; fmt: off keeps its
 # rows as tuning.cc lays them out, to be read against it.
+# fmt: off
 TREE_CORRECTION = (
     (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5,
      .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0),
@@ -48,14 +49,16 @@ TREE_CORRECTION = (
      .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0),
     (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5,
      .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9),
-)  # fmt: skip
+)
+# fmt: on
 # tuning.cc getNetOverhead (µs per inter-node ring step, ×3 for Simple): Intel 1.0, AMD 2.0.
 NET_OVERHEAD_US = {"intel": 1.0, "amd": 2.0, "other": 1.0}
 # tuning.cc ncclTopoGetAlgoTime: ring Simple all-reduce latency ×1.4 (Ampere+) or ×1.9 across
 # nodes once each rank's share of a channel is ≥ 64 bytes ("plateau effect of ring").
 RING_PLATEAU = {"volta": 1.9, "ampere": 1.4, "hopper": 1.4}
 # search.cc speedArrayIntra/Inter (pre-Hopper) and sm90SpeedArrayIntra/Inter (GB/s a channel);
-# fmt: skip keeps each array on its lines, to be read against search.cc.
+# fmt: off keeps each array on its lines, to be read against search.cc.
+# fmt: off
 SPEEDS = {
     ("intra", False): (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
     ("inter", False): (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0,
@@ -63,7 +66,8 @@ SPEEDS = {
     ("intra", True): (60.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 6.0, 3.0),
     ("inter", True): (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0,
                       2.4, 1.2, 0.24, 0.12),
-}  # fmt: skip
+}
+# fmt: on
 # topo.h SM70/SM80/SM90_NVLINK_BW: GB/s a link for the topology search (20.0 in v2.18.5).
 NVLINK_GBYTE_S = 20.0
 # init.cc: ringGraph.maxChannels = MAXCHANNELS/2 (devcomm.h MAXCHANNELS 32).

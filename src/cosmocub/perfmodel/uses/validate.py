@@ -38,7 +38,7 @@ from cosmocub.perfmodel.cost_model.step_model import DDP_OPTIMIZERS, StepPredict
 from cosmocub.perfmodel.cost_model.topology import Mesh, Network
 from cosmocub.perfmodel.measure.cpu_model import Calibration
 from cosmocub.perfmodel.measure.link_fits import LinkFits
-from cosmocub.train.epoch_conditions import is_marked
+from cosmocub.point_rows import is_marked
 
 log = logging.getLogger(__name__)
 MEASURED = ("step_s", "compute_s", "exchange_s", "momentum_sync_s")

@@ -1,0 +1,134 @@
+"""Every script in benchmarks/ runs here in a smoke mode: tiny sizes, seconds, and a number of
+its table checked, so a script that no longer runs fails the suite instead of rotting unseen.
+(docs/benchmarks.md lists them, and those removed with the commit their figures came from.)"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cosmocub.config import load_config
+from cosmocub.models.cosmoflow import CosmoFlow
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks"
+TINY_MODEL = {
+    "preprocess": {"sample_size": 8},
+    "model": {"input_size": 8, "base_filters": 2, "num_conv_blocks": 1, "dense_sizes": [8]},
+    "tracking": {"enabled": False},
+}
+# The scripts the integrator keeps apart (the performance model's; their smoke tests live with
+# it) and those whose smoke test is below.
+PERF_MODEL_SCRIPTS = {
+    "against_mlperf.py",
+    "bench_compute_calibration.py",
+    "costs_at_scale.py",
+    "gpu_feed_point.py",
+    "gpu_feed_point.sh",
+    "gpu_universes_point.sh",
+}
+SMOKED = {
+    "host_steal.py",
+    "bench_preprocess.py",
+    "bench_throughput.py",
+    "bench_train_loop.py",
+    "bench_lion_cub.py",
+    "bench_links.py",
+}
+
+
+def run_script(name: str, *args: str, cwd: Path, timeout: float = 180) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, str(BENCH / name), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout + done.stderr  # the tables on stdout, the stages' log lines on stderr
+
+
+def test_every_benchmark_has_a_smoke_test() -> None:
+    scripts = {p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh")}
+    assert scripts - PERF_MODEL_SCRIPTS == SMOKED, "a benchmark without a smoke test here"
+
+
+def test_host_steal(tmp_path: Path) -> None:
+    out = run_script("host_steal.py", "--seconds", "0.2", cwd=tmp_path)
+    (row,) = [line.split() for line in out.splitlines() if line.split()[:1] == ["all"]]
+    busy, stolen, share = int(row[1]), int(row[2]), float(row[3])
+    assert busy > 0 and 0 <= stolen <= busy and share == pytest.approx(stolen / busy, abs=1e-3)
+
+
+def test_bench_preprocess(tmp_path: Path) -> None:
+    args = ["--size", "16", "--count", "4", "--sample-size", "8", "--slab-depth", "4"]
+    out = run_script("bench_preprocess.py", *args, "--repeat", "1", "--workers", "1", cwd=tmp_path)
+    # 4 universes of 16³ cut into 8³ crops: 8 each.
+    assert "preprocess: 32 samples from 4 universes" in out
+    (row,) = [line.split() for line in out.splitlines() if line.startswith("cosmocub preprocess")]
+    assert float(row[2]) > 0  # seconds
+
+
+def test_bench_throughput(tmp_path: Path) -> None:
+    out = run_script(
+        "bench_throughput.py", "--models", "default", "--steps", "1", "--batch", "1", cwd=tmp_path
+    )
+    (row,) = [line.split() for line in out.splitlines() if line.startswith("default ")]
+    params = sum(p.numel() for p in CosmoFlow(load_config(None).model).parameters())
+    assert int(row[2].replace(",", "")) == params and float(row[4]) > 0  # samples/s
+
+
+def test_bench_train_loop(tmp_path: Path) -> None:
+    args = ["--size", "8", "--base-filters", "2", "--blocks", "1", "--samples", "8"]
+    out = run_script("bench_train_loop.py", *args, "--batch", "4", "--reps", "2", cwd=tmp_path)
+    assert "2 steps/epoch" in out  # 8 samples, batch 4
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:4]}
+    assert set(rows) == {"cosmocub", "bare"}
+    assert all(0 < float(r[1]) <= float(r[0]) <= float(r[2]) for r in rows.values())  # min≤med≤max
+
+
+def test_bench_lion_cub(tmp_path: Path) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(TINY_MODEL))
+    args = ["--config", str(config), "--ranks", "2", "--steps", "1", "--reps", "1"]
+    out = run_script("bench_lion_cub.py", *args, "--batch", "1", "--pack-mb", "1", cwd=tmp_path)
+    params = sum(p.numel() for p in CosmoFlow(load_config(config).model).parameters())
+    assert f"model: CosmoFlow, {params} parameters; 2 gloo ranks" in out
+    # 1-bit all-to-all against DDP's fp32 all-reduce: ~1/32 of its bytes, whatever the timing.
+    got = float(re.search(r"goal: 1-bit alltoall <= 1/25 = 0.0400 measured; got (\S+)", out)[1])
+    assert 1 / 40 < got <= 1 / 25
+
+
+def test_bench_links(tmp_path: Path) -> None:
+    from cosmocub.netemu import EmulationUnavailableError
+    from cosmocub.netemu.namespaces import check_privileges
+
+    try:
+        check_privileges()
+    except EmulationUnavailableError as err:
+        pytest.skip(f"emulated nodes unavailable: {err}")
+    out = run_script(
+        "bench_links.py",
+        "--rates",
+        "100",
+        "--sizes",
+        "16000",
+        "--repeats",
+        "1",
+        "--gap-s",
+        "0.05",
+        cwd=tmp_path,
+    )
+    (row,) = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| 100 ")]
+    median_ms, ideal_ms = float(row[2]), float(row[3])
+    assert ideal_ms == pytest.approx(16000 * 8 / 100e6 * 1e3, abs=0.01)  # 1.28 ms
+    assert 0.5 < median_ms / ideal_ms < 20
