@@ -31,6 +31,7 @@ PERF_MODEL_SCRIPTS = {
     "costs_at_scale.py",
     "gpu_feed_point.py",
     "gpu_feed_point.sh",
+    "bench_loader.py",  # gpu_feed_point.py's loader rows and step (it imports them)
     "gpu_universes_point.sh",
 }
 SMOKED = {
