@@ -226,6 +226,28 @@ def short_run(
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _loader_row(dataset, crop, batch, symmetries, seconds, device, layout) -> dict:
+    """Both paths' samples/s on one (crop size, crops, symmetries)."""
+    row = {
+        "crops": "random" if dataset.random_origins else "fixed",
+        "size": crop,
+        "symmetries": 48 if symmetries else 1,
+        "batch": batch,
+    }
+    for path in ("workers", "resident"):
+        row[path], load_s = loader_rate(
+            dataset,
+            resident=path == "resident",
+            symmetries=symmetries,
+            batch=batch,
+            seconds=seconds,
+            device=device,
+            layout=layout,
+        )
+        row["load_s"] = row.get("load_s", 0.0) + load_s
+    return row
+
+
 def measure_loaders(
     cfg: Config, sets: dict, *, seconds: float, device: torch.device, layout: torch.memory_format
 ) -> list[dict]:
@@ -240,23 +262,7 @@ def measure_loaders(
                 dataset = open_split(folder, "train", model_cfg)
                 batch = min(cfg.train.local_batch_size, len(dataset))
                 for symmetries in (False, True):
-                    row = {
-                        "crops": "random" if dataset.random_origins else "fixed",
-                        "size": crop,
-                        "symmetries": 48 if symmetries else 1,
-                        "batch": batch,
-                    }
-                    for path in ("workers", "resident"):
-                        row[path], load_s = loader_rate(
-                            dataset,
-                            resident=path == "resident",
-                            symmetries=symmetries,
-                            batch=batch,
-                            seconds=seconds,
-                            device=device,
-                            layout=layout,
-                        )
-                        row["load_s"] = row.get("load_s", 0.0) + load_s
+                    row = _loader_row(dataset, crop, batch, symmetries, seconds, device, layout)
                     print(f"# {row}", flush=True)
                     rows.append(row)
     finally:
