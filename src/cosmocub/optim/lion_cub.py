@@ -48,10 +48,6 @@ class _Bucket:
     pending: Pending | None = None
     views: list[torch.Tensor] = field(default_factory=list)
 
-    @property
-    def sizes(self) -> list[int]:
-        return [p.numel() for p in self.params]
-
 
 def split_into_buckets(
     params: Sequence[torch.Tensor], cap_elements: int
