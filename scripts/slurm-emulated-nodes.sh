@@ -7,7 +7,7 @@
 # scripts/slurm-single-node.sh keeps working beside it.
 #
 # Usage: slurm-emulated-nodes.sh start [--nodes N] [--rate-mbit R] | stop | status | env
-#   R = 0 leaves the links unshaped. Clients need SLURM_CONF=$STATE/slurm.conf (`env` prints it).
+#   R = 0 leaves the links unshaped. Clients need SLURM_CONF=$STATE/etc/slurm.conf (`env` prints it).
 # Needs root. `stop` leaves no daemon, namespace or /etc/hosts line behind (the state folder keeps
 # the logs). `nsenter --net`, not `ip netns exec`: the latter mounts a fresh /sys, hiding the
 # cgroup filesystem slurmd needs; `unshare --uts` gives each slurmd (and its jobs) the node's
@@ -16,7 +16,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 STATE=${COSMOCUB_SLURM_EMU_STATE:-/var/lib/cosmocub-slurm-emu}
-CONF=$STATE/slurm.conf
+CONF=$STATE/etc/slurm.conf  # bind-mounted over /etc/slurm inside each node (see start)
 PREFIX=ccemu-              # network namespaces: ccemu-sw (the switch), ccemu-n1 … ccemu-nN
 SUBNET=10.78.0             # netemu's studies use 10.77.0 inside their own switch; no overlap
 HOST_ADDR=$SUBNET.254
@@ -104,7 +104,9 @@ write_config() {
   [ -n "$cpus" ] || cpus=$(nproc --all)
   # The machine's memory shared out among the nodes, 1 GiB left to the system.
   mem=$(( ($(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) - 1024) / nodes ))
-  mkdir -p "$STATE"/{ctld,log} /run/cosmocub-slurm-emu
+  mkdir -p "$STATE"/{ctld,log,etc} /run/cosmocub-slurm-emu
+  printf '#!/bin/sh\necho export GLOO_SOCKET_IFNAME=%s\n' "$NODE_IF" > "$STATE/etc/task-prolog.sh"
+  chmod 755 "$STATE/etc/task-prolog.sh"
   cat > "$CONF" <<CONF
 # written by cosmocub scripts/slurm-emulated-nodes.sh
 ClusterName=cosmocub-emu
@@ -131,6 +133,9 @@ EnforcePartLimits=ALL
 ReturnToService=2
 SchedulerType=sched/backfill
 KillWait=5
+# Every task talks over its node's NIC and meters it (cosmocub.train.wire_meter), as a site's
+# environment modules set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME.
+TaskProlog=$STATE/etc/task-prolog.sh
 # Site settings that decide how fast a lost node ends its job (docs/slurm-emulated-nodes.md):
 # slurmctld declares a node that has not answered for SlurmdTimeout seconds DOWN and ends its
 # jobs (Slurm's default is 300 s); the ranks' own collective timeout is train.collective_timeout_s.
@@ -149,7 +154,9 @@ start_munge() {
   chown munge:munge /etc/munge/munge.key 2>/dev/null || true
   chmod 400 /etc/munge/munge.key
   mkdir -p /run/munge && chown munge:munge /run/munge 2>/dev/null || true
-  if ! pgrep -x munged >/dev/null 2>&1; then
+  # Whether a munged answers, not whether one is listed: one that exited can linger as a
+  # zombie where nothing reaps orphans (pid 1 of some containers), and pgrep lists it.
+  if ! munge -n >/dev/null 2>&1; then
     su -s /bin/sh munge -c "/usr/sbin/munged --force" 2>/dev/null || /usr/sbin/munged --force
     touch "$STATE/munged.ours"  # stop ends the munged this script started, and no other
   fi
@@ -189,9 +196,15 @@ start() {
   ctl /usr/sbin/slurmctld -i
   for k in $(seq "$nodes"); do
     mkdir -p "$STATE/d-emu$k"
-    # slurmd daemonizes inside the node's network and UTS namespaces; its jobs inherit both.
-    nsenter --net="/run/netns/${PREFIX}n$k" unshare --uts \
-      sh -c "hostname emu$k && exec env SLURM_CONF=$CONF /usr/sbin/slurmd -N emu$k"
+    # slurmd daemonizes inside the node's network, UTS and mount namespaces; its jobs inherit
+    # them. In the node, /etc/slurm is this cluster's: a job's own srun finds its slurm.conf
+    # there, as on a real node (the Slurm executor's jobstep drops SLURM_CONF, with every other
+    # SLURM_* variable, from the srun it wraps a job in). The mount is private to the node and
+    # goes with its last process.
+    mkdir -p /etc/slurm
+    nsenter --net="/run/netns/${PREFIX}n$k" unshare --uts --mount --propagation private \
+      sh -c "hostname emu$k && mount --bind $STATE/etc /etc/slurm &&
+        exec env SLURM_CONF=$CONF /usr/sbin/slurmd -N emu$k"
   done
   trap - ERR
   for _ in $(seq 60); do

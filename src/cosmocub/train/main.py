@@ -105,6 +105,10 @@ def train(
                 "spatial_parallel": dims.spatial,
                 "global_batch_size": trainer.global_batch,
                 "device": str(dims.device),
+                # Where every rank ran (host, local rank, node) and the node size the node
+                # groups were built with.
+                "ranks_per_node": dims.per_node,
+                "placement": [p.as_record() for p in dims.placement or ()],
                 "data_placement": getattr(trainer.train_loader, "placement", "loader"),
                 "resumed_from": str(resumed_from) if resumed_from else None,
                 "fresh_start": None
