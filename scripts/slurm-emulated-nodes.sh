@@ -7,7 +7,9 @@
 # scripts/slurm-single-node.sh keeps working beside it.
 #
 # Usage: slurm-emulated-nodes.sh start [--nodes N] [--rate-mbit R] | stop | status | env
-#   R = 0 leaves the links unshaped. Clients need SLURM_CONF=$STATE/etc/slurm.conf (`env` prints it).
+#                                 | lose NODE | revive NODE
+#   R = 0 leaves the links unshaped. `lose emu2` kills that node's slurmd and everything running
+#   on it (a node that dies); `revive emu2` starts its slurmd again and returns it to service. Clients need SLURM_CONF=$STATE/etc/slurm.conf (`env` prints it).
 # Needs root. `stop` leaves no daemon, namespace or /etc/hosts line behind (the state folder keeps
 # the logs). `nsenter --net`, not `ip netns exec`: the latter mounts a fresh /sys, hiding the
 # cgroup filesystem slurmd needs; `unshare --uts` gives each slurmd (and its jobs) the node's
@@ -147,6 +149,19 @@ PartitionName=emu Nodes=emu[1-$nodes] Default=YES MaxTime=60 State=UP
 CONF
 }
 
+start_slurmd() {  # k
+  local k=$1
+  mkdir -p "$STATE/d-emu$k" /etc/slurm
+  # slurmd daemonizes inside the node's network, UTS and mount namespaces; its jobs inherit
+  # them. In the node, /etc/slurm is this cluster's: a job's own srun finds its slurm.conf
+  # there, as on a real node (the Slurm executor's jobstep drops SLURM_CONF, with every other
+  # SLURM_* variable, from the srun it wraps a job in). The mount is private to the node and
+  # goes with its last process.
+  nsenter --net="/run/netns/${PREFIX}n$k" unshare --uts --mount --propagation private \
+    sh -c "hostname emu$k && mount --bind $STATE/etc /etc/slurm &&
+      exec env SLURM_CONF=$CONF /usr/sbin/slurmd -N emu$k"
+}
+
 start_munge() {
   if [ ! -s /etc/munge/munge.key ]; then
     dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
@@ -194,18 +209,7 @@ start() {
   start_munge
   rm -rf "$STATE"/ctld/* "$STATE"/d-*  # a fresh cluster: no jobs or node state of a past one
   ctl /usr/sbin/slurmctld -i
-  for k in $(seq "$nodes"); do
-    mkdir -p "$STATE/d-emu$k"
-    # slurmd daemonizes inside the node's network, UTS and mount namespaces; its jobs inherit
-    # them. In the node, /etc/slurm is this cluster's: a job's own srun finds its slurm.conf
-    # there, as on a real node (the Slurm executor's jobstep drops SLURM_CONF, with every other
-    # SLURM_* variable, from the srun it wraps a job in). The mount is private to the node and
-    # goes with its last process.
-    mkdir -p /etc/slurm
-    nsenter --net="/run/netns/${PREFIX}n$k" unshare --uts --mount --propagation private \
-      sh -c "hostname emu$k && mount --bind $STATE/etc /etc/slurm &&
-        exec env SLURM_CONF=$CONF /usr/sbin/slurmd -N emu$k"
-  done
+  for k in $(seq "$nodes"); do start_slurmd "$k"; done
   trap - ERR
   for _ in $(seq 60); do
     if [ "$(ctl sinfo -h -o '%T %D' 2>/dev/null | awk '$1 == "idle" {print $2}')" = "$nodes" ]; then
@@ -264,10 +268,40 @@ status() {
   done
 }
 
+node_index() {  # emuK -> K, for a node of the running cluster
+  grep -qx "$1" <(node_names) || die "no node '$1' (running: $(node_names | xargs))"
+  echo "${1#emu}"
+}
+
+lose() {  # a node that dies: its slurmd, slurmstepds and tasks killed at once (SIGKILL)
+  local k pids; k=$(node_index "$1")
+  pids=$(ip netns pids "${PREFIX}n$k")
+  # shellcheck disable=SC2086
+  [ -z "$pids" ] || kill -9 $pids
+  rm -f "/run/cosmocub-slurm-emu/slurmd-$1.pid"
+  say "lost $1: killed $(echo $pids | wc -w) processes (slurmd and what ran there)"
+}
+
+revive() {  # the node back: its slurmd started again, the node returned to service
+  local k; k=$(node_index "$1")
+  start_slurmd "$k"
+  for _ in $(seq 60); do
+    ctl scontrol update nodename="$1" state=resume >/dev/null 2>&1 || true
+    if ctl sinfo -h -n "$1" -o '%T' | grep -qE '^(idle|mixed|allocated)'; then
+      say "$1 back: $(ctl sinfo -h -n "$1" -o '%T')"
+      return 0
+    fi
+    sleep 1
+  done
+  die "$1 did not come back in 60 s; see $STATE/log/slurmd-$1.log"
+}
+
 case "${1:-}" in
   start) shift; start "$@" ;;
   stop) stop ;;
   status) status ;;
   env) echo "export SLURM_CONF=$CONF" ;;
-  *) die "usage: $0 start [--nodes N] [--rate-mbit R] | stop | status | env" ;;
+  lose) lose "${2:?lose NODE (emu2)}" ;;
+  revive) revive "${2:?revive NODE (emu2)}" ;;
+  *) die "usage: $0 start [--nodes N] [--rate-mbit R] | stop | status | env | lose NODE | revive NODE" ;;
 esac
