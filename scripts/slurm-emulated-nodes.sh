@@ -8,8 +8,9 @@
 #
 # Usage: slurm-emulated-nodes.sh start [--nodes N] [--rate-mbit R] | stop | status | env
 #                                 | lose NODE | revive NODE
-#   R = 0 leaves the links unshaped. `lose emu2` kills that node's slurmd and everything running
-#   on it (a node that dies); `revive emu2` starts its slurmd again and returns it to service. Clients need SLURM_CONF=$STATE/etc/slurm.conf (`env` prints it).
+#   R = 0 leaves the links unshaped. `lose emu2` cuts that node's link and kills its slurmd and
+#   everything running on it (a node that dies); `revive emu2` restores the link, starts its
+#   slurmd again and returns it to service. Clients need SLURM_CONF=$STATE/etc/slurm.conf (`env` prints it).
 # Needs root. `stop` leaves no daemon, namespace or /etc/hosts line behind (the state folder keeps
 # the logs). `nsenter --net`, not `ip netns exec`: the latter mounts a fresh /sys, hiding the
 # cgroup filesystem slurmd needs; `unshare --uts` gives each slurmd (and its jobs) the node's
@@ -27,6 +28,8 @@ NODE_IF=eth0               # each node's NIC, inside its namespace
 CTLD_PORT=6827             # the one-node Slurm keeps Slurm's defaults, 6817/6818
 SLURMD_PORT=6828
 HOSTS_MARK="# cosmocub slurm-emulated-nodes"
+# Niceness of the slurmds and so of every job on the nodes (the machine may be shared).
+NICE=${COSMOCUB_SLURM_EMU_NICE:-0}
 BURST_BYTES=2048           # as cosmocub.netemu.namespaces: one MTU-sized frame, tc's rounding
 
 die() { echo "slurm-emulated-nodes: $*" >&2; exit 1; }
@@ -159,7 +162,7 @@ start_slurmd() {  # k
   # goes with its last process.
   nsenter --net="/run/netns/${PREFIX}n$k" unshare --uts --mount --propagation private \
     sh -c "hostname emu$k && mount --bind $STATE/etc /etc/slurm &&
-      exec env SLURM_CONF=$CONF /usr/sbin/slurmd -N emu$k"
+      exec env SLURM_CONF=$CONF nice -n $NICE /usr/sbin/slurmd -N emu$k"
 }
 
 start_munge() {
@@ -273,8 +276,11 @@ node_index() {  # emuK -> K, for a node of the running cluster
   echo "${1#emu}"
 }
 
-lose() {  # a node that dies: its slurmd, slurmstepds and tasks killed at once (SIGKILL)
+lose() {  # a node that dies: its link cut, then its slurmd, slurmstepds and tasks killed
   local k pids; k=$(node_index "$1")
+  # The link first, as when a node loses power: its kernel cannot reset the connections of the
+  # processes it kills, so its peers hear nothing (no RST, no FIN), as from a dead machine.
+  ip -n "${PREFIX}n$k" link set "$NODE_IF" down
   pids=$(ip netns pids "${PREFIX}n$k")
   # shellcheck disable=SC2086
   [ -z "$pids" ] || kill -9 $pids
@@ -284,6 +290,7 @@ lose() {  # a node that dies: its slurmd, slurmstepds and tasks killed at once (
 
 revive() {  # the node back: its slurmd started again, the node returned to service
   local k; k=$(node_index "$1")
+  ip -n "${PREFIX}n$k" link set "$NODE_IF" up
   start_slurmd "$k"
   for _ in $(seq 60); do
     ctl scontrol update nodename="$1" state=resume >/dev/null 2>&1 || true
