@@ -10,11 +10,12 @@
 #                                 | lose NODE | revive NODE
 #   R = 0 leaves the links unshaped. `lose emu2` cuts that node's link and kills its slurmd and
 #   everything running on it (a node that dies); `revive emu2` restores the link, starts its
-#   slurmd again and returns it to service. Clients need SLURM_CONF=$STATE/etc/slurm.conf (`env` prints it).
-# Needs root. `stop` leaves no daemon, namespace or /etc/hosts line behind (the state folder keeps
-# the logs). `nsenter --net`, not `ip netns exec`: the latter mounts a fresh /sys, hiding the
-# cgroup filesystem slurmd needs; `unshare --uts` gives each slurmd (and its jobs) the node's
-# hostname.
+#   slurmd again and returns it to service. Clients need SLURM_CONF=$STATE/etc/slurm.conf (`env`
+#   prints it). COSMOCUB_SLURM_EMU_NICE=10 runs the slurmds, and so every job, at that niceness.
+# Needs root. `stop` leaves no daemon, namespace, mount or /etc/hosts line behind (the state
+# folder keeps the logs). `nsenter --net`, not `ip netns exec`: the latter mounts a fresh /sys,
+# hiding the cgroup filesystem slurmd needs; `unshare --uts --mount` gives each slurmd (and its
+# jobs) the node's hostname and /etc/slurm. docs/slurm-emulated-nodes.md has the whole story.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
