@@ -40,7 +40,8 @@ node_names() { [ -f "$STATE/nodes" ] && cat "$STATE/nodes" || true; }
 
 shape() {  # netns interface mbit: MTU-sized packets through a one-frame bucket (docs/netemu.md)
   local ns=$1 dev=$2 mbit=$3 limit
-  limit=$(awk -v m="$mbit" 'BEGIN { b = m * 1e6 / 8; l = 4 * 1024 * 1024; print int(b > l ? b : l) }')
+  limit=$(awk -v m="$mbit" \
+    'BEGIN { b = m * 1e6 / 8; l = 4 * 1024 * 1024; print int(b > l ? b : l) }')
   ip -n "$ns" link set "$dev" gso_max_segs 1
   ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "${mbit}mbit" burst $BURST_BYTES \
     limit "$limit"
@@ -202,10 +203,12 @@ start() {
   fi
   bash "$HERE/slurm-single-node.sh" install
   mkdir -p "$STATE"
-  # From here on, a failure undoes everything that start made.
-  trap 'stop >/dev/null 2>&1 || true' ERR
-  build_network "$nodes" "$rate" \
-    || die "cannot build the network namespaces (ip netns add needs CAP_SYS_ADMIN and CAP_NET_ADMIN)"
+  # From here on, a failure (in a function too: set -E) says where, in one line, and undoes
+  # everything that start made.
+  set -E
+  trap 'echo "slurm-emulated-nodes: start failed: $BASH_COMMAND (line $LINENO)" >&2;
+    stop >/dev/null 2>&1 || true' ERR
+  build_network "$nodes" "$rate"
   for k in $(seq "$nodes"); do echo "emu$k"; done > "$STATE/nodes"
   echo "$rate" > "$STATE/rate_mbit"
   hosts_add "$nodes"
@@ -215,9 +218,11 @@ start() {
   ctl /usr/sbin/slurmctld -i
   for k in $(seq "$nodes"); do start_slurmd "$k"; done
   trap - ERR
+  set +E
   for _ in $(seq 60); do
     if [ "$(ctl sinfo -h -o '%T %D' 2>/dev/null | awk '$1 == "idle" {print $2}')" = "$nodes" ]; then
-      say "up: $nodes nodes at ${rate} Mbit/s ($(ctl sinfo -h -o '%N %c CPUs %m MB each')); host $HOST_ADDR"
+      say "up: $nodes nodes at ${rate} Mbit/s ($(ctl sinfo -h -o '%N %c CPUs %m MB each'));" \
+        "host $HOST_ADDR"
       say "export SLURM_CONF=$CONF"
       return 0
     fi
@@ -311,5 +316,6 @@ case "${1:-}" in
   env) echo "export SLURM_CONF=$CONF" ;;
   lose) lose "${2:?lose NODE (emu2)}" ;;
   revive) revive "${2:?revive NODE (emu2)}" ;;
-  *) die "usage: $0 start [--nodes N] [--rate-mbit R] | stop | status | env | lose NODE | revive NODE" ;;
+  *) die "usage: $0 start [--nodes N] [--rate-mbit R] | stop | status | env" \
+    "| lose NODE | revive NODE" ;;
 esac
