@@ -75,7 +75,9 @@ start() {
   chown munge:munge /etc/munge/munge.key 2>/dev/null || true
   chmod 400 /etc/munge/munge.key
   mkdir -p /run/munge && chown munge:munge /run/munge 2>/dev/null || true
-  if ! pgrep -x munged >/dev/null 2>&1; then
+  # Whether a munged answers, not whether one is listed: one that exited can linger as a
+  # zombie where nothing reaps orphans (pid 1 of some containers), and pgrep lists it.
+  if ! munge -n >/dev/null 2>&1; then
     su -s /bin/sh munge -c "/usr/sbin/munged --force" 2>/dev/null || /usr/sbin/munged --force
     touch "$STATE/munged.ours"  # so that stop ends the munged this script started, and no other
   fi

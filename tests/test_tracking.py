@@ -554,3 +554,32 @@ def test_runs_logged_to_a_real_server(tmp_path, monkeypatch, mlflow_server):
 
     x = torch.randn(3, 2)
     torch.testing.assert_close(mlflow.pytorch.load_model(f"runs:/{child}/model")(x), model(x))
+
+
+def test_a_failed_start_stops_the_server_it_started(tmp_path, monkeypatch) -> None:
+    """Snakemake calls no onerror after a failed onstart: start_tracking itself stops the server
+    it started when the parent run cannot be opened (seen: a server too loaded to answer)."""
+    import cosmocub.tracking.workflow_run as workflow_run
+
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(
+        yaml.safe_dump({"results": str(tmp_path / "r"), "tracking": {"server": {"start": True}}})
+    )
+    cfg = load_config(cfg_path)
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stopped: list[int] = []
+    monkeypatch.setattr(workflow_run, "start_server", lambda cfg: server)
+    monkeypatch.setattr(workflow_run, "stop_server", lambda pid: stopped.append(pid))
+
+    def unavailable(cfg, **kwargs):
+        raise RuntimeError("store unavailable")
+
+    monkeypatch.setattr(workflow_run, "start_workflow_run", unavailable)
+    try:
+        with pytest.raises(RuntimeError, match="store unavailable"):
+            workflow_run.start_tracking(cfg, ["all"])
+        assert stopped == [server.pid]
+        assert workflow_run.SERVER_PID_ENV not in os.environ
+    finally:
+        server.kill()
+        server.wait()

@@ -19,6 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from cosmocub.launch.env import CPUS_PER_RANK_ENV
 from cosmocub.parallel.node_layout import NodeLayout
+from cosmocub.parallel.placement import RankPlace, gather_places, ranks_per_node
 
 MESH_AXES = ("data", "spatial")
 
@@ -126,9 +127,11 @@ class ParallelDims:
     owns_process_group: bool = False
     # Groups made for this run beyond the mesh's (e.g. batch norm's): destroyed on close.
     extra_groups: list[dist.ProcessGroup] = field(default_factory=list, repr=False)
-    # Ranks on one node: the launcher's local world size unless the config says
-    # (parallel.assumed_ranks_per_node, e.g. to treat one host's ranks as several nodes).
+    # Ranks on one node: the config's parallel.assumed_ranks_per_node (e.g. to treat one host's
+    # ranks as several nodes), else where the ranks run (`placement`, gathered when the process
+    # group starts), else the launcher's local world size.
     assumed_ranks_per_node: int | None = None
+    placement: tuple[RankPlace, ...] | None = None
     _node_groups: NodeGroups | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -181,7 +184,11 @@ class ParallelDims:
     @property
     def per_node(self) -> int:
         """G: the ranks on one node (consecutive global ranks)."""
-        return self.assumed_ranks_per_node or self.env.local_world_size
+        if self.assumed_ranks_per_node:
+            return self.assumed_ranks_per_node
+        if self.placement is not None:
+            return ranks_per_node(self.placement)
+        return self.env.local_world_size
 
     def node_layout(self) -> NodeLayout:
         """The data axis over the nodes (ValueError, naming the sizes, where it is uneven)."""
@@ -287,6 +294,9 @@ def build_parallel_dims(
             f"existing process group has {dist.get_world_size()} ranks, the launcher says "
             f"{env.world_size}"
         )
+    dims.placement = gather_places(
+        rank=env.rank, local_rank=env.local_rank, world_size=env.world_size
+    )
     # The mesh's groups default to torch's 30 min, whatever the world's timeout: pass it on.
     timeout = datetime.timedelta(seconds=timeout_s)
     options = {axis: _group_options(backend, timeout) for axis in MESH_AXES}

@@ -56,7 +56,15 @@ def start_tracking(cfg: Config, targets: Sequence[str]) -> None:
     # start_workflow_run creates the store and experiment first. Jobs are child processes of
     # this one (locally) or inherit its environment (srun/sbatch).
     tags = {TARGETS_TAG: " ".join(targets)} if targets else {}
-    os.environ[PARENT_RUN_ENV] = start_workflow_run(cfg, name=workflow_run_name(targets), tags=tags)
+    try:
+        run_id = start_workflow_run(cfg, name=workflow_run_name(targets), tags=tags)
+    except BaseException:
+        # Snakemake stops at a failed onstart without calling onerror: the server started above
+        # would outlive it (seen: a server too loaded to answer its first API call in time).
+        if pid := os.environ.pop(SERVER_PID_ENV, None):
+            stop_server(int(pid))
+        raise
+    os.environ[PARENT_RUN_ENV] = run_id
 
 
 def finish_tracking(cfg: Config, status: str) -> None:

@@ -111,10 +111,13 @@ def train(
                 "spatial_parallel": dims.spatial,
                 "global_batch_size": trainer.global_batch,
                 "device": str(dims.device),
-                # What `perf-model calibrate --from-run` needs to price this run elsewhere.
+                # Where every rank ran (host, local rank, node) and the node size the node
+                # groups were built with; what `perf-model calibrate --from-run` needs to price
+                # this run elsewhere (the accelerator, nodes, ranks per node).
+                "ranks_per_node": dims.per_node,
+                "nodes": max(1, dims.world_size // max(1, dims.per_node)),
+                "placement": [p.as_record() for p in dims.placement or ()],
                 "accelerator": accelerator_name(dims.device),
-                "ranks_per_node": dims.env.local_world_size,
-                "nodes": max(1, dims.world_size // max(1, dims.env.local_world_size)),
                 "data_placement": getattr(trainer.train_loader, "placement", "loader"),
                 "resumed_from": str(resumed_from) if resumed_from else None,
                 "fresh_start": None

@@ -1,13 +1,13 @@
 """Bytes on the wire per step: the network interface's own transmit counter over an epoch.
 
 When GLOO_SOCKET_IFNAME names the interface the ranks talk over (emulated nodes set it, see
-`cosmocub.netemu`; so do some clusters), every rank reads that interface's tx_bytes in sysfs at
-the start and the end of the epoch's steps, so start-up traffic (rendezvous, DDP's first
-broadcast) and validation stay out. Each read follows a tiny all-reduce over all ranks: a rank
-can finish a collective while its own last bytes still wait in its link's queue (it needs its
-peers' data, not their receipt of its own), and they would land in the next window (seen: 0.99x
-the counted bytes at 100 Mbit/s); the all-reduce's ring goes through each peer, which sends on
-only after receiving what this rank sent before, so what the steps sent has left by then.
+`cosmocub.netemu`; so do some clusters), every rank reads that interface's tx_bytes (in
+/proc/net/dev) at the start and the end of the epoch's steps, so start-up traffic (rendezvous, DDP's
+first broadcast) and validation stay out. Each read follows a tiny all-reduce over all ranks: a rank
+can finish a collective while its own last bytes still wait in its link's queue (it needs its peers'
+data, not their receipt of its own), and they would land in the next window (seen: 0.99x the counted
+bytes at 100 Mbit/s); the all-reduce's ring goes through each peer, which sends on only after
+receiving what this rank sent before, so what the steps sent has left by then.
 
 The counter is the node's, shared by its ranks, and includes all framing (TCP/IP/Ethernet
 headers, ACKs of what the node received). The epoch's metric is the mean over ranks — the mean
@@ -30,11 +30,21 @@ INTERFACE_ENV = "GLOO_SOCKET_IFNAME"
 
 
 def read_tx_bytes(interface: str) -> int | None:
-    """The interface's transmitted bytes, None when this network namespace has no such one."""
+    """The interface's transmitted bytes, None when this network namespace has no such one.
+
+    From /proc/net/dev, which answers for the reader's network namespace, not from sysfs, which
+    answers for its mounter's: a rank that entered a node's namespace by `nsenter --net` (the
+    slurmd of an emulated node, scripts/slurm-emulated-nodes.sh) sees the machine's sysfs."""
     try:
-        return int(Path(f"/sys/class/net/{interface}/statistics/tx_bytes").read_text())
-    except (OSError, ValueError):
+        lines = Path("/proc/net/dev").read_text().splitlines()[2:]
+    except OSError:
         return None
+    for line in lines:
+        name, _, counters = line.partition(":")
+        if name.strip() == interface:
+            # receive: bytes packets errs drop fifo frame compressed multicast; then transmit
+            return int(counters.split()[8])
+    return None
 
 
 def _settle(dims: ParallelDims) -> None:
