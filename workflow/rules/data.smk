@@ -32,9 +32,34 @@ rule simulate_group:
         " > {log} 2>&1"
 
 
+# A study point's universes at a top-level seed of its own (known_answer_study.seeds): the same
+# groups of that seed's universes, staged under seed<s>/.
+rule simulate_seed_group:
+    output:
+        temp(directory(f"{SIMULATE_STAGING}/seed{{master}}/{{group}}")),
+    log:
+        f"{RESULTS}/logs/simulate/seed{{master}}_group_{{group}}.log",
+    wildcard_constraints:
+        master=r"\d+",
+        group=r"\d+",
+    conda:
+        "../../envs/cosmocub.yaml"
+    threads: 1
+    resources:
+        mem_mb=CFG.cluster.simulate.mem_mb,
+        runtime=simulate_runtime(CFG),
+    params:
+        settings=section("simulate"),
+        size=CFG.universes.size,
+        env=tracking_env("simulate_seed_group"),
+    shell:
+        "{params.env} cosmocub simulate-group --seed {wildcards.master} --group {wildcards.group}"
+        " --out {output} > {log} 2>&1"
+
+
 rule simulate:
     input:
-        lambda w: f"{SIMULATE_STAGING}/{simulate_group_of(w.seed)}",
+        lambda w: simulate_staging(w.seed),
     output:
         f"{RESULTS}/universes/synth_{{seed}}.hdf5",
     log:
