@@ -354,6 +354,9 @@ STUDY = StudyDefinition(
     finish=finish,
     extra_section=extra_section,
     check=check_source,
+    # Per-universe errors, not times: on the shared machine a 3,000-step point ran contended
+    # (ready share 0.28) and was trained a second time for nothing.
+    timed=False,
     description=(
         "Known-answer fields (docs/known_answer.md), per seed (`seed`: the universes and the "
         "training) and pooled over the seeds (`seed` = pooled): per case and parameter, the "
