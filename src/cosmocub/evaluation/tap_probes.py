@@ -11,8 +11,8 @@ their per-sample test MAE per parameter beside the model's own on every split.
 
 A parameter the model misses but a ridge on one of these reads is lost in the readout (its
 head, its training); one that no ridge on them reads never reached its features. Whole boxes
-(one sample a universe) give per-universe errors. docs/known_answer.md uses it on the
-known-answer fields (`measure_known_answer_slope`, tests/test_tap_probes.py).
+(one sample a universe) give per-universe errors. docs/known_answer.md ("Over seeds") reads
+the Gaussian slope with it.
 """
 
 from __future__ import annotations
