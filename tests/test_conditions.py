@@ -32,7 +32,7 @@ from cosmocub.studies.contention import (
     point_conditions,
     why_contended,
 )
-from cosmocub.studies.engine import gather, write_point_record
+from cosmocub.studies.engine import definition, gather, write_point_record
 from cosmocub.train.epoch_conditions import (
     Sample,
     cpu_share,
@@ -246,6 +246,13 @@ def test_a_contended_run_is_moved_aside_and_run_once_more(tmp_path: Path) -> Non
     _fake_run(quiet, 0.95)
     rc, extra = runners.rerun_if_contended(None, {}, run_dir=quiet, limits=LIMITS)
     assert extra["contended"] is False and len(extra["runs"]) == 1
+    # A study whose numbers are not times (the known-answer study) keeps a contended run.
+    kept = tmp_path / "s" / "run"
+    _fake_run(kept, 0.3)
+    rc, extra = runners.rerun_if_contended(None, {}, run_dir=kept, limits=LIMITS, rerun=False)
+    assert extra["contended"] is True and [a["run"] for a in extra["runs"]] == ["run"]
+    assert kept.is_dir() and not kept.with_name("run_contended").exists()
+    assert definition("known_answer").timed is False and definition("step_time").timed is True
 
 
 class _NoTracking:

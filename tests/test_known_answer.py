@@ -4,6 +4,8 @@ P(k) and one-point values); the universe file; the best classical fit sees no te
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import h5py
 import numpy as np
 import pytest
@@ -164,47 +166,138 @@ def test_classical_fit_chooses_on_validation():
     assert np.abs(pred - y[rows["test"]]).mean() < 0.25  # the mean's is ~0.5
 
 
-def test_study_rows_and_goals_from_an_evaluation(tmp_path):
-    from cosmocub.config import load_config
+def write_known_answer_shards(folder, rng, sizes, side=8):
+    """Shards of whole known-answer-like boxes (4 channels of log1p counts around n̄ = 1000, as
+    the study's are stored), one row a universe, and their features with the bispectrum."""
+    from cosmocub.data.features import FEATURES_FILE, write_features
+
+    folder.mkdir(parents=True)
+    for split, n in sizes.items():
+        y = rng.uniform(-1, 1, size=(n, 4)).astype(np.float32)
+        field = rng.normal(size=(n, 4, side, side, side)) * (1 + 0.5 * y[:, :, None, None, None])
+        with h5py.File(folder / f"{split}.h5", "w") as f:
+            f["x"] = np.log1p(np.rint(1000 * (1 + 0.1 * field))).astype(np.float32)
+            f["y"] = y
+            f["universe_index"] = np.arange(n, dtype=np.int32)
+            f.attrs["log1p"] = True
+    write_features(folder, folder / FEATURES_FILE, num_workers=1, bispectrum=True)
+    return folder
+
+
+def test_bispectrum_without_the_axis_nyquist_modes(tmp_path):
+    from cosmocub.data.features import axis_nyquist_modes
+    from cosmocub.studies import known_answer_bispectrum as nyquist
+
+    assert axis_nyquist_modes(8).sum() == 3 and axis_nyquist_modes(7).sum() == 0
+    shards = write_known_answer_shards(
+        tmp_path / "s", np.random.default_rng(1), {"train": 16, "val": 2, "test": 6}
+    )
+    without = nyquist.bispectrum_without_nyquist(shards / "test.h5")
+    with h5py.File(shards / "test.h5") as f:
+        counts = np.rint(np.expm1(f["x"][2, 3].astype(np.float64)))
+    per_channel = len(bispectrum_triples())
+    np.testing.assert_allclose(
+        without[2, per_channel:],
+        bispectrum_statistics(counts, modes_left_out=axis_nyquist_modes(8)),
+    )
+    assert not np.allclose(without[2, per_channel:], bispectrum_statistics(counts))
+    universes, errors = nyquist.bispectrum_fit_errors(shards)
+    np.testing.assert_array_equal(universes, np.arange(6))
+    assert set(errors) == set(nyquist.FITS)
+    assert not np.allclose(*errors.values())  # two fits, not one twice
+
+
+def test_a_repeated_seed_is_refused_in_one_line():
+    from cosmocub.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as refused:
+        load_config("config/known_answer.yaml", {"known_answer_study": {"seeds": [2, 3, 2]}})
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "known_answer_study.seeds" in message and "[2, 3, 2] repeats a seed" in message
+
+
+def _evaluated_point(tmp_path, cfg, point, cnn_noise, seed):
+    """A point's files as training and evaluation leave them: per-universe predictions of every
+    estimator on the point's own (tiny) shards' test universes, its metrics.json from them."""
     from cosmocub.evaluation.headline import comparison_table
     from cosmocub.io import write_json
-    from cosmocub.studies import known_answer as study
-    from cosmocub.studies.engine import PointOutputs
+    from cosmocub.studies.engine import PointOutputs, point_values, shards_dir
 
-    cfg = load_config("config/known_answer.yaml")
-    (point,) = study.lr_points(cfg)
-    outputs = PointOutputs(point=point, folder=tmp_path / point.name)
-    (outputs.run_dir).mkdir(parents=True)
+    outputs = PointOutputs(point=point, folder=tmp_path / "study" / point.name)
+    outputs.run_dir.mkdir(parents=True)
     outputs.eval_dir.mkdir()
     write_json(outputs.run_dir / "train_summary.json", {"steps": 30})
     (outputs.run_dir / "metrics.jsonl").write_text('{"epoch": 0, "step": 30, "val_loss": 0.2}\n')
-    rng = np.random.default_rng(5)
-    true = rng.uniform(-1, 1, size=(50, 4))
-    # The CNN's error 0.1 on every parameter; the P(k) fit's 0.1 except on σ (0.3); one-point's
+    shards = Path(shards_dir(cfg, point_values(cfg, "known_answer", point)))
+    rng = np.random.default_rng(seed)
+    write_known_answer_shards(shards, rng, {"train": 16, "val": 2, "test": 40})
+    with h5py.File(shards / "test.h5") as f:
+        true = f["y"][:].astype(np.float64)
+    # Errors of a fixed size, signs at random: the P(k) fit's 0.1 except on σ (0.3); one-point's
     # 0.3 except on σ (0.1); the best classical's 0.1 except on f_nl (0.2).
-    noise = {"cnn": [0.1] * 4, "pk": [0.1, 0.1, 0.3, 0.1], "one_point": [0.3, 0.3, 0.1, 0.3]}
+    noise = {"cnn": cnn_noise, "pk": [0.1, 0.1, 0.3, 0.1], "one_point": [0.3, 0.3, 0.1, 0.3]}
     noise |= {"classical": [0.1, 0.1, 0.1, 0.2], "mean": [0.5] * 4}
-    preds = {k: true + np.array(v) for k, v in noise.items()}
+    preds = {k: true + np.array(v) * rng.choice([-1, 1], size=true.shape) for k, v in noise.items()}
+    table = comparison_table(preds, true, ka.PARAMETERS, bootstrap=50)
+    comparison = {"per_universe": table, "per_crop": table, "num_universes": 40}
+    write_json(outputs.eval_dir / "metrics.json", {"comparison": comparison | {"num_crops": 40}})
+    np.savez(
+        outputs.eval_dir / "predictions.npz",
+        param_names=np.array(ka.PARAMETERS),
+        universe_true_unit=true,
+        universes=np.arange(40),
+        **{f"universe_{k}_unit": v for k, v in preds.items()},
+    )
+    return outputs
 
-    def write_metrics(names):
-        table = comparison_table(preds, true, names, bootstrap=50)
-        comparison = {"per_universe": table, "per_crop": table}
-        comparison |= {"num_universes": 50, "num_crops": 50}
-        write_json(outputs.eval_dir / "metrics.json", {"comparison": comparison})
 
-    # Evaluated before the evaluation named the known-answer parameters: refused, not misread.
-    write_metrics(("Omega_m", "sigma_8", "N_spec", "H_0"))
-    with pytest.raises(ValueError, match=r"metrics.json: parameters \['H_0', 'N_spec'"):
-        study.point_rows(outputs, cfg)
-    write_metrics(ka.PARAMETERS)
-    # As the engine's gather makes them: the point's name and labels, then its rows.
-    rows = [{"point": point.name, **point.labels, **r} for r in study.point_rows(outputs, cfg)]
-    rows = study.select_lr(rows, cfg)
-    by_name = {r["parameter"]: r for r in rows if r["level"] == "universe"}
-    assert by_name["lognormal_sigma"]["case"] == "lognormal"
-    assert by_name["lognormal_sigma"]["cnn_over_pk"] == pytest.approx(1 / 3)
-    assert by_name["f_nl"]["cnn_over_classical"] == pytest.approx(0.5)
+def test_study_rows_per_seed_and_pooled_with_the_range_over_seeds(tmp_path):
+    from cosmocub.config import derive, load_config
+    from cosmocub.studies import known_answer as study
+
+    base = load_config("config/known_answer.yaml")
+    cfg = derive(
+        base, {"results": str(tmp_path), "known_answer_study": {"seeds": [2, 3]}}, source="test"
+    )
+    points = study.seed_points(cfg)
+    assert [p.name for p in points] == ["seed2_lr0.001", "seed3_lr0.001"]
+    assert points[1].overrides["seed"] == 3 and points[1].overrides["train"]["seed"] == 3
+    # Seed 2's CNN errs 0.1 on the slope, seed 3's 0.13: CNN ÷ P(k) 1.0 and 1.3.
+    noises = {2: [0.1, 0.1, 0.1, 0.1], 3: [0.1, 0.13, 0.1, 0.1]}
+    rows = []
+    for point in points:
+        outputs = _evaluated_point(tmp_path, cfg, point, noises[point.labels["seed"]], 5)
+        rows += [{"point": point.name, **point.labels, **r} for r in study.point_rows(outputs, cfg)]
+    rows = study.finish(rows, cfg)
+    universe = {(r["seed"], r["parameter"]): r for r in rows if r["level"] == "universe"}
+    assert universe[(2, "slope")]["cnn_over_pk"] == pytest.approx(1.0)
+    assert universe[(3, "slope")]["cnn_over_pk"] == pytest.approx(1.3)
+    assert universe[(3, "lognormal_sigma")]["cnn_over_pk"] == pytest.approx(1 / 3)
+    pooled = universe[("pooled", "slope")]
+    assert pooled["count"] == 80
+    assert pooled["cnn_over_pk"] == pytest.approx(1.15)  # (0.1 + 0.13) / (0.1 + 0.1)
+    assert (pooled["cnn_over_pk_seed_min"], pooled["cnn_over_pk_seed_max"]) == pytest.approx(
+        (1.0, 1.3)
+    )
+    assert pooled["cnn_over_pk_lo"] < 1.15 < pooled["cnn_over_pk_hi"]
+    # Case (c) beside the bispectrum fits, per seed (each on its own shards) and pooled.
+    f_nl = [universe[(s, "f_nl")] for s in (2, 3)]
+    assert all(r["bispectrum_mae"] != r["bispectrum_no_nyquist_mae"] for r in f_nl)
+    assert universe[("pooled", "f_nl")]["bispectrum_mae"] == pytest.approx(
+        np.mean([r["bispectrum_mae"] for r in f_nl])
+    )
+    assert f_nl[0]["cnn_over_bispectrum"] == pytest.approx(0.1 / f_nl[0]["bispectrum_mae"])
     lines = "\n".join(study.goal_lines(rows))
-    assert "| gaussian | amplitude | CNN ÷ P(k) fit in [0.95, 1.1] | 1 (1.00–1.00) | yes |" in lines
-    assert "| lognormal | lognormal_sigma | CNN ÷ one-point fit ≤ 1.05 | 1 " in lines
-    assert "| phase | f_nl | CNN ÷ best classical ≤ 0.5 | 0.5 (0.50–0.50) | yes |" in lines
+    assert (
+        "| gaussian | slope | CNN ÷ P(k) fit in [0.95, 1.1] | 1 (1.00–1.00) | **1.3 (1.30–1.30)** |"
+        in lines
+    )
+    assert "1.15 (" in lines and "seeds 1.00–1.30 | 1 of 2 |" in lines
+    assert (
+        "| phase | f_nl | CNN ÷ best classical ≤ 0.5 | 0.5 (0.50–0.50) | 0.5 (0.50–0.50) |" in lines
+    )
+    section = study.extra_section(rows, cfg)
+    assert section.count("| 2 | 0.100 |") == 1 and "| pooled | 0.100 |" in section
+    study.plot_study(rows, tmp_path / "known_answer.png")
+    assert (tmp_path / "known_answer.png").stat().st_size > 10_000

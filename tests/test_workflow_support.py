@@ -6,11 +6,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from cosmocub.config import load_config
+import pytest
+
+from cosmocub.config import ConfigError, load_config
+from cosmocub.data.naming import seeds_of_group
 from cosmocub.studies.launch_plan import LaunchPlan, PointLaunch
 from cosmocub.workflow_support import (
     preprocess_groups,
     simulate_group_by_seed,
+    simulate_group_of,
     study_link_rates,
     study_point_cores,
     study_point_job,
@@ -74,6 +78,11 @@ def test_the_unet_universes_and_study_rates_requests() -> None:
         REPO / "config" / "test.yaml", {"cluster": {"simulate": {"universes_per_job": 4}}}
     )
     assert list(simulate_group_by_seed(four).values()) == [0, 0, 0, 0, 1, 1]
+    # Any top-level seed's universes (a study point's own seed), only the first universes.count.
+    assert simulate_group_of(four, 7_000_005) == (7, 1)
+    assert seeds_of_group(four, 1, master_seed=7) == [7_000_004, 7_000_005]
+    with pytest.raises(ConfigError, match=r"synth_7000006.hdf5 is not one of .* universes.count 6"):
+        simulate_group_of(four, 7_000_006)
     assert preprocess_groups(cfg, ["a"] * 130) == range(3)  # 64 universes a job
     assert study_link_rates(cfg) == [10, 100]  # the network study's rate, the scaling study's
     env = tracking_env("train")({"run": "r1", "seed": "3"})

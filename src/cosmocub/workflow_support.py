@@ -12,13 +12,14 @@ import yaml
 
 from cosmocub.config import (
     Config,
+    ConfigError,
     coerce_cli_strings,
     config_hash,
     from_values,
     resolve,
     write_config,
 )
-from cosmocub.data.naming import group_seeds, universe_ids
+from cosmocub.data.naming import group_seeds, simulate_group_of, universe_ids
 from cosmocub.emulator.unet_run_config import unet_world_size
 from cosmocub.launch.resources import (
     RankedJob,
@@ -28,7 +29,14 @@ from cosmocub.launch.resources import (
     study_cpus_per_rank,
     train_job,
 )
-from cosmocub.studies.engine import STUDY_MODULES, PlannedPoint, plan, study_shard_sources
+from cosmocub.studies.engine import (
+    STUDY_MODULES,
+    PlannedPoint,
+    find_point,
+    plan,
+    point_config,
+    study_shard_sources,
+)
 from cosmocub.studies.engine import definition as study_definition
 from cosmocub.studies.launch_plan import LaunchPlan
 from cosmocub.tracking.runs import RULE_ENV, WILDCARDS_ENV
@@ -51,6 +59,7 @@ __all__ = [
     "preprocess_groups",
     "resolved_config_path",
     "simulate_group_by_seed",
+    "simulate_group_of",
     "simulate_runtime",
     "start_tracking",
     "study_definition",
@@ -59,6 +68,7 @@ __all__ = [
     "study_point_job",
     "study_points_cpus",
     "study_shard_point",
+    "study_shard_universes",
     "tracking_env",
     "train_job",
     "unet_job",
@@ -162,8 +172,24 @@ def study_point_cores(launch: LaunchPlan, *, cpus_per_rank: int, machine_cores: 
 
 
 def study_shard_point(cfg: Config, key: str) -> tuple[str, str]:
-    """(study, point) whose config makes the study shards under `key` (all such points agree)."""
-    return study_shard_sources(cfg, list(STUDY_NAMES))[key]
+    """(study, point) whose config makes the study shards under `key` (all such points agree).
+    A study whose block does not fit the config (the sample-size study's crops on 32³
+    known-answer universes, say) holds none: it fails its own targets, not another study's."""
+    for study in STUDY_NAMES:
+        try:
+            sources = study_shard_sources(cfg, [study])
+        except ConfigError:
+            continue
+        if key in sources:
+            return sources[key]
+    raise KeyError(f"study shards {key}: no study point of this config makes them")
+
+
+def study_shard_universes(cfg: Config, key: str) -> list[str]:
+    """The universes (file stems) the study shards under `key` are made from: those of the
+    point's config, whose top-level seed may be its own (known_answer_study.seeds)."""
+    study, name = study_shard_point(cfg, key)
+    return universe_ids(point_config(cfg, study, find_point(cfg, study, name)))
 
 
 def study_link_rates(cfg: Config) -> list[float]:

@@ -164,6 +164,29 @@ def test_perf_model_validates_on_the_study_tables_the_same_invocation_makes(tmp_
     assert "network_study" not in job_counts(alone.stdout)
 
 
+def test_known_answer_seeds_make_their_own_universes_and_shards(tmp_path):
+    """known_answer_study.seeds: a seed other than the config's simulates its own universes
+    (staged under seed<s>/) into study shards of its own; the config's seed uses the base's."""
+    proc = snakemake(
+        "-n",
+        "known_answer_study",
+        "--configfile",
+        str(REPO / "config" / "known_answer.yaml"),
+        "--config",
+        "known_answer_study={seeds: [0, 3]}",
+        "universes={count: 20}",
+        "preprocess={splits: {train: 10, val: 5, test: 5}}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    counts = job_counts(proc.stdout)
+    assert counts["simulate"] == 40 and counts["study_point"] == 2, counts
+    assert counts["simulate_group"] == 1 and counts["simulate_seed_group"] == 1, counts
+    assert counts["preprocess"] == 1 and counts["study_preprocess"] == 1, counts
+    assert "simulate-group --seed 3 --group 0" in proc.stdout
+    assert "universes/synth_3000019.hdf5" in proc.stdout
+
+
 def test_lint_is_clean(tmp_path):
     proc = snakemake("--lint", cwd=REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr

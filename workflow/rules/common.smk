@@ -12,7 +12,7 @@ from cosmocub.workflow_support import (
     planned_points,
     preprocess_groups,
     resolved_config_path,
-    simulate_group_by_seed,
+    simulate_group_of,
     simulate_runtime,
     start_tracking,
     study_definition,
@@ -21,6 +21,7 @@ from cosmocub.workflow_support import (
     study_point_job,
     study_points_cpus,
     study_shard_point,
+    study_shard_universes,
     tracking_env,
     train_job,
     unet_job,
@@ -62,26 +63,37 @@ def job_config(*names):
     return lambda wildcards: job_config_path(CFG, names)
 
 
-# Which simulate group makes each universe made here (cluster.simulate.universes_per_job).
-SIMULATE_GROUP_OF = simulate_group_by_seed(CFG)
 # What the training run asks the executor for (nodes, ranks, cores, memory, GPUs per node).
 TRAIN_JOB = train_job(CFG)
 # The preprocess jobs' groups of universes (cluster.preprocess.universes_per_job a group).
 PREPROCESS_GROUPS = preprocess_groups(CFG, UNIVERSE_IDS)
 
 
-def simulate_group_of(seed):
-    """The group that makes synth_<seed>; only the config's own universes have one."""
-    if int(seed) not in SIMULATE_GROUP_OF:
-        raise ValueError(
-            f"synth_{seed}.hdf5 is not one of this config's {len(SIMULATE_GROUP_OF)} synthetic "
-            f"universes (universes.count, seed)"
-        )
-    return SIMULATE_GROUP_OF[int(seed)]
+def simulate_staging(seed):
+    """The staging folder of the group that makes synth_<seed> (cluster.simulate.universes_per_job
+    a group): the config's own universes under their group, a study point's universes at a
+    top-level seed of its own (known_answer_study.seeds) under seed<s>/ (data.smk)."""
+    master, group = simulate_group_of(CFG, int(seed))
+    if master == CFG.seed:
+        return f"{SIMULATE_STAGING}/{group}"
+    return f"{SIMULATE_STAGING}/seed{master}/{group}"
 
 
 def universe_files(wildcards=None):
     return expand(f"{RESULTS}/universes/{{universe}}.hdf5", universe=UNIVERSE_IDS)
+
+
+@functools.cache
+def _study_shard_universes(key):
+    return study_shard_universes(CFG, key)
+
+
+def study_universe_files(wildcards):
+    """The universes of the study shards under wildcards.key (their point's seed's)."""
+    return expand(
+        f"{RESULTS}/universes/{{universe}}.hdf5",
+        universe=_study_shard_universes(wildcards.key),
+    )
 
 
 def invocation_targets():
@@ -175,9 +187,14 @@ def study_point_threads(wildcards):
     )
 
 
+@functools.cache
+def _study_shard_point(key):
+    return study_shard_point(CFG, key)
+
+
 def study_shard_config(wildcards):
     """The config of a point whose shards have this key (all such points agree on them)."""
-    study, point = study_shard_point(CFG, wildcards.key)
+    study, point = _study_shard_point(wildcards.key)
     return f"{RESULTS}/studies/{study}/{point}/config.yaml"
 
 

@@ -6,7 +6,7 @@
 # own; `simulate` then hard-links each file to its final name (no copy, no process of its own),
 # so every universe stays a target of its own and a group's folder is dropped once all of its
 # universes are in place. Like preprocessing, no command line lists the seeds: the CLI reads the
-# group's seeds from the config, as SIMULATE_GROUP_OF does here.
+# group's seeds from the config, as simulate_group_of does here.
 SIMULATE_STAGING = f"{RESULTS}/.universes-groups"
 
 
@@ -32,9 +32,34 @@ rule simulate_group:
         " --group {wildcards.group} --out {output} > {log} 2>&1"
 
 
+# A study point's universes at a top-level seed of its own (known_answer_study.seeds): the same
+# groups of that seed's universes, staged under seed<s>/.
+rule simulate_seed_group:
+    output:
+        temp(directory(f"{SIMULATE_STAGING}/seed{{master}}/{{group}}")),
+    log:
+        f"{RESULTS}/logs/simulate/seed{{master}}_group_{{group}}.log",
+    wildcard_constraints:
+        master=r"\d+",
+        group=r"\d+",
+    conda:
+        "../../envs/cosmocub.yaml"
+    threads: 1
+    resources:
+        mem_mb=CFG.cluster.simulate.mem_mb,
+        runtime=simulate_runtime(CFG),
+    params:
+        settings=section("simulate"),
+        size=CFG.universes.size,
+        env=tracking_env("simulate_seed_group"),
+    shell:
+        "{params.env} cosmocub simulate-group --seed {wildcards.master} --group {wildcards.group}"
+        " --out {output} > {log} 2>&1"
+
+
 rule simulate:
     input:
-        lambda w: f"{SIMULATE_STAGING}/{simulate_group_of(w.seed)}",
+        lambda w: simulate_staging(w.seed),
     output:
         f"{RESULTS}/universes/synth_{{seed}}.hdf5",
     log:

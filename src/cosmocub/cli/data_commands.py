@@ -37,7 +37,7 @@ def _cmd_simulate_group(args: argparse.Namespace) -> int:
     from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
-    seeds = seeds_of_group(cfg, args.group)
+    seeds = seeds_of_group(cfg, args.group, master_seed=args.seed)
     size = cfg.universes.size
     params = {"group": args.group, "size": size, "first_seed": seeds[0], "universes": len(seeds)}
     with job_run(cfg, stage="simulate", params=params, defer=True) as tracker:
@@ -161,6 +161,12 @@ def add_simulate_group(sub) -> None:
         "make one group of the config's synthetic universes (cluster.simulate.universes_per_job)",
     )
     p.add_argument("--group", type=int, required=True, help="group index, from 0")
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="the top-level seed whose universes to make (default the config's; a study point's "
+        "own seed, known_answer_study.seeds)",
+    )
     p.add_argument("--out", required=True, help="folder for the group's synth_<seed>.hdf5 files")
     add_config(p)
 

@@ -55,10 +55,17 @@ class UniversesStudyConfig:
 @dataclass(frozen=True, kw_only=True)
 class KnownAnswerStudyConfig:
     lrs: tuple[float, ...]
+    # None: the config's top-level seed alone.
+    seeds: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if len(set(self.lrs)) != len(self.lrs):
             raise ConfigError(f"key 'known_answer_study.lrs': {list(self.lrs)} repeats a value")
+        if self.seeds is not None and len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(
+                f"key 'known_answer_study.seeds': {list(self.seeds)} repeats a seed (each seed "
+                "is one set of universes; a repeat would count it twice in the pooled range)"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -122,6 +122,14 @@ def bispectrum_triples(num_bands: int = NUM_B_BANDS) -> list[tuple[int, int, int
     ]
 
 
+def axis_nyquist_modes(n: int) -> np.ndarray:
+    """Boolean mask on the rfftn grid of an n³ cube: the modes at |k| = π, which on an even grid
+    are the three real-valued axis modes (n/2, 0, 0) and its two turns, none on an odd one. On
+    the known-answer phase fields a third of the band bispectrum's f_nl sits in them
+    (docs/known_answer.md, case (c))."""
+    return np.isclose(k_magnitude(n), np.pi)
+
+
 def k_magnitude(n: int) -> np.ndarray:
     """|k| in radians per voxel on the rfftn grid of an n³ cube: (n, n, n//2 + 1)."""
     k1 = 2.0 * np.pi * np.fft.fftfreq(n)

@@ -10,10 +10,13 @@ from pathlib import Path
 
 from cosmocub.config import Config, ConfigError
 
+# Universe seeds of one master (top-level) seed: a range of their own.
+SEEDS_PER_MASTER = 1_000_000
+
 
 def universe_seed(index: int, *, master_seed: int) -> int:
     """Seed of the index-th synthetic universe: disjoint ranges per master seed."""
-    return master_seed * 1_000_000 + index
+    return master_seed * SEEDS_PER_MASTER + index
 
 
 def synthetic_id(seed: int) -> str:
@@ -36,22 +39,39 @@ def universe_ids(cfg: Config) -> list[str]:
     return stems[: cfg.universes.max_files] if cfg.universes.max_files else stems
 
 
-def group_seeds(cfg: Config) -> list[list[int]]:
+def group_seeds(cfg: Config, *, master_seed: int | None = None) -> list[list[int]]:
     """The seeds of the config's synthetic universes in order, cluster.simulate.universes_per_job
-    to a group (the last may be shorter)."""
+    to a group (the last may be shorter); with `master_seed`, those that config would make at
+    that top-level seed (a study point's own universes, known_answer_study.seeds)."""
     if not cfg.universes.made_here:
         raise ConfigError(
             f"key 'universes.source': {cfg.universes.source!r} universes are linked, not "
             f"simulated (simulate jobs need 'synthetic' or 'known_answer')"
         )
-    seeds = [universe_seed(i, master_seed=cfg.seed) for i in range(cfg.universes.count)]
+    master = cfg.seed if master_seed is None else master_seed
+    seeds = [universe_seed(i, master_seed=master) for i in range(cfg.universes.count)]
     per_job = cfg.cluster.simulate.universes_per_job
     return [seeds[i : i + per_job] for i in range(0, len(seeds), per_job)]
 
 
-def seeds_of_group(cfg: Config, group: int) -> list[int]:
-    """The seeds of group `group`; a ConfigError naming the number of groups if there is none."""
-    groups = group_seeds(cfg)
+def simulate_group_of(cfg: Config, seed: int) -> tuple[int, int]:
+    """(top-level seed, simulate group) of the universe synth_<seed>: any top-level seed's
+    universes (a study's points may run at seeds of their own), but only the first
+    universes.count of each; a ConfigError otherwise."""
+    master, index = divmod(seed, SEEDS_PER_MASTER)
+    if not cfg.universes.made_here or index >= cfg.universes.count:
+        raise ConfigError(
+            f"synth_{seed}.hdf5 is not one of this config's universes (universe {index} of "
+            f"top-level seed {master}; universes.count {cfg.universes.count}, universes.source "
+            f"{cfg.universes.source!r})"
+        )
+    return master, index // cfg.cluster.simulate.universes_per_job
+
+
+def seeds_of_group(cfg: Config, group: int, *, master_seed: int | None = None) -> list[int]:
+    """The seeds of group `group` (at `master_seed`, else the config's own top-level seed); a
+    ConfigError naming the number of groups if there is none."""
+    groups = group_seeds(cfg, master_seed=master_seed)
     if not 0 <= group < len(groups):
         raise ConfigError(
             f"simulate group {group} does not exist: universes.count {cfg.universes.count} at "

@@ -124,6 +124,9 @@ class StudyDefinition:
     # jobs, not where the workflow plans every study at parse time (the default config need
     # not fit every study's).
     check: Callable[[Config], None] | None = None
+    # False: the study's numbers are not times (its accuracy is the same on a busy machine), so
+    # a point that ran contended is kept and marked, not run once more (studies.runners).
+    timed: bool = True
 
 
 def definition(name: str) -> StudyDefinition:

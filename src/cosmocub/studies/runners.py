@@ -24,6 +24,7 @@ from cosmocub.io import read_jsonl
 from cosmocub.studies.contention import is_contended, own_share, point_conditions, why_contended
 from cosmocub.studies.engine import (
     check_study,
+    definition,
     find_point,
     point_config,
     point_launch_plan,
@@ -173,7 +174,13 @@ def run_point(
     try:
         rc, extra = attempt(out_dir=out / "run")
         if rc == 0:
-            rc, extra = rerun_if_contended(attempt, extra, run_dir=out / "run", limits=limits)
+            rc, extra = rerun_if_contended(
+                attempt,
+                extra,
+                run_dir=out / "run",
+                limits=limits,
+                rerun=definition(study).timed,
+            )
     except PointSkipped as why:
         # One line; the study goes on and its table shows the point with blank measurements.
         print(f"emulated points skipped: {study} point {point}: {why}", file=sys.stderr)
@@ -189,10 +196,12 @@ def rerun_if_contended(
     *,
     run_dir: Path,
     limits: StudiesConfig,
+    rerun: bool = True,
 ) -> tuple[int, dict[str, Any]]:
     """Judge the finished run by the conditions it recorded (cosmocub.studies.contention); a
     contended run is moved aside (`<run>_contended`) and the point runs once more in a fresh
-    folder. The runner's report gains `contended` and `runs`, each run's conditions."""
+    folder, unless `rerun` is false (a study whose numbers are not times: StudyDefinition.timed).
+    The runner's report gains `contended` and `runs`, each run's conditions."""
     metrics = run_dir / "metrics.jsonl"
     if not metrics.is_file():
         return 0, dict(extra)  # a runner that trained nothing here (a test's stand-in)
@@ -200,7 +209,7 @@ def rerun_if_contended(
     expected = own_share(extra.get("cores_per_rank"), extra.get("threads_per_rank"))
     contended = is_contended(first, limits, expected_ready=expected)
     runs = [{**first, "contended": contended, "run": run_dir.name}]
-    if contended:
+    if contended and rerun:
         aside = run_dir.with_name(f"{run_dir.name}_contended")
         shutil.rmtree(aside, ignore_errors=True)  # an earlier job's, of a run now redone
         run_dir.rename(aside)
