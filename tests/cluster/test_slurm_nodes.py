@@ -42,7 +42,10 @@ CONFIG = {
         "local_batch_size": 2,
         "checkpoint_every_steps": 2,
         "deterministic": True,
+        "ranks_per_node": 2,
     },
+    # The world the launch makes (2 nodes x 2 ranks): training refuses another.
+    "cluster": {"train": {"nodes": 2}},
     "tracking": {"enabled": False},
 }
 

@@ -124,9 +124,7 @@ class StudyDefinition:
     # jobs, not where the workflow plans every study at parse time (the default config need
     # not fit every study's).
     check: Callable[[Config], None] | None = None
-    # False: the study's numbers are not times (its accuracy is the same on a busy machine), so
-    # a point that ran contended is kept and marked, not run once more (studies.runners).
-    timed: bool = True
+    timed: bool = True  # False: not times (accuracy); a contended point is kept and marked
 
 
 def definition(name: str) -> StudyDefinition:

@@ -40,11 +40,12 @@ def _marks(ax, panels, chosen, pooled, seeds) -> None:
         if (row := pooled.get(panel["parameter"])) is not None and key in row:
             err = _bar(row, key)
             label = "pooled" if i == 0 else None
-            ax.errorbar(i + 0.42, row[key], yerr=err, fmt="s", color="k", ms=5, capsize=2,
-                        label=label)  # fmt: skip
+            ax.errorbar(
+                i + 0.42, row[key], yerr=err, fmt="s", color="k", ms=5, capsize=2, label=label
+            )
         if "high" in panel:
-            ax.fill_between([i - 0.45, i + 0.45], panel["low"], panel["high"], color="g",
-                            alpha=0.12, lw=0)  # fmt: skip
+            band = ([i - 0.45, i + 0.45], panel["low"], panel["high"])
+            ax.fill_between(*band, color="g", alpha=0.12, lw=0)
     ax.set_xticks(range(len(panels)), [p["label"] for p in panels], fontsize=8)
     ax.axhline(1.0, color="k", lw=0.6)
     ax.grid(alpha=0.3, axis="y")
