@@ -2,16 +2,14 @@
 collective, so N ranks whose step times scatter by σ about μ take E[max of N] = μ + σ·e_N a step,
 e_N the expected maximum of N standard normal draws (0 for one rank, 2.07 for 32, 3.04 for 512).
 
-σ = cv × the rank's own step (device and host). For CPU ranks cv is measured from a run's
-per-step times (`step_cv`); for GPU ranks it is fitted on published pairs of the same system and
-software at two scales (`fit_cv`), each pair's prediction from the others' fit.
+σ = cv × the rank's own step (device and host). For GPU ranks cv is fitted on published pairs
+of the same system and software at two scales (`fit_cv`), each pair's prediction from the
+others' fit; the CPU path does not price the wait yet.
 """
 
 from __future__ import annotations
 
 import functools
-import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,18 +51,6 @@ class Stragglers:
 
 
 NO_STRAGGLERS = Stragglers(cv=0.0, source="none: every rank's step alike")
-
-
-def step_cv(step_seconds: Sequence[float]) -> float:
-    """One rank's spread from its own per-step times: the standard deviation over the mean (the
-    median's neighbourhood, so a first step's warm-up does not count: the slowest 5 % left out
-    of both, where there are at least 20 steps)."""
-    times = sorted(step_seconds)
-    if len(times) < 2:
-        raise ValueError(f"step spread: {len(times)} step times, need at least 2")
-    if len(times) >= 20:
-        times = times[: math.ceil(0.95 * len(times))]
-    return statistics.pstdev(times) / statistics.fmean(times)
 
 
 @dataclass(frozen=True, kw_only=True)
