@@ -107,7 +107,7 @@ def test_a_stopped_launcher_leaves_no_rank(shards: Path, tmp_path: Path, signum:
     launcher = multirank.start_ranks(argv, cwd=tmp_path, stdout=subprocess.DEVNULL)
     try:
         # Training: a checkpoint is written, so torchrun and both ranks are at work.
-        wait_for(lambda: list(run.glob("checkpoints/*/step_*.pt")), 120, "no checkpoint")
+        wait_for(lambda: list(run.glob("checkpoints/*/step_????????.pt")), 120, "no checkpoint")
         family = [p.pid for p in psutil.Process(launcher.pid).children(recursive=True)]
         assert len(family) >= 3, family  # torchrun + 2 ranks
         os.kill(launcher.pid, signum)

@@ -117,7 +117,7 @@ def test_workflow_on_slurm_cancel_and_resume(slurm, tmp_path):
     deadline = time.monotonic() + 420
     job_id = None
     try:
-        while not (job_id and list(run_dir.glob("checkpoints/*/step_*.pt"))):
+        while not (job_id and list(run_dir.glob("checkpoints/*/step_????????.pt"))):
             assert first.poll() is None, "workflow ended early:\n" + "".join(lines)[-3000:]
             assert time.monotonic() < deadline, "no checkpoint in time:\n" + "".join(lines)[-3000:]
             job_id = job_id or _train_job_id("".join(lines))
@@ -135,7 +135,7 @@ def test_workflow_on_slurm_cancel_and_resume(slurm, tmp_path):
     for name in ("model.pt", "train_summary.json", "metrics.jsonl"):
         assert not (run_dir / name).exists(), name
     assert not list(run_dir.glob("**/*.tmp*")), list(run_dir.glob("**/*.tmp*"))
-    checkpoints = sorted(run_dir.glob("checkpoints/*/step_*.pt"))
+    checkpoints = sorted(run_dir.glob("checkpoints/*/step_????????.pt"))
     assert checkpoints
 
     # 2. The rerun resumes training from the checkpoint and finishes the workflow.
@@ -264,7 +264,7 @@ def test_kill_9_of_the_launcher_under_srun_leaves_no_task(slurm, tmp_path) -> No
 
     try:
         deadline = time.monotonic() + 180
-        while not list(run.glob("checkpoints/*/step_*.pt")):
+        while not list(run.glob("checkpoints/*/step_????????.pt")):
             assert time.monotonic() < deadline, (tmp_path / "job.log").read_text()[-3000:]
             time.sleep(0.2)
         (launcher,) = ours("launch")
