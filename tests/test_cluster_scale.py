@@ -76,11 +76,16 @@ def test_a_pair_recovers_its_cv_and_leave_one_out_skips_pairs_sharing_a_run() ->
     assert cv_b == pytest.approx(0.12, abs=1e-3)
 
 
-def _eos_step(software=None, stragglers=None, nodes: int = 4):
+# A loader fast enough never to pace a step: the host's terms alone move it.
+FAST_LOADER = dataclasses.replace(cluster("eos"), loader_gbyte_s_per_core=100.0)
+
+
+def _eos_step(software=None, stragglers=None, nodes: int = 4, preset=FAST_LOADER, **kwargs):
     cfg = load_config(MLPERF, overrides={"train": {"local_batch_size": 1}})
-    kwargs = {} if stragglers is None else {"stragglers": stragglers}
+    if stragglers is not None:
+        kwargs["stragglers"] = stragglers
     return predict_cluster(
-        Workload.of(cfg), cluster("eos"), nodes=nodes, epochs=1, software=software, **kwargs
+        Workload.of(cfg), preset, nodes=nodes, epochs=1, software=software, **kwargs
     )[1]
 
 

@@ -24,6 +24,14 @@ DALI_THREADS = (
     f"dali_threads: 4 in the NVIDIA/HPE+LBNL PyTorch implementation's configs, {MLPERF_V3} "
     "HPE+LBNL/benchmarks/cosmoflow/implementations/cosmoflow-pytorch/configs [V]"
 )
+# tmpfs (/dev/shm) against a disk file system's page cache, one core copying a 16.8 MB sample
+# out of a mapped file: benchmarks/bench_staging_read.py on the 2-core machine (kernel 6.18,
+# load 1.5-2.5), seven runs: 2.1-2.8x, median 2.5x. Measured here, not on the clusters' kernels.
+TMPFS_READ_FACTOR = 2.5
+TMPFS_SOURCE = (
+    "tmpfs reads a mapped sample 2.5x slower than a page cache (2.1-2.8x in seven runs of "
+    "benchmarks/bench_staging_read.py on the 2-core machine, kernel 6.18) [V: measured here]"
+)
 DATA_PATH = {
     "loader_threads_per_rank": DALI_THREADS,
     "loader_gbyte_s_per_core": COPY_SOURCE,
@@ -51,6 +59,8 @@ class ClusterPreset:
     loader_threads_per_rank: int = 4
     loader_gbyte_s_per_core: float = 5.0
     inflate_gbyte_s_per_core: float = 0.4
+    staging_read_factor: float = 1.0  # a staged sample's read ÷ a page cache's (tmpfs: more)
+    host_memory_gbyte: float | None = None  # the node's memory: what the page cache can hold
     sources: Mapping[str, str] = field(default_factory=dict)
     accelerator_spec: AcceleratorSpec | None = None  # in place of ACCELERATORS[accelerator]
 
@@ -101,6 +111,7 @@ EOS = ClusterPreset(
     nic_gbit_s=400,
     ll128=True,
     staging_in_timed_run=False,
+    host_memory_gbyte=2000.0,
     sources={
         "node": DGX.format(
             round=MLPERF_V3,
@@ -110,6 +121,8 @@ EOS = ClusterPreset(
         "ll128": PXB,
         "staging_in_timed_run": "staging_start..stop before run_start in every v3.0 Eos log; "
         "mlcommons/logging issue 318 (staging out of the HPC v3.0 score) [V]",
+        "host_memory_gbyte": f"{MLPERF_V3} NVIDIA/systems/eos_n64_ngc23.09_pytorch.json: "
+        "host_memory_capacity 2.0 TB [V]",
         **DATA_PATH,
     },
 )
@@ -123,6 +136,8 @@ PERLMUTTER = ClusterPreset(
     nics_per_node=4,
     nic_gbit_s=200,
     fs_read_gbyte_s=5000.0,
+    staging_read_factor=TMPFS_READ_FACTOR,
+    host_memory_gbyte=256.0,
     sources={
         "node": f"{MLPERF_V3} HPE+LBNL/systems/perlmutter_128x4.json (1x EPYC 7763, "
         "4x A100-SXM4-40GB, Slingshot); docs.nersc.gov/systems/perlmutter/architecture "
@@ -130,6 +145,10 @@ PERLMUTTER = ClusterPreset(
         "ll128": "NICs behind the CPU (PHB: the implementation sets NCCL_NET_GDR_LEVEL=PHB, "
         f"{MLPERF_V3} HPE+LBNL/.../configs/config_pm_common.sh [V]): LL128 off",
         "fs_read_gbyte_s": "NERSC: Perlmutter scratch (all-flash Lustre) ~5 TB/s [R]",
+        "staging_read_factor": f"STAGING_DIR=/dev/shm: {MLPERF_V3} HPE+LBNL/benchmarks/"
+        "cosmoflow/implementations/cosmoflow-pytorch/configs/config_pm_common.sh [V]; "
+        + TMPFS_SOURCE,
+        "host_memory_gbyte": "perlmutter_128x4.json: host_memory_capacity 256 GB DDR4 [V]",
         "staging_in_timed_run": STAGED_IN,
         **DATA_PATH,
     },
@@ -141,13 +160,24 @@ HOREKA = ClusterPreset(
     ranks_per_node=4,
     cores_per_node=76,
     cpu_vendor="intel",
-    nics_per_node=4,
+    nics_per_node=2,
     nic_gbit_s=200,
+    host_memory_gbyte=512.0,
     sources={
         "node": f"{MLPERF_V2} HelmholtzAI/systems/horeka_gpu_n512_pytorch1.13.json: 2x Xeon "
-        "8368 (76 cores), 4 GPUs 'A100-PCIE-40GB' over NVLink, 4x HDR 200 Gb/s [V]; taken as "
-        "A100 SXM4 40GB (HoreKa's are SXM4 [R])",
+        "8368 (76 cores), 4 GPUs 'A100-PCIE-40GB' over NVLink, host_networking '4xHDR ( "
+        "Mellanox 200 Gbit InfiniBand ConnectX 6)' [V]; taken as A100 SXM4 40GB (HoreKa's "
+        "are SXM4 [R]; HelmholtzAI's JUWELS Booster file says PCIE too)",
+        "nics_per_node": "nhr.kit.edu/userdocs/horeka/hardware: 'Each node has two Intel Xeon "
+        "processors, ... and two high-performance network adapters. All nodes are connected "
+        "by an extremely fast, low-latency InfiniBand 4X HDR interconnect' [V]: '4xHDR' in the "
+        "systems file is the link's width (4 lanes of HDR: the 200 Gbit it names), not four "
+        "adapters (JUWELS Booster's file says '4x Mellanox HDR200 ...': four); two IB HDR "
+        "adapters of 200 Gb/s taken (that both carry the IB fabric is a reading) [V/R]",
         "ll128": "GPU-NIC path not known: LL128 off [R]",
+        "host_memory_gbyte": "horeka_gpu_n512_pytorch1.13.json: host_memory_capacity 512 GB "
+        "[V]; staged to ${TMP} on the node's NVMe (configs/2022configs/horeka_512gpus_bs1.sh) "
+        "[V], read through its page cache",
         "staging_in_timed_run": STAGED_IN,
         **DATA_PATH,
     },
@@ -163,8 +193,11 @@ CLUSTERS: dict[str, ClusterPreset] = {
             system="NERSC Perlmutter GPU, phase 1 (2021: 2 NICs a node)",
             nics_per_node=2,
             nic_gbit_s=100,
+            staging_read_factor=1.0,
             sources={
                 **PERLMUTTER.sources,
+                "staging_read_factor": "v1.0 LBNL's config_pm_common.sh is not in the published "
+                "tree: the staging area is not known, a page cache taken [R]",
                 "node": f"{MLPERF_V1} LBNL/systems/perlmutter_256x4_ngc21.09_mxnet.json [V]; "
                 "archived NERSC page portal.nersc.gov/cfs/nstaff/siddiq90/nersc.gitlab.io/"
                 "public/systems/perlmutter/interconnect ('Each node is connected to 2 NICs') "
@@ -206,6 +239,8 @@ CLUSTERS: dict[str, ClusterPreset] = {
                 )
                 + "; 2x EPYC 7742; NVIDIA's HPC submissions ran on Selene [R]",
                 "staging_in_timed_run": STAGED_IN,
+                "host_memory_gbyte": f"{MLPERF_V2} NVIDIA/systems/dgxa100_n64_pytorch.json: "
+                "host_memory_capacity 2 TB [V]",
             },
         ),
         HOREKA,
@@ -215,11 +250,15 @@ CLUSTERS: dict[str, ClusterPreset] = {
             system="JSC JUWELS Booster (A100 40GB)",
             cores_per_node=48,
             cpu_vendor="amd",
+            nics_per_node=4,
             sources={
                 **HOREKA.sources,
                 "node": f"{MLPERF_V1} HelmholtzAI/systems/juwelsbooster_gpu_n512_mxnet1.9.json: "
                 "2x EPYC 7402 (48 cores), 4 GPUs 'A100-PCIE-40GB', 4x HDR200 [V]; taken as A100 "
                 "SXM4 40GB with NVLink3 (JUWELS Booster's are [R])",
+                "host_memory_gbyte": "512 GB a JUWELS Booster node [R]",
+                "nics_per_node": "juwelsbooster_gpu_n512_mxnet1.9.json: host_networking '4x "
+                "Mellanox HDR200 InfiniBand ConnectX 6' [V]",
             },
         ),
         dataclasses.replace(
@@ -231,6 +270,7 @@ CLUSTERS: dict[str, ClusterPreset] = {
             cpu_vendor="other",
             nics_per_node=1,
             nic_gbit_s=100,
+            host_memory_gbyte=None,
             sources={
                 **HOREKA.sources,
                 "node": f"{MLPERF_V1} TACC/systems/longhorn-tf.json: 2x POWER9 (40 cores), 4x "

@@ -54,6 +54,11 @@ class SoftwareProfile:
                       layer's launches are the host's too, hidden where the device is slower)
     eval_mode, eval_batch, eval_launches  evaluation's forward: eager or a graph, its batch,
                       and its launches a step (eager: in series where the device is faster)
+    eval_input_passes bytes of HBM traffic per input byte an evaluation step (the transform
+                      only: eager evaluation has no static input to copy into)
+    eval_syncs        host syncs an evaluation (the score's .item() after its all-reduce)
+    reader_threads    the threads a rank's samples pass through one at a time on their way
+                      out of the staging area (None: the preset's loader threads)
     nccl_protocols    NCCL_PROTO, where the run script sets it (None: NCCL's own choice)
     spread            the runs' spread of the training epoch, (10th, 90th percentile) ÷ median,
                       where the profile stands for published runs"""
@@ -68,6 +73,9 @@ class SoftwareProfile:
     eval_mode: str
     eval_batch: int
     eval_launches: int
+    eval_input_passes: float = 0.0
+    eval_syncs: int = 0
+    reader_threads: int | None = None
     nccl_protocols: tuple[str, ...] | None = None
     spread: tuple[float, float] | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
@@ -84,12 +92,14 @@ class SoftwareProfile:
         """Seconds of the input's transform and copy on the device, a step of `batch` samples."""
         return self.input_passes * sample_bytes * batch / hbm_bytes_per_s
 
-    def eval_step_s(self, forward_s: float) -> float:
-        """One evaluation step: the forward on the device, or its launches on the host where
-        eager and they take longer (a batch-1 forward of small kernels)."""
-        if self.eval_mode == "graph":
-            return forward_s + GRAPH_LAUNCH_S
-        return max(forward_s, self.eval_launches * LAUNCH_S)
+    def eval_step_s(self, forward_s: float, transform_s: float, read_s: float) -> float:
+        """One evaluation step: the slowest of the device (the forward after the input's
+        transform), the host (an eager step's launches; a graph's one) and the read of its
+        samples out of the staging area (`read_s`). Nothing syncs a step, so the three overlap
+        and the slowest paces the steps."""
+        device = forward_s + transform_s
+        host = GRAPH_LAUNCH_S if self.eval_mode == "graph" else self.eval_launches * LAUNCH_S
+        return max(device, host, read_s)
 
 
 # int16 in (2 bytes a value) -> fp32 out (4) by log1p: 1 + 2 bytes per input byte; the copy of
@@ -111,6 +121,20 @@ PYTORCH_INPUT = (
     "trainer.py _convert_format: input_tensor.log1p() of the int16 DALI output to fp32, then "
     "static_input_data.copy_() [V: read]"
 )
+# Evaluation: log1p only (int16 read 1 byte, fp32 written 2, per input byte); no graph input.
+LOG1P = 3.0
+PYTORCH_EVAL_IO = (
+    "trainer.py eval_epoch: per step _convert_format (log1p) and the eager forward, the score "
+    "accumulated on the device (no sync a step); score_fn.get_value: one all_reduce of the "
+    "score and one .item() an evaluation [V: read]. The samples: data/dali_core.py, one DALI "
+    "pipeline a rank (batch dali_threads=4, sliced to 1 a step); its TFRecord reader maps the "
+    "staged files (dont_use_mmap = use_direct_io: False in the 64x8 configs and all of v2.0) "
+    "and a DALI reader prefetches through one thread (NVIDIA/DALI dali/operators/reader/"
+    "reader_op.h, DataReader::PrefetchWorker, ReadOne a sample in turn) [V: read]. That one "
+    "copy a sample at one core's rate paces evaluation is inferred: 2.2-2.5 ms a step "
+    "published on DGX A100 and HoreKa, 16.8 MB at 7-8 GB/s, the rate of one core's copy out "
+    "of the page cache (benchmarks/bench_staging_read.py: 7.4-8.9 GB/s on this machine) [inferred]"
+)
 
 NVIDIA_V3 = SoftwareProfile(
     name="nvidia_v3",
@@ -123,10 +147,14 @@ NVIDIA_V3 = SoftwareProfile(
     eval_mode="eager",
     eval_batch=1,
     eval_launches=35,
+    eval_input_passes=LOG1P,
+    eval_syncs=1,
+    reader_threads=1,
     sources={
         "step": f"{V3} " + PYTORCH_STEP.format(n="50 + 1 + 1 + 2 = 54"),
         "input_passes": f"{V3} " + PYTORCH_INPUT,
         "eval": f"{V3} " + PYTORCH_EVAL,
+        "eval_io": f"{V3} " + PYTORCH_EVAL_IO,
         "nccl_protocols": f"{V3} run_and_time.sh: NCCL_DEBUG only [V]",
         **COSTS,
     },
@@ -142,6 +170,7 @@ NVIDIA_V2 = dataclasses.replace(
         + PYTORCH_STEP.format(n="54"),
         "input_passes": f"{V2} " + PYTORCH_INPUT,
         "eval": f"{V2} " + PYTORCH_EVAL,
+        "eval_io": f"{V2} " + PYTORCH_EVAL_IO,
         "nccl_protocols": f"{V2} run_and_time.sh: NCCL_DEBUG only [V]",
         **COSTS,
     },
@@ -156,6 +185,7 @@ HPE_LBNL_V3 = dataclasses.replace(
         "[V: diffed]",
         "input_passes": f"{HPE} " + PYTORCH_INPUT,
         "eval": f"{HPE} " + PYTORCH_EVAL,
+        "eval_io": f"{HPE} " + PYTORCH_EVAL_IO,
         "nccl_protocols": f"{HPE} run_and_time.sh: NCCL_PROTO=simple [V]",
         **COSTS,
     },

@@ -5,7 +5,8 @@ the slowest rank) taken out at the run's own scale; `perf-model predict --gpu-ca
 prices any other scale with it.
 
     layer_scale  the run's own device time of the layers ÷ the model's (roofline or layer times)
-    eval_scale   the run's evaluation step ÷ the model's with layer_scale applied
+    eval_scale   the run's evaluation step ÷ the model's with layer_scale applied (its first
+                 evaluation where a node's staged share outgrows the node's memory)
     cpu_scale    (a CPU run) its measured compute ÷ this CPU's calibration at the run's config
 """
 
@@ -28,7 +29,12 @@ from cosmocub.perfmodel.cost_model.stragglers import Stragglers
 from cosmocub.perfmodel.measure.cpu_model import Calibration
 from cosmocub.perfmodel.uses.mllog import RunTimes, read_events, run_times, system_description
 from cosmocub.perfmodel.uses.run_prediction import Workload
-from cosmocub.perfmodel.uses.time_to_train import MLPERF_COSMOFLOW, TimeToTrain, predict_cluster
+from cosmocub.perfmodel.uses.time_to_train import (
+    MLPERF_COSMOFLOW,
+    TimeToTrain,
+    predict_cluster,
+    staged_beyond_memory,
+)
 
 FORMAT = "cosmocub-run-calibration-1"
 
@@ -172,7 +178,10 @@ def calibrate_run(
         t = _predict(base, run, preset, software, stragglers, layer_scale=scale)
         scale = layer_scale_for(run.step_s, t, stragglers, gpus, scale)
     t = _predict(base, run, preset, software, stragglers, layer_scale=scale)
-    eval_step = (run.median_eval_s - t.eval_reduce_s) / t.eval_steps
+    # Where a node's staged share outgrows its memory, only the first evaluation reads the
+    # validation split from the page cache the model prices; the later ones from the drives.
+    evaluation = run.eval_s[0] if _beyond_memory(run, preset) else run.median_eval_s
+    eval_step = (evaluation - t.eval_reduce_s) / t.eval_steps
     return RunCalibration(
         source=str(run.path),
         preset=preset,
@@ -186,6 +195,13 @@ def calibrate_run(
         eval_scale=max(eval_step, 1e-9) / t.eval_step_s,
         stragglers_cv=stragglers.cv,
     )
+
+
+def _beyond_memory(run: RunTimes, preset: str) -> bool:
+    dataset = dataclasses.replace(
+        MLPERF_COSMOFLOW, train_samples=run.train_samples, val_samples=run.eval_samples
+    )
+    return staged_beyond_memory(CLUSTERS[preset], dataset, run.nodes)
 
 
 def layer_scale_for(

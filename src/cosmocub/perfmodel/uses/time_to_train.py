@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from cosmocub.config import Config, OptimizerConfig
 from cosmocub.perfmodel.cost_model.cluster_presets import ClusterPreset
-from cosmocub.perfmodel.cost_model.software import SoftwareProfile
+from cosmocub.perfmodel.cost_model.software import SYNC_S, SoftwareProfile
 from cosmocub.perfmodel.cost_model.spec_accelerator import SpecAccelerator
 from cosmocub.perfmodel.cost_model.stragglers import NO_STRAGGLERS, Stragglers
 from cosmocub.perfmodel.cost_model.topology import Mesh
@@ -94,7 +94,7 @@ class TimeToTrain:
     steps_per_epoch: int
     eval_step_s: float
     eval_steps: int
-    eval_reduce_s: float  # the score's all-reduce at the end of evaluation
+    eval_reduce_s: float  # the score's all-reduce and its .item() at the end of evaluation
     staging_s: float | None  # None: the file system's rate is not known
     staging_in_run: bool
     epochs: int
@@ -134,11 +134,29 @@ class TimeToTrain:
         return staging + self.epochs * self.epoch_s
 
 
-def loader_seconds(preset: ClusterPreset, dataset: Dataset, batch: int) -> float:
-    """Seconds the loader takes to hand over one step's `batch` samples to a rank: its threads
-    at the preset's copy rate per core."""
-    rate = preset.loader_threads_per_rank * preset.loader_gbyte_s_per_core * 1e9
+def loader_seconds(
+    preset: ClusterPreset, dataset: Dataset, batch: int, threads: int | None = None
+) -> float:
+    """Seconds the loader takes to hand over one step's `batch` samples to a rank: `threads`
+    (default: the preset's loader threads) at the preset's copy rate per core, slower by the
+    staging area's read factor (a tmpfs)."""
+    threads = preset.loader_threads_per_rank if threads is None else threads
+    rate = threads * preset.loader_gbyte_s_per_core * 1e9 / preset.staging_read_factor
     return batch * dataset.sample_bytes / rate
+
+
+def staged_bytes_per_node(dataset: Dataset, nodes: int) -> float:
+    """A node's share of both splits as staged (inflated: the submissions' stagers decompress)."""
+    return (dataset.train_samples + dataset.val_samples) / nodes * dataset.sample_bytes
+
+
+def staged_beyond_memory(preset: ClusterPreset, dataset: Dataset, nodes: int) -> bool:
+    """Whether a node's staged share exceeds its memory: then each training epoch streams more
+    than the page cache holds through it, and evaluations after the first read the validation
+    split back from the node's drives (not priced: the model prices the page cache's read)."""
+    if preset.host_memory_gbyte is None:
+        return False
+    return staged_bytes_per_node(dataset, nodes) > preset.host_memory_gbyte * 1e9
 
 
 def staging_seconds(preset: ClusterPreset, dataset: Dataset, nodes: int) -> float | None:
@@ -194,13 +212,20 @@ def predict_cluster(
         host_s = software.host_s() + software.input_s(dataset.sample_bytes, hbm, work.local_batch)
     own_s = step.step_s - step.exchange_s - step.momentum_sync_s + host_s
     straggler_s = stragglers.wait_s(own_s, ranks)
-    loader_s = loader_seconds(preset, dataset, work.local_batch)
+    threads = None if software is None else software.reader_threads
+    loader_s = loader_seconds(preset, dataset, work.local_batch, threads)
     wait = max(0.0, loader_s - (step.step_s + host_s + straggler_s))
     forward = sum(
         device.forward_seconds(work.model, batch=work.local_batch, split=mesh.split).values()
     )
-    eval_step = forward if software is None else software.eval_step_s(forward)
-    eval_step = max(eval_scale * eval_step, loader_s)
+    if software is None:
+        eval_step = max(eval_scale * forward, loader_s)
+        eval_syncs = 0
+    else:
+        transform = software.eval_input_passes * dataset.sample_bytes * work.local_batch
+        transform_s = transform / preset.spec.rate_bytes
+        eval_step = eval_scale * software.eval_step_s(forward, transform_s, loader_s)
+        eval_syncs = software.eval_syncs
     eval_steps = math.ceil(dataset.val_samples / (mesh.data * work.local_batch))
     ttt = TimeToTrain(
         step_s=step.step_s,
@@ -208,7 +233,7 @@ def predict_cluster(
         steps_per_epoch=p.steps_per_epoch,
         eval_step_s=eval_step,
         eval_steps=eval_steps,
-        eval_reduce_s=network.collective_s("allreduce", 8.0, ranks),
+        eval_reduce_s=network.collective_s("allreduce", 8.0, ranks) + eval_syncs * SYNC_S,
         staging_s=staging_seconds(preset, dataset, nodes),
         staging_in_run=preset.staging_in_timed_run if staging_in_run is None else staging_in_run,
         epochs=epochs,
