@@ -44,7 +44,12 @@ from cosmocub.perfmodel.uses.run_calibration import (
     mllog_preset,
 )
 from cosmocub.perfmodel.uses.run_prediction import Workload
-from cosmocub.perfmodel.uses.time_to_train import MLPERF_COSMOFLOW, TimeToTrain, predict_cluster
+from cosmocub.perfmodel.uses.time_to_train import (
+    MLPERF_COSMOFLOW,
+    TimeToTrain,
+    predict_cluster,
+    staged_beyond_memory,
+)
 
 KEYS = ("step", "train", "eval", "ttt")
 
@@ -170,6 +175,16 @@ def predict(
         eval_scale=1.0 if cal is None else cal.eval_scale,
     )
     return t
+
+
+def beyond_memory(row: Row) -> bool:
+    """Whether a node's staged share outgrows its memory (its later evaluations read from the
+    node's drives, which the model does not price)."""
+    run = row.runs[0]
+    dataset = dataclasses.replace(
+        MLPERF_COSMOFLOW, train_samples=run.train_samples, val_samples=run.eval_samples
+    )
+    return staged_beyond_memory(CLUSTERS[row.preset or ""], dataset, run.nodes)
 
 
 def family(row: Row) -> str:
@@ -299,6 +314,8 @@ def main() -> int:
         cal = calibrate_run(partner.median_run(), partner.preset or "", partner.software, base)
         row.calibrated = predict(row, base, GPU_STRAGGLERS, cal)
         row.partner = f"{how}: {partner.label} (device x{cal.layer_scale:.2f})"
+        if beyond_memory(row):
+            row.partner += "; staged share > node memory: evaluations after the first unpriced"
 
     print(
         "Uncalibrated: published / predicted (predicted ÷ published), medians over each row's runs"

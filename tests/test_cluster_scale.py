@@ -19,15 +19,21 @@ from cosmocub.config import load_config
 from cosmocub.perfmodel.cost_model.cluster_presets import cluster, described_cluster
 from cosmocub.perfmodel.cost_model.machines import accelerator_spec
 from cosmocub.perfmodel.cost_model.nccl_collectives import choose
-from cosmocub.perfmodel.cost_model.software import LAUNCH_S, NVIDIA_V3, SYNC_S
+from cosmocub.perfmodel.cost_model.software import LAUNCH_S, NVIDIA_V2, NVIDIA_V3, SYNC_S
 from cosmocub.perfmodel.cost_model.stragglers import (
     ScalePair,
     Stragglers,
     expected_max_normal,
     leave_one_out,
 )
+from cosmocub.perfmodel.uses.mllog import RunTimes
+from cosmocub.perfmodel.uses.run_calibration import calibrate_run
 from cosmocub.perfmodel.uses.run_prediction import Workload
-from cosmocub.perfmodel.uses.time_to_train import predict_cluster
+from cosmocub.perfmodel.uses.time_to_train import (
+    MLPERF_COSMOFLOW,
+    predict_cluster,
+    staged_beyond_memory,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MLPERF = ROOT / "config" / "cosmoflow-mlperf.yaml"
@@ -285,3 +291,60 @@ def test_from_run_on_a_tiny_real_cpu_run_scales_this_cpus_calibration(tmp_path: 
     assert RunCalibration.read(tmp_path / "cpu.json") == cal
     with pytest.raises(ValueError, match=r"no train_summary\.json"):
         calibrate_from_run(tmp_path, cfg, cpu=lambda: (calibration, 2))
+
+
+def test_evaluation_is_paced_by_the_slowest_of_device_host_and_the_staged_read() -> None:
+    sample = 4 * 128**3 * 2
+    eos = cluster("eos")
+    t = _eos_step(NVIDIA_V3, preset=eos)
+    # Uncalibrated, a core's 5 GB/s copy of the 16.8 MB sample (one reader thread) is slowest.
+    read = sample / (1 * eos.loader_gbyte_s_per_core * 1e9)
+    assert t.eval_step_s == pytest.approx(read)
+    assert t.eval_steps == 65_536 // 32
+    # The score's all-reduce and its one .item() close the evaluation.
+    assert t.eval_s == pytest.approx(t.eval_steps * read + t.eval_reduce_s)
+    assert t.eval_reduce_s > SYNC_S
+    # A tmpfs staging area reads 2.5x slower.
+    shm = dataclasses.replace(eos, staging_read_factor=2.5)
+    assert _eos_step(NVIDIA_V3, preset=shm).eval_step_s == pytest.approx(2.5 * read)
+    # With a fast loader the device paces: the forward plus its log1p (3 bytes of HBM traffic
+    # per input byte), not the 35 launches' 0.28 ms.
+    fast = _eos_step(NVIDIA_V3)
+    no_transform = dataclasses.replace(NVIDIA_V3, eval_input_passes=0.0)
+    transform = _eos_step(NVIDIA_V3).eval_step_s - _eos_step(no_transform).eval_step_s
+    assert transform == pytest.approx(3 * sample / eos.spec.rate_bytes)
+    assert fast.eval_step_s > NVIDIA_V3.eval_launches * LAUNCH_S
+    # ... and where the launches outlast the device, they pace it.
+    chatty = dataclasses.replace(NVIDIA_V3, eval_launches=1000)
+    assert _eos_step(chatty).eval_step_s == pytest.approx(1000 * LAUNCH_S)
+
+
+def test_a_run_whose_staged_share_outgrows_memory_calibrates_from_its_first_evaluation() -> None:
+    selene = cluster("selene")  # 2 TB a node; a share of 590k samples of 16.8 MB each
+    assert staged_beyond_memory(selene, MLPERF_COSMOFLOW, 4)  # 2.5 TB a node
+    assert not staged_beyond_memory(selene, MLPERF_COSMOFLOW, 64)  # 155 GB a node
+    base = Workload.of(load_config(MLPERF, overrides={"train": {"local_batch_size": 1}}))
+
+    def run(nodes: int) -> RunTimes:
+        gpus = nodes * 8
+        return RunTimes(
+            path=Path("synthetic"),
+            org="NVIDIA",
+            platform="DGX A100",
+            nodes=nodes,
+            accelerators_per_node=8,
+            global_batch=gpus,
+            train_samples=524_288,
+            eval_samples=65_536,
+            run_start_ms=0.0,
+            run_s=1.0,
+            train_epoch_s=(8e-3 * 524_288 / gpus,) * 3,
+            eval_s=(2.25e-3 * 65_536 / gpus, 3.6e-3 * 65_536 / gpus, 3.6e-3 * 65_536 / gpus),
+            staging_s=None,
+            staging_in_run=None,
+        )
+
+    weak = calibrate_run(run(4), "selene", NVIDIA_V2, base)
+    assert weak.eval_step_s == pytest.approx(2.25e-3, rel=0.01)  # the first, from memory
+    strong = calibrate_run(run(64), "selene", NVIDIA_V2, base)
+    assert strong.eval_step_s == pytest.approx(3.6e-3, rel=0.01)  # the median
