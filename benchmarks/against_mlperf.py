@@ -341,7 +341,9 @@ def main() -> int:
         where = (
             f"layers {1e3 * t.compute_s:.2f}, other device {1e3 * other:.2f}, "
             f"host {1e3 * t.host_s:.2f}, exchange {1e3 * t.exchange_s:.2f}, "
-            f"wait {1e3 * t.straggler_s:.2f} [{row.preset}, {software}] {row.note}"
+            f"wait {1e3 * t.straggler_s:.2f}"
+            + (f", loader {1e3 * t.data_wait_s:.2f}" if t.data_wait_s > 0 else "")
+            + f" [{row.preset}, {software}] {row.note}"
         )
         body.append((row.label, f"{row.gpus} ({len(row.runs)})", *row_cells(row, t), where))
     print(table(head, body))
