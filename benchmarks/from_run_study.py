@@ -1,0 +1,136 @@
+"""One measured run to the study's other points, on this machine: trains the config's model on
+one rank at each local batch size of a small study (real training, random shards of the
+model's input), calibrates the model from ONE point's run folder (`perf-model calibrate
+--from-run`: its measured compute ÷ this CPU's calibration at that point) and predicts the
+others' compute with it, beside the uncalibrated model. The held-out bounds the model is held
+to (docs/studies.md, "The performance model on a 2 × 1 network study"): 7 % median, 11 % worst.
+
+    nice -n 19 python benchmarks/from_run_study.py [--config config/config.yaml]
+        [--batches 2 4 8 16] [--calibrate-on 4] [--epochs 4] [--steps 8]
+        [--calibration CAL.json] [--keep DIR]
+
+--calibration: this CPU's compute calibration (`perf-model calibrate`), measured now and kept
+there where the file does not exist. One rank of one thread a point; the first epoch of each
+run is left out (warm-up), as calibrate --from-run leaves it out. Each point's conditions (its
+ready share: the time its thread ran over the time it was ready to) are printed beside it, and
+a point the studies' own rule marks contended (studies.contended_ready_share, _steal_share) is
+left out of the held-out figures, as `perf-model validate` leaves it out. Prints the load before
+and after: on a shared 2-core machine every figure moves with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from cosmocub.config import load_config
+from cosmocub.io import read_jsonl
+from cosmocub.perfmodel.cost_model.machines import this_cpu
+from cosmocub.perfmodel.measure.calibration_cache import load_or_calibrate
+from cosmocub.perfmodel.uses.run_calibration import calibrate_from_run
+from cosmocub.studies.contention import point_conditions, why_contended
+from cosmocub.train.main import train
+from cosmocub.train.testing import make_random_shards
+
+HELD_OUT = (0.07, 0.11)  # median, worst: the model's held-out bounds (docs/studies.md)
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default="config/config.yaml")
+    parser.add_argument("--batches", type=int, nargs="+", default=[2, 4, 8, 16])
+    parser.add_argument("--calibrate-on", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--calibration", type=Path, default=None)
+    parser.add_argument("--keep", type=Path, default=None, help="keep the runs in this folder")
+    args = parser.parse_args()
+    if args.calibrate_on not in args.batches:
+        print(f"--calibrate-on {args.calibrate_on}: not one of --batches", file=sys.stderr)
+        return 2
+    cores = len(os.sched_getaffinity(0))
+    print(f"load before: {_load()}; {cores} cores")
+    work = Path(tempfile.mkdtemp(prefix="from_run_study_")) if args.keep is None else args.keep
+    # Every point runs one thread: the calibration times one (2 threads on a shared 2-core
+    # machine measure the other engineers' load).
+    one_thread = {"perf_model": {"calibration": {"threads": [1]}}}
+    base = load_config(args.config, overrides=one_thread)
+    cal_path = args.calibration or work / "calibration.json"
+    calibration = load_or_calibrate(cal_path, base.perf_model.calibration, cores=cores)
+    print(f"compute calibration: {cal_path} (load now {_load()})")
+    shards = make_random_shards(
+        work / "shards",
+        counts={"train": max(args.batches) * args.steps, "val": max(args.batches)},
+        size=base.model.input_size,
+        channels=base.model.in_channels,
+    )
+    configs, runs = {}, {}
+    for batch in args.batches:
+        configs[batch] = load_config(
+            args.config,
+            overrides={
+                "train": {
+                    "local_batch_size": batch,
+                    "threads_per_rank": 1,
+                    "epochs": args.epochs,
+                    "max_steps_per_epoch": args.steps,
+                    "checkpoint_every_steps": 10_000,
+                },
+                "tracking": {"enabled": False},
+                **one_thread,
+            },
+        )
+        runs[batch] = work / f"batch{batch}"
+        train(configs[batch], shards_dir=shards, run_dir=runs[batch])
+        print(f"trained batch {batch} (load {_load()})")
+    point = args.calibrate_on
+    cal = calibrate_from_run(runs[point], configs[point], cpu=lambda: (calibration, cores))
+    device = this_cpu(threads_per_rank=1, ranks_per_node=1, cores=cores, calibration=calibration)
+    print(f"\ncalibrated on batch {point}: layer_scale {cal.layer_scale:.3f}")
+    print(
+        "batch  measured compute ms  model ms (uncalibrated)  calibrated ms  error    "
+        "ready share  load (study's contention mark)"
+    )
+    errors = []
+    for batch in args.batches:
+        cfg = configs[batch]
+        measured = calibrate_from_run(runs[batch], cfg, cpu=lambda: (calibration, cores)).step_s
+        epochs = [r for r in read_jsonl(runs[batch] / "metrics.jsonl") if "time_compute_s" in r]
+        seen = point_conditions(epochs)
+        why = why_contended(seen, cfg.studies)
+        layers = device.layer_seconds(cfg.model, batch=batch, split=(1, 1, 1))
+        priced = sum(layers.values()) + device.optimizer_seconds(cfg.model, cfg.optimizer)
+        predicted = cal.layer_scale * priced
+        error = predicted / measured - 1
+        mark = "(calibrated here)" if batch == point else ""
+        if batch != point and not why:
+            errors.append(abs(error))
+        print(
+            f"{batch:5d}  {1e3 * measured:19.1f}  {1e3 * priced:23.1f}  {1e3 * predicted:13.1f}"
+            f"  {100 * error:+6.1f} %  {seen.get('ready_share', float('nan')):11.2f}  "
+            f"{seen.get('load_1m', float('nan')):.2f} {why or 'not contended'} {mark}"
+        )
+    if not errors:
+        print("no held-out point left (all contended): run it on a quieter machine")
+        return 1
+    median, worst = statistics.median(errors), max(errors)
+    within = median <= HELD_OUT[0] and worst <= HELD_OUT[1]
+    print(
+        f"held out ({len(errors)} points): median |error| {100 * median:.1f} %, worst "
+        f"{100 * worst:.1f} % (bounds {100 * HELD_OUT[0]:.0f} % / {100 * HELD_OUT[1]:.0f} %: "
+        f"{'within' if within else 'NOT within'})"
+    )
+    print(f"load after: {_load()}; runs in {work}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
