@@ -33,6 +33,8 @@ PERF_MODEL_SCRIPTS = {
     "gpu_feed_point.sh",
     "bench_loader.py",  # gpu_feed_point.py's loader rows and step (it imports them)
     "gpu_universes_point.sh",
+    "bench_staging_read.py",  # smoke tests in test_cluster_benchmarks.py
+    "from_run_study.py",
 }
 SMOKED = {
     "host_steal.py",
