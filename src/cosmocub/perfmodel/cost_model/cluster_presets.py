@@ -176,8 +176,8 @@ HOREKA = ClusterPreset(
         "adapters of 200 Gb/s taken (that both carry the IB fabric is a reading) [V/R]",
         "ll128": "GPU-NIC path not known: LL128 off [R]",
         "host_memory_gbyte": "horeka_gpu_n512_pytorch1.13.json: host_memory_capacity 512 GB "
-        "[V]; staged to ${TMP} on the node's NVMe (configs/2022configs/horeka_512gpus_bs1.sh) "
-        "[V], read through its page cache",
+        "[V]; staged to ${TMP} (configs/2022configs/horeka_512gpus_bs1.sh) [V], a folder on "
+        "the node's NVMe [R], read through its page cache",
         "staging_in_timed_run": STAGED_IN,
         **DATA_PATH,
     },
