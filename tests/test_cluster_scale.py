@@ -348,3 +348,11 @@ def test_a_run_whose_staged_share_outgrows_memory_calibrates_from_its_first_eval
     assert weak.eval_step_s == pytest.approx(2.25e-3, rel=0.01)  # the first, from memory
     strong = calibrate_run(run(64), "selene", NVIDIA_V2, base)
     assert strong.eval_step_s == pytest.approx(3.6e-3, rel=0.01)  # the median
+
+
+def test_the_samples_copy_to_the_device_paces_where_the_host_link_is_slower() -> None:
+    sample = 4 * 128**3 * 2
+    narrow = dataclasses.replace(cluster("eos"), host_link_gbyte_s=1.0)  # 16.8 ms a sample
+    t = _eos_step(NVIDIA_V3, preset=narrow)
+    assert t.eval_step_s == pytest.approx(sample / 1e9)
+    assert t.data_wait_s == pytest.approx(sample / 1e9 - (t.step_s + t.host_s + t.straggler_s))

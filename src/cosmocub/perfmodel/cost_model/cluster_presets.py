@@ -32,10 +32,12 @@ TMPFS_SOURCE = (
     "tmpfs reads a mapped sample 2.5x slower than a page cache (2.1-2.8x in seven runs of "
     "benchmarks/bench_staging_read.py on the 2-core machine, kernel 6.18) [V: measured here]"
 )
+PCIE4 = "PCIe 4.0 x16: 16 GT/s x 16 lanes, 128b/130b, 31.5 GB/s a direction (PCI-SIG) [R]"
 DATA_PATH = {
     "loader_threads_per_rank": DALI_THREADS,
     "loader_gbyte_s_per_core": COPY_SOURCE,
     "inflate_gbyte_s_per_core": INFLATE_SOURCE,
+    "host_link_gbyte_s": PCIE4,
 }
 
 
@@ -60,6 +62,7 @@ class ClusterPreset:
     loader_gbyte_s_per_core: float = 5.0
     inflate_gbyte_s_per_core: float = 0.4
     staging_read_factor: float = 1.0  # a staged sample's read ÷ a page cache's (tmpfs: more)
+    host_link_gbyte_s: float = 31.5  # a GPU's link to its host, one direction (PCIe 4.0 x16)
     host_memory_gbyte: float | None = None  # the node's memory: what the page cache can hold
     sources: Mapping[str, str] = field(default_factory=dict)
     accelerator_spec: AcceleratorSpec | None = None  # in place of ACCELERATORS[accelerator]
@@ -112,6 +115,7 @@ EOS = ClusterPreset(
     ll128=True,
     staging_in_timed_run=False,
     host_memory_gbyte=2000.0,
+    host_link_gbyte_s=63.0,
     sources={
         "node": DGX.format(
             round=MLPERF_V3,
@@ -123,6 +127,8 @@ EOS = ClusterPreset(
         "mlcommons/logging issue 318 (staging out of the HPC v3.0 score) [V]",
         "host_memory_gbyte": f"{MLPERF_V3} NVIDIA/systems/eos_n64_ngc23.09_pytorch.json: "
         "host_memory_capacity 2.0 TB [V]",
+        "host_link_gbyte_s": "H100 SXM5 on PCIe 5.0 x16: 32 GT/s x 16 lanes, 63 GB/s a "
+        "direction [R]",
         **DATA_PATH,
     },
 )
@@ -232,8 +238,10 @@ CLUSTERS: dict[str, ClusterPreset] = {
             cpu_vendor="amd",
             nic_gbit_s=200,
             staging_in_timed_run=True,
+            host_link_gbyte_s=31.5,
             sources={
                 **EOS.sources,
+                "host_link_gbyte_s": PCIE4,
                 "node": DGX.format(
                     round=MLPERF_V2, json="dgxa100_n64_pytorch.json", nic="6 IB HDR 200 Gb/s"
                 )

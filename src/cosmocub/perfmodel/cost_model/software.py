@@ -94,9 +94,9 @@ class SoftwareProfile:
 
     def eval_step_s(self, forward_s: float, transform_s: float, read_s: float) -> float:
         """One evaluation step: the slowest of the device (the forward after the input's
-        transform), the host (an eager step's launches; a graph's one) and the read of its
-        samples out of the staging area (`read_s`). Nothing syncs a step, so the three overlap
-        and the slowest paces the steps."""
+        transform), the host (an eager step's launches; a graph's one) and the loader (`read_s`:
+        its samples' read out of the staging area or their copy to the device, the slower).
+        Nothing syncs a step, so the three overlap and the slowest paces the steps."""
         device = forward_s + transform_s
         host = GRAPH_LAUNCH_S if self.eval_mode == "graph" else self.eval_launches * LAUNCH_S
         return max(device, host, read_s)

@@ -137,12 +137,14 @@ class TimeToTrain:
 def loader_seconds(
     preset: ClusterPreset, dataset: Dataset, batch: int, threads: int | None = None
 ) -> float:
-    """Seconds the loader takes to hand over one step's `batch` samples to a rank: `threads`
-    (default: the preset's loader threads) at the preset's copy rate per core, slower by the
-    staging area's read factor (a tmpfs)."""
+    """Seconds the loader takes to hand over one step's `batch` samples to a rank: the slower
+    of their read, `threads` (default: the preset's loader threads) at the preset's copy rate
+    per core, slower by the staging area's read factor (a tmpfs), and their copy to the
+    device over its host link (the two overlap: the loader reads ahead while it copies)."""
     threads = preset.loader_threads_per_rank if threads is None else threads
     rate = threads * preset.loader_gbyte_s_per_core * 1e9 / preset.staging_read_factor
-    return batch * dataset.sample_bytes / rate
+    host_link = preset.host_link_gbyte_s * 1e9
+    return batch * dataset.sample_bytes * max(1 / rate, 1 / host_link)
 
 
 def staged_bytes_per_node(dataset: Dataset, nodes: int) -> float:
