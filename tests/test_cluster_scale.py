@@ -308,7 +308,7 @@ def test_evaluation_is_paced_by_the_slowest_of_device_host_and_the_staged_read()
     shm = dataclasses.replace(eos, staging_read_factor=2.5)
     assert _eos_step(NVIDIA_V3, preset=shm).eval_step_s == pytest.approx(2.5 * read)
     # With a fast loader the device paces: the forward plus its log1p (3 bytes of HBM traffic
-    # per input byte), not the 35 launches' 0.28 ms.
+    # per input byte), not the 50 launches' 0.40 ms.
     fast = _eos_step(NVIDIA_V3)
     no_transform = dataclasses.replace(NVIDIA_V3, eval_input_passes=0.0)
     transform = _eos_step(NVIDIA_V3).eval_step_s - _eos_step(no_transform).eval_step_s

@@ -113,9 +113,13 @@ PYTORCH_STEP = (
     "replays (zero_capture, graph_capture); one .item() (GradScaler._maybe_opt_step) [V: read]"
 )
 PYTORCH_EVAL = (
-    "trainer.py evaluate: eager, torch.no_grad, autocast, batch 1 a GPU: log1p, 5 x (conv, "
-    "leaky_relu, max_pool) with fp16 casts of each weight, 3 dense + 2 activations, tanh x 1.2, "
-    "the L1 score's update: ~35 launches [V: read; the count by reading, not profiled]"
+    "trainer.py eval_epoch, model/cosmoflow.py, utils/utils.py: eager, torch.no_grad, a fresh "
+    "autocast context a step (its cast cache dies with it): log1p 1; 5 conv blocks x (fp16 "
+    "casts of weight and bias 2, cuDNN conv 1, its bias add 1 (aten _convolution adds it "
+    "apart), leaky_relu 1, max_pool3d 1) + the first input's cast 1 = 31; permute+flatten a "
+    "view; 3 dense x (casts 2, addmm 1) + 2 leaky_relu = 11; tanh 1, x 1.2 1; y.float() 1; "
+    "L1Loss(sum) sub, abs, sum 3 and the running += 1: 50 launches [V: read; counted, not "
+    "profiled]"
 )
 PYTORCH_INPUT = (
     "trainer.py _convert_format: input_tensor.log1p() of the int16 DALI output to fp32, then "
@@ -125,8 +129,9 @@ PYTORCH_INPUT = (
 LOG1P = 3.0
 PYTORCH_EVAL_IO = (
     "trainer.py eval_epoch: per step _convert_format (log1p) and the eager forward, the score "
-    "accumulated on the device (no sync a step); score_fn.get_value: one all_reduce of the "
-    "score and one .item() an evaluation [V: read]. The samples: data/dali_core.py, one DALI "
+    "accumulated on the device (no sync a step); utils.py DistributedMeanAbsoluteError."
+    "get_value: torch.tensor([error, items]) of the device's error (a sync), one all_reduce "
+    "and one .item(): two syncs an evaluation [V: read]. The samples: data/dali_core.py, one DALI "
     "pipeline a rank (batch dali_threads=4, sliced to 1 a step); its TFRecord reader maps the "
     "staged files (dont_use_mmap = use_direct_io: False in the 64x8 configs and all of v2.0) "
     "and a DALI reader prefetches through one thread (NVIDIA/DALI dali/operators/reader/"
@@ -146,9 +151,9 @@ NVIDIA_V3 = SoftwareProfile(
     step_graph=True,
     eval_mode="eager",
     eval_batch=1,
-    eval_launches=35,
+    eval_launches=50,
     eval_input_passes=LOG1P,
-    eval_syncs=1,
+    eval_syncs=2,
     reader_threads=1,
     sources={
         "step": f"{V3} " + PYTORCH_STEP.format(n="50 + 1 + 1 + 2 = 54"),
