@@ -112,6 +112,11 @@ stop() {
     [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
     rm -f "$STATE/munged.ours"
   fi
+  # A slurm.conf naming a controller that no longer runs costs every Slurm client 9 s of
+  # retries (10 connects, 1 s apart), and snakemake-executor-plugin-slurm runs `scontrol show
+  # config` when it is imported, i.e. at every `snakemake` start, whatever the executor.
+  # Without a slurm.conf scontrol fails at once. start writes it again.
+  if [ -f "$CONF" ] && grep -qF "$MARKER" "$CONF"; then rm -f "$CONF"; fi
   echo "slurm-single-node: stopped"
 }
 
