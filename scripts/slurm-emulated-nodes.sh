@@ -19,6 +19,8 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=scripts/slurm-common.sh
+source "$HERE/slurm-common.sh"
 STATE=${COSMOCUB_SLURM_EMU_STATE:-/var/lib/cosmocub-slurm-emu}
 CONF=$STATE/etc/slurm.conf  # bind-mounted over /etc/slurm inside each node (see start)
 PREFIX=ccemu-              # network namespaces: ccemu-sw (the switch), ccemu-n1 … ccemu-nN
@@ -120,26 +122,13 @@ ClusterName=cosmocub-emu
 SlurmctldHost=$(hostname -s)($HOST_ADDR)
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/d-%n
 SlurmctldPidFile=/run/cosmocub-slurm-emu/slurmctld.pid
 SlurmdPidFile=/run/cosmocub-slurm-emu/slurmd-%n.pid
 SlurmctldLogFile=$STATE/log/slurmctld.log
 SlurmdLogFile=$STATE/log/slurmd-%n.log
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU_Memory
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-MinJobAge=600
-EnforcePartLimits=ALL
-ReturnToService=2
-SchedulerType=sched/backfill
-KillWait=5
+$(slurm_shared_settings)
 # Every task talks over its node's NIC and meters it (cosmocub.train.wire_meter), as a site's
 # environment modules set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME.
 TaskProlog=$STATE/etc/task-prolog.sh
@@ -165,21 +154,6 @@ start_slurmd() {  # k
   nsenter --net="/run/netns/${PREFIX}n$k" unshare --uts --mount --propagation private \
     sh -c "hostname emu$k && mount --bind $STATE/etc /etc/slurm &&
       exec env SLURM_CONF=$CONF nice -n $NICE /usr/sbin/slurmd -N emu$k"
-}
-
-start_munge() {
-  if [ ! -s /etc/munge/munge.key ]; then
-    dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
-  fi
-  chown munge:munge /etc/munge/munge.key 2>/dev/null || true
-  chmod 400 /etc/munge/munge.key
-  mkdir -p /run/munge && chown munge:munge /run/munge 2>/dev/null || true
-  # Whether a munged answers, not whether one is listed: one that exited can linger as a
-  # zombie where nothing reaps orphans (pid 1 of some containers), and pgrep lists it.
-  if ! munge -n >/dev/null 2>&1; then
-    su -s /bin/sh munge -c "/usr/sbin/munged --force" 2>/dev/null || /usr/sbin/munged --force
-    touch "$STATE/munged.ours"  # stop ends the munged this script started, and no other
-  fi
 }
 
 start() {
@@ -213,7 +187,7 @@ start() {
   echo "$rate" > "$STATE/rate_mbit"
   hosts_add "$nodes"
   write_config "$nodes"
-  start_munge
+  start_munge "$STATE"
   rm -rf "$STATE"/ctld/* "$STATE"/d-*  # a fresh cluster: no jobs or node state of a past one
   ctl /usr/sbin/slurmctld -i
   for k in $(seq "$nodes"); do start_slurmd "$k"; done

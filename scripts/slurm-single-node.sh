@@ -8,6 +8,8 @@ CONF=/etc/slurm/slurm.conf
 STATE=${COSMOCUB_SLURM_STATE:-/var/lib/cosmocub-slurm}
 MARKER="# written by cosmocub scripts/slurm-single-node.sh"
 PACKAGES=(slurmctld slurmd slurm-client munge)
+# shellcheck source=scripts/slurm-common.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/slurm-common.sh"
 
 die() { echo "slurm-single-node: $*" >&2; exit 1; }
 
@@ -39,28 +41,13 @@ write_config() {
 $MARKER
 ClusterName=cosmocub
 SlurmctldHost=$host(127.0.0.1)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/d
 SlurmctldPidFile=$STATE/slurmctld.pid
 SlurmdPidFile=$STATE/slurmd.pid
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
 SlurmdLogFile=/var/log/slurm/slurmd.log
-SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU_Memory
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-# Finished jobs stay visible to squeue (the executor's status command) for 10 minutes.
-MinJobAge=600
-# sbatch refuses at once what the partition cannot give (time, CPUs, memory).
-EnforcePartLimits=ALL
-ReturnToService=2
-SchedulerType=sched/backfill
-KillWait=5
+$(slurm_shared_settings)
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=60 State=UP
 CONF
@@ -69,18 +56,7 @@ CONF
 start() {
   install
   write_config
-  if [ ! -s /etc/munge/munge.key ]; then
-    dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
-  fi
-  chown munge:munge /etc/munge/munge.key 2>/dev/null || true
-  chmod 400 /etc/munge/munge.key
-  mkdir -p /run/munge && chown munge:munge /run/munge 2>/dev/null || true
-  # Whether a munged answers, not whether one is listed: one that exited can linger as a
-  # zombie where nothing reaps orphans (pid 1 of some containers), and pgrep lists it.
-  if ! munge -n >/dev/null 2>&1; then
-    su -s /bin/sh munge -c "/usr/sbin/munged --force" 2>/dev/null || /usr/sbin/munged --force
-    touch "$STATE/munged.ours"  # so that stop ends the munged this script started, and no other
-  fi
+  start_munge "$STATE"
   [ -f "$STATE/slurmctld.pid" ] && kill -0 "$(cat "$STATE/slurmctld.pid")" 2>/dev/null \
     || /usr/sbin/slurmctld
   [ -f "$STATE/slurmd.pid" ] && kill -0 "$(cat "$STATE/slurmd.pid")" 2>/dev/null \
@@ -112,6 +88,11 @@ stop() {
     [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
     rm -f "$STATE/munged.ours"
   fi
+  # A slurm.conf naming a controller that no longer runs costs every Slurm client 9 s of
+  # retries (10 connects, 1 s apart), and snakemake-executor-plugin-slurm runs `scontrol show
+  # config` when it is imported, i.e. at every `snakemake` start, whatever the executor.
+  # Without a slurm.conf scontrol fails at once. start writes it again.
+  if [ -f "$CONF" ] && grep -qF "$MARKER" "$CONF"; then rm -f "$CONF"; fi
   echo "slurm-single-node: stopped"
 }
 

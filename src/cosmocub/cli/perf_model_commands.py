@@ -129,6 +129,8 @@ OVERRIDE_EG = "'{optimizer: {name: lion_cub, lion_cub: {hierarchy: node}}}'"
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
+    from cosmocub.perfmodel.uses.cluster_stage import print_cluster_prediction
+    from cosmocub.perfmodel.uses.predict_flags import MeshFlags, PricingFlags
     from cosmocub.perfmodel.uses.predict_stage import print_prediction
 
     data, spatial = args.data, args.spatial
@@ -139,54 +141,39 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     overrides: dict = {}
     for text in args.override or ():
         overrides = deep_merge(overrides, _yaml_mapping(text))
-    if args.cluster is not None:
-        return _predict_on_cluster(args, data, spatial, overrides)
-    if args.ranks_per_node is None:
-        raise ValueError("--ranks-per-node: needed unless --cluster names the nodes")
-    print_prediction(
-        load_config(args.config, overrides=overrides or None),
+    cfg = load_config(args.config, overrides=overrides or None)
+    flags = MeshFlags(
         data=data,
         spatial=spatial,
         split=args.split,
         nodes=args.nodes,
         ranks_per_node=args.ranks_per_node,
+    )
+    pricing = PricingFlags(
+        epochs=args.epochs,
+        train_samples=args.train_samples,
+        gpu_calibration=None if args.gpu_calibration is None else Path(args.gpu_calibration),
+        as_json=args.json,
+    )
+    if args.cluster is not None:
+        for flag, value in (
+            ("--accelerator", args.accelerator),
+            ("--fit", args.fit),
+            ("--rate-mbit", args.rate_mbit),
+            ("--calibration", args.calibration),
+        ):
+            if value is not None:
+                raise ValueError(f"{flag}: not with --cluster {args.cluster} (the preset sets it)")
+        print_cluster_prediction(cfg, args.cluster, flags, pricing)
+        return 0
+    print_prediction(
+        cfg,
+        flags,
+        pricing,
         rates_mbit=args.rate_mbit,
         accelerator=args.accelerator,
         fit_path=None if args.fit is None else Path(args.fit),
-        epochs=args.epochs,
-        train_samples=args.train_samples,
-        as_json=args.json,
         calibration=None if args.calibration is None else Path(args.calibration),
-        gpu_calibration=None if args.gpu_calibration is None else Path(args.gpu_calibration),
-    )
-    return 0
-
-
-def _predict_on_cluster(
-    args: argparse.Namespace, data: int | None, spatial: int | None, overrides: dict
-) -> int:
-    from cosmocub.perfmodel.uses.cluster_stage import print_cluster_prediction
-
-    for flag, value in (
-        ("--accelerator", args.accelerator),
-        ("--fit", args.fit),
-        ("--rate-mbit", args.rate_mbit),
-        ("--calibration", args.calibration),
-    ):
-        if value is not None:
-            raise ValueError(f"{flag}: not with --cluster {args.cluster} (the preset sets it)")
-    print_cluster_prediction(
-        load_config(args.config, overrides=overrides or None),
-        cluster_name=args.cluster,
-        nodes=args.nodes,
-        ranks_per_node=args.ranks_per_node,
-        data=data,
-        spatial=spatial,
-        split=args.split,
-        epochs=args.epochs,
-        train_samples=args.train_samples,
-        gpu_calibration=None if args.gpu_calibration is None else Path(args.gpu_calibration),
-        as_json=args.json,
     )
     return 0
 

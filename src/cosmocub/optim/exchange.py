@@ -133,13 +133,12 @@ class TwoLevelExchange(FlatExchange):
         stats: CommStats,
         data_per_node: int,
     ) -> None:
-        self.group, self.stats, self.data_per_node = group, stats, data_per_node
-        self.size = 1 if group is None else dist.get_world_size(group)
+        super().__init__(group, collective=collective, stats=stats, data_per_node=data_per_node)
         self.nodes = self.size // data_per_node
         self.node = TwoLevel(node_groups[0], stats)
         self.rail = node_groups[1]
+        # The vote is over the rail (one data rank a node), not the whole group.
         self.collective = build_collective(collective, self.rail, stats)
-        self.spec = WireSpec("sign", 1, 1, "int8")
 
     @property
     def voters(self) -> str:

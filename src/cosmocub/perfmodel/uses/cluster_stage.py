@@ -18,7 +18,7 @@ from cosmocub.perfmodel.cost_model.software import COSMOCUB_EAGER
 from cosmocub.perfmodel.cost_model.spec_accelerator import SpecAccelerator
 from cosmocub.perfmodel.cost_model.topology import Mesh
 from cosmocub.perfmodel.measure.gpu_layers import GpuLayerTimes
-from cosmocub.perfmodel.uses.predict_flags import mesh_from_flags
+from cosmocub.perfmodel.uses.predict_flags import MeshFlags, PricingFlags
 from cosmocub.perfmodel.uses.run_calibration import (
     GPU_STRAGGLERS,
     RunCalibration,
@@ -34,18 +34,7 @@ from cosmocub.perfmodel.uses.time_to_train import TimeToTrain, config_dataset, p
 
 
 def print_cluster_prediction(
-    cfg: Config,
-    *,
-    cluster_name: str,
-    nodes: int,
-    ranks_per_node: int | None,
-    data: int | None,
-    spatial: int | None,
-    split: tuple[int, int, int] | None,
-    epochs: int | None,
-    train_samples: int | None,
-    gpu_calibration: Path | None,
-    as_json: bool,
+    cfg: Config, cluster_name: str, flags: MeshFlags, pricing: PricingFlags
 ) -> None:
     """`perf-model predict --cluster NAME --nodes N`: the preset's nodes, accelerator (roofline,
     --gpu-calibration's layer times, or one measured run's device time) and NCCL's collectives;
@@ -53,24 +42,13 @@ def print_cluster_prediction(
     (time_to_train.config_dataset; --train-samples in place of its train split's) for --epochs
     (or train.epochs)."""
     preset = cluster(cluster_name)
-    if ranks_per_node is not None and ranks_per_node != preset.ranks_per_node:
+    if flags.ranks_per_node not in (None, preset.ranks_per_node):
         raise ValueError(
-            f"--ranks-per-node {ranks_per_node}: --cluster {preset.name} has "
+            f"--ranks-per-node {flags.ranks_per_node}: --cluster {preset.name} has "
             f"{preset.ranks_per_node} a node (leave the flag out)"
         )
-    mesh = mesh_from_flags(
-        cfg, data, spatial, split, nodes=nodes, ranks_per_node=preset.ranks_per_node
-    )
-    print_on_clusters(
-        cfg,
-        [(preset.name, preset)],
-        nodes=nodes,
-        mesh=mesh,
-        epochs=epochs,
-        train_samples=train_samples,
-        gpu_calibration=gpu_calibration,
-        as_json=as_json,
-    )
+    mesh = flags.mesh(cfg, preset.ranks_per_node)
+    print_on_clusters(cfg, [(preset.name, preset)], nodes=flags.nodes, mesh=mesh, pricing=pricing)
 
 
 def described_presets(
@@ -106,19 +84,16 @@ def print_on_clusters(
     *,
     nodes: int,
     mesh: Mesh,
-    epochs: int | None,
-    train_samples: int | None,
-    gpu_calibration: Path | None,
-    as_json: bool,
+    pricing: PricingFlags,
     rates_mbit: Sequence[float] | None = None,
 ) -> None:
     """The step and time to train on each preset (a column each): cosmocub's own step
     (software profile cosmocub_eager), the GPU ranks' spread (run_calibration.GPU_STRAGGLERS),
     and --gpu-calibration's layer times or one run's device time where given."""
-    dataset = config_dataset(cfg, train_samples=train_samples)
+    dataset = config_dataset(cfg, train_samples=pricing.train_samples)
     work = Workload.of(cfg)
-    work = dataclasses.replace(work, epochs=epochs or work.epochs)
-    layers, run = _gpu_calibration(gpu_calibration)
+    work = dataclasses.replace(work, epochs=pricing.epochs or work.epochs)
+    layers, run = _gpu_calibration(pricing.gpu_calibration)
     results = [
         predict_cluster(
             work,
@@ -136,7 +111,7 @@ def print_on_clusters(
         )
         for _, preset in presets
     ]
-    if as_json:
+    if pricing.as_json:
         out = [
             {"cluster": preset.name, **_parts(ttt), **p.as_dict()}
             | ({} if rates_mbit is None else {"rate_mbit": rates_mbit[i]})

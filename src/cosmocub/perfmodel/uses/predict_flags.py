@@ -1,12 +1,45 @@
-"""`perf-model predict`'s mesh from its flags (--mesh, --data, --spatial, --split against
---nodes × --ranks-per-node), shared by the CPU's and the clusters' predictions."""
+"""`perf-model predict`'s flags shared by the CPU's and the clusters' predictions: the mesh
+(--mesh, --data, --spatial, --split against --nodes × --ranks-per-node) and what to price and
+print (--epochs, --train-samples, --gpu-calibration, --json)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from pathlib import Path
 
 from cosmocub.config import Config
 from cosmocub.perfmodel.cost_model.topology import Mesh
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeshFlags:
+    """--data, --spatial (or --mesh), --split, --nodes and --ranks-per-node (None: a preset's)."""
+
+    data: int | None
+    spatial: int | None
+    split: tuple[int, int, int] | None
+    nodes: int
+    ranks_per_node: int | None
+
+    def mesh(self, cfg: Config, ranks_per_node: int | None = None) -> Mesh:
+        """The mesh on `ranks_per_node` a node (a preset's), else on the flag's."""
+        per_node = ranks_per_node or self.ranks_per_node
+        if per_node is None:
+            raise ValueError("--ranks-per-node: needed unless --cluster names the nodes")
+        return mesh_from_flags(
+            cfg, self.data, self.spatial, self.split, nodes=self.nodes, ranks_per_node=per_node
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PricingFlags:
+    """--epochs and --train-samples (None: the config's), --gpu-calibration, --json."""
+
+    epochs: int | None
+    train_samples: int | None
+    gpu_calibration: Path | None
+    as_json: bool
 
 
 def mesh_from_flags(

@@ -23,7 +23,7 @@ from cosmocub.perfmodel.cost_model.topology import Network
 from cosmocub.perfmodel.measure.calibration_cache import calibration_path, load_or_calibrate
 from cosmocub.perfmodel.measure.link_fits import LinkFits, read_fits
 from cosmocub.perfmodel.uses.cluster_stage import described_presets, print_on_clusters
-from cosmocub.perfmodel.uses.predict_flags import mesh_from_flags
+from cosmocub.perfmodel.uses.predict_flags import MeshFlags, PricingFlags
 from cosmocub.perfmodel.uses.run_calibration import (
     RunCalibration,
     is_run_calibration,
@@ -119,42 +119,25 @@ def samples_from_flags(
 
 def print_prediction(
     cfg: Config,
+    flags: MeshFlags,
+    pricing: PricingFlags,
     *,
-    data: int | None,
-    spatial: int | None,
-    split: tuple[int, int, int] | None,
-    nodes: int,
-    ranks_per_node: int,
     rates_mbit: Sequence[float] | None,
     accelerator: str | None,
     fit_path: Path | None,
-    epochs: int | None,
-    train_samples: int | None,
-    as_json: bool,
     calibration: Path | None = None,
-    gpu_calibration: Path | None = None,
 ) -> None:
     """Print the step of `cfg` on a data × spatial mesh of nodes × ranks_per_node, one column per
     link rate (a table, or JSON); the arguments are `perf-model predict`'s flags. A GPU (an
     --accelerator without --fit) is priced as a preset is (print_on_clusters)."""
-
-    mesh = mesh_from_flags(cfg, data, spatial, split, nodes=nodes, ranks_per_node=ranks_per_node)
+    mesh = flags.mesh(cfg)  # refuses a missing --ranks-per-node
+    nodes, ranks_per_node = flags.nodes, mesh.world // flags.nodes
     if fit_path is None and accelerator not in (None, THIS_CPU):
         # A GPU described by flags: the same accelerator, NCCL and profiles as a preset.
         link_gbit = cfg.perf_model.extrapolate.link_gbit
         rates = [1e3 * g for g in link_gbit] if rates_mbit is None else list(rates_mbit)
         presets = described_presets(cfg, accelerator, rates, ranks_per_node=ranks_per_node)
-        print_on_clusters(
-            cfg,
-            presets,
-            nodes=nodes,
-            mesh=mesh,
-            epochs=epochs,
-            train_samples=train_samples,
-            gpu_calibration=gpu_calibration,
-            as_json=as_json,
-            rates_mbit=rates,
-        )
+        print_on_clusters(cfg, presets, nodes=nodes, mesh=mesh, pricing=pricing, rates_mbit=rates)
         return
     fits = None if fit_path is None else read_fits(fit_path)
     device, networks, rates = machine_from_flags(
@@ -166,16 +149,16 @@ def print_prediction(
         ranks_per_node=ranks_per_node,
         calibration=calibration,
     )
-    samples, note = samples_from_flags(cfg, train_samples, epochs)
+    samples, note = samples_from_flags(cfg, pricing.train_samples, pricing.epochs)
     work = Workload.of(cfg)
-    if epochs is not None:
-        work = dataclasses.replace(work, epochs=epochs)
+    if pricing.epochs is not None:
+        work = dataclasses.replace(work, epochs=pricing.epochs)
     lion = lion_reference(cfg)
     predictions = [
         predict_run(work, mesh, network, device, lion=lion, train_samples=samples)
         for network in networks
     ]
-    if as_json:
+    if pricing.as_json:
         out = [{"rate_mbit": r, **p.as_dict()} for r, p in zip(rates, predictions, strict=True)]
         print(json.dumps({"config": cfg.source, "note": note, "predictions": out}, indent=1))
         return
