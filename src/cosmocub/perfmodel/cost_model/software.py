@@ -138,7 +138,7 @@ PYTORCH_EVAL_IO = (
     "reader_op.h, DataReader::PrefetchWorker, ReadOne a sample in turn) [V: read]. That one "
     "copy a sample at one core's rate paces evaluation is inferred: 2.2-2.5 ms a step "
     "published on DGX A100 and HoreKa, 16.8 MB at 7-8 GB/s, the rate of one core's copy out "
-    "of the page cache (benchmarks/bench_staging_read.py: 7.4-8.9 GB/s on this machine) [inferred]"
+    "of the page cache (benchmarks/bench_staging_read.py: 7.4-11.2 GB/s on this machine) [inferred]"
 )
 
 NVIDIA_V3 = SoftwareProfile(
