@@ -26,11 +26,13 @@ DALI_THREADS = (
 )
 # tmpfs (/dev/shm) against a disk file system's page cache, one core copying a 16.8 MB sample
 # out of a mapped file: benchmarks/bench_staging_read.py on the 2-core machine (kernel 6.18,
-# load 0.6-2.5), nine runs: 2.1-2.8x, median 2.5x. Measured here, not on the clusters' kernels.
+# load 1.0-2.5) seven runs 2.47-2.84x, and a first probe (load 0.6) 2.07x and 2.5x: median 2.5x.
+# Measured here, not on the clusters' kernels.
 TMPFS_READ_FACTOR = 2.5
 TMPFS_SOURCE = (
-    "tmpfs reads a mapped sample 2.5x slower than a page cache (2.1-2.8x in nine runs of "
-    "benchmarks/bench_staging_read.py on the 2-core machine, kernel 6.18) [V: measured here]"
+    "tmpfs reads a mapped sample 2.5x slower than a page cache (2.47-2.84x in seven runs of "
+    "benchmarks/bench_staging_read.py, 2.07x and 2.5x in a first probe like it, on the 2-core "
+    "machine, kernel 6.18) [V: measured here]"
 )
 PCIE4 = "PCIe 4.0 x16: 16 GT/s x 16 lanes, 128b/130b, 31.5 GB/s a direction (PCI-SIG) [R]"
 DATA_PATH = {
