@@ -141,6 +141,20 @@ PYTORCH_EVAL_IO = (
     "of the page cache (benchmarks/bench_staging_read.py: 7.4-11.2 GB/s on this machine) [inferred]"
 )
 
+
+def _pytorch_sources(code: str, step: str, nccl: str) -> dict[str, str]:
+    """The sources of a PyTorch submission's profile: `code` names its files, `step` what its
+    step runs, `nccl` its NCCL setting; its input, evaluation and costs as NVIDIA's v3.0."""
+    return {
+        "step": f"{code} {step}",
+        "input_passes": f"{code} " + PYTORCH_INPUT,
+        "eval": f"{code} " + PYTORCH_EVAL,
+        "eval_io": f"{code} " + PYTORCH_EVAL_IO,
+        "nccl_protocols": f"{code} run_and_time.sh: {nccl}",
+        **COSTS,
+    }
+
+
 NVIDIA_V3 = SoftwareProfile(
     name="nvidia_v3",
     description="NVIDIA MLPerf HPC v3.0 PyTorch (NGC 23.09, CUDA graph, fixed_sgd, DALI)",
@@ -155,14 +169,9 @@ NVIDIA_V3 = SoftwareProfile(
     eval_input_passes=LOG1P,
     eval_syncs=2,
     reader_threads=1,
-    sources={
-        "step": f"{V3} " + PYTORCH_STEP.format(n="50 + 1 + 1 + 2 = 54"),
-        "input_passes": f"{V3} " + PYTORCH_INPUT,
-        "eval": f"{V3} " + PYTORCH_EVAL,
-        "eval_io": f"{V3} " + PYTORCH_EVAL_IO,
-        "nccl_protocols": f"{V3} run_and_time.sh: NCCL_DEBUG only [V]",
-        **COSTS,
-    },
+    sources=_pytorch_sources(
+        V3, PYTORCH_STEP.format(n="50 + 1 + 1 + 2 = 54"), "NCCL_DEBUG only [V]"
+    ),
 )
 # v2.0's trainer and optimizer are v3.0's but for profiling markers; HPE+LBNL ran NVIDIA's v3.0
 # files with NCCL_PROTO=simple: the same counts, their own sources.
@@ -170,30 +179,23 @@ NVIDIA_V2 = dataclasses.replace(
     NVIDIA_V3,
     name="nvidia_v2",
     description="NVIDIA MLPerf HPC v2.0 PyTorch (NGC 22.08, CUDA graph, fixed_sgd, DALI)",
-    sources={
-        "step": f"{V2} trainer.py, optimizer.py: as v3.0's but profiling markers [V: diffed]; "
+    sources=_pytorch_sources(
+        V2,
+        "trainer.py, optimizer.py: as v3.0's but profiling markers [V: diffed]; "
         + PYTORCH_STEP.format(n="54"),
-        "input_passes": f"{V2} " + PYTORCH_INPUT,
-        "eval": f"{V2} " + PYTORCH_EVAL,
-        "eval_io": f"{V2} " + PYTORCH_EVAL_IO,
-        "nccl_protocols": f"{V2} run_and_time.sh: NCCL_DEBUG only [V]",
-        **COSTS,
-    },
+        "NCCL_DEBUG only [V]",
+    ),
 )
 HPE_LBNL_V3 = dataclasses.replace(
     NVIDIA_V3,
     name="hpe_lbnl_v3",
     description="HPE+LBNL MLPerf HPC v3.0 PyTorch on Perlmutter (NVIDIA's code, NCCL_PROTO=simple)",
     nccl_protocols=("Simple",),
-    sources={
-        "step": f"{HPE} trainer.py, optimizer.py: NVIDIA's v3.0 files but the copyright line "
-        "[V: diffed]",
-        "input_passes": f"{HPE} " + PYTORCH_INPUT,
-        "eval": f"{HPE} " + PYTORCH_EVAL,
-        "eval_io": f"{HPE} " + PYTORCH_EVAL_IO,
-        "nccl_protocols": f"{HPE} run_and_time.sh: NCCL_PROTO=simple [V]",
-        **COSTS,
-    },
+    sources=_pytorch_sources(
+        HPE,
+        "trainer.py, optimizer.py: NVIDIA's v3.0 files but the copyright line [V: diffed]",
+        "NCCL_PROTO=simple [V]",
+    ),
 )
 MXNET_V1 = SoftwareProfile(
     name="mxnet_v1",
