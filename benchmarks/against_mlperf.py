@@ -110,9 +110,15 @@ def collect(logdir: Path) -> list[Row]:
     logs = sorted(p for p in logdir.rglob("result_*.txt") if "pruned_results" not in p.parts)
     if not logs:
         raise ValueError(f"{logdir}: no result_*.txt below it (want the results repositories)")
-    if not any("results" in p.relative_to(logdir).parts for p in logs):
+    # The v3.0 repositories keep every benchmark's logs side by side (weak/oc20, strong/deepcam):
+    # only a `cosmoflow` folder's are CosmoFlow's.
+    found = len(logs)
+    logs = [
+        p for p in logs if p.parent.name == "cosmoflow" and "results" in p.relative_to(logdir).parts
+    ]
+    if not logs:
         raise ValueError(
-            f"{logdir}: {len(logs)} result logs but none under <submitter>/results/<system>/"
+            f"{logdir}: {found} result logs but none under <submitter>/results/<system>/"
             "<scale>/cosmoflow/ (want the results repositories as fetched, systems/ beside)"
         )
     groups: dict[Path, list[Path]] = defaultdict(list)
@@ -311,7 +317,11 @@ def main() -> int:
         if partner is None:
             row.partner = how
             continue
-        cal = calibrate_run(partner.median_run(), partner.preset or "", partner.software, base)
+        try:
+            cal = calibrate_run(partner.median_run(), partner.preset or "", partner.software, base)
+        except ValueError as err:
+            row.partner = f"{how}: {partner.label} cannot calibrate: {err}"
+            continue
         row.calibrated = predict(row, base, GPU_STRAGGLERS, cal)
         row.partner = f"{how}: {partner.label} (device x{cal.layer_scale:.2f})"
         if beyond_memory(row):
