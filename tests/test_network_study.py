@@ -232,6 +232,7 @@ def test_the_emulated_runner_gives_each_rank_its_cores_and_records_sharing(
     assert rc == 0 and asked["cpus_per_rank"] == 1 and asked["nodes"] == 4
     assert (record["cores_per_rank"], record["threads_per_rank"]) == (0.5, 1)
     assert record["oversubscribed"] is True
+    assert record["rate_set_by_runner"] is True  # netemu shaped the links
     rc, record = run_emulated(points["strong_2x1"], cpus_per_rank=1, max_restarts=0, **args)
     assert (record["cores_per_rank"], record["oversubscribed"]) == (1.0, False)
 

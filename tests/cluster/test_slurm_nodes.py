@@ -5,8 +5,10 @@ shaped link each, the host on the same network).
 A job of 2 nodes × 2 ranks, started by `cosmocub launch` (srun), meets at the first node's
 address; the run records which node and local rank each rank had, and Lion Cub's two-level
 exchange takes its node groups from that. The same job cancelled by scancel after its first
-checkpoint and run again ends with the weights of the uninterrupted job, bit for bit. Skips in one
-line where namespaces or Slurm cannot start (not root, no CAP_NET_ADMIN, no packages).
+checkpoint and run again ends with the weights of the uninterrupted job, bit for bit. A
+network-study point of `network_study.runner: local` runs its ranks on both nodes, at the links'
+shaped rate, and records that cosmocub did not set it. Skips in one line where namespaces or
+Slurm cannot start (not root, no CAP_NET_ADMIN, no packages).
 """
 
 from __future__ import annotations
@@ -86,14 +88,26 @@ def _leftovers() -> list[str]:
     ]
 
 
-def _sbatch(env: dict[str, str], folder: Path, name: str, *, cfg: Path, shards: Path) -> str:
+def _sbatch(
+    env: dict[str, str],
+    folder: Path,
+    name: str,
+    *,
+    cfg: Path,
+    shards: Path,
+    command: str | None = None,
+    ranks_per_node: int = 2,
+) -> str:
+    """A job of 2 nodes × ranks_per_node tasks running `command` (default: the training's
+    `cosmocub launch`)."""
     run = folder / "run"
-    launch = (
+    launch = command or (
         f"{sys.executable} -m cosmocub.cli launch --nodes 2 --ranks-per-node 2 --cpus-per-rank 1"
         f" -- train --config {cfg} --shards {shards} --out {run}"
     )
     (folder / "job.sh").write_text(f"#!/bin/bash\n{launch}\n")
-    args = ["--nodes=2", "--ntasks=4", "--ntasks-per-node=2", "--cpus-per-task=1"]
+    args = ["--nodes=2", f"--ntasks={2 * ranks_per_node}", f"--ntasks-per-node={ranks_per_node}"]
+    args.append("--cpus-per-task=1")
     return subprocess.run(
         [
             "sbatch",
@@ -191,6 +205,70 @@ def test_two_nodes_train_cancel_and_resume_bit_identical(emulated_slurm, tmp_pat
         assert torch.equal(a[key], b[key]), key
     wall = time.perf_counter() - t0
     print(f"2 nodes x 2 ranks: whole, cancelled and resumed jobs in {wall:.0f} s")
+
+
+# A network-study point of runner local: Lion on 2 nodes × 1 rank at the fixture's 100 Mbit/s,
+# which labels it (cosmocub does not shape the cluster's links). The 49k-parameter model of
+# config/test.yaml's study: 196 kB of gradients a step, so the link's rate shows in its time.
+STUDY_CONFIG = {
+    "preprocess": {"sample_size": 8},
+    "model": {"input_size": 8, "num_conv_blocks": 2},
+    "studies": {"contended_ready_share": 0.01, "contended_steal_share": 0.99},  # no rerun
+    "network_study": {
+        "runner": "local",
+        "bandwidths_mbit": [100],
+        "nodes": 2,
+        "ranks_per_node": 1,
+        "seeds": [0],
+        "epochs": 3,
+        "max_steps_per_epoch": 4,
+        "lr": 0.001,
+        "model": {"base_filters": 16, "dense_sizes": [128], "batch_norm": False},
+        "variants": {"lion": {"name": "lion"}},
+        "reference": "lion",
+    },
+    "tracking": {"enabled": False},
+}
+
+
+def test_a_network_study_point_runs_across_both_nodes(emulated_slurm, tmp_path) -> None:
+    from cosmocub import cli
+    from cosmocub.train.testing import make_random_shards
+
+    shards = make_random_shards(tmp_path / "shards", counts={"train": 16, "val": 8}, size=8)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(STUDY_CONFIG))
+    folder, point = tmp_path / "lion_100mbit", "lion_100mbit"
+    base = ["--study", "network", "--point", point]
+    written = ["study-point-config", "--config", str(cfg), *base]
+    assert cli.main([*written, "--out", str(folder / "config.yaml")]) == 0
+    command = (
+        f"{sys.executable} -m cosmocub.cli study-point {' '.join(base)} --point-config"
+        f" {folder / 'config.yaml'} --shards {shards} --out {folder} --cpus-per-rank 1"
+        " --max-restarts 0"
+    )
+    t0 = time.perf_counter()
+    one_rank = {"command": command, "ranks_per_node": 1}
+    job = _sbatch(emulated_slurm, folder, "point", cfg=cfg, shards=shards, **one_rank)
+    assert _wait(emulated_slurm, job, folder) == "COMPLETED", _log(folder)
+    record = json.loads((folder / "point.json").read_text())
+    assert (record["runner"], record["nodes"], record["ranks_per_node"]) == ("local", 2, 1)
+    assert (record["bandwidth_mbit"], record["rate_set_by_runner"]) == (100.0, False)
+    assert "srun --nodes=2 --ntasks=2" in _log(folder)
+    summary = json.loads((folder / "run" / "train_summary.json").read_text())
+    assert [p["host"] for p in summary["placement"]] == ["emu1", "emu2"]
+    epochs = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").open()]
+    last = epochs[-1]
+    # DDP's ring over 2 ranks: each sends its gradient's size a step, all of it across nodes;
+    # each node's NIC carries that and the TCP/IP framing (docs/netemu.md: within 15 %).
+    assert last["comm_bytes_per_step"] == last["comm_bytes_inter_per_step"] > 190_000
+    assert 1.0 <= last["wire_bytes_per_step"] / last["comm_bytes_per_step"] < 1.15, last
+    # The exchange ran at the link's rate or slower, never faster: the link is shaped.
+    floor_s = last["wire_bytes_per_step"] * 8 / 100e6
+    assert last["time_exchange_busy_s"] >= 0.9 * floor_s, (last, floor_s)
+    wall = time.perf_counter() - t0
+    busy = last["time_exchange_busy_s"]
+    print(f"network point on 2 nodes: {wall:.0f} s, exchange {busy:.4f} s, wire {floor_s:.4f} s")
 
 
 def test_stop_leaves_nothing_behind(emulated_slurm) -> None:

@@ -106,6 +106,7 @@ class OptimizerVariant:
 
 @dataclass(frozen=True, kw_only=True)
 class NetworkStudyConfig:
+    runner: str  # "emulated" (cosmocub.netemu) or "local" (the scheduler's nodes)
     nodes: int
     ranks_per_node: int
     bandwidths_mbit: tuple[float, ...]
@@ -136,6 +137,14 @@ class NetworkStudyConfig:
             )
         if len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"key 'network_study.seeds': {list(self.seeds)} repeats a seed")
+        if self.runner == "local" and len(self.bandwidths_mbit) != 1:
+            # On the scheduler's nodes the links run at the cluster's one rate, which cosmocub
+            # does not set: several rates would be the same runs under different labels.
+            raise ConfigError(
+                f"key 'network_study.bandwidths_mbit': {list(self.bandwidths_mbit)} with runner "
+                "local: the cluster's links have one rate, which cosmocub does not shape; give "
+                "that one rate (a label), or runner emulated to shape each"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -46,7 +46,7 @@ class LaunchPlan:
 
     @property
     def ranks(self) -> int:
-        """Ranks on this machine (emulated nodes share its cores)."""
+        """The point's ranks (on one machine where its nodes are emulated)."""
         return self.nodes * self.ranks_per_node
 
     @property

@@ -1,6 +1,8 @@
 """The network study: every optimizer variant at every link rate on emulated nodes
 (cosmocub.netemu), one training each, and how much sooner each reaches the reference's final
-validation loss than the reference (Lion) does at the same rate.
+validation loss than the reference (Lion) does at the same rate. With `runner: local` the points
+run on a scheduler's nodes instead (`cosmocub launch`, srun on Slurm), at the cluster's one rate,
+which labels them and which cosmocub does not set (`rate_set_by_runner` false).
 
 Points are `<variant>_<rate>mbit` (rate 0 = unshaped, still on the emulated network), with
 `_seed<s>` after it when the study has several `seeds` (train.seed: initial weights, data order;
@@ -53,6 +55,7 @@ COLUMNS = (
     *COMM_BYTES_COLUMNS,
     "wire_bytes_per_step",
     "wire_over_counted",
+    "rate_set_by_runner",
     "final_val_loss",
     "final_val_loss_smoothed",
     "target_val_loss",
@@ -103,7 +106,7 @@ def points(cfg: Config) -> list[Point]:
                             ranks_per_node=study.ranks_per_node,
                             bandwidth_mbit=mbit,
                         ),
-                        runner="emulated",
+                        runner=study.runner,
                     )
                 )
     return out
@@ -111,6 +114,8 @@ def points(cfg: Config) -> list[Point]:
 
 def rows(outputs: PointOutputs, cfg: Config) -> list[dict[str, Any]]:
     row = training_row(outputs)
+    # False: the rate is the cluster's, as the config says it is, not shaped by cosmocub.
+    row["rate_set_by_runner"] = outputs.record().get("rate_set_by_runner")
     epochs = outputs.metrics()
     row["wire_bytes_per_step"] = step_weighted_mean_after_first(epochs, "wire_bytes_per_step")
     if row["wire_bytes_per_step"] is not None and row["comm_bytes_per_step"]:
@@ -327,7 +332,9 @@ STUDY = StudyDefinition(
     finish=finish,
     extra_section=over_seeds_section,
     description=(
-        "Each optimizer variant at each link rate on emulated nodes (0 = unshaped). Per-step "
+        "Each optimizer variant at each link rate on emulated nodes (0 = unshaped), or with "
+        "runner local on the scheduler's nodes at the cluster's own rate, which labels the "
+        "points and which cosmocub did not set (rate_set_by_runner false). Per-step "
         "means after the first epoch; exchange_s is what the step waited for the optimizer's "
         "exchange (for Lion/AdamW the part of DDP's all-reduce left after backward, which it "
         "overlaps: exchange_exposed_s, the same; the distributed Lions' voted exchange), "

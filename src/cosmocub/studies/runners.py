@@ -13,6 +13,7 @@ PointSkipped; `cosmocub study-point` then records the point as skipped (point.js
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import sys
 from collections.abc import Callable, Mapping
@@ -61,9 +62,18 @@ def run_local(
     max_restarts: int,
 ) -> tuple[int, Mapping[str, Any]]:
     """The point as the `train` rule runs: `cosmocub launch --ranks-per-node N -- train …` in
-    the allocation this job runs in (torchrun here, srun/flux/blaunch on a cluster)."""
-    from cosmocub.launch.launcher import RankLayout, run_launch
+    the allocation this job runs in (torchrun here, srun/flux/blaunch on a cluster). A point
+    given a link rate runs on the allocation's links as they are: the record keeps the rate it
+    was planned at and says that this runner did not set it."""
+    from cosmocub.launch.launcher import RankLayout, detect_scheduler, run_launch
 
+    if plan.nodes > 1 and detect_scheduler(os.environ) == "local":
+        key = definition(plan.study).config_key
+        raise ValueError(
+            f"study {plan.study} point {plan.name}: runner local on {plan.nodes} nodes needs a "
+            f"scheduler's allocation (run through --profile profiles/slurm), or set "
+            f"{key}.runner: emulated to emulate the nodes on this machine"
+        )
     layout = RankLayout(
         nodes=plan.nodes,
         ranks_per_node=plan.ranks_per_node,
@@ -72,7 +82,10 @@ def run_local(
     )
     args = ["train", "--config", str(config_path), "--shards", str(shards_dir)]
     rc = run_launch(layout, [*args, "--out", str(out_dir)])
-    return rc, {"nodes": layout.nodes, "ranks_per_node": plan.ranks_per_node}
+    record: dict[str, Any] = {"nodes": layout.nodes, "ranks_per_node": plan.ranks_per_node}
+    if plan.launch.bandwidth_mbit is not None:
+        record |= {"bandwidth_mbit": plan.bandwidth_mbit, "rate_set_by_runner": False}
+    return rc, record
 
 
 def run_emulated(
@@ -112,6 +125,7 @@ def run_emulated(
         "nodes": nodes,
         "ranks_per_node": ranks_per_node,
         "bandwidth_mbit": bandwidth,
+        "rate_set_by_runner": True,  # netemu shaped every node's link (0: left unshaped)
         "cores_per_rank": result.cores_per_rank,
         "threads_per_rank": result.threads_per_rank,
         "oversubscribed": result.oversubscribed,
