@@ -138,3 +138,32 @@ def test_without_a_slurm_controller(fake_slurm, tmp_path) -> None:
     ):
         pytest.fail("the block ran without workers")
     assert not list(fake_slurm.glob("job*.sh"))
+
+
+def test_a_cancelled_command_cancels_its_workers(fake_slurm, tmp_path) -> None:
+    """SIGTERM (scancel of the group job) while it waits for its workers: the jobs are
+    cancelled by name before the process ends."""
+    import signal
+    import subprocess
+    import sys
+
+    program = f"""
+import dataclasses
+from pathlib import Path
+from cosmocub.config import load_config
+from cosmocub.data.dask_slurm import slurm_workers
+cfg = load_config(None)
+settings = dataclasses.replace(cfg.preprocess, dask_slurm_workers=2, dask_slurm_wait_s=120)
+with slurm_workers(settings, cfg.cluster.preprocess, Path({str(tmp_path / "logs")!r})):
+    raise AssertionError("the block ran without workers")
+"""
+    proc = subprocess.Popen([sys.executable, "-c", program], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(list(fake_slurm.glob("job*.sh"))) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    calls = (fake_slurm / "scancel").read_text().splitlines()
+    assert calls[0].startswith("--name cosmocub-dask-77 "), calls
