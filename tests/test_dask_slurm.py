@@ -61,7 +61,11 @@ def test_off_yields_the_settings_and_starts_nothing(tmp_path, monkeypatch) -> No
 # cancelled by name (the calls kept), never run.
 FAKE = {
     "scontrol": 'echo "SlurmctldHost[0]        = fakectl(127.0.0.1)"',
-    "sbatch": 'cp "$1" "$FAKE_SLURM/job$$.sh"; echo "Submitted batch job $$"',  # id: its pid
+    # --test-only: checks the script from stdin (refused with $FAKE_REFUSE's message, if set);
+    # else submits $1, the job's id its pid.
+    "sbatch": 'if [ "$1" = --test-only ]; then cat > "$FAKE_SLURM/tested"\n'
+    '  [ -z "$FAKE_REFUSE" ] || { echo "$FAKE_REFUSE" >&2; exit 1; }; exit 0; fi\n'
+    'cp "$1" "$FAKE_SLURM/job$$.sh"; echo "Submitted batch job $$"',
     "squeue": 'for f in "$FAKE_SLURM"/job*.sh; do echo "PENDING (Resources)"; done',
     "scancel": 'echo "$@" >> "$FAKE_SLURM/scancel"',
 }
@@ -167,3 +171,27 @@ with slurm_workers(settings, cfg.cluster.preprocess, Path({str(tmp_path / "logs"
     assert proc.returncode == 128 + signal.SIGTERM, err
     calls = (fake_slurm / "scancel").read_text().splitlines()
     assert calls[0].startswith("--name cosmocub-dask-77 "), calls
+
+
+def test_worker_jobs_that_slurm_refuses_fail_at_once(fake_slurm, tmp_path, monkeypatch) -> None:
+    import dataclasses
+
+    refusal = "sbatch: error: Batch job submission failed: Memory required by task is not available"
+    monkeypatch.setenv("FAKE_REFUSE", f"sbatch: some warning\n{refusal}")
+    settings = dataclasses.replace(
+        load_config(None).preprocess, dask_slurm_workers=2, dask_slurm_wait_s=600
+    )
+    resources = PreprocessResources(universes_per_job=8, threads=3, mem_mb=1234, runtime=90)
+    t0 = time.perf_counter()
+    with (
+        pytest.raises(PreprocessError) as caught,
+        slurm_workers(settings, resources, tmp_path / "logs"),
+    ):
+        pytest.fail("the block ran without workers")
+    assert time.perf_counter() - t0 < 30  # not the 600 s wait
+    assert str(caught.value) == (
+        "key 'preprocess.dask_slurm_workers': Slurm refuses the worker jobs (cluster.preprocess: "
+        f"3 threads, 1234 MB, 90 min): {refusal}"
+    )
+    assert "#SBATCH --mem=1234M" in (fake_slurm / "tested").read_text()
+    assert not list(fake_slurm.glob("job*.sh"))

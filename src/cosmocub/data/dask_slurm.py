@@ -85,7 +85,7 @@ def _jobs_by_state(name: str) -> str:
     )
     if listed.returncode != 0:
         return f"squeue failed: {(listed.stderr.strip().splitlines() or ['?'])[-1]}"
-    counts = Counter(listed.stdout.split("\n")[:-1])
+    counts = Counter(listed.stdout.splitlines())
     return ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "none listed"
 
 
@@ -95,6 +95,21 @@ def _cancel(name: str) -> None:
     subprocess.run(
         ["scancel", "--name", name, "--user", getpass.getuser()], capture_output=True, timeout=60
     )
+
+
+def _check_submittable(script: str, resources: PreprocessResources) -> None:
+    """`sbatch --test-only` on a worker's job script: a request that Slurm refuses (partition,
+    account, memory, time) fails here at once; dask-jobqueue would only log sbatch's error and
+    leave the wait to time out."""
+    checked = subprocess.run(
+        ["sbatch", "--test-only"], input=script, capture_output=True, text=True, timeout=60
+    )
+    if checked.returncode != 0:
+        said = (checked.stderr.strip().splitlines() or ["no message"])[-1]
+        raise PreprocessError(
+            f"key '{KEY}': Slurm refuses the worker jobs (cluster.preprocess: "
+            f"{resources.threads} threads, {resources.mem_mb} MB, {resources.runtime} min): {said}"
+        )
 
 
 def _wait_for_workers(cluster: Any, n: int, wait_s: float, name: str, log_dir: Path) -> None:
@@ -159,6 +174,7 @@ def slurm_workers(
                     "dashboard_address": f"{host}:0",
                 },
             )
+            _check_submittable(cluster.job_script(), resources)
             cluster.scale(jobs=n)
             _wait_for_workers(cluster, n, settings.dask_slurm_wait_s, name, log_dir)
             workers = cluster.scheduler_info["workers"].values()
