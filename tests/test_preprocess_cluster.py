@@ -8,6 +8,7 @@ import dataclasses
 import datetime
 import json
 import os
+import socket
 import time
 from pathlib import Path
 from unittest import mock
@@ -33,7 +34,8 @@ def universes(make_universe) -> list[Path]:
 
 
 def assert_same_shards(a: Path, b: Path) -> None:
-    """Every dataset and attribute equal, stats equal, manifests equal but for their date."""
+    """Every dataset and attribute equal, stats equal, manifests equal but for their date and
+    the record of which hosts wrote the shards (a Dask cluster's only)."""
     for split in SPLITS:
         with h5py.File(a / f"{split}.h5") as fa, h5py.File(b / f"{split}.h5") as fb:
             assert set(fa) == set(fb)
@@ -46,7 +48,8 @@ def assert_same_shards(a: Path, b: Path) -> None:
             for name in ("pk", "one_point"):
                 np.testing.assert_array_equal(fa[split][name][...], fb[split][name][...])
     ma, mb = (json.loads((d / "manifest.json").read_text()) for d in (a, b))
-    ma.pop("created"), mb.pop("created")
+    for m in (ma, mb):
+        m.pop("created"), m.pop("written_by", None)
     assert ma == mb
 
 
@@ -230,6 +233,14 @@ def test_dask_local_cluster_over_tcp_writes_the_same_shards(universes, tmp_path)
         )
     assert_same_shards(tmp_path / "threads", tmp_path / "cluster")
     assert_same_shards(tmp_path / "threads", tmp_path / "cluster-groups")
+    # The workers said where they wrote: every universe, all its blocks, by this host; threads
+    # leave no record. Each 16³ universe is cropped in two blocks, its two 8-deep slabs of
+    # samples (data/crop.py, open_universes).
+    assert "written_by" not in json.loads((tmp_path / "threads" / "manifest.json").read_text())
+    host = socket.gethostname()
+    for folder in ("cluster", "cluster-groups"):
+        manifest = json.loads((tmp_path / folder / "manifest.json").read_text())
+        assert manifest["written_by"] == {str(p): {host: 2} for p in universes}
 
 
 def test_a_dask_scheduler_that_does_not_answer(universes, tmp_path) -> None:

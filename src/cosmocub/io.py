@@ -63,6 +63,31 @@ def sigterm_deferred() -> Iterator[None]:
             signal.raise_signal(signal.SIGTERM)
 
 
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """SIGTERM/SIGINT raise SystemExit/KeyboardInterrupt inside the block, so that a `finally`
+    in it cleans up what the process started elsewhere (network namespaces, Slurm jobs) before
+    a scheduler's SIGKILL follows (the main thread only: Python delivers signals there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
+
+    previous = {}
+    for s in (signal.SIGTERM, signal.SIGINT):
+        if signal.getsignal(s) in (signal.SIG_DFL, signal.default_int_handler):
+            previous[s] = signal.signal(s, stop)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)

@@ -7,8 +7,9 @@ address; the run records which node and local rank each rank had, and Lion Cub's
 exchange takes its node groups from that. The same job cancelled by scancel after its first
 checkpoint and run again ends with the weights of the uninterrupted job, bit for bit. A
 network-study point of `network_study.runner: local` runs its ranks on both nodes, at the links'
-shaped rate, and records that cosmocub did not set it. Skips in one line where namespaces or
-Slurm cannot start (not root, no CAP_NET_ADMIN, no packages).
+shaped rate, and records that cosmocub did not set it. A preprocessing group job starts 2 Dask
+workers as Slurm jobs, one on each node, which write the shards and say so (`long`). Skips in
+one line where namespaces or Slurm cannot start (not root, no CAP_NET_ADMIN, no packages).
 """
 
 from __future__ import annotations
@@ -269,6 +270,131 @@ def test_a_network_study_point_runs_across_both_nodes(emulated_slurm, tmp_path) 
     wall = time.perf_counter() - t0
     busy = last["time_exchange_busy_s"]
     print(f"network point on 2 nodes: {wall:.0f} s, exchange {busy:.4f} s, wire {floor_s:.4f} s")
+
+
+# 32³ universes with 8³ samples: 4 blocks a universe (data/crop.py), 32 for 2 workers to share.
+NUM_UNIVERSES = 8
+LIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED")
+
+
+def _squeue(env: dict[str, str], *args: str) -> list[str]:
+    out = subprocess.run(["squeue", "-h", *args], env=env, capture_output=True, text=True)
+    return out.stdout.split()
+
+
+@pytest.mark.long
+def test_dask_workers_on_both_nodes_write_the_shards(emulated_slurm, make_universe, tmp_path):
+    """Preprocessing on Dask workers that the group job starts as Slurm jobs (preprocess.
+    dask_slurm_workers): the workflow's commands, plan here, the group job through sbatch (it
+    starts 2 worker jobs, which Slurm places one a node, computes on them and cancels them),
+    gather here. The shards are the bytes of a preprocessing on local threads; the workers' own
+    record says both nodes wrote them; no worker job or process is left."""
+    from cosmocub.config import load_config
+    from cosmocub.data.preprocess import preprocess
+    from cosmocub.io import sha256_file
+
+    env = emulated_slurm
+    folder = tmp_path / "universes"
+    folder.mkdir()
+    paths = [
+        make_universe(f"universes/univ_{i}.hdf5", size=32, seed=i) for i in range(NUM_UNIVERSES)
+    ]
+    # Each worker job asks for 60 % of a node's memory, so Slurm puts one on each node (the group
+    # job, one CPU and 500 MB, fits beside either).
+    node_mb = min(int(mb) for mb in _node_memory(env))
+    values = {
+        "results": str(tmp_path / "results"),
+        "tracking": {"enabled": False},
+        "seed": 3,
+        "universes": {"source": "cosmoflow", "cosmoflow_dir": str(folder), "size": 32},
+        "preprocess": {"sample_size": 8, "slab_depth": 4},
+        "model": {"input_size": 8, "num_conv_blocks": 2},
+        "cluster": {
+            "preprocess": {
+                "universes_per_job": NUM_UNIVERSES,
+                "threads": 1,
+                "mem_mb": int(0.6 * node_mb),
+                "runtime": 10,
+            }
+        },
+    }
+    threads_cfg = load_config(_write(tmp_path / "threads.yaml", values))
+    values["preprocess"] |= {"dask_slurm_workers": 2, "dask_slurm_wait_s": 240}
+    config = _write(tmp_path / "workers.yaml", values)
+    assert load_config(config).hash != threads_cfg.hash
+
+    # The same universes on local threads, in this process.
+    preprocess(
+        paths,
+        tmp_path / "threads",
+        settings=threads_cfg.preprocess,
+        seed=3,
+        config_hash=load_config(config).hash,
+        universes_per_job=NUM_UNIVERSES,
+    )
+
+    # The workflow's three commands, the group as a job on the nodes.
+    cli = [sys.executable, "-m", "cosmocub.cli"]
+    staging, group, out = tmp_path / "staging", tmp_path / "groups" / "0.npz", tmp_path / "shards"
+    plan = [*cli, "preprocess-plan", "--config", str(config), "--universes-dir", str(folder)]
+    subprocess.run([*plan, "--staging", str(staging)], env=env, check=True)
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    crop = [*cli, "preprocess-group", "--config", str(config), "--staging", str(staging)]
+    crop += ["--group", "0", "--out", str(group), "--threads", "1"]
+    (job_dir / "job.sh").write_text("#!/bin/bash\n" + " ".join(crop) + "\n")
+    t0 = time.perf_counter()
+    sbatch = ["sbatch", "--parsable", "--cpus-per-task=1", "--mem=500", "--time=10"]
+    sbatch += [f"--chdir={job_dir}", f"--output={job_dir / 'job.log'}", str(job_dir / "job.sh")]
+    job = subprocess.run(sbatch, env=env, capture_output=True, text=True, check=True).stdout
+    job = job.strip()
+    assert _wait(env, job, job_dir, timeout=420) == "COMPLETED", _log(job_dir)
+    wall = time.perf_counter() - t0
+    gather = [*cli, "preprocess-gather", "--config", str(config), "--staging", str(staging)]
+    gather += ["--groups-dir", str(group.parent), "--out", str(out)]
+    subprocess.run(gather, env=env, check=True)
+
+    # Bit for bit the shards, statistics and features of local threads.
+    for name in ("train.h5", "val.h5", "test.h5", "stats.json", "features.h5"):
+        assert sha256_file(out / name) == sha256_file(tmp_path / "threads" / name), name
+    ma, mb = (json.loads((d / "manifest.json").read_text()) for d in (out, tmp_path / "threads"))
+    written_by = ma.pop("written_by")
+    ma.pop("created"), mb.pop("created")
+    assert ma == mb
+    # The workers' own record: every universe's 4 blocks written, and workers on both nodes.
+    assert sorted(written_by) == sorted(str(p) for p in paths)
+    assert all(sum(hosts.values()) == 4 for hosts in written_by.values()), written_by
+    assert {h for hosts in written_by.values() for h in hosts} == {"emu1", "emu2"}, written_by
+    assert "preprocess: 2 Dask workers as Slurm jobs" in _log(job_dir)
+
+    # The two worker jobs were cancelled when the group ended: none left alive, and no worker
+    # process left on the machine (their ends take Slurm's KillWait, 5 s, at most).
+    name = f"cosmocub-dask-{job}"
+    deadline = time.monotonic() + 60
+    while True:
+        states = _squeue(env, "-t", "all", "--name", name, "-o", "%T")
+        workers = subprocess.run(
+            ["pgrep", "-af", "distributed.cli.dask_worker"], capture_output=True, text=True
+        ).stdout
+        if not (set(states) & set(LIVE) or workers) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert states == ["CANCELLED", "CANCELLED"], states
+    assert workers == "", workers
+    print(f"group job with 2 Dask worker jobs on emu1 and emu2: {wall:.0f} s; {written_by}")
+
+
+def _node_memory(env: dict[str, str]) -> list[str]:
+    """Each node's RealMemory (MB) as sinfo lists it."""
+    out = subprocess.run(
+        ["sinfo", "-h", "-N", "-o", "%m"], env=env, capture_output=True, text=True, check=True
+    )
+    return out.stdout.split()
+
+
+def _write(path: Path, values: dict) -> Path:
+    path.write_text(yaml.safe_dump(values))
+    return path
 
 
 def test_stop_leaves_nothing_behind(emulated_slurm) -> None:

@@ -50,15 +50,25 @@ def _cmd_simulate_group(args: argparse.Namespace) -> int:
 
 
 def _cmd_preprocess(args: argparse.Namespace) -> int:
+    from cosmocub.data.dask_slurm import slurm_workers
     from cosmocub.data.preprocess import preprocess
     from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
-    with job_run(cfg, stage="preprocess") as tracker:
+    out = Path(args.out)
+    with (
+        job_run(cfg, stage="preprocess") as tracker,
+        # Workers for every group at once (preprocess.dask_slurm_workers), logging beside --out.
+        slurm_workers(
+            cfg.preprocess.with_granted_threads(args.threads),
+            cfg.cluster.preprocess,
+            out.with_name(f"{out.name}.dask-workers"),
+        ) as settings,
+    ):
         manifest = preprocess(
             [Path(p) for p in args.universes],
-            Path(args.out),
-            settings=cfg.preprocess.with_granted_threads(args.threads),
+            out,
+            settings=settings,
             seed=cfg.seed,
             config_hash=cfg.hash,
             universes_per_job=cfg.cluster.preprocess.universes_per_job,
@@ -85,24 +95,29 @@ def _cmd_preprocess_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_preprocess_group(args: argparse.Namespace) -> int:
+    from cosmocub.data.dask_slurm import slurm_workers
     from cosmocub.data.shard_jobs import crop_group
     from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
     # Deferred unless system metrics are on (only a live run samples them): the run holds nothing
     # a record cannot, and inside a workflow MLflow's import and store would cost this job ~3.5 s.
-    with job_run(
-        cfg,
-        stage="preprocess",
-        params={"group": args.group},
-        defer=not cfg.tracking.system_metrics,
+    with (
+        job_run(
+            cfg,
+            stage="preprocess",
+            params={"group": args.group},
+            defer=not cfg.tracking.system_metrics,
+        ),
+        # This group's own workers (preprocess.dask_slurm_workers), logging in the staging
+        # folder, which the workflow drops with the groups.
+        slurm_workers(
+            cfg.preprocess.with_granted_threads(args.threads),
+            cfg.cluster.preprocess,
+            Path(args.staging) / "dask-workers" / str(args.group),
+        ) as settings,
     ):
-        crop_group(
-            Path(args.staging),
-            args.group,
-            Path(args.out),
-            settings=cfg.preprocess.with_granted_threads(args.threads),
-        )
+        crop_group(Path(args.staging), args.group, Path(args.out), settings=settings)
     return 0
 
 

@@ -99,8 +99,18 @@ class PreprocessConfig:
     train_crops: str = "fixed"
     # The bispectrum statistics in features.h5 (the schema's default, off, as above).
     bispectrum: bool = False
+    # Dask workers as Slurm jobs that the preprocessing command starts and cancels
+    # (data/dask_slurm.py); the schema's defaults, as above.
+    dask_slurm_workers: int | None = None
+    dask_slurm_wait_s: float = 600.0
 
     def __post_init__(self) -> None:
+        if self.dask_slurm_workers is not None and self.dask_scheduler is not None:
+            raise ConfigError(
+                f"keys 'preprocess.dask_slurm_workers' ({self.dask_slurm_workers}) and "
+                f"'preprocess.dask_scheduler' ({self.dask_scheduler!r}) are both set: workers "
+                f"started on Slurm, or a cluster you run; set one to null"
+            )
         if self.train_crops not in TRAIN_CROPS:
             raise ConfigError(
                 f"key 'preprocess.train_crops': {self.train_crops!r} is not one of "

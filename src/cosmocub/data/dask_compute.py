@@ -1,11 +1,13 @@
 """Running one preprocessing graph: on local Dask threads with progress lines, or on a Dask
-distributed cluster whose workers write the shards themselves."""
+distributed cluster whose workers write the shards themselves and report which host wrote what."""
 
 from __future__ import annotations
 
 import contextlib
+import socket
 import sys
 import time
+from collections import Counter
 from typing import Any
 
 import dask.array as da
@@ -72,6 +74,27 @@ def _distributed_client(address: str) -> Any:
         ) from None
 
 
+def _write_block(block: np.ndarray, target: Any, block_info: Any = None) -> np.ndarray:
+    """Write `block` at its place in `target` (what `da.store` does for a block) and return the
+    name of the host that wrote it, as a block of one element."""
+    where = tuple(slice(start, stop) for start, stop in block_info[0]["array-location"])
+    target[where] = block
+    return np.full((1,) * block.ndim, socket.gethostname(), dtype=object)
+
+
+def _writes(samples: da.Array, target: Any) -> da.Array:
+    """`samples` written block by block into `target`: an array of the writers' host names, one
+    element a block."""
+    return samples.map_blocks(
+        _write_block,
+        target,
+        chunks=tuple((1,) * n for n in samples.numblocks),
+        dtype=object,
+        meta=np.empty((0,) * samples.ndim, dtype=object),
+        name=f"write-{samples.name}",
+    )
+
+
 def compute_into(
     samples: dict[str, da.Array],
     targets: dict[str, Any],
@@ -79,23 +102,24 @@ def compute_into(
     hist_out: np.ndarray,
     settings: PreprocessConfig,
     total_bytes: int,
-) -> None:
+) -> dict[str, dict[str, int]] | None:
     """Run the graph: each `samples[key]` stored into `targets[key]` (a shard's chunk writer),
-    the training histogram into `hist_out`."""
-    stored = [targets[key] for key in samples]
+    the training histogram into `hist_out`. On a Dask cluster, returns which hosts wrote each
+    key's blocks ({key: {host: blocks}}, as the workers themselves reported); None on threads."""
     if settings.dask_scheduler:
         with _distributed_client(settings.dask_scheduler) as client:
-            # Workers write the shards themselves (the writers pickle, the filesystem is shared);
-            # one submission, so the histogram shares the shard reads; futures keep their order.
-            stores = da.store(list(samples.values()), stored, lock=False, compute=False)
-            if isinstance(stores, da.Array):
-                # One source (a group of one universe): dask 2026.8 returns the one store, not
-                # a tuple of one, and unpacking it would iterate its rows.
-                stores = (stores,)
-            futures = client.compute([*stores, hist])
-            client.gather(futures)
-            hist_out[...] = futures[-1].result()
-        return
+            # Workers write the shards themselves (the writers pickle, the filesystem is shared)
+            # and say where they ran; one submission, so the histogram shares the shard reads;
+            # futures keep their order.
+            writes = [_writes(samples[key], targets[key]) for key in samples]
+            futures = client.compute([*writes, hist])
+            hosts = client.gather(futures)
+            hist_out[...] = hosts.pop()
+        return {
+            key: dict(sorted(Counter(where.ravel().tolist()).items()))
+            for key, where in zip(samples, hosts, strict=True)
+        }
+    stored = [targets[key] for key in samples]
     # One store for everything: the training histogram shares its reads with the shard writes,
     # so every universe is read from disk once.
     stores = da.store(
@@ -106,3 +130,4 @@ def compute_into(
     )
     with _progress(total_bytes):
         da.compute(*stores, scheduler="threads", num_workers=settings.num_workers)
+    return None

@@ -101,11 +101,13 @@ def crop_group(staging: Path, group: int, out: Path, *, settings: PreprocessConf
     crop = cropper(settings)
     samples: dict[str, da.Array] = {}
     targets: dict[str, Any] = {}
+    universe_of: dict[str, str] = {}  # samples' key → its universe's path
     writers: dict[str, ChunkWriter] = {}  # one per split's shard, shared by its universes
     train_counts = None
     for m in metas:
         where = plan["place"][str(m.path)]
         key = f"{where['split']}:{m.path}"
+        universe_of[key] = str(m.path)
         whole = keeps_universes(where["split"], settings)
         if whole:
             counts = open_universe_slabs([m], slab_depth=settings.slab_depth)
@@ -139,18 +141,25 @@ def crop_group(staging: Path, group: int, out: Path, *, settings: PreprocessConf
     ) as hasher:
         hashing = [hasher.submit(sha256_file, m.path) for m in metas]
         try:
-            compute_into(samples, targets, hist, hist_np, settings, sum(m.nbytes for m in metas))
+            written = compute_into(
+                samples, targets, hist, hist_np, settings, sum(m.nbytes for m in metas)
+            )
         except BaseException:
             for future in hashing:  # fail now, not after hashing every remaining universe
                 future.cancel()
             raise
         digests = [future.result() for future in hashing]
     with atomic_path(out) as tmp, open(tmp, "wb") as f:
+        extra = {}
+        if written is not None:  # on a Dask cluster: the hosts that wrote each universe's blocks
+            by_universe = {universe_of[key]: hosts for key, hosts in written.items()}
+            extra["written_by"] = np.array(json.dumps(by_universe))
         np.savez(
             f,
             hist=hist_np,
             paths=np.array([str(m.path) for m in metas]),
             sha256=np.array(digests),
+            **extra,
         )
 
 
@@ -168,10 +177,13 @@ def gather_shards(
     plan = json.loads((staging / PLAN_FILE).read_text())
     hist_total = None
     digest_of: dict[str, str] = {}
+    written_by: dict[str, dict[str, int]] = {}
     for path in group_files:
         with np.load(path) as part:
             hist_total = part["hist"] if hist_total is None else hist_total + part["hist"]
             digest_of.update(zip(part["paths"].tolist(), part["sha256"].tolist(), strict=True))
+            if "written_by" in part.files:
+                written_by.update(json.loads(part["written_by"].item()))
     every = [p for s in SPLITS for p in plan["splits"][s]]
     missing = sorted(set(every) - set(digest_of))
     if missing:
@@ -192,6 +204,7 @@ def gather_shards(
         settings,
         plan["seed"],
         config_hash,
+        written_by=dict(sorted(written_by.items())) or None,
     )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

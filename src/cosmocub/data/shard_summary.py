@@ -41,9 +41,12 @@ def shard_manifest(
     settings: PreprocessConfig,
     seed: int,
     config_hash: str,
+    *,
+    written_by: dict[str, dict[str, int]] | None = None,
 ) -> dict[str, Any]:
     """The manifest of shards cut from `split_metas`; `metas` (with their sha256 `digests`) are
-    the sources in the order the manifest lists them."""
+    the sources in the order the manifest lists them. `written_by` (shards written on a Dask
+    cluster): for each universe's path, the hosts whose workers wrote its blocks, and how many."""
     s = settings.sample_size
     per_universe = (metas[0].size // s) ** 3
     return {
@@ -73,5 +76,7 @@ def shard_manifest(
             }
             for m, digest in zip(metas, digests, strict=True)
         ],
+        # Only on a cluster: local threads leave the manifest as it always was.
+        **({"written_by": written_by} if written_by else {}),
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
     }

@@ -25,9 +25,10 @@ import re
 import shutil
 import signal
 import subprocess
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+
+from cosmocub.io import signals_raise
 
 DEFAULT_PREFIX = "ccub-"
 SUBNET = "10.77.0"  # private; each emulation has its own switch, so runs never share it
@@ -112,7 +113,7 @@ def emulated_nodes(
         switch_netns=f"{tag}sw",
         bandwidth_mbit=bandwidth_mbit,
     )
-    with _signals_raise():
+    with signals_raise():
         try:
             _build(net)
             yield net
@@ -217,30 +218,6 @@ def _remove(names: Sequence[str]) -> None:
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pid), signal.SIGKILL)
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
-
-
-@contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
-    """SIGTERM/SIGINT raise SystemExit/KeyboardInterrupt here, so `finally` removes the network
-    (the main thread only: Python delivers signals there)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: object) -> None:
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise SystemExit(128 + signum)
-
-    previous = {}
-    for s in (signal.SIGTERM, signal.SIGINT):
-        if signal.getsignal(s) in (signal.SIG_DFL, signal.default_int_handler):
-            previous[s] = signal.signal(s, stop)
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def _ip(args: Sequence[str]) -> None:

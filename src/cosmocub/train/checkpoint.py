@@ -49,7 +49,12 @@ _OPERATIONAL_TRAIN_KEYS = {
     "threads_per_rank",
     "backend",
 }
-_OPERATIONAL_PREPROCESS_KEYS = {"dask_scheduler", "num_workers"}
+_OPERATIONAL_PREPROCESS_KEYS = {
+    "dask_scheduler",
+    "dask_slurm_workers",
+    "dask_slurm_wait_s",
+    "num_workers",
+}
 
 
 class CheckpointMismatchError(ValueError):
