@@ -47,6 +47,13 @@ def snakemake_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """tests/workflow/ first. pytest-xdist's `--dist loadscope` hands out whole modules in
+    collection order, and tests/workflow/ collects last while holding the longest modules (each
+    runs Snakemake jobs): started last, one worker ran them alone while the other had finished."""
+    items.sort(key=lambda item: item.path.parent.name != "workflow")  # stable: order kept within
+
+
 @pytest.fixture
 def make_universe(tmp_path: Path) -> Callable[..., Path]:
     """Factory: `make_universe(name, size=16, seed=0)` writes Poisson(1) counts, gives its path."""

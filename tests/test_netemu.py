@@ -322,7 +322,9 @@ def test_ddp_on_two_nodes_sends_what_it_counts_and_times_its_exchange(ddp_run) -
     assert list_namespaces(PREFIX) == []
 
 
-@pytest.mark.slow
+# Two Lion Cub runs on 2 emulated nodes of 2 ranks (57 s at the suite's load): on request; the
+# suite checks the same split of bytes across Slurm's emulated nodes (tests/cluster).
+@pytest.mark.long
 @needs_netns
 def test_lion_cub_on_two_nodes_of_two_sends_across_what_it_counts_flat_and_node(
     shards: Path,
@@ -373,7 +375,9 @@ def test_lion_cub_on_two_nodes_of_two_sends_across_what_it_counts_flat_and_node(
     print(f"  node/flat on the wire {wire['node'] / wire['flat']:.3f} (counted 10/19 = 0.526)")
 
 
-@pytest.mark.slow
+# A collective timeout waited out, then a resumed run (43 s at the suite's load): on request,
+# beside tests/test_train.py's restarts after a crash.
+@pytest.mark.long
 @needs_netns
 def test_a_cut_link_fails_within_the_timeout_and_training_resumes_identically(
     shards: Path, ddp_run

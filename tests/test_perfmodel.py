@@ -232,7 +232,9 @@ def test_without_namespaces_the_bench_skips_the_emulated_links_saying_why(
     assert list(read_samples(out)) == [LOOPBACK]
 
 
-@pytest.mark.slow
+# The link benchmark on loopback and an emulated link (42 s at the suite's load): on request,
+# beside tests/test_benchmarks.py's bench_links smoke (a message's time on an emulated link).
+@pytest.mark.long
 def test_the_bench_runs_on_loopback_and_an_emulated_link(tmp_path: Path) -> None:
     """`cosmocub perf-model bench` at one rate and two sizes, then the fit of both links."""
     from cosmocub.netemu import EmulationUnavailableError

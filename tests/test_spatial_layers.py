@@ -161,7 +161,9 @@ def test_close_destroys_the_groups_it_made(synthetic: dict[str, dict[str, Any]])
     assert synthetic["groups left after close"]["count"] == 0
 
 
-@pytest.mark.slow
+# Four ranks on a real 128³ sample (48 s at the suite's load): on request, beside the split tests
+# on 16³-32³ volumes above.
+@pytest.mark.long
 @pytest.mark.realdata
 def test_real_128_sample_split_four_ways(real_samples: list[Path], tmp_path: Path) -> None:
     results = run_ranks(

@@ -77,7 +77,8 @@ def _count(uri: str, experiment: str, results: list[dict]) -> tuple[int, int]:
     return len(runs), points
 
 
-@pytest.mark.slow
+# Eight processes at once on one SQLite store (41 s at the suite's load): on request.
+@pytest.mark.long
 def test_eight_jobs_log_to_sqlite_at_once(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text(
@@ -100,7 +101,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
+# A whole workflow beside the server it starts (62 s at the suite's load): on request, beside
+# tests/test_tracking.py's runs logged to a real server.
+@pytest.mark.long
 def test_jobs_log_over_http_to_the_server_the_workflow_starts(tmp_path, monkeypatch):
     import os
     import urllib.request

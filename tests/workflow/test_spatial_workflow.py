@@ -1,4 +1,8 @@
-"""The workflow at spatial = 2 (one sample split over two ranks), and the sample-size study."""
+"""The workflow at spatial = 2 (one sample split over two ranks), the sample-size study, the U-Net
+and the network study: each target through Snakemake, 4-5 minutes for the module at the suite's
+load, so `long` (on request: `pytest -m long tests/workflow/test_spatial_workflow.py`). The same
+code runs in the default suite without Snakemake: tests/test_spatial_train.py,
+test_sample_size_study.py, test_unet_train.py, test_network_study.py."""
 
 import csv
 import json
@@ -8,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_workflow import REPO, job_counts, snakemake
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 TEST_CONFIG = str(REPO / "config" / "test.yaml")
 
 
