@@ -22,9 +22,15 @@ KillWait=5
 CONF
 }
 
-# A munge key, and a munged that answers; "$1/munged.ours" marks one started here, so that the
-# caller's stop ends it and no other.
-start_munge() {  # state_dir
+# One munged serves both clusters (the one-node Slurm and the emulated nodes) when both run, so
+# its mark is the machine's, not a cluster's: /run/cosmocub-munged.ours says one of these scripts
+# started it, and the last of them to stop ends it (stop_munge). A mark per cluster let the
+# first cluster to stop end the munged the other still used: its daemons then failed every
+# request with "Protocol authentication error".
+MUNGED_OURS=/run/cosmocub-munged.ours
+
+# A munge key, and a munged that answers.
+start_munge() {
   if [ ! -s /etc/munge/munge.key ]; then
     dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 status=none
   fi
@@ -35,6 +41,15 @@ start_munge() {  # state_dir
   # zombie where nothing reaps orphans (pid 1 of some containers), and pgrep lists it.
   if ! munge -n >/dev/null 2>&1; then
     su -s /bin/sh munge -c "/usr/sbin/munged --force" 2>/dev/null || /usr/sbin/munged --force
-    touch "$1/munged.ours"
+    touch "$MUNGED_OURS"
   fi
+}
+
+# After the caller's slurmctld has ended: the munged one of these scripts started, once no
+# slurmctld runs (a zombie one, listed but gone, does not count).
+stop_munge() {
+  [ -f "$MUNGED_OURS" ] || return 0
+  if pgrep -x -r R,S,D slurmctld >/dev/null 2>&1; then return 0; fi
+  [ -f /run/munge/munged.pid ] && kill "$(cat /run/munge/munged.pid)" 2>/dev/null || true
+  rm -f "$MUNGED_OURS"
 }

@@ -187,7 +187,7 @@ start() {
   echo "$rate" > "$STATE/rate_mbit"
   hosts_add "$nodes"
   write_config "$nodes"
-  start_munge "$STATE"
+  start_munge
   rm -rf "$STATE"/ctld/* "$STATE"/d-*  # a fresh cluster: no jobs or node state of a past one
   ctl /usr/sbin/slurmctld -i
   for k in $(seq "$nodes"); do start_slurmd "$k"; done
@@ -225,10 +225,7 @@ stop() {
   stop_pid /run/cosmocub-slurm-emu/slurmctld.pid
   remove_network
   hosts_remove
-  if [ -f "$STATE/munged.ours" ] && ! pgrep -x slurmctld >/dev/null 2>&1; then
-    [ -f /run/munge/munged.pid ] && kill "$(cat /run/munge/munged.pid)" 2>/dev/null || true
-    rm -f "$STATE/munged.ours"
-  fi
+  stop_munge
   rm -f "$STATE/nodes" "$STATE/rate_mbit"
   rm -rf /run/cosmocub-slurm-emu
   say "stopped"

@@ -56,7 +56,7 @@ CONF
 start() {
   install
   write_config
-  start_munge "$STATE"
+  start_munge
   [ -f "$STATE/slurmctld.pid" ] && kill -0 "$(cat "$STATE/slurmctld.pid")" 2>/dev/null \
     || /usr/sbin/slurmctld
   [ -f "$STATE/slurmd.pid" ] && kill -0 "$(cat "$STATE/slurmd.pid")" 2>/dev/null \
@@ -83,11 +83,7 @@ stop() {
       rm -f "$pidfile"
     fi
   done
-  if [ -f "$STATE/munged.ours" ]; then
-    local pidfile=/run/munge/munged.pid
-    [ -f "$pidfile" ] && kill "$(cat "$pidfile")" 2>/dev/null || true
-    rm -f "$STATE/munged.ours"
-  fi
+  stop_munge
   # A slurm.conf naming a controller that no longer runs costs every Slurm client 9 s of
   # retries (10 connects, 1 s apart), and snakemake-executor-plugin-slurm runs `scontrol show
   # config` when it is imported, i.e. at every `snakemake` start, whatever the executor.
