@@ -27,8 +27,6 @@ TINY_MODEL = {
 # it) and those whose smoke test is below.
 PERF_MODEL_SCRIPTS = {
     "against_mlperf.py",
-    "bench_compute_calibration.py",
-    "costs_at_scale.py",
     "gpu_feed_point.py",
     "gpu_feed_point.sh",
     "bench_loader.py",  # gpu_feed_point.py's loader rows and step (it imports them)
@@ -43,6 +41,8 @@ SMOKED = {
     "bench_train_loop.py",
     "bench_lion_cub.py",
     "bench_links.py",
+    "costs_at_scale.py",
+    "bench_compute_calibration.py",
 }
 
 
@@ -90,6 +90,61 @@ def test_bench_throughput(tmp_path: Path) -> None:
     (row,) = [line.split() for line in out.splitlines() if line.startswith("default ")]
     params = sum(p.numel() for p in CosmoFlow(load_config(None).model).parameters())
     assert int(row[2].replace(",", "")) == params and float(row[4]) > 0  # samples/s
+
+
+def test_costs_at_scale(tmp_path: Path) -> None:
+    config = REPO / "config" / "cosmoflow-mlperf.yaml"
+    args = ["--config", str(config), "--ranks", "64"]
+    out = run_script("costs_at_scale.py", *args, cwd=tmp_path)
+    model = CosmoFlow(load_config(config).model)
+    params = sum(p.numel() for p in model.parameters())
+    assert f"{params:,} parameters" in out
+    # A rank's Lion Cub momentum is every parameter in fp32, the MB the tables print.
+    assert f"momentum {4 * params / 1e6:.2f} MB per rank" in out
+
+
+def test_bench_compute_calibration(tmp_path: Path) -> None:
+    """On a cached (synthetic) calibration, so only the direct timings run: the predicted step
+    it prints for config/test.yaml is the calibration's own."""
+    import json
+
+    from calibration_fixtures import synthetic_calibration
+
+    from cosmocub.perfmodel.cost_model.machines import training_memory_format
+
+    cal = synthetic_calibration((1,))
+    cached = tmp_path / "calibration.json"
+    cached.write_text(json.dumps(cal.as_dict()))
+    args = ["--config", str(REPO / "config" / "test.yaml"), "--threads", "1", "--repeats", "1"]
+    out = run_script("bench_compute_calibration.py", *args, "--out", str(cached), cwd=tmp_path)
+    (row,) = [
+        line for line in out.splitlines() if line.startswith("| test.yaml (batch 4) | 1 | step")
+    ]
+    model = load_config(REPO / "config" / "test.yaml").model
+    fmt = training_memory_format((1, 1, 1))
+    layers = cal.layer_seconds(model, batch=4, split=(1, 1, 1), threads=1, memory_format=fmt)
+    assert float(row.split("|")[4]) == pytest.approx(1e3 * sum(layers.values()), abs=1e-3)
+    assert "|error| over 4 steps" in out
+
+
+# The device script's CPU smoke mode (52 s on 2 cores): what benchmarks/gpu_feed_point.sh runs on
+# a lent GPU, with bench_loader's rows it imports; on request, beyond the 12-minute suite.
+@pytest.mark.long
+def test_gpu_feed_point_cpu_smoke(tmp_path: Path) -> None:
+    out = run_script(
+        "gpu_feed_point.py",
+        "--device",
+        "cpu",
+        "--smoke",
+        "--out",
+        str(tmp_path / "feed"),
+        cwd=tmp_path,
+    )
+    rows = {line.split("|")[1].strip(): line.split("|") for line in out.splitlines() if "|" in line}
+    for variant in ("workers3_fp32", "device_fp32", "device_defaults"):
+        assert float(rows[variant][2]) > 0, rows[variant]  # samples/s
+    assert "skipped on a CPU" in rows["device_compile"][2]
+    assert (tmp_path / "feed" / "feed_point.json").is_file()
 
 
 def test_bench_train_loop(tmp_path: Path) -> None:
