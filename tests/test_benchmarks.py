@@ -138,7 +138,7 @@ def test_gpu_feed_point_cpu_smoke(tmp_path: Path) -> None:
         "--smoke",
         "--out",
         str(tmp_path / "feed"),
-        cwd=tmp_path,
+        cwd=REPO,
     )
     rows = {line.split("|")[1].strip(): line.split("|") for line in out.splitlines() if "|" in line}
     for variant in ("workers3_fp32", "device_fp32", "device_defaults"):
