@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from cosmocub.cli.common import add_config, add_stage
-from cosmocub.config import load_config
+from cosmocub.config import Config, load_config
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -49,8 +49,17 @@ def _cmd_simulate_group(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_preprocess(args: argparse.Namespace) -> int:
+def _preprocess_settings(cfg: Config, threads: int | None, log_dir: Path):
+    """The preprocess settings with the job's granted threads, sent to Dask workers started as
+    Slurm jobs for the block where preprocess.dask_slurm_workers asks for them."""
     from cosmocub.data.dask_slurm import slurm_workers
+
+    return slurm_workers(
+        cfg.preprocess.with_granted_threads(threads), cfg.cluster.preprocess, log_dir
+    )
+
+
+def _cmd_preprocess(args: argparse.Namespace) -> int:
     from cosmocub.data.preprocess import preprocess
     from cosmocub.tracking.runs import job_run
 
@@ -59,10 +68,8 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
     with (
         job_run(cfg, stage="preprocess") as tracker,
         # Workers for every group at once (preprocess.dask_slurm_workers), logging beside --out.
-        slurm_workers(
-            cfg.preprocess.with_granted_threads(args.threads),
-            cfg.cluster.preprocess,
-            out.with_name(f"{out.name}.dask-workers"),
+        _preprocess_settings(
+            cfg, args.threads, out.with_name(f"{out.name}.dask-workers")
         ) as settings,
     ):
         manifest = preprocess(
@@ -95,7 +102,6 @@ def _cmd_preprocess_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_preprocess_group(args: argparse.Namespace) -> int:
-    from cosmocub.data.dask_slurm import slurm_workers
     from cosmocub.data.shard_jobs import crop_group
     from cosmocub.tracking.runs import job_run
 
@@ -111,10 +117,8 @@ def _cmd_preprocess_group(args: argparse.Namespace) -> int:
         ),
         # This group's own workers (preprocess.dask_slurm_workers), logging in the staging
         # folder, which the workflow drops with the groups.
-        slurm_workers(
-            cfg.preprocess.with_granted_threads(args.threads),
-            cfg.cluster.preprocess,
-            Path(args.staging) / "dask-workers" / str(args.group),
+        _preprocess_settings(
+            cfg, args.threads, Path(args.staging) / "dask-workers" / str(args.group)
         ) as settings,
     ):
         crop_group(Path(args.staging), args.group, Path(args.out), settings=settings)

@@ -112,9 +112,7 @@ def compute_into(
             # and say where they ran; one submission, so the histogram shares the shard reads;
             # futures keep their order.
             writes = [_writes(samples[key], targets[key]) for key in samples]
-            futures = client.compute([*writes, hist])
-            hosts = client.gather(futures)
-            hist_out[...] = hosts.pop()
+            *hosts, hist_out[...] = client.gather(client.compute([*writes, hist]))
         return {
             key: dict(sorted(Counter(where.ravel().tolist()).items()))
             for key, where in zip(samples, hosts, strict=True)

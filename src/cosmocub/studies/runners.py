@@ -83,7 +83,7 @@ def run_local(
     args = ["train", "--config", str(config_path), "--shards", str(shards_dir)]
     rc = run_launch(layout, [*args, "--out", str(out_dir)])
     record: dict[str, Any] = {"nodes": layout.nodes, "ranks_per_node": plan.ranks_per_node}
-    if plan.launch.bandwidth_mbit is not None:
+    if plan.launch.bandwidth_mbit is not None:  # a network point: its rate is a label here
         record |= {"bandwidth_mbit": plan.bandwidth_mbit, "rate_set_by_runner": False}
     return rc, record
 
