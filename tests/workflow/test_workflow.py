@@ -56,11 +56,32 @@ def job_counts(stdout: str) -> dict[str, int]:
     ],
 )
 def test_dry_run(tmp_path, config, expected):
-    proc = snakemake("-n", "--configfile", str(REPO / "config" / config), cwd=tmp_path)
+    proc = snakemake("-n", "-p", "--configfile", str(REPO / "config" / config), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     counts = job_counts(proc.stdout)
     for rule, n in expected.items():
         assert counts.get(rule) == n, (rule, counts)
+    assert_every_command_names_its_config(proc.stdout)
+
+
+# The package commands a rule runs without a config: they read only the paths they are given.
+READ_NO_CONFIG = {"link-universe", "perf-model fit", "summarize"}
+
+
+def assert_every_command_names_its_config(stdout: str) -> None:
+    """Every cosmocub command a dry run prints (`-p`) names the config it runs with (--config,
+    or a study point's --point-config), so it runs by hand as the workflow runs it; a command
+    without one runs on the schema's defaults (rule simulate_seed_group did: the known-answer
+    study's seeds asked for groups its 48 default universes do not have)."""
+    command = r"^Shell command: .*?cosmocub ([a-z][a-z-]*(?: [a-z][a-z-]*)?)(.*)$"
+    commands = re.findall(command, stdout, re.M)
+    assert commands, stdout[-2000:]
+    bare = [
+        name
+        for name, rest in commands
+        if not re.search(r"--(point-)?config ", rest) and name not in READ_NO_CONFIG
+    ]
+    assert not bare, f"cosmocub commands without --config: {sorted(set(bare))}"
 
 
 def config_in_effect(output: str) -> tuple[str, str]:
@@ -166,9 +187,11 @@ def test_perf_model_validates_on_the_study_tables_the_same_invocation_makes(tmp_
 
 def test_known_answer_seeds_make_their_own_universes_and_shards(tmp_path):
     """known_answer_study.seeds: a seed other than the config's simulates its own universes
-    (staged under seed<s>/) into study shards of its own; the config's seed uses the base's."""
+    (staged under seed<s>/) into study shards of its own; the config's seed uses the base's.
+    Every job names its config."""
     proc = snakemake(
         "-n",
+        "-p",
         "known_answer_study",
         "--configfile",
         str(REPO / "config" / "known_answer.yaml"),
@@ -183,7 +206,8 @@ def test_known_answer_seeds_make_their_own_universes_and_shards(tmp_path):
     assert counts["simulate"] == 40 and counts["study_point"] == 2, counts
     assert counts["simulate_group"] == 1 and counts["simulate_seed_group"] == 1, counts
     assert counts["preprocess"] == 1 and counts["study_preprocess"] == 1, counts
-    assert "simulate-group --seed 3 --group 0" in proc.stdout
+    assert re.search(r"simulate-group --config \S+ --seed 3 --group 0", proc.stdout)
+    assert_every_command_names_its_config(proc.stdout)
     assert "universes/synth_3000019.hdf5" in proc.stdout
 
 

@@ -49,12 +49,12 @@ rule simulate_seed_group:
         mem_mb=CFG.cluster.simulate.mem_mb,
         runtime=simulate_runtime(CFG),
     params:
-        settings=section("simulate"),
+        config=job_config("simulate"),
         size=CFG.universes.size,
         env=tracking_env("simulate_seed_group"),
     shell:
-        "{params.env} cosmocub simulate-group --seed {wildcards.master} --group {wildcards.group}"
-        " --out {output} > {log} 2>&1"
+        "{params.env} cosmocub simulate-group --config {params.config} --seed {wildcards.master}"
+        " --group {wildcards.group} --out {output} > {log} 2>&1"
 
 
 rule simulate:
