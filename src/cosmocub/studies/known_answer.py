@@ -376,8 +376,8 @@ STUDY = StudyDefinition(
         "(`_lo`, `_hi`), the CNN's ratio to each, for amplitude and slope to their floor, the "
         "Bayes estimate from P(k) under the field's likelihood (`pk_likelihood`), and for f_nl "
         "to the band bispectrum's fit with and without the axis-Nyquist modes; the pooled rows "
-        "give each ratio's range over the seeds (`_seed_min`, `_seed_max`); `selected` = 1 on each seed's lr with the lowest "
-        "per-universe validation MAE (`selected_by`; the final validation loss for points "
-        "evaluated without it)."
+        "give each ratio's range over the seeds (`_seed_min`, `_seed_max`); `selected` = 1 "
+        "on each seed's lr with the lowest per-universe validation MAE (`selected_by`; the "
+        "final validation loss for points evaluated without it)."
     ),
 )
