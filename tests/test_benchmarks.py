@@ -43,6 +43,7 @@ SMOKED = {
     "bench_links.py",
     "costs_at_scale.py",
     "bench_compute_calibration.py",
+    "known_answer_floor.py",
 }
 
 
@@ -101,6 +102,27 @@ def test_costs_at_scale(tmp_path: Path) -> None:
     assert f"{params:,} parameters" in out
     # A rank's Lion Cub momentum is every parameter in fp32, the MB the tables print.
     assert f"momentum {4 * params / 1e6:.2f} MB per rank" in out
+
+
+def test_known_answer_floor(tmp_path: Path) -> None:
+    """At 16³ on 40 test universes: the floor's row, and each fit's ratio is its MAE over the
+    floor's (the floor beats the mean's 0.5 and the fits land between)."""
+    out = run_script(
+        "known_answer_floor.py", "--train", "60", "--test", "40", "--size", "16", cwd=tmp_path
+    )
+    floor = re.search(r"floor \(no fitting\)\s+-\s+([\d.]+)\s+1\.00\s+([\d.]+)", out)
+    assert floor, out
+    floor_mae = [float(v) for v in floor.groups()]
+    assert all(0.1 < v < 0.5 for v in floor_mae), floor_mae
+    rows = re.findall(
+        r"^(ridge \(evaluation's\)|MLP 64-64)\s+60\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$",
+        out,
+        re.M,
+    )
+    assert len(rows) == 2, out
+    for _, amplitude, amplitude_ratio, slope, slope_ratio in rows:
+        assert float(amplitude_ratio) == pytest.approx(float(amplitude) / floor_mae[0], abs=0.01)
+        assert float(slope_ratio) == pytest.approx(float(slope) / floor_mae[1], abs=0.01)
 
 
 def test_bench_compute_calibration(tmp_path: Path) -> None:
