@@ -18,6 +18,7 @@ beyond P(k), and the goal's band is also counted against the floor.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -59,11 +60,15 @@ NAMES = {
     nyquist.WITH_NYQUIST: "bispectrum fit",
     nyquist.WITHOUT_NYQUIST: "bispectrum fit without the axis-Nyquist modes",
 }
-# The issue's goals per parameter: (ratio's baseline, lowest, highest), stated before the runs;
-# case (a)'s band also against its floor, the estimate the band's "P(k) is sufficient" means.
+# The issue's goals per parameter: (ratio's baseline, lowest, highest), stated before the runs.
+# And case (a) against its floor: a network can beat the linear P(k) ridge using nothing beyond
+# P(k) (the band's lower end is not the known answer), not the Bayes estimate from P(k) but by
+# the test set's noise; below 0.95 of it a network would read what a Gaussian field does not
+# hold. (Its upper end stays the ridge's: from 1,000 training universes no fit learned from
+# P(k) comes within 7-14 % of the floor, benchmarks/known_answer_floor.py.)
 GOALS: dict[str, tuple[tuple[str, float, float], ...]] = {
-    "amplitude": (("pk", 0.95, 1.1), (floor.FIT, 0.95, 1.1)),
-    "slope": (("pk", 0.95, 1.1), (floor.FIT, 0.95, 1.1)),
+    "amplitude": (("pk", 0.95, 1.1), (floor.FIT, 0.95, math.inf)),
+    "slope": (("pk", 0.95, 1.1), (floor.FIT, 0.95, math.inf)),
     "lognormal_sigma": (("one_point", 0.0, 1.05), ("pk", 0.0, 0.7)),
     "f_nl": (("classical", 0.0, 0.5),),
 }
@@ -262,7 +267,7 @@ def goal_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     for name, goals in GOALS.items():
         per_seed = {r["seed"]: r for r in chosen if r["parameter"] == name}
         for base, low, high in goals:
-            goal = f"CNN ÷ {NAMES[base]} " + (f"≤ {high:g}" if low == 0 else f"in [{low}, {high}]")
+            goal = f"CNN ÷ {NAMES[base]} {known_answer_plot.goal_text(low, high)}"
             cells, met = [], 0
             for s in seeds:
                 row = per_seed.get(s)

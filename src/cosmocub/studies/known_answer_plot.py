@@ -4,6 +4,7 @@ bispectrum's own fit with and without the axis-Nyquist modes, per seed."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -13,8 +14,15 @@ from cosmocub.io import atomic_path
 POOLED = "pooled"
 
 
+def goal_text(low: float, high: float) -> str:
+    """A goal's band as the table and plot write it: ≤ high, ≥ low or in [low, high]."""
+    if low == 0:
+        return f"≤ {high:g}"
+    return f"≥ {low:g}" if math.isinf(high) else f"in [{low:g}, {high:g}]"
+
+
 def _goal_ratios(parameter: str, base: str, low: float, high: float) -> dict[str, Any]:
-    goal = f"≤ {high:g}" if low == 0 else f"in [{low}, {high}]"
+    goal = goal_text(low, high)
     return {"parameter": parameter, "base": base, "low": low, "high": high, "goal": goal}
 
 
@@ -44,7 +52,9 @@ def _marks(ax, panels, chosen, pooled, seeds) -> None:
                 i + 0.42, row[key], yerr=err, fmt="s", color="k", ms=5, capsize=2, label=label
             )
         if "high" in panel:
-            band = ([i - 0.45, i + 0.45], panel["low"], panel["high"])
+            # An open band (≥ low) shaded to twice its end: the axis keeps to the marks.
+            top = panel["high"] if math.isfinite(panel["high"]) else 2 * panel["low"]
+            band = ([i - 0.45, i + 0.45], panel["low"], top)
             ax.fill_between(*band, color="g", alpha=0.12, lw=0)
     ax.set_xticks(range(len(panels)), [p["label"] for p in panels], fontsize=8)
     ax.axhline(1.0, color="k", lw=0.6)
