@@ -65,7 +65,7 @@ NAMES = {
 # P(k) (the band's lower end is not the known answer), not the Bayes estimate from P(k) but by
 # the test set's noise; below 0.95 of it a network would read what a Gaussian field does not
 # hold. (Its upper end stays the ridge's: from 1,000 training universes no fit learned from
-# P(k) comes within 7-14 % of the floor, benchmarks/known_answer_floor.py.)
+# P(k) comes within 8-17 % of the floor, benchmarks/known_answer_floor.py.)
 GOALS: dict[str, tuple[tuple[str, float, float], ...]] = {
     "amplitude": (("pk", 0.95, 1.1), (floor.FIT, 0.95, math.inf)),
     "slope": (("pk", 0.95, 1.1), (floor.FIT, 0.95, math.inf)),
