@@ -93,9 +93,12 @@ def plot_study(
         {"parameter": fit_parameter, "base": fit, "label": f"{fit_parameter}\n÷ {names[fit]}"}
         for fit in fits
     ]
-    fig = Figure(figsize=(14, 4.6), layout="constrained")
+    # ~2 inches a panel, so the two-line labels under each stay apart.
+    width = 2.0 * (len(goal_panels) + len(fit_panels)) + 1.0
+    fig = Figure(figsize=(max(width, 10.0), 4.6), layout="constrained")
     FigureCanvasAgg(fig)
-    left, right = fig.add_subplot(1, 4, (1, 3)), fig.add_subplot(1, 4, 4)
+    grid = fig.add_gridspec(1, 2, width_ratios=[len(goal_panels), max(len(fit_panels), 1)])
+    left, right = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
     _marks(left, goal_panels, chosen, pooled, seeds)
     _marks(right, fit_panels, chosen, pooled, seeds)
     left.set_ylabel("CNN ÷ fit, test MAE per universe")
