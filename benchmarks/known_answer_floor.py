@@ -39,16 +39,10 @@ def universes(rng: np.random.Generator, count: int, size: int) -> tuple[np.ndarr
     overdensity (count, size, size, size)) of `count` Gaussian-case fields as stored."""
     unit = rng.uniform(-1.0, 1.0, size=(count, 2))
     physical = ka.DESIGN.physical(np.hstack([unit, np.zeros((count, 2))]))[:, :2]
-    counts = np.stack(
-        [
-            np.rint(
-                ka.DESIGN.mean_count * (1.0 + ka.gaussian_case(rng, size, amplitude=a, slope=s))
-            )
-            for a, s in physical
-        ]
-    )
+    fields = [ka.gaussian_case(rng, size, amplitude=a, slope=s) for a, s in physical]
+    counts = ka.stored_counts(np.stack(fields))
     features = np.stack([np.log10(counts_power_spectrum(c)[1]) for c in counts])
-    return features, unit, counts / ka.DESIGN.mean_count - 1.0
+    return features, unit, floor.overdensity(counts)
 
 
 def mlp_predictions(x_train: np.ndarray, y_train: np.ndarray, x: np.ndarray, seed: int):

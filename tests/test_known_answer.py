@@ -315,13 +315,15 @@ def test_study_rows_per_seed_and_pooled_with_the_range_over_seeds(tmp_path):
 
 
 def _gaussian_overdensities(rng, count, size):
-    """Case (a)'s channel as the study reads it back: counts/n̄ − 1 of rounded counts."""
+    """Case (a)'s channel as the study reads it back: the overdensity of its stored counts."""
+    from cosmocub.studies.known_answer_likelihood import overdensity
+
     unit = rng.uniform(-1, 1, size=(count, 2))
     physical = ka.DESIGN.physical(np.hstack([unit, np.zeros((count, 2))]))
     fields = [
         ka.gaussian_case(rng, size, amplitude=a, slope=s) for a, s in physical[:, :2].tolist()
     ]
-    return np.rint(1000 * (1 + np.stack(fields))) / 1000 - 1, unit
+    return overdensity(ka.stored_counts(np.stack(fields))), unit
 
 
 def test_pk_likelihood_shells_hold_every_mode_once():

@@ -166,6 +166,11 @@ def _impose_amplitudes(field: np.ndarray, amplitude: np.ndarray, size: int) -> n
     return np.fft.irfftn(amplitude * phase, s=(size,) * 3, axes=(0, 1, 2))
 
 
+def stored_counts(fields: np.ndarray, design: KnownAnswerDesign = DESIGN) -> np.ndarray:
+    """The counts a field is stored as: n = round(n̄·(1 + field)), float64."""
+    return np.rint(design.mean_count * (1.0 + fields))
+
+
 @dataclass(frozen=True, kw_only=True)
 class KnownAnswerUniverse:
     counts_dhwc: np.ndarray  # (N, N, N, 4) int16: the cases of CASES, one a channel
@@ -207,7 +212,7 @@ def known_answer_universe(
             for stream in streams[3:]
         ),
     ]
-    counts = np.rint(design.mean_count * (1.0 + np.stack(fields, axis=-1)))
+    counts = stored_counts(np.stack(fields, axis=-1), design)
     low, high = float(counts.min()), float(counts.max())
     if low < 0 or high > np.iinfo(np.int16).max:
         raise ValueError(

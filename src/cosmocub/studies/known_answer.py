@@ -180,15 +180,16 @@ def point_rows(outputs: PointOutputs, cfg: Config) -> list[dict[str, Any]]:
         )
     universes, errors = universe_errors(outputs)
     shards = shards_dir(cfg, point_values(cfg, "known_answer", outputs.point))
+    # The study's own fits on the point's shards, per parameter: {fit: per-universe |error|}.
     fit_universes, fit_errors = nyquist.bispectrum_fit_errors(shards)
-    if not np.array_equal(fit_universes, universes):
-        raise ValueError(
-            f"{shards}/test.h5: its universes are not those of {outputs.eval_dir}/predictions.npz "
-            "(evaluated on other shards: rerun the evaluation)"
-        )
     floor_universes, floor_errors = floor.likelihood_fit_errors(shards)
-    if not np.array_equal(floor_universes, universes):
-        raise ValueError(f"{shards}/test.h5: its universes are not those of predictions.npz")
+    for found in (fit_universes, floor_universes):
+        if not np.array_equal(found, universes):
+            raise ValueError(
+                f"{shards}/test.h5: its universes are not those of "
+                f"{outputs.eval_dir}/predictions.npz (evaluated on other shards: rerun the "
+                "evaluation)"
+            )
     added = {nyquist.PARAMETER: fit_errors, **floor_errors}
     out = []
     for r in rows:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 from cosmocub.data.features import (
@@ -25,6 +24,12 @@ from cosmocub.data.features import (
     read_features,
 )
 from cosmocub.data.known_answer_fields import CASES, PARAMETERS
+from cosmocub.studies.known_answer_shards import (
+    counts,
+    open_log1p_counts,
+    per_universe,
+    split_labels,
+)
 
 # The fits this module adds, as baselines of the study's f_nl rows (`<name>_mae`, `cnn_over_`).
 WITH_NYQUIST = "bispectrum"
@@ -34,32 +39,18 @@ PARAMETER = "f_nl"
 CHANNELS = tuple(c for c, case in enumerate(CASES) if case == "phase")
 
 
-def _log1p_counts_shard(shard: Path) -> tuple[h5py.File, h5py.Dataset]:
-    f = h5py.File(shard, "r")
-    if not f.attrs.get("log1p", False) or f.attrs.get("crops") == "random":
-        f.close()
-        raise ValueError(
-            f"{shard}: the bispectrum without the axis-Nyquist modes reads the stored samples' "
-            "log1p counts, a sample a row (preprocess.log1p true, fixed crops)"
-        )
-    return f, f["x"]
-
-
 def bispectrum_without_nyquist(shard: Path) -> np.ndarray:
     """(N, phase channels × triples): the band bispectrum of each row's phase channels with no
     band taking the axis-Nyquist modes, from the shard's log1p counts (whole boxes)."""
-    f, x = _log1p_counts_shard(shard)
+    f, x = open_log1p_counts(shard, "the bispectrum without the axis-Nyquist modes")
     with f:
         left_out = axis_nyquist_modes(x.shape[-1])
         rows = []
         for i in range(x.shape[0]):
-            sample = np.asarray(x[i], dtype=np.float64)
+            sample = counts(x[i])
             rows.append(
                 np.concatenate(
-                    [
-                        bispectrum_statistics(np.rint(np.expm1(sample[c])), modes_left_out=left_out)
-                        for c in CHANNELS
-                    ]
+                    [bispectrum_statistics(sample[c], modes_left_out=left_out) for c in CHANNELS]
                 )
             )
     width = len(CHANNELS) * len(bispectrum_triples())
@@ -74,12 +65,6 @@ def _phase_columns(bispectrum: np.ndarray, path: Path) -> np.ndarray:
             f"for each of the {len(CASES)} known-answer channels"
         )
     return np.hstack([bispectrum[:, c * per_channel : (c + 1) * per_channel] for c in CHANNELS])
-
-
-def _per_universe(errors: np.ndarray, universe_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    universes, inverse = np.unique(universe_index, return_inverse=True)
-    sums = np.bincount(inverse, weights=errors, minlength=len(universes))
-    return universes, sums / np.bincount(inverse, minlength=len(universes))
 
 
 def bispectrum_fit_errors(shards: Path) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -98,9 +83,8 @@ def bispectrum_fit_errors(shards: Path) -> tuple[np.ndarray, dict[str, np.ndarra
                 f"{shards / FEATURES_FILE}: no bispectrum (preprocess.bispectrum: true, as "
                 "config/known_answer.yaml has it)"
             )
-        with h5py.File(shards / f"{split}.h5", "r") as f:
-            y = f["y"][:, slot].astype(np.float64)
-            where = f["universe_index"][:] if "universe_index" in f else np.arange(len(y))
+        labels, where = split_labels(shards / f"{split}.h5")
+        y = labels[:, slot]
         with_modes = _phase_columns(features["bispectrum"], shards / FEATURES_FILE)
         without = bispectrum_without_nyquist(shards / f"{split}.h5")
         data[split] = ({WITH_NYQUIST: with_modes, WITHOUT_NYQUIST: without}, y, where)
@@ -108,5 +92,5 @@ def bispectrum_fit_errors(shards: Path) -> tuple[np.ndarray, dict[str, np.ndarra
     errors = {}
     for fit in FITS:
         predicted = ridge_predictions(x_train[fit], y_train[:, None], x_test[fit]).ravel()
-        universes, errors[fit] = _per_universe(np.abs(predicted - y_test), where)
+        universes, errors[fit] = per_universe(np.abs(predicted - y_test), where)
     return universes, errors

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 from cosmocub.cosmology.power import rfft_mode_weight
+from cosmocub.data.features import k_magnitude
 from cosmocub.data.known_answer_fields import (
     CASES,
     DESIGN,
@@ -32,6 +32,12 @@ from cosmocub.data.known_answer_fields import (
     KnownAnswerDesign,
     mode_mean,
     power_law,
+)
+from cosmocub.studies.known_answer_shards import (
+    counts,
+    open_log1p_counts,
+    per_universe,
+    split_labels,
 )
 
 # The fit this module adds, as a baseline of the study's amplitude and slope rows.
@@ -47,10 +53,8 @@ def shell_powers(delta: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     |k|² with 0 < |k| ≤ π. Each mode of the full grid counts once (a real field's δ_{-k} is δ_k's
     conjugate: the pair is two real degrees of freedom of variance N³P/2, the rfft's weight 2)."""
     n = delta.shape[-1]
-    grid = np.fft.fftfreq(n) * n
-    half = np.fft.rfftfreq(n) * n
-    k2 = (grid[:, None, None] ** 2 + grid[None, :, None] ** 2 + half[None, None, :] ** 2).ravel()
-    k2 = np.rint(k2).astype(np.int64)
+    # |k|² in grid units, an integer on every mode: the shells are its distinct values.
+    k2 = np.rint((k_magnitude(n) * n / (2.0 * np.pi)).ravel() ** 2).astype(np.int64)
     inside = np.flatnonzero((k2 > 0) & (k2 <= (n // 2) ** 2))
     shells, which = np.unique(k2[inside], return_inverse=True)
     weight = np.broadcast_to(rfft_mode_weight(n), (n, n, n // 2 + 1)).ravel()[inside]
@@ -104,15 +108,9 @@ def posterior_medians(
     return out
 
 
-def _overdensity(shard: Path, channel: int, design: KnownAnswerDesign) -> np.ndarray:
-    with h5py.File(shard, "r") as f:
-        if not f.attrs.get("log1p", False) or f.attrs.get("crops") == "random":
-            raise ValueError(
-                f"{shard}: the P(k) likelihood reads the stored samples' log1p counts, a whole "
-                "box a row (preprocess.log1p true, fixed crops)"
-            )
-        x = f["x"][:, channel].astype(np.float64)
-    return np.rint(np.expm1(x)) / design.mean_count - 1.0
+def overdensity(counts_: np.ndarray, design: KnownAnswerDesign = DESIGN) -> np.ndarray:
+    """The count overdensity counts/n̄ − 1 the Gaussian channel was stored as (n̄ = mean_count)."""
+    return counts_ / design.mean_count - 1.0
 
 
 def likelihood_fit_errors(
@@ -122,15 +120,15 @@ def likelihood_fit_errors(
     likelihood's posterior medians of amplitude and slope on the test split; universes sorted
     as predictions.npz's (a universe's rows averaged, as the evaluation's per-universe errors)."""
     shard = Path(shards) / "test.h5"
-    delta = _overdensity(shard, CHANNEL, design)
-    with h5py.File(shard, "r") as f:
-        y = f["y"][:].astype(np.float64)
-        where = f["universe_index"][:] if "universe_index" in f else np.arange(len(y))
+    f, x = open_log1p_counts(shard, "the P(k) likelihood")
+    with f:
+        delta = overdensity(counts(x[:, CHANNEL]), design)
+    y, where = split_labels(shard)
     estimate = posterior_medians(delta, design=design)
-    universes, inverse = np.unique(where, return_inverse=True)
     out = {}
     for j, name in enumerate(FITTED):
-        error = np.abs(estimate[:, j] - y[:, PARAMETERS.index(name)])
-        sums = np.bincount(inverse, weights=error, minlength=len(universes))
-        out[name] = {FIT: sums / np.bincount(inverse, minlength=len(universes))}
+        universes, errors = per_universe(
+            np.abs(estimate[:, j] - y[:, PARAMETERS.index(name)]), where
+        )
+        out[name] = {FIT: errors}
     return universes, out
