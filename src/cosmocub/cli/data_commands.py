@@ -49,7 +49,7 @@ def _cmd_simulate_group(args: argparse.Namespace) -> int:
     return 0
 
 
-def _preprocess_settings(cfg: Config, threads: int | None, log_dir: Path):
+def _settings_with_workers(cfg: Config, threads: int | None, log_dir: Path):
     """The preprocess settings with the job's granted threads, sent to Dask workers started as
     Slurm jobs for the block where preprocess.dask_slurm_workers asks for them."""
     from cosmocub.data.dask_slurm import slurm_workers
@@ -68,7 +68,7 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
     with (
         job_run(cfg, stage="preprocess") as tracker,
         # Workers for every group at once (preprocess.dask_slurm_workers), logging beside --out.
-        _preprocess_settings(
+        _settings_with_workers(
             cfg, args.threads, out.with_name(f"{out.name}.dask-workers")
         ) as settings,
     ):
@@ -117,7 +117,7 @@ def _cmd_preprocess_group(args: argparse.Namespace) -> int:
         ),
         # This group's own workers (preprocess.dask_slurm_workers), logging in the staging
         # folder, which the workflow drops with the groups.
-        _preprocess_settings(
+        _settings_with_workers(
             cfg, args.threads, Path(args.staging) / "dask-workers" / str(args.group)
         ) as settings,
     ):
