@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from cosmocub.config import Config
+from cosmocub.host_memory import keep_freed_memory
 from cosmocub.io import sigterm_deferred, write_json, write_jsonl
 from cosmocub.models.model_factory import build_model, save_model_file
 from cosmocub.parallel.parallel_dims import (
@@ -63,6 +64,7 @@ def train(
         # Before anything reads or writes the folder: a second training on it stops here.
         lock = hold_run_folder(run_dir, is_main=dims.is_main, world_size=dims.world_size)
         threads = runtime.set_threads(cfg.train, dims)
+        host_allocator = keep_freed_memory()
         trainer, state, resumed_from = build_trainer(
             cfg, dims, shards_dir=shards_dir, run_dir=run_dir, on_step_end=on_step_end
         )
@@ -79,6 +81,7 @@ def train(
             "global_batch_size": trainer.global_batch,
             "steps_per_epoch": trainer.train_loader.sampler.batches_per_epoch,
             "threads_per_rank": threads,
+            "host_allocator": host_allocator,
             "gradient_sync": trainer.grad_sync.name,
             # Where batches are cut (train.data_placement resolved): loader, device or pinned.
             "data_placement": getattr(trainer.train_loader, "placement", "loader"),
@@ -111,6 +114,7 @@ def train(
                 "spatial_parallel": dims.spatial,
                 "global_batch_size": trainer.global_batch,
                 "device": str(dims.device),
+                "host_allocator": host_allocator,
                 # Where every rank ran (host, local rank, node) and the node size the node
                 # groups were built with; what `perf-model calibrate --from-run` needs to price
                 # this run elsewhere (the accelerator, nodes, ranks per node).

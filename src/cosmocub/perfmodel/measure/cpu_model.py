@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from cosmocub.config import CalibrationConfig, ModelConfig, OptimizerConfig
+from cosmocub.host_memory import keep_freed_memory
 from cosmocub.host_probe import read_core_ticks, steal_between
 from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.perfmodel.measure import calibration as grid
@@ -32,8 +33,9 @@ from cosmocub.perfmodel.measure.rates import RateFit
 
 log = logging.getLogger(__name__)
 # 3: batch norms, plain and synced; 4: the vote's host work; 5: the first block apart, and
-# the synced norms in a two-rank step
-FORMAT_VERSION = 5
+# the synced norms in a two-rank step; 6: timed with malloc keeping what is freed, as training
+# runs (cosmocub.host_memory)
+FORMAT_VERSION = 6
 # The models whose whole step, less their layers' fitted sum, is the step's glue (loss,
 # zero_grad, autograd between layers): test.yaml's and one twice its side.
 GLUE_MODELS = ({"input_size": 8, "base_filters": 4}, {"input_size": 16, "base_filters": 8})
@@ -246,6 +248,7 @@ class Calibration:
 
 def calibrate(settings: CalibrationConfig, *, cores: int) -> Calibration:
     """Time the grid at every thread count, fit it, and time the step's glue."""
+    keep_freed_memory()  # what training runs with (cosmocub.host_memory)
     threads = grid.grid_threads(settings, cores)
     start, load_start, ticks_start = time.perf_counter(), os.getloadavg()[0], read_core_ticks()
     timings = grid.measure_grid(settings, threads=threads)
