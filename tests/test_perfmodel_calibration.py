@@ -303,3 +303,36 @@ def test_the_votes_host_work_is_timed_without_a_wire_and_fitted_per_bucket() -> 
     )
     with pytest.raises(ValueError, match=r"no vote fit 'vote_sign/alltoall@1'.*rerun"):
         dataclasses.replace(cal, votes={}).vote_seconds("sign", "alltoall", 10, 1)
+
+
+def test_a_grid_whose_fit_misses_is_timed_again_and_keeps_each_timings_fastest() -> None:
+    """A slow stretch under part of a grid (two of the update grid's four timings doubled) makes
+    the fit miss; the calibration times the grid again and keeps each timing's faster one, and
+    a grid that misses every time still stops with the fit's error."""
+    from cosmocub.perfmodel.measure import cpu_model, host_work
+
+    def grid(slow: tuple[int, ...]) -> list[dict]:
+        return [
+            {
+                "optimizer": "sgd",
+                "threads": 1,
+                "tensors": tensors,
+                "elements": elements,
+                "seconds": (2.0 if i in slow else 1.0) * (1e-6 * tensors + 1e-9 * elements),
+            }
+            for i, (tensors, elements) in enumerate(host_work.UPDATE_GRID)
+        ]
+
+    timed = iter([grid(slow=(0, 3)), grid(slow=(1,))])
+    fits, rows = cpu_model._fit_fastest(lambda: next(timed), host_work.fit_updates)
+    assert [r["seconds"] for r in rows] == [r["seconds"] for r in grid(slow=())]
+    assert fits["sgd@1"].seconds_per_unit["tensors"] == pytest.approx(1e-6, rel=1e-6)
+    calls = []
+
+    def always_slow() -> list[dict]:
+        calls.append(1)
+        return grid(slow=(0, 3))
+
+    with pytest.raises(ValueError, match=r"update calibration sgd@1: .* misses the 4 timings"):
+        cpu_model._fit_fastest(always_slow, host_work.fit_updates)
+    assert len(calls) == cpu_model.ATTEMPTS
