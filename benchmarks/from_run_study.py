@@ -6,16 +6,23 @@ others' compute with it, beside the uncalibrated model. The held-out bounds the 
 to (docs/studies.md, "The performance model on a 2 × 1 network study"): 7 % median, 11 % worst.
 
     nice -n 19 python benchmarks/from_run_study.py [--config config/config.yaml]
-        [--batches 2 4 8 16] [--calibrate-on 4] [--epochs 4] [--steps 8]
+        [--batches 2 4 8 16] [--calibrate-on 4] [--rounds 3] [--epochs 4] [--steps 8]
         [--calibration CAL.json] [--keep DIR]
 
 --calibration: this CPU's compute calibration (`perf-model calibrate`), measured now and kept
 there where the file does not exist. One rank of one thread a point; the first epoch of each
-run is left out (warm-up), as calibrate --from-run leaves it out. Each point's conditions (its
-ready share: the time its thread ran over the time it was ready to) are printed beside it, and
-a point the studies' own rule marks contended (studies.contended_ready_share, _steal_share) is
-left out of the held-out figures, as `perf-model validate` leaves it out. Prints the load before
-and after: on a shared 2-core machine every figure moves with it.
+run is left out (warm-up), as calibrate --from-run leaves it out.
+
+--rounds: every point is trained once a round, the rounds one after the other, and each point
+keeps its least disturbed run: the lowest compute as --from-run reads a run on this CPU (its
+fastest epoch after the first), as the calibration keeps each timing's fastest repeat. Why:
+this VM's own speed drifts by up to a quarter over tens of seconds with nothing else running
+and its thread on a core (a fixed matmul timed for 90 s at load 0.6-0.9: 74 to 93 ms by 10-s
+windows; docs/cluster_model.md), so a single run of a point measures when it ran. Each
+point's conditions (its ready share: the time its thread ran over the time it was ready to)
+are printed beside it, and a point the studies' own rule marks contended
+(studies.contended_ready_share, _steal_share) is left out of the held-out figures, as
+`perf-model validate` leaves it out. Prints the load before and after.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ def main() -> int:
     parser.add_argument("--config", default="config/config.yaml")
     parser.add_argument("--batches", type=int, nargs="+", default=[2, 4, 8, 16])
     parser.add_argument("--calibrate-on", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--calibration", type=Path, default=None)
@@ -72,9 +80,8 @@ def main() -> int:
         size=base.model.input_size,
         channels=base.model.in_channels,
     )
-    configs, runs = {}, {}
-    for batch in args.batches:
-        configs[batch] = load_config(
+    configs = {
+        batch: load_config(
             args.config,
             overrides={
                 "train": {
@@ -88,16 +95,24 @@ def main() -> int:
                 **one_thread,
             },
         )
-        runs[batch] = work / f"batch{batch}"
-        train(configs[batch], shards_dir=shards, run_dir=runs[batch])
-        print(f"trained batch {batch} (load {_load()})")
+        for batch in args.batches
+    }
+    rounds: dict[int, list[tuple[float, Path]]] = {batch: [] for batch in args.batches}
+    for round_ in range(args.rounds):
+        for batch in args.batches:
+            run = work / f"round{round_}" / f"batch{batch}"
+            train(configs[batch], shards_dir=shards, run_dir=run)
+            measured = calibrate_from_run(run, configs[batch], cpu=lambda: (calibration, cores))
+            rounds[batch].append((measured.step_s, run))
+        print(f"round {round_} trained (load {_load()})")
+    runs = {batch: min(rounds[batch])[1] for batch in args.batches}
     point = args.calibrate_on
     cal = calibrate_from_run(runs[point], configs[point], cpu=lambda: (calibration, cores))
     device = this_cpu(threads_per_rank=1, ranks_per_node=1, cores=cores, calibration=calibration)
     print(f"\ncalibrated on batch {point}: layer_scale {cal.layer_scale:.3f}")
     print(
         "batch  measured compute ms  model ms (uncalibrated)  calibrated ms  error    "
-        "ready share  load (study's contention mark)"
+        "ready share  load (study's contention mark)  every round's ms"
     )
     errors = []
     for batch in args.batches:
@@ -116,7 +131,8 @@ def main() -> int:
         print(
             f"{batch:5d}  {1e3 * measured:19.1f}  {1e3 * priced:23.1f}  {1e3 * predicted:13.1f}"
             f"  {100 * error:+6.1f} %  {seen.get('ready_share', float('nan')):11.2f}  "
-            f"{seen.get('load_1m', float('nan')):.2f} {why or 'not contended'} {mark}"
+            f"{seen.get('load_1m', float('nan')):.2f} {why or 'not contended'} {mark}  "
+            + " ".join(f"{1e3 * ms:.1f}" for ms, _ in rounds[batch])
         )
     if not errors:
         print("no held-out point left (all contended): run it on a quieter machine")

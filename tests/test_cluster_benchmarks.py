@@ -28,13 +28,19 @@ def test_from_run_study_calibrates_on_one_point_and_predicts_the_others(tmp_path
     cal = tmp_path / "calibration.json"
     write_json(cal, synthetic_calibration(threads=(1,)).as_dict())
     args = ["--config", str(TEST_CONFIG), "--batches", "2", "4", "--calibrate-on", "2"]
-    args += ["--epochs", "2", "--steps", "2", "--calibration", str(cal), "--keep", str(tmp_path)]
+    args += ["--rounds", "2", "--epochs", "2", "--steps", "2"]
+    args += ["--calibration", str(cal), "--keep", str(tmp_path)]
     out = run_script("from_run_study.py", *args, cwd=tmp_path, timeout=300)
     rows = {
-        int(m[0]): (float(m[1]), float(m[2]), float(m[3]))
-        for m in re.findall(r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+[+-]", out, re.M)
+        int(m[0]): (float(m[1]), float(m[2]), float(m[3]), [float(r) for r in m[4].split()])
+        for m in re.findall(
+            r"^\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+[+-].*  ([\d. ]+)$", out, re.M
+        )
     }
     assert set(rows) == {2, 4}
-    measured, _, calibrated = rows[2]
+    measured, _, calibrated, rounds = rows[2]
     assert calibrated == measured  # the calibrated point round-trips
+    # each point is its least disturbed round's run
+    assert len(rounds) == 2 and measured == min(rounds)
+    assert rows[4][0] == min(rows[4][3])
     assert "held out (1 points)" in out or "all contended" in out

@@ -233,9 +233,9 @@ def _gpu_family_match(name: str) -> str | None:
     return None
 
 
-def _run_record(run_dir: Path) -> tuple[dict[str, Any], float]:
-    """(train_summary.json, the median measured step's own compute over the epochs after the
-    first: metrics.jsonl's time_compute_s, the step less its exchange and halo)."""
+def _run_record(run_dir: Path) -> tuple[dict[str, Any], list[float]]:
+    """(train_summary.json, the measured step's own compute of every epoch after the first:
+    metrics.jsonl's time_compute_s, the step less its exchange and halo)."""
     summary_path = run_dir / "train_summary.json"
     if not summary_path.is_file():
         raise ValueError(f"{run_dir}: no train_summary.json (not a finished cosmocub run)")
@@ -250,7 +250,7 @@ def _run_record(run_dir: Path) -> tuple[dict[str, Any], float]:
     if not records:
         raise ValueError(f"{metrics}: no epoch with time_compute_s")
     kept = records[1:] if len(records) > 1 else records  # the first epoch holds warm-up
-    return summary, statistics.median(r["time_compute_s"] for r in kept)
+    return summary, [r["time_compute_s"] for r in kept]
 
 
 def calibrate_cpu_run(
@@ -259,8 +259,14 @@ def calibrate_cpu_run(
     """A cosmocub run on this machine's CPU (one rank a sample, no spatial split): its measured
     compute (forward, backward, update) ÷ what this CPU's calibration prices at the run's batch,
     threads and ranks, as `perf-model validate`'s correction fits it on its fit set; predict
-    --accelerator cpu --calibration FILE scales the calibration by it."""
-    summary, compute = _run_record(run_dir)
+    --accelerator cpu --calibration FILE scales the calibration by it.
+
+    The run's fastest epoch after the first is its compute, as the calibration keeps each
+    timing's fastest repeat: on a shared machine other work only adds time, and this VM's own
+    speed drifts by up to a quarter over tens of seconds with its thread on a core
+    (docs/cluster_model.md), so a median measures when the run was disturbed."""
+    summary, epochs = _run_record(run_dir)
+    compute = min(epochs)
     if cfg.parallel.spatial != 1:
         raise ValueError(
             f"{run_dir}: parallel.spatial {cfg.parallel.spatial}: calibrate on a run without a "
@@ -297,7 +303,8 @@ def calibrate_run_folder(run_dir: Path, cfg: Config) -> RunCalibration:
     """A cosmocub run on GPUs (train_summary.json: accelerator, nodes, ranks per node, global
     batch; metrics.jsonl: the measured compute, timed with CUDA events): its layers' scale
     against the roofline of the preset with that accelerator. Not yet run on a GPU."""
-    summary, step = _run_record(run_dir)
+    summary, epochs = _run_record(run_dir)
+    step = statistics.median(epochs)  # a GPU's epochs: its own device, not a shared core
     summary_path = run_dir / "train_summary.json"
     accelerator = str(summary["accelerator"])
     preset = _gpu_family_match(accelerator)
