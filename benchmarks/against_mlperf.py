@@ -98,7 +98,12 @@ class Row:
 
 
 def predicted(t: TimeToTrain) -> dict[str, float]:
-    return {"step": t.full_step_s, "train": t.train_epoch_s, "eval": t.eval_s, "ttt": t.total_s}
+    return {
+        "step": t.full_step_s,
+        "train": t.train_epoch_s,
+        "eval": t.median_eval_s,
+        "ttt": t.total_s,
+    }
 
 
 def collect(logdir: Path) -> list[Row]:
@@ -185,7 +190,7 @@ def predict(
 
 def beyond_memory(row: Row) -> bool:
     """Whether a node's staged share outgrows its memory (its later evaluations read from the
-    node's drives, which the model does not price)."""
+    node's drives, priced where the preset knows their rate)."""
     run = row.runs[0]
     dataset = dataclasses.replace(
         MLPERF_COSMOFLOW, train_samples=run.train_samples, val_samples=run.eval_samples
@@ -325,7 +330,13 @@ def main() -> int:
         row.calibrated = predict(row, base, GPU_STRAGGLERS, cal)
         row.partner = f"{how}: {partner.label} (device x{cal.layer_scale:.2f})"
         if beyond_memory(row):
-            row.partner += "; staged share > node memory: evaluations after the first unpriced"
+            drives = CLUSTERS[row.preset or ""].drive_gbyte_s_per_node
+            row.partner += (
+                "; staged share > node memory: evaluations after the first unpriced"
+                if drives is None
+                else f"; staged share > node memory: evaluations after the first read from the "
+                f"node's drives ({drives:.3g} GB/s, Eos weak's evaluations)"
+            )
 
     print(
         "Uncalibrated: published / predicted (predicted ÷ published), medians over each row's runs"

@@ -370,6 +370,40 @@ def test_a_run_whose_staged_share_outgrows_memory_calibrates_from_its_first_eval
     assert strong.eval_step_s == pytest.approx(3.6e-3, rel=0.01)  # the median
 
 
+def test_later_evaluations_read_from_the_drives_where_the_staged_share_outgrows_memory() -> None:
+    """DGX A100 at 4 nodes: 2.5 TB staged a node against 2 TB of memory. The first evaluation
+    is priced from the page cache; the later ones read each step's 8 samples a node from the
+    drives (47.7 GB/s a node, from Eos weak's O_DIRECT evaluations), the slower of that and the
+    step pacing them; at 64 nodes (155 GB a node) every evaluation is the first's."""
+    sample = 4 * 128**3 * 2
+    selene = cluster("selene")
+    assert selene.drive_gbyte_s_per_node == pytest.approx(8 * sample * 2048 / 5.76 / 1e9)
+    epochs = 4
+
+    def times(nodes: int, eval_scale: float = 1.0):
+        cfg = load_config(MLPERF, overrides={"train": {"local_batch_size": 1}})
+        work = Workload.of(cfg)
+        return predict_cluster(
+            work, selene, nodes=nodes, epochs=epochs, software=NVIDIA_V2, eval_scale=eval_scale
+        )[1]
+
+    drive_step = 8 * sample / (selene.drive_gbyte_s_per_node * 1e9)  # 2.81 ms
+    fast = times(4, eval_scale=0.5)  # the page cache's step under the drives'
+    assert fast.eval_step_s < drive_step
+    assert fast.later_eval_step_s == pytest.approx(drive_step)
+    assert fast.later_eval_s == pytest.approx(2048 * drive_step + fast.eval_reduce_s)
+    assert fast.median_eval_s == pytest.approx(fast.later_eval_s)  # 3 of the 4
+    staging = fast.staging_s if fast.staging_in_run and fast.staging_s else 0.0
+    assert fast.total_s == pytest.approx(
+        staging + epochs * fast.train_epoch_s + fast.eval_s + (epochs - 1) * fast.later_eval_s
+    )
+    slow = times(4, eval_scale=2.0)  # the step slower than the drives: it paces them
+    assert slow.later_eval_step_s == pytest.approx(slow.eval_step_s)
+    within = times(64, eval_scale=0.5)
+    assert within.later_eval_step_s is None
+    assert within.median_eval_s == pytest.approx(within.eval_s)
+
+
 def test_the_samples_copy_to_the_device_paces_where_the_host_link_is_slower() -> None:
     sample = 4 * 128**3 * 2
     narrow = dataclasses.replace(cluster("eos"), host_link_gbyte_s=1.0)  # 16.8 ms a sample

@@ -66,6 +66,9 @@ class ClusterPreset:
     staging_read_factor: float = 1.0  # a staged sample's read ÷ a page cache's (tmpfs: more)
     host_link_gbyte_s: float = 31.5  # a GPU's link to its host, one direction (PCIe 4.0 x16)
     host_memory_gbyte: float | None = None  # the node's memory: what the page cache can hold
+    # The node's local drives' read rate: where its staged share outgrows its memory, the
+    # evaluations after the first read the validation split back from them (time_to_train).
+    drive_gbyte_s_per_node: float | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
     accelerator_spec: AcceleratorSpec | None = None  # in place of ACCELERATORS[accelerator]
 
@@ -105,6 +108,20 @@ class ClusterPreset:
 DGX = "{round} NVIDIA/systems/{json}: 8 GPUs, compute 8x ConnectX-{nic} [V]"
 PXB = "NICs on the GPUs' PCIe switches (PXB): tuning.cc enables LL128 [R: topology not read]"
 STAGED_IN = "staging after run_start in the v1.0-v3.0 logs of this system [V]"
+# Eos's weak-scaling instances (v3.0, 4 nodes of 8 H100) read every sample from the node's
+# drives: their 4-node configs set use_direct_io (O_DIRECT, no page cache; dali_tfr_gzip.py's
+# default true), and their evaluations are flat: 5.76 s median (59 logs, first and later alike,
+# 5.66-5.95) for 65,536 samples at batch 1 on 32 GPUs, 2,048 steps of 2.81 ms, 8 samples of
+# 16.8 MB a node a step: 47.7 GB/s a node. The DGX A100 (v2.0) has the same drives (the systems
+# files' "30 TB U.2 NVMe"; eight 3.84 TB PCIe 4.0 drives in both datasheets [R]). Read from the
+# logs, not a specification: the drives' datasheet rate, ~7 GB/s each [R], would be 56 GB/s.
+EOS_DRIVES_GBYTE_S = 8 * 4 * 128**3 * 2 * 2048 / 5.76 / 1e9
+EOS_DRIVES_SOURCE = (
+    f"{MLPERF_V3} NVIDIA eos_n256 weak results (4-node instances): evaluations flat at 5.76 s, "
+    "2,048 steps reading 8 x 16.8 MB a node O_DIRECT (use_direct_io, dali_tfr_gzip.py) from the "
+    "node's '30 TB U.2 NVMe' (systems files; the same drives in a DGX A100 and a DGX H100) "
+    "[V: read from the logs]"
+)
 EOS = ClusterPreset(
     name="eos",
     system="NVIDIA Eos (DGX H100)",
@@ -118,6 +135,7 @@ EOS = ClusterPreset(
     staging_in_timed_run=False,
     host_memory_gbyte=2000.0,
     host_link_gbyte_s=63.0,
+    drive_gbyte_s_per_node=EOS_DRIVES_GBYTE_S,
     sources={
         "node": DGX.format(
             round=MLPERF_V3,
@@ -129,6 +147,7 @@ EOS = ClusterPreset(
         "mlcommons/logging issue 318 (staging out of the HPC v3.0 score) [V]",
         "host_memory_gbyte": f"{MLPERF_V3} NVIDIA/systems/eos_n64_ngc23.09_pytorch.json: "
         "host_memory_capacity 2.0 TB [V]",
+        "drive_gbyte_s_per_node": EOS_DRIVES_SOURCE,
         "host_link_gbyte_s": "H100 SXM5 on PCIe 5.0 x16: 32 GT/s x 16 lanes, 63 GB/s a "
         "direction [R]",
         **DATA_PATH,

@@ -136,13 +136,19 @@ def print_on_clusters(
     for (label, _), (_, ttt) in zip(presets, results, strict=True):
         staging = "not known" if ttt.staging_s is None else f"{ttt.staging_s:.3g} s"
         where = "inside" if ttt.staging_in_run else "outside"
+        later = (
+            ""
+            if ttt.later_eval_step_s is None
+            else f", the later ones {ttt.later_eval_s:.3g} s (read from the node's drives: its "
+            "staged share outgrows its memory)"
+        )
         print(
             f"\n{label}: host {1e3 * ttt.host_s:.3g} ms and the wait for the slowest of "
             f"{mesh.world} ranks {1e3 * ttt.straggler_s:.3g} ms a step (cv "
             f"{GPU_STRAGGLERS.cv:g}), data wait {1e3 * ttt.data_wait_s:.3g} ms: "
             f"{1e3 * ttt.full_step_s:.4g} ms a step; training epoch {ttt.train_epoch_s:.3g} s "
             f"({ttt.steps_per_epoch} steps); evaluation {ttt.eval_s:.3g} s ({ttt.eval_steps} "
-            f"forward steps); staging {staging} ({where} the timed run)\ntime to train: "
+            f"forward steps){later}; staging {staging} ({where} the timed run)\ntime to train: "
             f"{ttt.total_s:.4g} s for {ttt.epochs} epochs"
         )
 
@@ -156,6 +162,7 @@ def _parts(ttt: TimeToTrain) -> dict[str, object]:
         "full_step_s": ttt.full_step_s,
         "training_epoch_s": ttt.train_epoch_s,
         "evaluation_s": ttt.eval_s,
+        "later_evaluation_s": ttt.later_eval_s,
         "staging_s": ttt.staging_s,
         "staging_in_run": ttt.staging_in_run,
         "epochs": ttt.epochs,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from dataclasses import dataclass
 
 from cosmocub.config import Config, OptimizerConfig
@@ -103,6 +104,9 @@ class TimeToTrain:
     straggler_s: float = 0.0  # per step: the wait for the slowest rank (cost_model.stragglers)
     compute_s: float = 0.0  # of step_s: the layers' forward and backward
     exchange_s: float = 0.0  # of step_s: the exposed exchange and momentum syncs
+    # The evaluations after the first, where they read the validation split back from the
+    # node's drives (staged_beyond_memory); None: as the first.
+    later_eval_step_s: float | None = None
 
     @property
     def own_s(self) -> float:
@@ -121,17 +125,27 @@ class TimeToTrain:
 
     @property
     def eval_s(self) -> float:
+        """The first evaluation."""
         return self.eval_steps * self.eval_step_s + self.eval_reduce_s
 
     @property
-    def epoch_s(self) -> float:
-        return self.train_epoch_s + self.eval_s
+    def later_eval_s(self) -> float:
+        """Each evaluation after the first."""
+        step = self.eval_step_s if self.later_eval_step_s is None else self.later_eval_step_s
+        return self.eval_steps * step + self.eval_reduce_s
+
+    @property
+    def median_eval_s(self) -> float:
+        """The median of the run's evaluations (what a result log's median compares with)."""
+        return statistics.median([self.eval_s] + [self.later_eval_s] * (self.epochs - 1))
 
     @property
     def total_s(self) -> float:
-        """Staging (inside the run, where known) + epochs × (training epoch + evaluation)."""
+        """Staging (inside the run, where known) + epochs × training epoch + every
+        evaluation."""
         staging = self.staging_s if self.staging_in_run and self.staging_s else 0.0
-        return staging + self.epochs * self.epoch_s
+        evaluations = self.eval_s + (self.epochs - 1) * self.later_eval_s
+        return staging + self.epochs * self.train_epoch_s + evaluations
 
 
 def loader_seconds(
@@ -155,7 +169,7 @@ def staged_bytes_per_node(dataset: Dataset, nodes: int) -> float:
 def staged_beyond_memory(preset: ClusterPreset, dataset: Dataset, nodes: int) -> bool:
     """Whether a node's staged share exceeds its memory: then each training epoch streams more
     than the page cache holds through it, and evaluations after the first read the validation
-    split back from the node's drives (not priced: the model prices the page cache's read)."""
+    split back from the node's drives (priced where the preset knows their rate)."""
     if preset.host_memory_gbyte is None:
         return False
     return staged_bytes_per_node(dataset, nodes) > preset.host_memory_gbyte * 1e9
@@ -229,6 +243,12 @@ def predict_cluster(
         eval_step = eval_scale * software.eval_step_s(forward, transform_s, loader_s)
         eval_syncs = software.eval_syncs
     eval_steps = math.ceil(dataset.val_samples / (mesh.data * work.local_batch))
+    later_eval_step = None
+    if preset.drive_gbyte_s_per_node and staged_beyond_memory(preset, dataset, nodes):
+        # Every rank of the node reads its samples from the drives at once; the read overlaps
+        # the step as the page cache's does (the loader reads ahead), so the slower paces it.
+        node_bytes = preset.ranks_per_node * work.local_batch * dataset.sample_bytes
+        later_eval_step = max(eval_step, node_bytes / (preset.drive_gbyte_s_per_node * 1e9))
     ttt = TimeToTrain(
         step_s=step.step_s,
         data_wait_s=wait,
@@ -243,5 +263,6 @@ def predict_cluster(
         straggler_s=straggler_s,
         compute_s=step.compute_s,
         exchange_s=step.exchange_s + step.momentum_sync_s,
+        later_eval_step_s=later_eval_step,
     )
     return p, ttt
