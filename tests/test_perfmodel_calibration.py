@@ -309,7 +309,7 @@ def test_a_grid_whose_fit_misses_is_timed_again_and_keeps_each_timings_fastest()
     """A slow stretch under part of a grid (two of the update grid's four timings doubled) makes
     the fit miss; the calibration times the grid again and keeps each timing's faster one, and
     a grid that misses every time still stops with the fit's error."""
-    from cosmocub.perfmodel.measure import cpu_model, host_work
+    from cosmocub.perfmodel.measure import calibration, host_work
 
     def grid(slow: tuple[int, ...]) -> list[dict]:
         return [
@@ -324,7 +324,7 @@ def test_a_grid_whose_fit_misses_is_timed_again_and_keeps_each_timings_fastest()
         ]
 
     timed = iter([grid(slow=(0, 3)), grid(slow=(1,))])
-    fits, rows = cpu_model._fit_fastest(lambda: next(timed), host_work.fit_updates)
+    fits, rows = calibration.fit_fastest(lambda: next(timed), host_work.fit_updates)
     assert [r["seconds"] for r in rows] == [r["seconds"] for r in grid(slow=())]
     assert fits["sgd@1"].seconds_per_unit["tensors"] == pytest.approx(1e-6, rel=1e-6)
     calls = []
@@ -334,5 +334,5 @@ def test_a_grid_whose_fit_misses_is_timed_again_and_keeps_each_timings_fastest()
         return grid(slow=(0, 3))
 
     with pytest.raises(ValueError, match=r"update calibration sgd@1: .* misses the 4 timings"):
-        cpu_model._fit_fastest(always_slow, host_work.fit_updates)
-    assert len(calls) == cpu_model.ATTEMPTS
+        calibration.fit_fastest(always_slow, host_work.fit_updates)
+    assert len(calls) == calibration.ATTEMPTS

@@ -13,7 +13,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -246,51 +246,22 @@ class Calibration:
         )
 
 
-ATTEMPTS = 3
-
-
-def _fit_fastest(
-    measure: Callable[[], list[dict[str, Any]]],
-    fit: Callable[[list[dict[str, Any]]], dict[str, RateFit]],
-) -> tuple[dict[str, RateFit], list[dict[str, Any]]]:
-    """fit(measure()); where a fit misses its timings (rates.fit_rates' one-line error), the grid
-    is timed again and each timing keeps its faster measurement, up to ATTEMPTS times, before the
-    error stands. Why: this VM's own speed drifts by up to a quarter over tens of seconds with
-    nothing else running (docs/cluster_model.md), and a grid of short timings, each the fastest
-    of a few repeats taken back to back, can land partly on a slow stretch: on a quiet machine
-    (load ~1) 3 of 10 calibrations stopped on one such fit (the head's, SGD's and AdamW's
-    update: 26-46 % median against at most 25 %)."""
-    rows = measure()
-    for attempt in range(2, ATTEMPTS + 1):
-        try:
-            return fit(rows), rows
-        except ValueError as missed:
-            log.warning(
-                "calibration: %s; timing that grid again (%d of %d)", missed, attempt, ATTEMPTS
-            )
-        rows = [
-            {**row, "seconds": min(row["seconds"], other["seconds"])}
-            for row, other in zip(rows, measure(), strict=True)
-        ]
-    return fit(rows), rows
-
-
 def calibrate(settings: CalibrationConfig, *, cores: int) -> Calibration:
     """Time the grid at every thread count, fit it, and time the step's glue."""
     keep_freed_memory()  # what training runs with (cosmocub.host_memory)
     threads = grid.grid_threads(settings, cores)
     start, load_start, ticks_start = time.perf_counter(), os.getloadavg()[0], read_core_ticks()
-    layers, timings = _fit_fastest(
+    layers, timings = grid.fit_fastest(
         lambda: grid.measure_grid(settings, threads=threads), grid.fit_grid
     )
     repeats = settings.repeats
-    updates, _ = _fit_fastest(
+    updates, _ = grid.fit_fastest(
         lambda: host.measure_updates(threads=threads, repeats=repeats), host.fit_updates
     )
-    norms, _ = _fit_fastest(
+    norms, _ = grid.fit_fastest(
         lambda: host.measure_norms(threads=threads, repeats=repeats), host.fit_norms
     )
-    votes, _ = _fit_fastest(
+    votes, _ = grid.fit_fastest(
         lambda: host.measure_votes(threads=threads, repeats=repeats), host.fit_votes
     )
     pair_rows, wake_s = measure_pairs(batches=settings.batches, formats=grid.FORMATS, cores=cores)
