@@ -14,12 +14,12 @@ there where the file does not exist. One rank of one thread a point; the first e
 run is left out (warm-up), as calibrate --from-run leaves it out.
 
 --rounds: every point is trained once a round, the rounds one after the other, and each point
-keeps its least disturbed run: the lowest compute as --from-run reads a run on this CPU (its
-fastest epoch after the first), as the calibration keeps each timing's fastest repeat. Why:
-this VM's own speed drifts by up to a quarter over tens of seconds with nothing else running
-and its thread on a core (a fixed matmul timed for 90 s at load 0.6-0.9: 74 to 93 ms by 10-s
-windows; docs/cluster_model.md), so a single run of a point measures when it ran. Each
-point's conditions (its ready share: the time its thread ran over the time it was ready to)
+keeps its least disturbed run: of its runs the studies' rule does not mark contended, the
+lowest compute as --from-run reads a run on this CPU (its fastest epoch after the first), as
+the calibration keeps each timing's fastest repeat. Why: this VM's own speed drifts by up to a
+quarter over tens of seconds with nothing else running and its thread on a core (a fixed
+matmul timed for 90 s at load 0.6-0.9: 74 to 93 ms by 10-s windows; docs/cluster_model.md),
+so a single run of a point measures when it ran. Each point's conditions (its ready share: the time its thread ran over the time it was ready to)
 are printed beside it, and a point the studies' own rule marks contended
 (studies.contended_ready_share, _steal_share) is left out of the held-out figures, as
 `perf-model validate` leaves it out. Prints the load before and after.
@@ -48,6 +48,11 @@ HELD_OUT = (0.07, 0.11)  # median, worst: the model's held-out bounds (docs/stud
 
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _conditions(run: Path) -> dict[str, float]:
+    """The run's machine conditions over its epochs (studies.contention.point_conditions)."""
+    return point_conditions([r for r in read_jsonl(run / "metrics.jsonl") if "time_compute_s" in r])
 
 
 def main() -> int:
@@ -97,15 +102,17 @@ def main() -> int:
         )
         for batch in args.batches
     }
-    rounds: dict[int, list[tuple[float, Path]]] = {batch: [] for batch in args.batches}
+    rounds: dict[int, list[tuple[bool, float, Path]]] = {batch: [] for batch in args.batches}
     for round_ in range(args.rounds):
         for batch in args.batches:
             run = work / f"round{round_}" / f"batch{batch}"
             train(configs[batch], shards_dir=shards, run_dir=run)
             measured = calibrate_from_run(run, configs[batch], cpu=lambda: (calibration, cores))
-            rounds[batch].append((measured.step_s, run))
+            contended = bool(why_contended(_conditions(run), configs[batch].studies))
+            rounds[batch].append((contended, measured.step_s, run))
         print(f"round {round_} trained (load {_load()})")
-    runs = {batch: min(rounds[batch])[1] for batch in args.batches}
+    # The least disturbed run: an uncontended one where there is one, then the fastest.
+    runs = {batch: min(rounds[batch])[2] for batch in args.batches}
     point = args.calibrate_on
     cal = calibrate_from_run(runs[point], configs[point], cpu=lambda: (calibration, cores))
     device = this_cpu(threads_per_rank=1, ranks_per_node=1, cores=cores, calibration=calibration)
@@ -118,8 +125,7 @@ def main() -> int:
     for batch in args.batches:
         cfg = configs[batch]
         measured = calibrate_from_run(runs[batch], cfg, cpu=lambda: (calibration, cores)).step_s
-        epochs = [r for r in read_jsonl(runs[batch] / "metrics.jsonl") if "time_compute_s" in r]
-        seen = point_conditions(epochs)
+        seen = _conditions(runs[batch])
         why = why_contended(seen, cfg.studies)
         layers = device.layer_seconds(cfg.model, batch=batch, split=(1, 1, 1))
         priced = sum(layers.values()) + device.optimizer_seconds(cfg.model, cfg.optimizer)
@@ -132,7 +138,7 @@ def main() -> int:
             f"{batch:5d}  {1e3 * measured:19.1f}  {1e3 * priced:23.1f}  {1e3 * predicted:13.1f}"
             f"  {100 * error:+6.1f} %  {seen.get('ready_share', float('nan')):11.2f}  "
             f"{seen.get('load_1m', float('nan')):.2f} {why or 'not contended'} {mark}  "
-            + " ".join(f"{1e3 * ms:.1f}" for ms, _ in rounds[batch])
+            + " ".join(f"{1e3 * ms:.1f}" for _, ms, _ in rounds[batch])
         )
     if not errors:
         print("no held-out point left (all contended): run it on a quieter machine")

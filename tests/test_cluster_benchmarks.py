@@ -30,7 +30,8 @@ def test_from_run_study_calibrates_on_one_point_and_predicts_the_others(tmp_path
     args = ["--config", str(TEST_CONFIG), "--batches", "2", "4", "--calibrate-on", "2"]
     args += ["--rounds", "2", "--epochs", "2", "--steps", "2"]
     args += ["--calibration", str(cal), "--keep", str(tmp_path)]
-    out = run_script("from_run_study.py", *args, cwd=tmp_path, timeout=300)
+    # Exit 1 only where every held-out point was contended (the suite's other ranks beside it).
+    out = run_script("from_run_study.py", *args, cwd=tmp_path, timeout=300, returncodes=(0, 1))
     rows = {
         int(m[0]): (float(m[1]), float(m[2]), float(m[3]), [float(r) for r in m[4].split()])
         for m in re.findall(
@@ -40,7 +41,7 @@ def test_from_run_study_calibrates_on_one_point_and_predicts_the_others(tmp_path
     assert set(rows) == {2, 4}
     measured, _, calibrated, rounds = rows[2]
     assert calibrated == measured  # the calibrated point round-trips
-    # each point is its least disturbed round's run
-    assert len(rounds) == 2 and measured == min(rounds)
-    assert rows[4][0] == min(rows[4][3])
-    assert "held out (1 points)" in out or "all contended" in out
+    # each point is one of its rounds' runs (the fastest uncontended one)
+    assert len(rounds) == 2 and measured in rounds
+    assert rows[4][0] in rows[4][3]
+    assert "held out (1 points)" in out or "no held-out point left (all contended)" in out
