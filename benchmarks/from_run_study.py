@@ -19,10 +19,10 @@ lowest compute as --from-run reads a run on this CPU (its fastest epoch after th
 the calibration keeps each timing's fastest repeat. Why: this VM's own speed drifts by up to a
 quarter over tens of seconds with nothing else running and its thread on a core (a fixed
 matmul timed for 90 s at load 0.6-0.9: 74 to 93 ms by 10-s windows; docs/cluster_model.md),
-so a single run of a point measures when it ran. Each point's conditions (its ready share: the time its thread ran over the time it was ready to)
-are printed beside it, and a point the studies' own rule marks contended
-(studies.contended_ready_share, _steal_share) is left out of the held-out figures, as
-`perf-model validate` leaves it out. Prints the load before and after.
+so a single run of a point measures when it ran. Each point's conditions (its ready share: the
+time its thread ran over the time it was ready to) are printed beside it, and a point the
+studies' own rule marks contended (studies.contended_ready_share, _steal_share) is left out of
+the held-out figures, as `perf-model validate` leaves it out. Prints the load before and after.
 """
 
 from __future__ import annotations
