@@ -33,12 +33,13 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 from cosmocub.config import load_config
 from cosmocub.io import read_jsonl
 from cosmocub.perfmodel.cost_model.machines import this_cpu
 from cosmocub.perfmodel.measure.calibration_cache import load_or_calibrate
-from cosmocub.perfmodel.uses.run_calibration import calibrate_from_run
+from cosmocub.perfmodel.uses.run_calibration import RunCalibration, calibrate_from_run
 from cosmocub.studies.contention import point_conditions, why_contended
 from cosmocub.train.main import train
 from cosmocub.train.testing import make_random_shards
@@ -48,6 +49,15 @@ HELD_OUT = (0.07, 0.11)  # median, worst: the model's held-out bounds (docs/stud
 
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+class PointRun(NamedTuple):
+    """One round's run of a point: the studies' contention mark (empty: none), what --from-run
+    reads of it, and its machine conditions."""
+
+    why_contended: str
+    calibration: RunCalibration
+    conditions: dict[str, float]
 
 
 def _conditions(run: Path) -> dict[str, float]:
@@ -102,19 +112,29 @@ def main() -> int:
         )
         for batch in args.batches
     }
-    rounds: dict[int, list[tuple[bool, float, Path]]] = {batch: [] for batch in args.batches}
+    rounds: dict[int, list[PointRun]] = {batch: [] for batch in args.batches}
     for round_ in range(args.rounds):
         for batch in args.batches:
             run = work / f"round{round_}" / f"batch{batch}"
             train(configs[batch], shards_dir=shards, run_dir=run)
-            measured = calibrate_from_run(run, configs[batch], cpu=lambda: (calibration, cores))
-            contended = bool(why_contended(_conditions(run), configs[batch].studies))
-            rounds[batch].append((contended, measured.step_s, run))
+            seen = _conditions(run)
+            rounds[batch].append(
+                PointRun(
+                    why_contended=why_contended(seen, configs[batch].studies),
+                    calibration=calibrate_from_run(
+                        run, configs[batch], cpu=lambda: (calibration, cores)
+                    ),
+                    conditions=seen,
+                )
+            )
         print(f"round {round_} trained (load {_load()})")
     # The least disturbed run: an uncontended one where there is one, then the fastest.
-    runs = {batch: min(rounds[batch])[2] for batch in args.batches}
+    runs = {
+        batch: min(rounds[batch], key=lambda r: (bool(r.why_contended), r.calibration.step_s))
+        for batch in args.batches
+    }
     point = args.calibrate_on
-    cal = calibrate_from_run(runs[point], configs[point], cpu=lambda: (calibration, cores))
+    cal = runs[point].calibration
     device = this_cpu(threads_per_rank=1, ranks_per_node=1, cores=cores, calibration=calibration)
     print(f"\ncalibrated on batch {point}: layer_scale {cal.layer_scale:.3f}")
     print(
@@ -124,9 +144,8 @@ def main() -> int:
     errors = []
     for batch in args.batches:
         cfg = configs[batch]
-        measured = calibrate_from_run(runs[batch], cfg, cpu=lambda: (calibration, cores)).step_s
-        seen = _conditions(runs[batch])
-        why = why_contended(seen, cfg.studies)
+        chosen = runs[batch]
+        measured, seen, why = chosen.calibration.step_s, chosen.conditions, chosen.why_contended
         layers = device.layer_seconds(cfg.model, batch=batch, split=(1, 1, 1))
         priced = sum(layers.values()) + device.optimizer_seconds(cfg.model, cfg.optimizer)
         predicted = cal.layer_scale * priced
@@ -138,7 +157,7 @@ def main() -> int:
             f"{batch:5d}  {1e3 * measured:19.1f}  {1e3 * priced:23.1f}  {1e3 * predicted:13.1f}"
             f"  {100 * error:+6.1f} %  {seen.get('ready_share', float('nan')):11.2f}  "
             f"{seen.get('load_1m', float('nan')):.2f} {why or 'not contended'} {mark}  "
-            + " ".join(f"{1e3 * ms:.1f}" for _, ms, _ in rounds[batch])
+            + " ".join(f"{1e3 * r.calibration.step_s:.1f}" for r in rounds[batch])
         )
     if not errors:
         print("no held-out point left (all contended): run it on a quieter machine")
