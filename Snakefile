@@ -19,13 +19,11 @@ include: "workflow/rules/unet.smk"
 include: "workflow/rules/perf_model.smk"
 
 
-# Rules that only write a small file (a plan, a link, a resolved config, the report) run where
-# Snakemake runs: under a cluster profile each would otherwise wait in the queue, and start a
-# Snakemake of its own inside its job, for a second of work. `simulate` links one universe out of
-# its group's folder (simulate_group does the work).
+# Rules that only write a small file (a plan, a group's links and manifest, a resolved config,
+# the report) run where Snakemake runs: under a cluster profile each would otherwise wait in the
+# queue, and start a Snakemake of its own inside its job, for a second of work.
 localrules:
-    simulate,
-    link_universe,
+    link_group,
     preprocess_plan,
     study_point_config,
     study_preprocess_plan,

@@ -22,7 +22,7 @@ from test_preprocess import settings  # the same tiny preprocess settings
 from cosmocub.data.h5chunks import ChunkWriter
 from cosmocub.data.preprocess import preprocess
 from cosmocub.data.shard_jobs import crop_group, gather_shards, plan_shards
-from cosmocub.data.splits import PreprocessError
+from cosmocub.data.splits import PreprocessError, check_universes
 from cosmocub.io import sha256_file
 
 SPLITS = ("train", "val", "test")
@@ -60,7 +60,13 @@ def test_groups_then_gather_equal_one_job(universes, tmp_path, per_job) -> None:
         universes, tmp_path / "one", settings=cfg, seed=3, config_hash="h", universes_per_job=7
     )
     staging = tmp_path / "staging"
-    plan = plan_shards(universes, staging, settings=cfg, seed=3, universes_per_job=per_job)
+    plan = plan_shards(
+        check_universes(universes, cfg.sample_size),
+        staging,
+        settings=cfg,
+        seed=3,
+        universes_per_job=per_job,
+    )
     assert len(plan["groups"]) == -(-7 // per_job)
     # Groups run in any order (as cluster jobs do), and a group run twice writes the same.
     order = [*reversed(range(len(plan["groups"]))), 0]
@@ -80,7 +86,13 @@ def test_a_group_reads_each_shards_chunk_table_once(universes, tmp_path, train_c
     whole shard's table twice each (layout check and offsets), n² in the shard's size."""
     cfg = settings(train_crops=train_crops)
     staging = tmp_path / "staging"
-    plan_shards(universes, staging, settings=cfg, seed=3, universes_per_job=7)
+    plan_shards(
+        check_universes(universes, cfg.sample_size),
+        staging,
+        settings=cfg,
+        seed=3,
+        universes_per_job=7,
+    )
     made = []
     real_init = ChunkWriter.__init__
 
@@ -128,12 +140,21 @@ def test_by_hand_command_writes_the_workflows_bytes(make_universe, tmp_path, mon
     monkeypatch.setattr(shard_summary, "datetime", _FrozenClock)
     common = ["--config", str(config)]
 
+    # The workflow links the public universes a group at a time (link_group), with a manifest
+    # each; a link group may not write into the public folder itself (its files would go).
+    linked = tmp_path / "results" / "universes"
+    for g in range(3):
+        assert main(["link-group", "--group", str(g), "--out", str(linked), *common]) == 0
+    assert main(["link-group", "--group", "0", "--out", str(folder), *common]) == 2
+    assert all(p.is_file() and not p.is_symlink() for p in paths)
     by_hand = tmp_path / "by-hand"
-    shuffled = [str(paths[i]) for i in (3, 0, 4, 1, 2)]  # the order given does not matter
+    # The order given does not matter; the linked files are the workflow's sources.
+    shuffled = [str(linked / paths[i].name) for i in (3, 0, 4, 1, 2)]
     assert main(["preprocess", *shuffled, "--out", str(by_hand), "--threads", "2", *common]) == 0
 
     staging, groups, workflow = tmp_path / "staging", tmp_path / "groups", tmp_path / "workflow"
-    plan = ["preprocess-plan", "--universes-dir", str(folder), "--staging", str(staging)]
+    linked = tmp_path / "results" / "universes"
+    plan = ["preprocess-plan", "--universes-dir", str(linked), "--staging", str(staging)]
     assert main([*plan, *common]) == 0
     num_groups = num_preprocess_groups(load_config(config), len(paths))  # as data.smk counts
     assert num_groups == 3
@@ -153,8 +174,9 @@ def test_by_hand_command_writes_the_workflows_bytes(make_universe, tmp_path, mon
     assert manifest["counts"] == {"train": 24, "val": 8, "test": 8}
 
 
-def test_gather_reads_raw_chunk_writes_back(universes, tmp_path, monkeypatch) -> None:
-    """The groups write raw chunks too: a writer bug (swapped bytes) fails the gather."""
+def test_a_group_reads_its_raw_chunk_writes_back(universes, tmp_path, monkeypatch) -> None:
+    """The groups write raw chunks: a writer bug (swapped bytes) fails the group that wrote
+    them, when it reads its rows back through HDF5, and it leaves no group file."""
     from cosmocub.data.h5chunks import ChunkWriter
 
     original = ChunkWriter.__setitem__
@@ -163,19 +185,28 @@ def test_gather_reads_raw_chunk_writes_back(universes, tmp_path, monkeypatch) ->
     )
     cfg = settings()
     staging = tmp_path / "staging"
-    plan = plan_shards(universes, staging, settings=cfg, seed=3, universes_per_job=7)
-    crop_group(staging, 0, tmp_path / "0.npz", settings=cfg)
+    plan = plan_shards(
+        check_universes(universes, cfg.sample_size),
+        staging,
+        settings=cfg,
+        seed=3,
+        universes_per_job=7,
+    )
     with pytest.raises(PreprocessError, match=r"sample 0 read back through HDF5 differs"):
-        gather_shards(
-            staging, [tmp_path / "0.npz"], tmp_path / "out", settings=cfg, config_hash="h"
-        )
-    assert len(plan["groups"]) == 1 and not (tmp_path / "out").exists()
+        crop_group(staging, 0, tmp_path / "0.npz", settings=cfg)
+    assert len(plan["groups"]) == 1 and not (tmp_path / "0.npz").exists()
 
 
 def test_gather_refuses_a_missing_group(universes, tmp_path) -> None:
     cfg = settings()
     staging = tmp_path / "staging"
-    plan_shards(universes, staging, settings=cfg, seed=3, universes_per_job=4)
+    plan_shards(
+        check_universes(universes, cfg.sample_size),
+        staging,
+        settings=cfg,
+        seed=3,
+        universes_per_job=4,
+    )
     crop_group(staging, 0, tmp_path / "0.npz", settings=cfg)
     with pytest.raises(PreprocessError, match=r"3 universe\(s\) were cropped by no group"):
         gather_shards(
@@ -221,7 +252,13 @@ def test_dask_local_cluster_over_tcp_writes_the_same_shards(universes, tmp_path)
         )
         # The per-group path on the cluster too.
         staging = tmp_path / "staging"
-        plan_shards(universes, staging, settings=on_cluster, seed=5, universes_per_job=4)
+        plan_shards(
+            check_universes(universes, cfg.sample_size),
+            staging,
+            settings=on_cluster,
+            seed=5,
+            universes_per_job=4,
+        )
         for g in range(2):
             crop_group(staging, g, tmp_path / f"{g}.npz", settings=on_cluster)
         gather_shards(

@@ -3,6 +3,7 @@ data package reads back, the same whether made one by one or several to a job.""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +11,9 @@ import pytest
 import yaml
 
 from cosmocub.config import ConfigError, SimulateConfig, load_config
-from cosmocub.data import naming, simulate_jobs, universe
+from cosmocub.data import naming, simulate_jobs, universe, universe_groups
 from cosmocub.data.simulate import SNAPSHOT_REDSHIFTS, run_simulate, simulate_universe
-from cosmocub.io import atomic_path
+from cosmocub.io import atomic_path, sha256_file
 from cosmocub.launch.resources import simulate_runtime
 
 REPO = Path(__file__).resolve().parents[1]
@@ -93,9 +94,24 @@ def test_cli_simulate_group_makes_the_universes_simulate_makes(tmp_path, capsys)
     from cosmocub.cli import main
 
     config = _group_config(tmp_path)
-    out = tmp_path / "group1"
-    assert main(["simulate-group", "--group", "1", "--out", str(out), "--config", str(config)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["synth_2000002.hdf5", "synth_2000003.hdf5"]
+    out = tmp_path / "universes"
+    # Two processes: each universe is its seed's alone, whichever process made it.
+    argv = ["simulate-group", "--group", "1", "--out", str(out), "--threads", "2"]
+    assert main([*argv, "--config", str(config)]) == 0
+    assert sorted(p.name for p in out.glob("*.hdf5")) == [
+        "synth_2000002.hdf5",
+        "synth_2000003.hdf5",
+    ]
+    # The group's manifest: what preprocessing reads of it, a checksum of each file.
+    listed = json.loads((out / "groups" / "seed2-1.json").read_text())["universes"]
+    assert [(u["seed"], Path(u["path"]).name) for u in listed] == [
+        (2000002, "synth_2000002.hdf5"),
+        (2000003, "synth_2000003.hdf5"),
+    ]
+    assert [u["sha256"] for u in listed] == [
+        sha256_file(out / f"synth_{seed}.hdf5") for seed in (2000002, 2000003)
+    ]
+    assert all(u["size"] == 16 and u["bytes"] > 16**3 * 4 * 2 for u in listed)
     settings = load_config(config).simulate
     for seed in (2000002, 2000003):
         alone = tmp_path / f"alone_{seed}.hdf5"
@@ -150,9 +166,10 @@ def test_a_failing_universe_fails_its_group_and_leaves_no_partial_file(tmp_path,
         return real(out, size=size, seed=seed, settings=settings)
 
     monkeypatch.setattr(simulate_jobs, "run_simulate", second_fails)
-    settings = load_config(_group_config(tmp_path)).simulate
-    out = tmp_path / "group0"
+    cfg = load_config(_group_config(tmp_path))
+    out = tmp_path / "universes"
     with pytest.raises(RuntimeError, match="seed 2000001 failed"):
-        simulate_jobs.run_simulate_group(out, [2000000, 2000001], size=16, settings=settings)
-    assert [p.name for p in out.iterdir()] == ["synth_2000000.hdf5"]  # whole; nothing else
+        universe_groups.make_group(cfg, 0, out)
+    # The first universe whole; no partial file, and no manifest: the group runs again.
+    assert [p.name for p in out.iterdir()] == ["synth_2000000.hdf5"]
     assert universe.read_universe(out / "synth_2000000.hdf5")[0].shape == (16, 16, 16, 4)

@@ -9,17 +9,16 @@ from pathlib import Path
 import pytest
 
 from cosmocub.config import ConfigError, load_config
-from cosmocub.data.naming import seeds_of_group
+from cosmocub.data.naming import seeds_of_group, simulate_group_of, universe_group_names
 from cosmocub.studies.launch_plan import LaunchPlan, PointLaunch
 from cosmocub.workflow_support import (
     preprocess_groups,
-    simulate_group_by_seed,
-    simulate_group_of,
     study_link_rates,
     study_point_cores,
     study_point_job,
     tracking_env,
     unet_job,
+    universe_group_seeds,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,18 +71,21 @@ def test_the_unet_universes_and_study_rates_requests() -> None:
     )
     job = unet_job(cfg)  # the U-Net's 2 ranks on one node
     assert (job.nodes, job.world_size, job.threads, job.mem_mb) == (1, 2, 4, 2000)
-    # 6 universes, 16 a simulate job: one group of every seed; 4 a job: groups 0 and 1.
-    assert simulate_group_by_seed(cfg) == dict.fromkeys(range(1_000_000, 1_000_006), 0)
+    # 6 universes, 100 a simulate job: one group of every seed; 4 a job: groups 0 and 1.
+    assert universe_group_names(cfg) == ["seed1-0"]
+    assert universe_group_seeds(cfg, "1", "0") == list(range(1_000_000, 1_000_006))
     four = load_config(
         REPO / "config" / "test.yaml", {"cluster": {"simulate": {"universes_per_job": 4}}}
     )
-    assert list(simulate_group_by_seed(four).values()) == [0, 0, 0, 0, 1, 1]
+    assert universe_group_names(four) == ["seed1-0", "seed1-1"]
+    assert universe_group_names(four, master_seed=7) == ["seed7-0", "seed7-1"]
+    assert universe_group_seeds(four, 1, 1) == [1_000_004, 1_000_005]
     # Any top-level seed's universes (a study point's own seed), only the first universes.count.
     assert simulate_group_of(four, 7_000_005) == (7, 1)
     assert seeds_of_group(four, 1, master_seed=7) == [7_000_004, 7_000_005]
     with pytest.raises(ConfigError, match=r"synth_7000006.hdf5 is not one of .* universes.count 6"):
         simulate_group_of(four, 7_000_006)
-    assert preprocess_groups(cfg, ["a"] * 130) == range(3)  # 64 universes a job
+    assert preprocess_groups(cfg, ["a"] * 230) == range(3)  # 100 universes a job
     assert study_link_rates(cfg) == [10, 100]  # the network study's rate, the scaling study's
     env = tracking_env("train")({"run": "r1", "seed": "3"})
     assert env == "COSMOCUB_RULE=train COSMOCUB_WILDCARDS='run=r1,seed=3'"

@@ -19,7 +19,12 @@ from cosmocub.config import (
     resolve,
     write_config,
 )
-from cosmocub.data.naming import group_seeds, simulate_group_of, universe_ids
+from cosmocub.data.naming import (
+    public_groups,
+    seeds_of_group,
+    universe_group_names,
+    universe_ids,
+)
 from cosmocub.emulator.unet_run_config import unet_world_size
 from cosmocub.launch.resources import (
     RankedJob,
@@ -57,9 +62,8 @@ __all__ = [
     "perf_model_bench_threads",
     "planned_points",
     "preprocess_groups",
+    "public_group_files",
     "resolved_config_path",
-    "simulate_group_by_seed",
-    "simulate_group_of",
     "simulate_runtime",
     "start_tracking",
     "study_definition",
@@ -68,10 +72,12 @@ __all__ = [
     "study_point_job",
     "study_points_cpus",
     "study_shard_point",
-    "study_shard_universes",
+    "study_universe_groups",
     "tracking_env",
     "train_job",
     "unet_job",
+    "universe_group_names",
+    "universe_group_seeds",
     "universe_ids",
     "workflow_config",
     "write_resolved_config",
@@ -110,12 +116,17 @@ def _section(values: Mapping[str, Any], dotted: str) -> Any:
     return values
 
 
-def simulate_group_by_seed(cfg: Config) -> dict[int, int]:
-    """The simulate group that makes each universe made here (cluster.simulate.universes_per_job
-    a group), by seed; {} where the universes are linked, not made."""
-    if not cfg.universes.made_here:
-        return {}
-    return {seed: g for g, seeds in enumerate(group_seeds(cfg)) for seed in seeds}
+def universe_group_seeds(cfg: Config, master_seed: int | str, group: int | str) -> list[int]:
+    """The seeds universe group `group` makes at top-level seed `master_seed` (a rule's
+    wildcards): a param of its job, so that a group whose seeds change runs again and the others
+    stay as they are."""
+    return seeds_of_group(cfg, int(group), master_seed=int(master_seed))
+
+
+def public_group_files(cfg: Config, group: int | str) -> list[str]:
+    """The public universe files that link group `group` validates (its job's inputs)."""
+    folder = cfg.universes.cosmoflow_dir or ""
+    return [f"{folder}/{stem}.hdf5" for stem in public_groups(cfg)[int(group)]]
 
 
 def preprocess_groups(cfg: Config, universes: Sequence[str]) -> range:
@@ -185,11 +196,12 @@ def study_shard_point(cfg: Config, key: str) -> tuple[str, str]:
     raise KeyError(f"study shards {key}: no study point of this config makes them")
 
 
-def study_shard_universes(cfg: Config, key: str) -> list[str]:
-    """The universes (file stems) the study shards under `key` are made from: those of the
-    point's config, whose top-level seed may be its own (known_answer_study.seeds)."""
+def study_universe_groups(cfg: Config, key: str) -> list[str]:
+    """The universe groups' manifest names (naming.universe_group_names) of the study shards
+    under `key`: those of the point's config, whose top-level seed may be its own
+    (known_answer_study.seeds)."""
     study, name = study_shard_point(cfg, key)
-    return universe_ids(point_config(cfg, study, find_point(cfg, study, name)))
+    return universe_group_names(point_config(cfg, study, find_point(cfg, study, name)))
 
 
 def study_link_rates(cfg: Config) -> list[float]:

@@ -11,8 +11,8 @@ from cosmocub.workflow_support import (
     perf_model_bench_threads,
     planned_points,
     preprocess_groups,
+    public_group_files,
     resolved_config_path,
-    simulate_group_of,
     simulate_runtime,
     start_tracking,
     study_definition,
@@ -21,10 +21,12 @@ from cosmocub.workflow_support import (
     study_point_job,
     study_points_cpus,
     study_shard_point,
-    study_shard_universes,
+    study_universe_groups,
     tracking_env,
     train_job,
     unet_job,
+    universe_group_names,
+    universe_group_seeds,
     universe_ids,
     workflow_config,
     write_resolved_config,
@@ -44,6 +46,8 @@ logger.info(
 )
 RESULTS = str(CFG.results)
 UNIVERSE_IDS = universe_ids(CFG)
+# The groups that make (or link) them, a job each: their manifests' names.
+UNIVERSE_GROUPS = universe_group_names(CFG)
 # The resolved config, content-addressed (results/config/config-<hash>.yaml), as the
 # invocation's record; jobs name their own copy of it (job_config).
 RESOLVED_CONFIG = resolved_config_path(CFG)
@@ -69,31 +73,23 @@ TRAIN_JOB = train_job(CFG)
 PREPROCESS_GROUPS = preprocess_groups(CFG, UNIVERSE_IDS)
 
 
-def simulate_staging(seed):
-    """The staging folder of the group that makes synth_<seed> (cluster.simulate.universes_per_job
-    a group): the config's own universes under their group, a study point's universes at a
-    top-level seed of its own (known_answer_study.seeds) under seed<s>/ (data.smk)."""
-    master, group = simulate_group_of(CFG, int(seed))
-    if master == CFG.seed:
-        return f"{SIMULATE_STAGING}/{group}"
-    return f"{SIMULATE_STAGING}/seed{master}/{group}"
-
-
-def universe_files(wildcards=None):
-    return expand(f"{RESULTS}/universes/{{universe}}.hdf5", universe=UNIVERSE_IDS)
+def universe_group_manifests(wildcards=None):
+    """The manifests of the config's universe groups (data.smk): what preprocessing reads."""
+    return [f"{RESULTS}/universes/groups/{name}.json" for name in UNIVERSE_GROUPS]
 
 
 @functools.cache
-def _study_shard_universes(key):
-    return study_shard_universes(CFG, key)
+def _study_universe_groups(key):
+    return study_universe_groups(CFG, key)
 
 
-def study_universe_files(wildcards):
-    """The universes of the study shards under wildcards.key (their point's seed's)."""
-    return expand(
-        f"{RESULTS}/universes/{{universe}}.hdf5",
-        universe=_study_shard_universes(wildcards.key),
-    )
+def study_universe_manifests(wildcards):
+    """The group manifests of the universes of the study shards under wildcards.key (their
+    point's seed's)."""
+    return [
+        f"{RESULTS}/universes/groups/{name}.json"
+        for name in _study_universe_groups(wildcards.key)
+    ]
 
 
 def invocation_targets():

@@ -1,111 +1,77 @@
 # Universes (simulated here, or linked from the public CosmoFlow set) and their shards.
 
 
-# Synthetic universes are made several to a job (cluster.simulate.universes_per_job: one Python
-# start and one set of force-mesh k-grids for the group), each group into a staging folder of its
-# own; `simulate` then hard-links each file to its final name (no copy, no process of its own),
-# so every universe stays a target of its own and a group's folder is dropped once all of its
-# universes are in place. Like preprocessing, no command line lists the seeds: the CLI reads the
-# group's seeds from the config, as simulate_group_of does here.
-SIMULATE_STAGING = f"{RESULTS}/.universes-groups"
+# Universes are made (or, public ones, validated and linked) a group to a job: the
+# cluster.simulate.universes_per_job seeds of a group, or cluster.preprocess.universes_per_job
+# public files. Each job writes its universes under results/universes/ and, last, the group's
+# manifest (paths, seeds, headers, checksums) under universes/groups/: the one output Snakemake
+# tracks, and what preprocessing reads. So the DAG holds a job per group, never one per
+# universe, and raising universes.count makes only the new groups (a group reruns only when its
+# own seeds or the settings that make it change). No command line lists the seeds: the CLI
+# reads the group's from the config, as universe_group_seeds does here.
+UNIVERSES = f"{RESULTS}/universes"
 
 
-rule simulate_group:
+rule universe_group:
     output:
-        temp(directory(f"{SIMULATE_STAGING}/{{group}}")),
+        f"{UNIVERSES}/groups/seed{{master}}-{{group}}.json",
     log:
-        f"{RESULTS}/logs/simulate/group_{{group}}.log",
-    wildcard_constraints:
-        group=r"\d+",
-    conda:
-        "../../envs/cosmocub.yaml"
-    threads: 1
-    resources:
-        mem_mb=CFG.cluster.simulate.mem_mb,
-        runtime=simulate_runtime(CFG),
-    params:
-        config=job_config("simulate"),
-        size=CFG.universes.size,
-        env=tracking_env("simulate_group"),
-    shell:
-        "{params.env} cosmocub simulate-group --config {params.config}"
-        " --group {wildcards.group} --out {output} > {log} 2>&1"
-
-
-# A study point's universes at a top-level seed of its own (known_answer_study.seeds): the same
-# groups of that seed's universes, staged under seed<s>/.
-rule simulate_seed_group:
-    output:
-        temp(directory(f"{SIMULATE_STAGING}/seed{{master}}/{{group}}")),
-    log:
-        f"{RESULTS}/logs/simulate/seed{{master}}_group_{{group}}.log",
+        f"{RESULTS}/logs/universes/seed{{master}}-{{group}}.log",
     wildcard_constraints:
         master=r"\d+",
         group=r"\d+",
     conda:
         "../../envs/cosmocub.yaml"
-    threads: 1
+    threads: CFG.cluster.simulate.threads
     resources:
         mem_mb=CFG.cluster.simulate.mem_mb,
         runtime=simulate_runtime(CFG),
     params:
-        config=job_config("simulate"),
-        size=CFG.universes.size,
-        env=tracking_env("simulate_seed_group"),
+        config=job_config("simulate", "universes.size", "universes.source"),
+        seeds=lambda w: universe_group_seeds(CFG, w.master, w.group),
+        env=tracking_env("universe_group"),
     shell:
         "{params.env} cosmocub simulate-group --config {params.config} --seed {wildcards.master}"
-        " --group {wildcards.group} --out {output} > {log} 2>&1"
+        " --group {wildcards.group} --out {UNIVERSES} --threads {threads} > {log} 2>&1"
 
 
-rule simulate:
+rule link_group:
     input:
-        lambda w: simulate_staging(w.seed),
+        lambda w: public_group_files(CFG, w.group),
     output:
-        f"{RESULTS}/universes/synth_{{seed}}.hdf5",
+        f"{UNIVERSES}/groups/public-{{group}}.json",
     log:
-        f"{RESULTS}/logs/simulate/synth_{{seed}}.log",
+        f"{RESULTS}/logs/universes/public-{{group}}.log",
     wildcard_constraints:
-        seed=r"\d+",
-    conda:
-        "../../envs/cosmocub.yaml"
-    params:
-        # The group's settings here too: a change reruns this universe, hence its group (whose
-        # folder is temp, so would not be asked for otherwise).
-        settings=section("simulate"),
-        size=CFG.universes.size,
-    # touch: the link shares the staged file's mtime, older than its folder (the input).
-    shell:
-        "(ln -f {input}/synth_{wildcards.seed}.hdf5 {output} && touch {output}) > {log} 2>&1"
-
-
-rule link_universe:
-    input:
-        lambda w: os.path.join(CFG.universes.cosmoflow_dir, f"{w.name}.hdf5"),
-    output:
-        f"{RESULTS}/universes/{{name}}.hdf5",
-    log:
-        f"{RESULTS}/logs/link_universe/{{name}}.log",
-    wildcard_constraints:
-        name=r"univ_[^/]+",
+        group=r"\d+",
     conda:
         "../../envs/cosmocub.yaml"
     threads: 1
     resources:
-        mem_mb=1000,
+        mem_mb=CFG.cluster.small.mem_mb,
         runtime=CFG.cluster.small.runtime,
+    params:
+        config=job_config(
+            "universes.cosmoflow_dir",
+            "universes.max_files",
+            "cluster.preprocess.universes_per_job",
+        ),
     shell:
-        "cosmocub link-universe {input} {output} > {log} 2>&1"
+        "cosmocub link-group --config {params.config} --group {wildcards.group}"
+        " --out {UNIVERSES} > {log} 2>&1"
 
 
-# Preprocessing as many jobs: plan (allocate the shards), one job per group of universes (each
-# writes its samples in place), gather (statistics, manifest, shards into place). No command line
-# lists the universes: the CLI reads them from the config, as UNIVERSE_IDS does here.
+# Preprocessing as many jobs: plan (allocate the shards from the universe groups' manifests), one
+# job per group of universes (each writes its samples in place, reads them back and computes
+# their features), gather (statistics, manifest, features and shards into place, from what the
+# groups wrote about themselves). No command line lists the universes: the CLI reads them from
+# the config and the manifests, as UNIVERSE_IDS does here.
 STAGING = f"{RESULTS}/.shards-staging"
 
 
 rule preprocess_plan:
     input:
-        universe_files,
+        universe_group_manifests,
     output:
         temp(directory(STAGING)),
     log:
@@ -118,7 +84,7 @@ rule preprocess_plan:
         runtime=CFG.cluster.small.runtime,
     params:
         config=job_config("preprocess", "seed", "cluster"),
-        universes=f"{RESULTS}/universes",
+        universes=UNIVERSES,
     shell:
         "cosmocub preprocess-plan --config {params.config} --universes-dir {params.universes}"
         " --staging {output} > {log} 2>&1"

@@ -38,7 +38,7 @@ rule study_point_config:
 rule study_preprocess_plan:
     input:
         config=study_shard_config,
-        universes=study_universe_files,
+        universes=study_universe_manifests,
     output:
         temp(directory(f"{STUDIES}/.staging/{{key}}")),
     log:

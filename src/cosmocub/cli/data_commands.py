@@ -1,5 +1,6 @@
-"""`cosmocub inspect | simulate | simulate-group | preprocess | preprocess-plan | preprocess-group |
-preprocess-gather | features`: the data stages, from universes to shards and their features.
+"""`cosmocub inspect | simulate | simulate-group | link-group | preprocess | preprocess-plan |
+preprocess-group | preprocess-gather | features`: the data stages, from universes to shards and
+their features.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 def _cmd_simulate_group(args: argparse.Namespace) -> int:
     from cosmocub.data.naming import seeds_of_group
-    from cosmocub.data.simulate_jobs import run_simulate_group
+    from cosmocub.data.universe_groups import make_group
     from cosmocub.tracking.runs import job_run
 
     cfg = load_config(args.config)
@@ -41,11 +42,20 @@ def _cmd_simulate_group(args: argparse.Namespace) -> int:
     size = cfg.universes.size
     params = {"group": args.group, "size": size, "first_seed": seeds[0], "universes": len(seeds)}
     with job_run(cfg, stage="simulate", params=params, defer=True) as tracker:
-        metrics = run_simulate_group(
-            args.out, seeds, size=size, settings=cfg.simulate, source=cfg.universes.source
+        manifest, metrics = make_group(
+            cfg, args.group, args.out, master_seed=args.seed, workers=args.threads
         )
         for step, (seed, values) in enumerate(zip(seeds, metrics, strict=True)):
             tracker.log_metrics({"seed": float(seed), **values}, step=step)
+    print(f"simulate-group: {len(seeds)} universes, manifest {manifest}")
+    return 0
+
+
+def _cmd_link_group(args: argparse.Namespace) -> int:
+    from cosmocub.data.universe_groups import link_group
+
+    cfg = load_config(args.config)
+    print(f"link-group: manifest {link_group(cfg, args.group, args.out)}")
     return 0
 
 
@@ -85,13 +95,12 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
 
 
 def _cmd_preprocess_plan(args: argparse.Namespace) -> int:
-    from cosmocub.data.naming import universe_ids
     from cosmocub.data.shard_jobs import plan_shards
+    from cosmocub.data.universe_groups import read_group_metas
 
     cfg = load_config(args.config)
-    folder = Path(args.universes_dir)
     plan = plan_shards(
-        [folder / f"{name}.hdf5" for name in universe_ids(cfg)],
+        read_group_metas(cfg, args.universes_dir),
         Path(args.staging),
         settings=cfg.preprocess,
         seed=cfg.seed,
@@ -177,7 +186,8 @@ def add_simulate_group(sub) -> None:
         sub,
         "simulate-group",
         _cmd_simulate_group,
-        "make one group of the config's synthetic universes (cluster.simulate.universes_per_job)",
+        "make one group of the config's synthetic universes (cluster.simulate.universes_per_job) "
+        "and its manifest",
     )
     p.add_argument("--group", type=int, required=True, help="group index, from 0")
     p.add_argument(
@@ -186,7 +196,28 @@ def add_simulate_group(sub) -> None:
         help="the top-level seed whose universes to make (default the config's; a study point's "
         "own seed, known_answer_study.seeds)",
     )
-    p.add_argument("--out", required=True, help="folder for the group's synth_<seed>.hdf5 files")
+    p.add_argument(
+        "--out",
+        required=True,
+        help="the universes' folder: the group's synth_<seed>.hdf5 files, and its manifest "
+        "under groups/",
+    )
+    p.add_argument("--threads", type=int, default=1, help="universes made at once (processes)")
+    add_config(p)
+
+
+def add_link_group(sub) -> None:
+    p = add_stage(
+        sub,
+        "link-group",
+        _cmd_link_group,
+        "validate one group of the public universes (cluster.preprocess.universes_per_job) and "
+        "link them, with the group's manifest",
+    )
+    p.add_argument("--group", type=int, required=True, help="group index, from 0")
+    p.add_argument(
+        "--out", required=True, help="the universes' folder: links, and the manifest under groups/"
+    )
     add_config(p)
 
 
@@ -205,7 +236,11 @@ def add_preprocess_plan(sub) -> None:
         _cmd_preprocess_plan,
         "allocate the shards and split the config's universes into groups (one job each)",
     )
-    p.add_argument("--universes-dir", required=True, help="folder of <universe id>.hdf5 files")
+    p.add_argument(
+        "--universes-dir",
+        required=True,
+        help="the universes' folder, whose groups/ holds the manifests of the config's groups",
+    )
     p.add_argument("--staging", required=True, help="folder for the shards while groups write")
     add_config(p)
 

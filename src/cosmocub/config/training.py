@@ -171,6 +171,7 @@ class PreprocessResources:
 @dataclass(frozen=True, kw_only=True)
 class SimulateResources:
     universes_per_job: int
+    threads: int
     mem_mb: int
     minutes_per_universe: float
 

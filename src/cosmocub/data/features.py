@@ -4,9 +4,9 @@ For every sample of every split: the power spectrum P(k) of each channel in log-
 up to Nyquist, that of its log1p counts (the log-density spectrum, which keeps information the
 nonlinear field's P(k) loses: Neyrinck, Szapudi & Szalay 2009), one-point statistics of the
 log1p counts (moments, the empty-voxel share and PDF quantiles) and, where
-preprocess.bispectrum asks, band-averaged bispectra. Dask computes them
-once, a block of samples per task, after the shards are written; they are stored beside the
-shards in `features.h5` (docs/formats.md).
+preprocess.bispectrum asks, band-averaged bispectra. Each preprocess group computes those of its
+own samples once it has written them (Dask, a block of samples per task), and the gather puts
+them together beside the shards in `features.h5` (docs/formats.md).
 """
 
 from __future__ import annotations
@@ -201,13 +201,20 @@ def _universe_features(
 
 
 def shard_features(
-    shard: Path, *, num_workers: int | None = None, bispectrum: bool = False
+    shard: Path,
+    *,
+    num_workers: int | None = None,
+    bispectrum: bool = False,
+    x_rows: tuple[int, int] | None = None,
 ) -> dict[str, np.ndarray]:
     """Features of every sample of one shard: {"pk": (N, C·bins), "log_pk": (N, C·bins),
-    "one_point": (N, C·10), "k"} and with `bispectrum` "bispectrum": (N, C·triples).
+    "one_point": (N, C·10), "k"} and with `bispectrum` "bispectrum": (N, C·triples); with
+    `x_rows` (start, stop), those of the samples in rows start:stop of the shard's `x` only (a
+    preprocess group's own rows).
 
     A shard of whole universes (preprocess.train_crops random) gives the features of its fixed
-    crops (its rows), the same numbers the shard of crops would give."""
+    crops (its rows), the same numbers the shard of crops would give. Each sample's features are
+    computed alone, so they do not depend on which rows are asked for together."""
     with h5py.File(shard, "r") as f:
         x = f["x"]
         log1p = bool(f.attrs["log1p"])
@@ -215,30 +222,31 @@ def shard_features(
         # Whole universes: the rows are their fixed crops (y has one per row).
         s = int(f.attrs["sample_size"]) if whole else x.shape[2]
         n, c = f["y"].shape[0] if whole else x.shape[0], x.shape[1]
+        start, stop = (0, x.shape[0]) if x_rows is None else x_rows
         k = counts_power_spectrum(np.ones((s, s, s)))[0]
         pk_width, op_width = c * len(k), c * len(ONE_POINT_NAMES)
         bs_width = c * len(bispectrum_triples()) if bispectrum else 0
         width = 2 * pk_width + op_width + bs_width
-        if n == 0:
+        if n == 0 or stop <= start:
             return _split_columns(np.zeros((0, width)), k, pk_width, c)
         # Opened per block by path, so the graph pickles to worker processes.
         source = H5Source(shard, "x", x.shape, x.dtype)
         if whole:
             # Rows run universe-major, every universe with the same crops in the same order.
             per_universe = n // x.shape[0]
-            universes = da.from_array(source, chunks=(1, *x.shape[1:]))
+            universes = da.from_array(source, chunks=(1, *x.shape[1:]))[start:stop]
             feats = universes.map_blocks(
                 _universe_features,
                 f["crop_origin"][:per_universe],
                 s,
                 log1p,
                 bispectrum,
-                chunks=((per_universe,) * x.shape[0], (width,)),
+                chunks=((per_universe,) * (stop - start), (width,)),
                 drop_axis=[2, 3, 4],
                 dtype=np.float64,
             )
         else:
-            samples = da.from_array(source, chunks=(BLOCK_SAMPLES, c, s, s, s))
+            samples = da.from_array(source, chunks=(BLOCK_SAMPLES, c, s, s, s))[start:stop]
             feats = samples.map_blocks(
                 _block_features,
                 log1p,
@@ -249,9 +257,12 @@ def shard_features(
             )
         # Processes, not threads: the statistics are many small numpy calls, and threads spent
         # the time waiting on the GIL (2 threads 1.6x one; at 16 the gather ran past 200 s on
-        # the H200 machine's 16 cores where one thread needs ~60 s).
+        # the H200 machine's 16 cores where one thread needs ~60 s). One block needs none: a
+        # small group would wait longer for the processes to start than for its numbers.
+        one_block = len(feats.chunks[0]) == 1
         feats = feats.compute(
-            scheduler="synchronous" if num_workers == 1 else "processes", num_workers=num_workers
+            scheduler="synchronous" if num_workers == 1 or one_block else "processes",
+            num_workers=num_workers,
         )
     return _split_columns(feats, k, pk_width, c)
 
@@ -281,6 +292,13 @@ def write_features(
         s: shard_features(shards_dir / f"{s}.h5", num_workers=num_workers, bispectrum=bispectrum)
         for s in SPLITS
     }
+    write_feature_file(out, per_split, bispectrum=bispectrum)
+
+
+def write_feature_file(
+    out: Path, per_split: dict[str, dict[str, np.ndarray]], *, bispectrum: bool
+) -> None:
+    """`features.h5` from each split's `shard_features` (temp name + rename)."""
     with atomic_path(out) as tmp, h5py.File(tmp, "w") as f:
         for split, feats in per_split.items():
             group = f.create_group(split)

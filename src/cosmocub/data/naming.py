@@ -1,7 +1,9 @@
 """Which universes a run uses and what their files are called: synthetic seeds or a public folder,
-and the seeds each simulate job makes (pure: the Snakefile reads them at parse time).
+the groups each universe job makes or links, and their manifests' names (pure: the Snakefile
+reads them at parse time).
 
-The names are the file stems (without .hdf5) under <results>/universes, in a stable order.
+The names are the file stems (without .hdf5) under <results>/universes, in a stable order; a
+group's manifest is <results>/universes/groups/<group name>.json.
 """
 
 from __future__ import annotations
@@ -52,6 +54,24 @@ def group_seeds(cfg: Config, *, master_seed: int | None = None) -> list[list[int
     seeds = [universe_seed(i, master_seed=master) for i in range(cfg.universes.count)]
     per_job = cfg.cluster.simulate.universes_per_job
     return [seeds[i : i + per_job] for i in range(0, len(seeds), per_job)]
+
+
+def public_groups(cfg: Config) -> list[list[str]]:
+    """The public universes' stems, cluster.preprocess.universes_per_job to a link group (the
+    groups preprocessing crops: a link is a header read and a symlink, too little for a job)."""
+    stems = universe_ids(cfg)
+    per_job = cfg.cluster.preprocess.universes_per_job
+    return [stems[i : i + per_job] for i in range(0, len(stems), per_job)]
+
+
+def universe_group_names(cfg: Config, *, master_seed: int | None = None) -> list[str]:
+    """The stems of the group manifests that together list the config's universes, in order:
+    seed<m>-<g> for universes made here (at top-level seed m: the config's own, or
+    `master_seed`), public-<g> for linked ones."""
+    if cfg.universes.made_here:
+        master = cfg.seed if master_seed is None else master_seed
+        return [f"seed{master}-{g}" for g in range(len(group_seeds(cfg, master_seed=master)))]
+    return [f"public-{g}" for g in range(len(public_groups(cfg)))]
 
 
 def simulate_group_of(cfg: Config, seed: int) -> tuple[int, int]:

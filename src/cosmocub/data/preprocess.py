@@ -14,6 +14,7 @@ from typing import Any
 
 from cosmocub.config import PreprocessConfig
 from cosmocub.data.shard_jobs import crop_group, gather_shards, plan_shards
+from cosmocub.data.splits import check_universes
 from cosmocub.io import atomic_path
 
 # The jobs' staging folder and group files, inside the temporary shard folder: on the same
@@ -39,7 +40,7 @@ def preprocess(
     with atomic_path(out_dir) as tmp:
         staging, groups_dir = tmp / JOBS_DIR / "staging", tmp / JOBS_DIR / "groups"
         plan = plan_shards(
-            universe_paths,
+            check_universes([Path(p) for p in universe_paths], settings.sample_size),
             staging,
             settings=settings,
             seed=seed,

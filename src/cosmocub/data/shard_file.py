@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -113,25 +114,31 @@ def shard_writer(
     return ChunkWriter(shard, chunk_bytes=chunk_bytes)
 
 
-def verify_written(path: Path, metas: list[UniverseMeta], settings: PreprocessConfig) -> None:
-    """Read a shard's first and last samples back through HDF5 and recompute them from their
-    universes: the raw chunk writer bypasses HDF5, so the standard reader must agree with it."""
+def verify_written(
+    path: Path,
+    sources: Mapping[int, Path],
+    settings: PreprocessConfig,
+    *,
+    rows: tuple[int, int],
+) -> None:
+    """Read the first and last of a shard's samples rows[0]..rows[1]-1 back through HDF5 and
+    recompute them from their universes (`sources`: the file of each universe index the rows
+    name): the raw chunk writer bypasses HDF5, so the standard reader must agree with it."""
     table = value_table(settings.log1p, settings.dtype)
     s = settings.sample_size
     with h5py.File(path, "r") as f:
         whole = f.attrs.get("crops") == "random"
-        n = f["y"].shape[0]
-        for i in sorted({0, n - 1}):
+        for i in sorted({rows[0], rows[1] - 1}):
             u = int(f["universe_index"][i])
             d, h, w = (int(v) for v in f["crop_origin"][i])
             # (C, S, S, S): the sample, or the same crop of its whole universe
             stored = f["x"][u, :, d : d + s, h : h + s, w : w + s] if whole else f["x"][i]
-            with h5py.File(metas[u].path, "r") as src:
+            with h5py.File(sources[u], "r") as src:
                 counts = np.asarray(src["full"][d : d + s, h : h + s, w : w + s, :], np.int16)
             expected = table[counts.view(np.uint16)].transpose(3, 0, 1, 2)
             if not np.array_equal(stored, expected, equal_nan=True):
                 raise PreprocessError(
-                    f"{path}: sample {i} read back through HDF5 differs from {metas[u].path} "
+                    f"{path}: sample {i} read back through HDF5 differs from {sources[u]} "
                     f"at origin ({d}, {h}, {w}): the shard writer wrote a corrupt shard"
                 )
 

@@ -29,34 +29,37 @@ from cosmocub.data.crop import (
     universe_values,
 )
 from cosmocub.data.dask_compute import compute_into
-from cosmocub.data.features import FEATURES_FILE, write_features
+from cosmocub.data.features import FEATURES_FILE, write_feature_file
+from cosmocub.data.group_rows import gathered_features, read_back_rows, rows_of_part
 from cosmocub.data.h5chunks import ChunkWriter
 from cosmocub.data.shard_file import (
     RowOffset,
     create_shard,
     keeps_universes,
     shard_writer,
-    verify_written,
 )
 from cosmocub.data.shard_summary import shard_manifest, shard_stats
-from cosmocub.data.splits import SPLITS, PreprocessError, assign_splits, check_universes
-from cosmocub.data.universe import read_universe_meta
+from cosmocub.data.splits import SPLITS, PreprocessError, assign_splits, check_metas
+from cosmocub.data.universe import UniverseMeta, read_universe_meta
 from cosmocub.io import atomic_path, sha256_file
 
 PLAN_FILE = "plan.json"
 
 
 def plan_shards(
-    universe_paths: list[Path],
+    metas: list[UniverseMeta],
     staging: Path,
     *,
     settings: PreprocessConfig,
     seed: int,
     universes_per_job: int,
 ) -> dict[str, Any]:
-    """Allocate the shards in `staging` and write the plan: which universes each group crops."""
-    paths = [Path(p) for p in universe_paths]
-    metas = check_universes(paths, settings.sample_size)
+    """Allocate the shards in `staging` and write the plan: which universes each group crops.
+
+    `metas`: the universes' headers (from their groups' manifests in the workflow, or their
+    files by hand: `check_universes`); no universe file is opened here."""
+    metas = check_metas(metas, settings.sample_size)
+    paths = [m.path for m in metas]
     by_path = {m.path: m for m in metas}
     assigned = assign_splits(paths, settings.splits.as_dict(), seed)
     per_universe = (metas[0].size // settings.sample_size) ** 3
@@ -79,6 +82,8 @@ def plan_shards(
     plan = {
         "splits": {s: [str(p) for p in assigned[s]] for s in SPLITS},
         "place": place,
+        # What the gather's manifest says of each source, so that it opens none of them.
+        "universes": {str(m.path): {"size": m.size, "unitPar": m.unit_par.tolist()} for m in metas},
         "groups": groups,
         "samples_per_universe": per_universe,
         "seed": seed,
@@ -149,6 +154,9 @@ def crop_group(staging: Path, group: int, out: Path, *, settings: PreprocessConf
                 future.cancel()
             raise
         digests = [future.result() for future in hashing]
+    # The group's own rows, read back through HDF5: checked against their universes and turned
+    # into features here, in parallel across groups, so the gather reads no shard.
+    own_rows = read_back_rows(staging, plan, metas, settings)
     with atomic_path(out) as tmp, open(tmp, "wb") as f:
         extra = {}
         if written is not None:  # on a Dask cluster: the hosts that wrote each universe's blocks
@@ -159,6 +167,8 @@ def crop_group(staging: Path, group: int, out: Path, *, settings: PreprocessConf
             hist=hist_np,
             paths=np.array([str(m.path) for m in metas]),
             sha256=np.array(digests),
+            bytes=np.array([m.path.stat().st_size for m in metas], dtype=np.int64),
+            **own_rows,
             **extra,
         )
 
@@ -172,40 +182,51 @@ def gather_shards(
     config_hash: str,
 ) -> dict[str, Any]:
     """Statistics from the groups' histograms, the manifest, the shards linked into `out_dir`,
-    and their features (`features.h5`); returns the manifest."""
+    and their features (`features.h5`) from the groups' own; returns the manifest. It reads
+    only what the plan and the groups wrote about themselves: no universe and no shard."""
     staging = Path(staging)
     plan = json.loads((staging / PLAN_FILE).read_text())
     hist_total = None
     digest_of: dict[str, str] = {}
+    bytes_of: dict[str, int] = {}
     written_by: dict[str, dict[str, int]] = {}
+    parts = []
     for path in group_files:
         with np.load(path) as part:
             hist_total = part["hist"] if hist_total is None else hist_total + part["hist"]
             digest_of.update(zip(part["paths"].tolist(), part["sha256"].tolist(), strict=True))
+            bytes_of.update(zip(part["paths"].tolist(), part["bytes"].tolist(), strict=True))
             if "written_by" in part.files:
                 written_by.update(json.loads(part["written_by"].item()))
+            parts.append(rows_of_part(part))
     every = [p for s in SPLITS for p in plan["splits"][s]]
     missing = sorted(set(every) - set(digest_of))
     if missing:
         raise PreprocessError(
             f"{staging}: {len(missing)} universe(s) were cropped by no group, e.g. {missing[0]}"
         )
-    metas_by_path = {p: read_universe_meta(Path(p)) for p in every}
-    metas = [metas_by_path[p] for p in sorted(every)]
-    split_metas = {s: [metas_by_path[p] for p in plan["splits"][s]] for s in SPLITS}
-    for s in SPLITS:
-        if split_metas[s]:  # the groups wrote raw chunks: read some back through HDF5
-            verify_written(staging / f"{s}.h5", split_metas[s], settings)
+    # The sources as the plan and the groups recorded them: the gather opens none of them.
+    sources = [
+        {
+            "path": p,
+            "sha256": digest_of[p],
+            "size": bytes_of[p],
+            "universe_size": plan["universes"][p]["size"],
+            "unitPar": plan["universes"][p]["unitPar"],
+        }
+        for p in sorted(every)
+    ]
     stats = shard_stats(np.asarray(hist_total), settings, Path(out_dir))
     manifest = shard_manifest(
-        split_metas,
-        metas,
-        [digest_of[str(m.path)] for m in metas],
-        settings,
-        plan["seed"],
-        config_hash,
+        {s: plan["splits"][s] for s in SPLITS},
+        sources,
+        num_channels=len(hist_total),
+        settings=settings,
+        seed=plan["seed"],
+        config_hash=config_hash,
         written_by=dict(sorted(written_by.items())) or None,
     )
+    features = gathered_features(staging, plan, parts, settings)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for s in SPLITS:
@@ -213,14 +234,7 @@ def gather_shards(
         # gather killed half-way can simply run again.
         with atomic_path(out_dir / f"{s}.h5") as tmp:
             os.link(staging / f"{s}.h5", tmp)
-    # The baselines' statistics, read back from the finished shards (one more pass over them,
-    # ~1 % of preprocessing).
-    write_features(
-        staging,
-        out_dir / FEATURES_FILE,
-        num_workers=settings.num_workers,
-        bispectrum=settings.bispectrum,
-    )
+    write_feature_file(out_dir / FEATURES_FILE, features, bispectrum=settings.bispectrum)
     for name, content in (("stats.json", stats), ("manifest.json", manifest)):
         with atomic_path(out_dir / name) as tmp:
             tmp.write_text(json.dumps(content, indent=2) + "\n")

@@ -12,7 +12,7 @@ import numpy as np
 from cosmocub.config import PreprocessConfig
 from cosmocub.data.crop import value_table
 from cosmocub.data.splits import PreprocessError
-from cosmocub.data.universe import UniverseMeta, histogram_moments
+from cosmocub.data.universe import histogram_moments
 
 
 def shard_stats(hist: np.ndarray, settings: PreprocessConfig, out_dir: Path) -> dict[str, Any]:
@@ -35,24 +35,26 @@ def shard_stats(hist: np.ndarray, settings: PreprocessConfig, out_dir: Path) -> 
 
 
 def shard_manifest(
-    split_metas: dict[str, list[UniverseMeta]],
-    metas: list[UniverseMeta],
-    digests: list[str],
+    splits: dict[str, list[str]],
+    sources: list[dict[str, Any]],
+    *,
+    num_channels: int,
     settings: PreprocessConfig,
     seed: int,
     config_hash: str,
-    *,
     written_by: dict[str, dict[str, int]] | None = None,
 ) -> dict[str, Any]:
-    """The manifest of shards cut from `split_metas`; `metas` (with their sha256 `digests`) are
-    the sources in the order the manifest lists them. `written_by` (shards written on a Dask
-    cluster): for each universe's path, the hosts whose workers wrote its blocks, and how many."""
+    """The manifest of shards cut from the universes `splits` lists (each split's paths);
+    `sources` describe them (path, sha256, bytes as "size", universe_size, unitPar) in the order
+    the manifest lists them. `written_by` (shards written on a Dask cluster): for each
+    universe's path, the hosts whose workers wrote its blocks, and how many."""
     s = settings.sample_size
-    per_universe = (metas[0].size // s) ** 3
+    universe_size = sources[0]["universe_size"]
+    per_universe = (universe_size // s) ** 3
     return {
-        "counts": {name: per_universe * len(ms) for name, ms in split_metas.items()},
-        "universes": {name: len(ms) for name, ms in split_metas.items()},
-        "sample_shape": [metas[0].num_channels, s, s, s],
+        "counts": {name: per_universe * len(paths) for name, paths in splits.items()},
+        "universes": {name: len(paths) for name, paths in splits.items()},
+        "sample_shape": [num_channels, s, s, s],
         "dtype": settings.dtype,
         "log1p": settings.log1p,
         "standardize": settings.standardize,
@@ -61,20 +63,20 @@ def shard_manifest(
         # while training; its counts stay the fixed crops', the samples of one epoch.
         "train_crops": settings.train_crops,
         "slab_depth": settings.slab_depth,
-        "universe_size": metas[0].size,
+        "universe_size": universe_size,
         "seed": seed,
         "split_ratios": settings.splits.as_dict(),
         "config_hash": config_hash,
-        "splits": {str(m.path): name for name, ms in split_metas.items() for m in ms},
+        "splits": {path: name for name, paths in splits.items() for path in paths},
         "sources": [
             {
-                "path": str(m.path),
-                "sha256": digest,
-                "size": m.path.stat().st_size,
-                "universe_size": m.size,
-                "unitPar": [float(v) for v in m.unit_par],
+                "path": src["path"],
+                "sha256": src["sha256"],
+                "size": int(src["size"]),
+                "universe_size": int(src["universe_size"]),
+                "unitPar": [float(v) for v in src["unitPar"]],
             }
-            for m, digest in zip(metas, digests, strict=True)
+            for src in sources
         ],
         # Only on a cluster: local threads leave the manifest as it always was.
         **({"written_by": written_by} if written_by else {}),

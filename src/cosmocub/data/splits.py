@@ -63,17 +63,26 @@ def assign_splits(paths: list[Path], ratios: dict[str, float], seed: int) -> dic
 
 
 def check_universes(paths: list[Path], sample_size: int) -> list[UniverseMeta]:
-    """The universes' headers, once each of them is known to be usable: given once, one size,
-    a size that `sample_size` divides."""
+    """The universes' headers, read from their files, once each of them is known to be usable
+    (`check_metas`)."""
     if not paths:
         raise PreprocessError("preprocess: no universe files given")
+    return check_metas([read_universe_meta(p) for p in paths], sample_size)
+
+
+def check_metas(metas: list[UniverseMeta], sample_size: int) -> list[UniverseMeta]:
+    """`metas`, once each universe is known to be usable: given once, one size, a size that
+    `sample_size` divides."""
+    if not metas:
+        raise PreprocessError("preprocess: no universes given")
     seen: dict[Path, Path] = {}
-    for p in paths:
-        key = Path(p).resolve()
+    for m in metas:
+        key = Path(m.path).resolve()
         if key in seen:
-            raise PreprocessError(f"{p}: given twice (also as {seen[key]}); samples would repeat")
-        seen[key] = Path(p)
-    metas = [read_universe_meta(p) for p in paths]
+            raise PreprocessError(
+                f"{m.path}: given twice (also as {seen[key]}); samples would repeat"
+            )
+        seen[key] = Path(m.path)
     first = metas[0]
     for m in metas[1:]:
         if m.size != first.size:

@@ -19,9 +19,11 @@ def num_preprocess_groups(cfg: Config, num_universes: int) -> int:
 
 
 def simulate_runtime(cfg: Config) -> int:
-    """Minutes a simulate job asks for: its universes × cluster.simulate.minutes_per_universe."""
+    """Minutes a universe_group job asks for: its universes × cluster.simulate.minutes_per_universe,
+    made cluster.simulate.threads at a time."""
     per_job = cfg.cluster.simulate
-    return max(1, math.ceil(per_job.universes_per_job * per_job.minutes_per_universe))
+    rounds = math.ceil(per_job.universes_per_job / per_job.threads)
+    return max(1, math.ceil(rounds * per_job.minutes_per_universe))
 
 
 @dataclass(frozen=True, kw_only=True)
