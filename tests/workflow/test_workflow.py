@@ -43,15 +43,27 @@ def job_counts(stdout: str) -> dict[str, int]:
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
-        # 48 universes made 16 to a job (cluster.simulate.universes_per_job), each then linked
-        # into place by its own `simulate` job (a local `ln`, no process of ours).
+        # 48 universes made 100 to a job (cluster.simulate.universes_per_job): one group, and no
+        # job of one universe.
         (
             "config.yaml",
-            {"simulate_group": 3, "simulate": 48, "preprocess": 1, "train": 1, "evaluate": 1},
+            {
+                "universe_group": 1,
+                "preprocess_group": 1,
+                "preprocess": 1,
+                "train": 1,
+                "evaluate": 1,
+            },
         ),
         (
             "test.yaml",
-            {"simulate_group": 1, "simulate": 6, "preprocess": 1, "train": 1, "evaluate": 1},
+            {
+                "universe_group": 1,
+                "preprocess_group": 1,
+                "preprocess": 1,
+                "train": 1,
+                "evaluate": 1,
+            },
         ),
     ],
 )
@@ -145,7 +157,20 @@ def test_dry_run_mlperf_links_public_universes(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     counts = job_counts(proc.stdout)
-    assert counts.get("link_universe") == 3 and "simulate" not in counts
+    assert counts.get("link_group") == 1 and "universe_group" not in counts, counts
+    # 3 universes, 2 a group: two link groups, and the preprocess groups are the same two.
+    proc = snakemake(
+        "-n",
+        "--configfile",
+        str(REPO / "config" / "cosmoflow-mlperf.yaml"),
+        "--config",
+        f"universes={{source: cosmoflow, cosmoflow_dir: {public}}}",
+        "cluster={preprocess: {universes_per_job: 2}}",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    counts = job_counts(proc.stdout)
+    assert (counts.get("link_group"), counts.get("preprocess_group")) == (2, 2), counts
 
 
 def test_empty_public_folder_is_a_clear_error(tmp_path):
@@ -187,7 +212,8 @@ def test_perf_model_validates_on_the_study_tables_the_same_invocation_makes(tmp_
 
 def test_known_answer_seeds_make_their_own_universes_and_shards(tmp_path):
     """known_answer_study.seeds: a seed other than the config's simulates its own universes
-    (staged under seed<s>/) into study shards of its own; the config's seed uses the base's.
+    (its own group manifests, universes/groups/seed<s>-<g>.json) into study shards of its own;
+    the config's seed uses the base's.
     Every job names its config."""
     proc = snakemake(
         "-n",
@@ -203,12 +229,12 @@ def test_known_answer_seeds_make_their_own_universes_and_shards(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     counts = job_counts(proc.stdout)
-    assert counts["simulate"] == 40 and counts["study_point"] == 2, counts
-    assert counts["simulate_group"] == 1 and counts["simulate_seed_group"] == 1, counts
+    # 20 universes of each seed in one group each (100 a job): two jobs make all 40.
+    assert counts["universe_group"] == 2 and counts["study_point"] == 2, counts
     assert counts["preprocess"] == 1 and counts["study_preprocess"] == 1, counts
     assert re.search(r"simulate-group --config \S+ --seed 3 --group 0", proc.stdout)
     assert_every_command_names_its_config(proc.stdout)
-    assert "universes/synth_3000019.hdf5" in proc.stdout
+    assert "universes/groups/seed3-0.json" in proc.stdout
 
 
 def test_lint_is_clean(tmp_path):
@@ -273,9 +299,9 @@ def test_tiny_pipeline_end_to_end_with_tracking(tmp_path):
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
     rules = sorted(r.data.tags.get("rule") for r in children)
-    # 6 universes are one simulate group (cluster.simulate.universes_per_job 16: the links into
-    # place log no run) and one preprocess group (cluster.preprocess.universes_per_job 64) + gather.
-    assert rules == ["evaluate", "preprocess", "preprocess_group", "simulate_group", "train"]
+    # 6 universes are one universe group (cluster.simulate.universes_per_job 100) and one
+    # preprocess group (cluster.preprocess.universes_per_job 100) + gather.
+    assert rules == ["evaluate", "preprocess", "preprocess_group", "train", "universe_group"]
     # The preprocessing jobs' runs (records, system metrics being off) with what they logged.
     group_run = next(r for r in children if r.data.tags["rule"] == "preprocess_group")
     assert group_run.data.params["group"] == "0" and group_run.info.status == "FINISHED"
@@ -287,9 +313,9 @@ def test_tiny_pipeline_end_to_end_with_tracking(tmp_path):
     history = client.get_metric_history(train_run.info.run_id, "val_loss")
     assert len(history) == 2
     simulate_tags = {
-        r.data.tags["wildcards"] for r in children if r.data.tags["rule"] == "simulate_group"
+        r.data.tags["wildcards"] for r in children if r.data.tags["rule"] == "universe_group"
     }
-    assert simulate_tags == {"group=0"}
+    assert simulate_tags == {"master=1,group=0"}
 
     # A second invocation finds nothing to do.
     again = snakemake(
@@ -397,3 +423,38 @@ def test_dry_run_lion_cub_by_config(tmp_path):
         cwd=tmp_path,
     )
     assert bad.returncode != 0 and "optimizer.lion_cub" in bad.stderr + bad.stdout
+
+
+def test_raising_universes_count_by_a_group_makes_only_that_group(tmp_path):
+    """universes.count 4 → 6 at 2 universes a group: the third group's job alone runs, the
+    first two groups' universes and manifests stay as they were (not remade, not touched); a
+    change to the simulate settings makes every group again."""
+    config = str(REPO / "config" / "test.yaml")
+    group = "cluster={simulate: {universes_per_job: 2}}"
+    groups = tmp_path / "results-test" / "universes" / "groups"
+
+    def targets(n: int) -> list[str]:  # relative to the working directory, as rules name them
+        return [f"results-test/universes/groups/seed1-{g}.json" for g in range(n)]
+
+    first = snakemake("--cores", "2", *targets(2), "--configfile", config, "--config",
+                      "universes={count: 4}", group, cwd=tmp_path)  # fmt: skip
+    assert first.returncode == 0, first.stderr[-2000:]
+    made = sorted((tmp_path / "results-test" / "universes").glob("*.hdf5"))
+    assert [p.name for p in made] == [f"synth_{1_000_000 + i}.hdf5" for i in range(4)]
+    before = {p: p.stat().st_mtime_ns for p in [*made, *groups.glob("*.json")]}
+
+    more = ["--configfile", config, "--config", "universes={count: 6}", group]
+    dry = snakemake("-n", *targets(3), *more, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    assert job_counts(dry.stdout) == {"universe_group": 1}, dry.stdout[-2000:]
+    assert "--group 2 " in dry.stdout and "--group 0 " not in dry.stdout
+    second = snakemake("--cores", "2", *targets(3), *more, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+    listed = json.loads((groups / "seed1-2.json").read_text())["universes"]
+    assert [u["seed"] for u in listed] == [1_000_004, 1_000_005]
+
+    # Another simulate setting: every group is made again (its job's --config changes).
+    changed = snakemake("-n", *targets(3), *more, "simulate={pm_steps: 5}", cwd=tmp_path)
+    assert changed.returncode == 0, changed.stderr[-2000:]
+    assert job_counts(changed.stdout) == {"universe_group": 3}, changed.stdout[-2000:]

@@ -29,10 +29,12 @@ rule universe_group:
     params:
         config=job_config("simulate", "universes.size", "universes.source"),
         seeds=lambda w: universe_group_seeds(CFG, w.master, w.group),
+        # The universes' folder: the manifest's groups/ folder's parent.
+        universes=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
         env=tracking_env("universe_group"),
     shell:
         "{params.env} cosmocub simulate-group --config {params.config} --seed {wildcards.master}"
-        " --group {wildcards.group} --out {UNIVERSES} --threads {threads} > {log} 2>&1"
+        " --group {wildcards.group} --out {params.universes} --threads {threads} > {log} 2>&1"
 
 
 rule link_group:
@@ -56,9 +58,10 @@ rule link_group:
             "universes.max_files",
             "cluster.preprocess.universes_per_job",
         ),
+        universes=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
     shell:
         "cosmocub link-group --config {params.config} --group {wildcards.group}"
-        " --out {UNIVERSES} > {log} 2>&1"
+        " --out {params.universes} > {log} 2>&1"
 
 
 # Preprocessing as many jobs: plan (allocate the shards from the universe groups' manifests), one
