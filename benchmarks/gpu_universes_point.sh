@@ -366,9 +366,8 @@ echo "=== simulate: $NG simulate-group jobs, $JOBS at a time (timeout $T s)"
 st=ok
 seq 0 $((NG - 1)) | timeout -k 10 "$T" xargs -P "$JOBS" -I{} env OMP_NUM_THREADS=1 \
   MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 NUMBA_NUM_THREADS=1 \
-  sh -c '"$0" -m cosmocub.cli simulate-group --config "$1" --group {} --out "$2/.universes-groups/{}" > "$2/logs/simulate_{}.log" 2>&1' \
+  sh -c '"$0" -m cosmocub.cli simulate-group --config "$1" --group {} --out "$2/universes" > "$2/logs/simulate_{}.log" 2>&1' \
   "$PY" "$CFG" "$R" || st="failed rc $?"
-find "$R/.universes-groups" -name 'synth_*.hdf5' -exec ln -f -t "$R/universes" {} +
 phase simulate "$(since "$t")" "$st; $(ls "$R/universes" | wc -l) universes"
 [[ $st == ok ]] || { tail -3 "$LOGS"/simulate_*.log | tail -20; exit 1; }
 

@@ -85,7 +85,7 @@ def test_flux_profile_maps_the_training_request(tmp_path) -> None:
         "--time-limit=90m",
     ):
         assert part in cmd, cmd
-    small = submit_command("flux", jobs["simulate_group"], "simulate_group")
+    small = submit_command("flux", jobs["universe_group"], "universe_group")
     assert "--nodes=1 --ntasks=1 --cores-per-task=1 --gpus-per-task=0" in small
 
 
@@ -98,7 +98,7 @@ def test_lsf_profile_maps_the_training_request(tmp_path) -> None:
     # 2 hosts × 32 cores; LSF's memory unit is the site's (LSF_UNIT_FOR_LIMITS), MB here.
     for part in ("-n 64", "span[ptile=32]", "rusage[mem=24000]", "-W 90"):
         assert part in cmd, cmd
-    assert "-n 1 " in submit_command("lsf", jobs["simulate_group"], "simulate_group")
+    assert "-n 1 " in submit_command("lsf", jobs["universe_group"], "universe_group")
 
 
 @pytest.mark.slow

@@ -40,7 +40,7 @@ FIT = {
     "cluster": {
         "train": {"cpus_per_rank": 1, "mem_mb_per_rank": 1500, "runtime": 10},
         "preprocess": {"threads": 2, "mem_mb": 2000, "runtime": 10},
-        "simulate": {"mem_mb": 1000},
+        "simulate": {"threads": 2, "mem_mb": 1000},
         "small": {"threads": 1, "mem_mb": 1000, "runtime": 10},
     },
 }
@@ -175,8 +175,8 @@ def test_workflow_on_slurm_cancel_and_resume(slurm, tmp_path):
     children = [r for r in runs if r.data.tags.get("cosmocub.kind") == "job"]
     rules = sorted(r.data.tags["rule"] for r in children)
     assert rules == sorted(
-        # 4 universes: one simulate group (cluster.simulate.universes_per_job 16)
-        ["evaluate", "preprocess", "preprocess_group", "simulate_group", "train", "train"]
+        # 4 universes: one universe group (cluster.simulate.universes_per_job 100)
+        ["evaluate", "preprocess", "preprocess_group", "train", "train", "universe_group"]
     )
     for run in children:
         assert run.data.tags["scheduler"] == "slurm"
@@ -199,7 +199,7 @@ def test_workflow_on_slurm_cancel_and_resume(slurm, tmp_path):
         # A partition this cluster does not have (as a profile naming the wrong one would).
         (["--default-resources", "slurm_partition=nosuch"], "invalid partition"),
         # More time than the partition allows (MaxTime=60 min; EnforcePartLimits=ALL).
-        (["--set-resources", "simulate_group:runtime=600"], "time limit"),
+        (["--set-resources", "universe_group:runtime=600"], "time limit"),
     ],
 )
 def test_requests_the_cluster_refuses_fail_fast(slurm, tmp_path, args, said) -> None:

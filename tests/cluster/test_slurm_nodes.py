@@ -322,6 +322,12 @@ def test_dask_workers_on_both_nodes_write_the_shards(emulated_slurm, make_univer
     values["preprocess"] |= {"dask_slurm_workers": 2, "dask_slurm_wait_s": 240}
     config = _write(tmp_path / "workers.yaml", values)
     assert load_config(config).hash != threads_cfg.hash
+    # The workflow's link group: the universes linked, with the manifest the plan reads.
+    cli = [sys.executable, "-m", "cosmocub.cli"]
+    linked = tmp_path / "linked"
+    link = [*cli, "link-group", "--config", str(config), "--group", "0", "--out", str(linked)]
+    subprocess.run(link, env=env, check=True)
+    paths = [linked / p.name for p in paths]
 
     # The same universes on local threads, in this process.
     preprocess(
@@ -334,9 +340,8 @@ def test_dask_workers_on_both_nodes_write_the_shards(emulated_slurm, make_univer
     )
 
     # The workflow's three commands, the group as a job on the nodes.
-    cli = [sys.executable, "-m", "cosmocub.cli"]
     staging, group, out = tmp_path / "staging", tmp_path / "groups" / "0.npz", tmp_path / "shards"
-    plan = [*cli, "preprocess-plan", "--config", str(config), "--universes-dir", str(folder)]
+    plan = [*cli, "preprocess-plan", "--config", str(config), "--universes-dir", str(linked)]
     subprocess.run([*plan, "--staging", str(staging)], env=env, check=True)
     job_dir = tmp_path / "job"
     job_dir.mkdir()

@@ -77,7 +77,7 @@ def test_dry_run(tmp_path, config, expected):
 
 
 # The package commands a rule runs without a config: they read only the paths they are given.
-READ_NO_CONFIG = {"link-universe", "perf-model fit", "summarize"}
+READ_NO_CONFIG = {"perf-model fit", "summarize"}
 
 
 def assert_every_command_names_its_config(stdout: str) -> None:
