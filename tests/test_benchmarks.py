@@ -44,6 +44,7 @@ SMOKED = {
     "costs_at_scale.py",
     "bench_compute_calibration.py",
     "known_answer_floor.py",
+    "workflow_cost.py",
 }
 
 
@@ -216,3 +217,17 @@ def test_bench_links(tmp_path: Path) -> None:
     median_ms, ideal_ms = float(row[2]), float(row[3])
     assert ideal_ms == pytest.approx(16000 * 8 / 100e6 * 1e3, abs=0.01)  # 1.28 ms
     assert 0.5 < median_ms / ideal_ms < 20
+
+
+def test_workflow_cost(tmp_path: Path) -> None:
+    """At 30 universes (100 a group): one universe job in each dry run, 8 jobs in all; the
+    snakemake process's own CPU, read from /proc, is a part of its wall time."""
+    out = run_script("workflow_cost.py", "--smoke", cwd=tmp_path)
+    rows = re.findall(
+        r"^dry (\w+) .*?\s+(\d+) (\w+) × (\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", out, re.M
+    )
+    cases = {case: (int(jobs), rule, int(n)) for case, jobs, rule, n, *_ in rows}
+    assert cases["public"] == (8, "link_group", 1), out
+    assert cases["synthetic"] == (8, "universe_group", 1), out
+    for *_, dry_s, cpu_s, wall_s in rows:
+        assert 0 < float(cpu_s) <= float(wall_s) + 0.1 and float(dry_s) == float(wall_s)
