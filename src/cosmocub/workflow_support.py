@@ -19,6 +19,7 @@ from cosmocub.config import (
     resolve,
     write_config,
 )
+from cosmocub.data.mlperf import file_groups
 from cosmocub.data.naming import (
     public_groups,
     seeds_of_group,
@@ -59,6 +60,7 @@ __all__ = [
     "finish_tracking",
     "job_config_path",
     "mlflow_runs_link",
+    "mlperf_group_files",
     "perf_model_bench_threads",
     "planned_points",
     "preprocess_groups",
@@ -130,8 +132,17 @@ def public_group_files(cfg: Config, group: int | str) -> list[str]:
 
 
 def preprocess_groups(cfg: Config, universes: Sequence[str]) -> range:
-    """The preprocess groups' indices: `universes` cluster.preprocess.universes_per_job a group."""
+    """The preprocess groups' indices: `universes` cluster.preprocess.universes_per_job a group
+    (the MLPerf folders: the groups of files their jobs validate)."""
+    if cfg.universes.source == "mlperf":
+        return range(len(file_groups(cfg)))
     return range(num_preprocess_groups(cfg, len(universes)))
+
+
+def mlperf_group_files(cfg: Config, group: int | str) -> list[str]:
+    """The files (paths under universes.mlperf_dir) an mlperf_group job validates: a param,
+    not inputs (6,400 files a job), so that another set of files makes the group again."""
+    return file_groups(cfg)[int(group)]
 
 
 def tracking_env(rule_name: str) -> Callable[[Mapping[str, str]], str]:

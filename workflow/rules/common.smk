@@ -11,6 +11,7 @@ from cosmocub.workflow_support import (
     perf_model_bench_threads,
     planned_points,
     preprocess_groups,
+    mlperf_group_files,
     public_group_files,
     resolved_config_path,
     simulate_runtime,

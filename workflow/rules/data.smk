@@ -64,6 +64,33 @@ rule link_group:
         " --out {params.universes} > {log} 2>&1"
 
 
+# The MLPerf HPC TFRecord folders (universes.source mlperf): each job reads and checks a group of
+# cluster.preprocess.files_per_job files (CRCs, shapes, labels) and writes the group's manifest;
+# the files stay where they are. No job per file: 589,824 files are ~93 groups.
+rule mlperf_group:
+    output:
+        f"{UNIVERSES}/groups/mlperf-{{group}}.json",
+    log:
+        f"{RESULTS}/logs/universes/mlperf-{{group}}.log",
+    wildcard_constraints:
+        group=r"\d+",
+    conda:
+        "../../envs/cosmocub.yaml"
+    threads: 1
+    resources:
+        mem_mb=CFG.cluster.preprocess.mem_mb,
+        runtime=CFG.cluster.preprocess.runtime,
+    params:
+        config=job_config(
+            "universes.mlperf_dir", "seed", "cluster.preprocess.files_per_job"
+        ),
+        files=lambda w: mlperf_group_files(CFG, w.group),
+        universes=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
+    shell:
+        "cosmocub mlperf-group --config {params.config} --group {wildcards.group}"
+        " --out {params.universes} > {log} 2>&1"
+
+
 # Preprocessing as many jobs: plan (allocate the shards from the universe groups' manifests), one
 # job per group of universes (each writes its samples in place, reads them back and computes
 # their features), gather (statistics, manifest, features and shards into place, from what the

@@ -1,6 +1,6 @@
-"""`cosmocub inspect | simulate | simulate-group | link-group | preprocess | preprocess-plan |
-preprocess-group | preprocess-gather | features`: the data stages, from universes to shards and
-their features.
+"""`cosmocub inspect | simulate | simulate-group | link-group | mlperf-group | preprocess |
+preprocess-plan | preprocess-group | preprocess-gather | features`: the data stages, from
+universes to shards and their features.
 """
 
 from __future__ import annotations
@@ -59,6 +59,14 @@ def _cmd_link_group(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_mlperf_group(args: argparse.Namespace) -> int:
+    from cosmocub.data.universe_groups import mlperf_group
+
+    cfg = load_config(args.config)
+    print(f"mlperf-group: manifest {mlperf_group(cfg, args.group, args.out)}")
+    return 0
+
+
 def _settings_with_workers(cfg: Config, threads: int | None, log_dir: Path):
     """The preprocess settings with the job's granted threads, sent to Dask workers started as
     Slurm jobs for the block where preprocess.dask_slurm_workers asks for them."""
@@ -96,15 +104,21 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
 
 def _cmd_preprocess_plan(args: argparse.Namespace) -> int:
     from cosmocub.data.shard_jobs import plan_shards
-    from cosmocub.data.universe_groups import read_group_metas
+    from cosmocub.data.universe_groups import (
+        group_metas,
+        mlperf_fixed_splits,
+        read_group_manifests,
+    )
 
     cfg = load_config(args.config)
+    groups = read_group_manifests(cfg, args.universes_dir)
     plan = plan_shards(
-        read_group_metas(cfg, args.universes_dir),
+        group_metas(groups),
         Path(args.staging),
         settings=cfg.preprocess,
         seed=cfg.seed,
         universes_per_job=cfg.cluster.preprocess.universes_per_job,
+        fixed=mlperf_fixed_splits(groups) if cfg.universes.source == "mlperf" else None,
     )
     print(f"preprocess-plan: {len(plan['place'])} universes in {len(plan['groups'])} groups")
     return 0
@@ -218,6 +232,19 @@ def add_link_group(sub) -> None:
     p.add_argument(
         "--out", required=True, help="the universes' folder: links, and the manifest under groups/"
     )
+    add_config(p)
+
+
+def add_mlperf_group(sub) -> None:
+    p = add_stage(
+        sub,
+        "mlperf-group",
+        _cmd_mlperf_group,
+        "validate one group of the MLPerf TFRecord folders' files (cluster.preprocess."
+        "files_per_job): every record's CRCs, shape and labels; write the group's manifest",
+    )
+    p.add_argument("--group", type=int, required=True, help="group index, from 0")
+    p.add_argument("--out", required=True, help="the universes' folder: the manifest under groups/")
     add_config(p)
 
 

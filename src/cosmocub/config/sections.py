@@ -29,6 +29,7 @@ class UniversesConfig:
     size: int
     cosmoflow_dir: str | None
     max_files: int | None
+    mlperf_dir: str | None
 
     @property
     def made_here(self) -> bool:
@@ -36,10 +37,11 @@ class UniversesConfig:
         return self.source in ("synthetic", "known_answer")
 
     def __post_init__(self) -> None:
-        if self.source == "cosmoflow" and not self.cosmoflow_dir:
-            raise ConfigError(
-                "key 'universes.cosmoflow_dir': required when universes.source is 'cosmoflow'"
-            )
+        for source, key in (("cosmoflow", "cosmoflow_dir"), ("mlperf", "mlperf_dir")):
+            if self.source == source and not getattr(self, key):
+                raise ConfigError(
+                    f"key 'universes.{key}': required when universes.source is '{source}'"
+                )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -163,6 +163,7 @@ class TrainResources:
 @dataclass(frozen=True, kw_only=True)
 class PreprocessResources:
     universes_per_job: int
+    files_per_job: int
     threads: int
     mem_mb: int
     runtime: int

@@ -11,6 +11,7 @@ import functools
 import math
 import os
 from collections.abc import Callable
+from typing import Any
 
 import dask.array as da
 import numpy as np
@@ -19,6 +20,7 @@ from dask.base import tokenize
 
 from cosmocub.config import PreprocessConfig
 from cosmocub.data.h5chunks import open_source
+from cosmocub.data.mlperf import RecordSource, is_record
 from cosmocub.data.universe import COUNT_VALUES, UniverseMeta, channel_histogram
 
 # One Dask block is one sample-thick depth slab of a universe (S × k·S × N × C), k chosen so a
@@ -48,7 +50,7 @@ def open_universe_slabs(metas: list[UniverseMeta], *, slab_depth: int) -> xr.Dat
 def _lazy_counts(metas: list[UniverseMeta], chunks: tuple[int, int, int, int]) -> xr.DataArray:
     arrays = [
         da.from_array(
-            open_source(m.path),
+            counts_source(m),
             chunks=chunks,
             # Keyed by the file's absolute path: two universes never share Dask keys, even when
             # they have the same file name in different folders.
@@ -64,6 +66,14 @@ def _lazy_counts(metas: list[UniverseMeta], chunks: tuple[int, int, int, int]) -
         coords={"universe": [str(m.path) for m in metas], "channel": metas[0].redshifts},
         name="counts",
     )
+
+
+def counts_source(meta: UniverseMeta) -> Any:
+    """An array-like (N, N, N, C) int16 reader of a universe's counts: its HDF5 `full` dataset
+    (the fastest exact reader, h5chunks.open_source), or one MLPerf record's `x`."""
+    if is_record(meta.path):
+        return RecordSource(meta.path, meta.size, meta.num_channels)
+    return open_source(meta.path)
 
 
 @functools.cache

@@ -32,7 +32,7 @@ def read_back_rows(
         whole = keeps_universes(split, settings)
         # The universe index of each of the group's universes in this split's shard.
         index_of = {
-            plan["place"][str(m.path)]["first_sample"] // (1 if whole else per_universe): m.path
+            plan["place"][str(m.path)]["first_sample"] // (1 if whole else per_universe): m
             for m in metas
             if plan["place"][str(m.path)]["split"] == split
         }

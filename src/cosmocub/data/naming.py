@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from cosmocub.config import Config, ConfigError
+from cosmocub.data.mlperf import file_groups
 
 # Universe seeds of one master (top-level) seed: a range of their own.
 SEEDS_PER_MASTER = 1_000_000
@@ -27,11 +28,14 @@ def synthetic_id(seed: int) -> str:
 
 
 def universe_ids(cfg: Config) -> list[str]:
-    """File stems (without .hdf5) of every universe the workflow uses, in a stable order."""
+    """File stems (without .hdf5) of every universe the workflow uses, in a stable order (the
+    MLPerf folders: each file's path under universes.mlperf_dir, in the order of its groups)."""
     if cfg.universes.made_here:
         return [
             synthetic_id(universe_seed(i, master_seed=cfg.seed)) for i in range(cfg.universes.count)
         ]
+    if cfg.universes.source == "mlperf":  # the files, by their paths in the dataset's folder
+        return [f for group in file_groups(cfg) for f in group]
     folder = Path(cfg.universes.cosmoflow_dir or "")
     if not folder.is_dir():
         raise ConfigError(f"key 'universes.cosmoflow_dir': {folder} is not a folder")
@@ -67,10 +71,12 @@ def public_groups(cfg: Config) -> list[list[str]]:
 def universe_group_names(cfg: Config, *, master_seed: int | None = None) -> list[str]:
     """The stems of the group manifests that together list the config's universes, in order:
     seed<m>-<g> for universes made here (at top-level seed m: the config's own, or
-    `master_seed`), public-<g> for linked ones."""
+    `master_seed`), public-<g> for linked ones, mlperf-<g> for the MLPerf folders' files."""
     if cfg.universes.made_here:
         master = cfg.seed if master_seed is None else master_seed
         return [f"seed{master}-{g}" for g in range(len(group_seeds(cfg, master_seed=master)))]
+    if cfg.universes.source == "mlperf":
+        return [f"mlperf-{g}" for g in range(len(file_groups(cfg)))]
     return [f"public-{g}" for g in range(len(public_groups(cfg)))]
 
 

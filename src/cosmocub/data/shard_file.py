@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 
 from cosmocub.config import PreprocessConfig
-from cosmocub.data.crop import value_table
+from cosmocub.data.crop import counts_source, value_table
 from cosmocub.data.h5chunks import ChunkWriter, create_preallocated
 from cosmocub.data.splits import PreprocessError
 from cosmocub.data.universe import UniverseMeta
@@ -116,14 +116,14 @@ def shard_writer(
 
 def verify_written(
     path: Path,
-    sources: Mapping[int, Path],
+    sources: Mapping[int, UniverseMeta],
     settings: PreprocessConfig,
     *,
     rows: tuple[int, int],
 ) -> None:
     """Read the first and last of a shard's samples rows[0]..rows[1]-1 back through HDF5 and
-    recompute them from their universes (`sources`: the file of each universe index the rows
-    name): the raw chunk writer bypasses HDF5, so the standard reader must agree with it."""
+    recompute them from their universes (`sources`: the universe of each index the rows name):
+    the raw chunk writer bypasses HDF5, so the standard reader must agree with it."""
     table = value_table(settings.log1p, settings.dtype)
     s = settings.sample_size
     with h5py.File(path, "r") as f:
@@ -133,12 +133,12 @@ def verify_written(
             d, h, w = (int(v) for v in f["crop_origin"][i])
             # (C, S, S, S): the sample, or the same crop of its whole universe
             stored = f["x"][u, :, d : d + s, h : h + s, w : w + s] if whole else f["x"][i]
-            with h5py.File(sources[u], "r") as src:
-                counts = np.asarray(src["full"][d : d + s, h : h + s, w : w + s, :], np.int16)
+            box = (slice(d, d + s), slice(h, h + s), slice(w, w + s), slice(None))
+            counts = np.asarray(counts_source(sources[u])[box], np.int16)
             expected = table[counts.view(np.uint16)].transpose(3, 0, 1, 2)
             if not np.array_equal(stored, expected, equal_nan=True):
                 raise PreprocessError(
-                    f"{path}: sample {i} read back through HDF5 differs from {sources[u]} "
+                    f"{path}: sample {i} read back through HDF5 differs from {sources[u].path} "
                     f"at origin ({d}, {h}, {w}): the shard writer wrote a corrupt shard"
                 )
 

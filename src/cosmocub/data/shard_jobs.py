@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 import xarray as xr
 
 from cosmocub.config import PreprocessConfig
+from cosmocub.cosmology.parameters import NAME_PAR, phys_from_unit
 from cosmocub.data.crop import (
     cropper,
     open_universe_slabs,
@@ -32,6 +34,7 @@ from cosmocub.data.dask_compute import compute_into
 from cosmocub.data.features import FEATURES_FILE, write_feature_file
 from cosmocub.data.group_rows import gathered_features, read_back_rows, rows_of_part
 from cosmocub.data.h5chunks import ChunkWriter
+from cosmocub.data.mlperf import record_file as source_file
 from cosmocub.data.shard_file import (
     RowOffset,
     create_shard,
@@ -40,7 +43,7 @@ from cosmocub.data.shard_file import (
 )
 from cosmocub.data.shard_summary import shard_manifest, shard_stats
 from cosmocub.data.splits import SPLITS, PreprocessError, assign_splits, check_metas
-from cosmocub.data.universe import UniverseMeta, read_universe_meta
+from cosmocub.data.universe import UniverseMeta
 from cosmocub.io import atomic_path, sha256_file
 
 PLAN_FILE = "plan.json"
@@ -53,15 +56,26 @@ def plan_shards(
     settings: PreprocessConfig,
     seed: int,
     universes_per_job: int,
+    fixed: FixedSplits | None = None,
 ) -> dict[str, Any]:
     """Allocate the shards in `staging` and write the plan: which universes each group crops.
 
     `metas`: the universes' headers (from their groups' manifests in the workflow, or their
-    files by hand: `check_universes`); no universe file is opened here."""
+    files by hand: `check_universes`); no universe file is opened here. `fixed`: a dataset's
+    own splits and groups (the MLPerf folders), in place of the seeded draw and groups of
+    `universes_per_job`."""
     metas = check_metas(metas, settings.sample_size)
     paths = [m.path for m in metas]
     by_path = {m.path: m for m in metas}
-    assigned = assign_splits(paths, settings.splits.as_dict(), seed)
+    if fixed is not None and settings.train_crops == "random":
+        raise PreprocessError(
+            "preprocess.train_crops random crops whole universes at random; the MLPerf folders "
+            "hold crops of them (universes.source mlperf): use train_crops fixed"
+        )
+    if fixed is None:
+        assigned = assign_splits(paths, settings.splits.as_dict(), seed)
+    else:
+        assigned = {s: [Path(p) for p in fixed.splits[s]] for s in SPLITS}
     per_universe = (metas[0].size // settings.sample_size) ** 3
     # first_sample: the universe's first row of its shard's `x` (its one row when the shard
     # holds universes whole).
@@ -73,8 +87,13 @@ def plan_shards(
         for s in SPLITS
         for i, p in enumerate(assigned[s])
     }
-    ordered = sorted(str(p) for p in paths)
-    groups = [ordered[i : i + universes_per_job] for i in range(0, len(ordered), universes_per_job)]
+    if fixed is None:
+        ordered = sorted(str(p) for p in paths)
+        groups = [
+            ordered[i : i + universes_per_job] for i in range(0, len(ordered), universes_per_job)
+        ]
+    else:
+        groups = fixed.groups
     staging = Path(staging)
     staging.mkdir(parents=True, exist_ok=True)
     for s in SPLITS:
@@ -83,7 +102,16 @@ def plan_shards(
         "splits": {s: [str(p) for p in assigned[s]] for s in SPLITS},
         "place": place,
         # What the gather's manifest says of each source, so that it opens none of them.
-        "universes": {str(m.path): {"size": m.size, "unitPar": m.unit_par.tolist()} for m in metas},
+        "universes": {
+            str(m.path): {
+                "size": m.size,
+                "num_channels": m.num_channels,
+                "unitPar": m.unit_par.tolist(),
+                "redshifts": m.redshifts.tolist(),
+            }
+            for m in metas
+        },
+        **({"source_universes": fixed.report} if fixed is not None else {}),
         "groups": groups,
         "samples_per_universe": per_universe,
         "seed": seed,
@@ -102,7 +130,8 @@ def crop_group(staging: Path, group: int, out: Path, *, settings: PreprocessConf
             f"{staging / PLAN_FILE}: group {group} does not exist (the plan has "
             f"{len(plan['groups'])})"
         )
-    metas = [read_universe_meta(Path(p)) for p in plan["groups"][group]]
+    # The headers as the plan holds them: the universes are opened only to read their counts.
+    metas = [planned_meta(p, plan["universes"][p]) for p in plan["groups"][group]]
     crop = cropper(settings)
     samples: dict[str, da.Array] = {}
     targets: dict[str, Any] = {}
@@ -144,7 +173,7 @@ def crop_group(staging: Path, group: int, out: Path, *, settings: PreprocessConf
         max_workers=max(1, (settings.num_workers or os.cpu_count() or 1) // 4),
         thread_name_prefix="sha256",
     ) as hasher:
-        hashing = [hasher.submit(sha256_file, m.path) for m in metas]
+        hashing = [hasher.submit(sha256_file, source_file(m.path)) for m in metas]
         try:
             written = compute_into(
                 samples, targets, hist, hist_np, settings, sum(m.nbytes for m in metas)
@@ -167,7 +196,7 @@ def crop_group(staging: Path, group: int, out: Path, *, settings: PreprocessConf
             hist=hist_np,
             paths=np.array([str(m.path) for m in metas]),
             sha256=np.array(digests),
-            bytes=np.array([m.path.stat().st_size for m in metas], dtype=np.int64),
+            bytes=np.array([os.stat(source_file(m.path)).st_size for m in metas], dtype=np.int64),
             **own_rows,
             **extra,
         )
@@ -226,6 +255,8 @@ def gather_shards(
         config_hash=config_hash,
         written_by=dict(sorted(written_by.items())) or None,
     )
+    if "source_universes" in plan:  # a dataset's own split: the universes its crops came from
+        manifest["source_universes"] = plan["source_universes"]
     features = gathered_features(staging, plan, parts, settings)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -239,6 +270,30 @@ def gather_shards(
         with atomic_path(out_dir / name) as tmp:
             tmp.write_text(json.dumps(content, indent=2) + "\n")
     return manifest
+
+
+@dataclass(frozen=True, kw_only=True)
+class FixedSplits:
+    """A dataset's own split of its units (paths), the groups its jobs crop (runs of the units
+    in their order, each split's units in that order too), and what the report says of it."""
+
+    splits: dict[str, list[str]]
+    groups: list[list[str]]
+    report: dict[str, Any]
+
+
+def planned_meta(path: str, planned: dict[str, Any]) -> UniverseMeta:
+    """A universe's header from the plan's record of it."""
+    unit_par = np.asarray(planned["unitPar"], dtype=np.float32)
+    return UniverseMeta(
+        path=Path(path),
+        size=int(planned["size"]),
+        num_channels=int(planned["num_channels"]),
+        unit_par=unit_par,
+        phys_par=phys_from_unit(unit_par),
+        name_par=NAME_PAR,
+        redshifts=np.asarray(planned["redshifts"], dtype=np.float32),
+    )
 
 
 def group_files(staging: Path, groups_dir: Path) -> list[Path]:

@@ -40,7 +40,7 @@ def iter_tfrecords(path: str | os.PathLike, *, compressed: bool = True) -> Itera
     opener = gzip.open if compressed else open
     try:
         with opener(path, "rb") as stream:
-            yield from _records(path, stream)
+            yield from read_records(path, stream)
     except gzip.BadGzipFile as err:
         raise TFRecordError(f"{path}: not a valid GZIP file ({err})") from None
     except EOFError:
@@ -49,7 +49,8 @@ def iter_tfrecords(path: str | os.PathLike, *, compressed: bool = True) -> Itera
         raise TFRecordError(f"{path}: GZIP stream is corrupt ({err})") from None
 
 
-def _records(path: Path, stream: BinaryIO) -> Iterator[bytes]:
+def read_records(path: Path, stream: BinaryIO) -> Iterator[bytes]:
+    """Each record's payload from an open (decompressed) stream, both CRCs checked."""
     index = 0
     while True:
         header = stream.read(12)
@@ -199,7 +200,7 @@ def read_tfrecord(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, int]
     first: tuple[np.ndarray, np.ndarray] | None = None
     count = 0
     for index, payload in enumerate(iter_tfrecords(path)):
-        sample = _decode_sample(path, index, payload)
+        sample = decode_sample(path, index, payload)
         if first is None:
             first = sample
         count += 1
@@ -208,7 +209,9 @@ def read_tfrecord(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray, int]
     return first[0], first[1], count
 
 
-def _decode_sample(path: Path, index: int, payload: bytes) -> tuple[np.ndarray, np.ndarray]:
+def decode_sample(path: Path, index: int, payload: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(x int16 (S, S, S, 4), y float32 (4,)) of record `index` of `path`, checked: a cube of
+    int16 counts, 4 finite unitPar in [-1, 1]; a TFRecordError naming the file and record."""
     where = f"{path}: record {index}"
     try:
         features = parse_example(payload)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from cosmocub.config import Config
+from cosmocub.data import mlperf
 from cosmocub.data.naming import (
     group_seeds,
     public_groups,
@@ -26,8 +27,9 @@ from cosmocub.data.naming import (
     synthetic_id,
     universe_group_names,
 )
+from cosmocub.data.shard_jobs import FixedSplits
 from cosmocub.data.simulate_jobs import simulate_one
-from cosmocub.data.splits import PreprocessError
+from cosmocub.data.splits import SPLITS, PreprocessError
 from cosmocub.data.universe import UniverseMeta, read_universe_meta
 from cosmocub.io import atomic_path, sha256_file, write_json
 
@@ -138,40 +140,75 @@ def _write_manifest(out: Path, *, source: str, group: int, universes: list[dict]
     log.info("universe group %d: %d universes, manifest %s", group, len(universes), out)
 
 
-def read_group_metas(
+def read_group_manifests(
     cfg: Config, universes_dir: str | os.PathLike, *, master_seed: int | None = None
-) -> list[UniverseMeta]:
-    """The headers of the config's universes, read from its groups' manifests in order (no
-    universe file is opened). A missing manifest, or one that lists other universes than the
+) -> list[list[dict[str, Any]]]:
+    """Each of the config's universe groups' manifest entries, in order (no universe file is
+    opened). A missing manifest, or one that lists other universes (or MLPerf files) than the
     config's group holds, is a PreprocessError naming it."""
     if cfg.universes.made_here:
         expected = [
             [synthetic_id(seed) for seed in seeds]
             for seeds in group_seeds(cfg, master_seed=master_seed)
         ]
+    elif cfg.universes.source == "mlperf":
+        root = Path(cfg.universes.mlperf_dir or "")
+        expected = [[str(root / f) for f in files] for files in mlperf.file_groups(cfg)]
     else:
         expected = public_groups(cfg)
-    metas = []
+    groups = []
     names = universe_group_names(cfg, master_seed=master_seed)
     for name, stems in zip(names, expected, strict=True):
         path = manifest_path(universes_dir, name)
         if not path.is_file():
             raise PreprocessError(
                 f"{path}: universe group manifest not found (make the group first: "
-                f"`cosmocub {'simulate-group' if cfg.universes.made_here else 'link-group'}`)"
+                f"`cosmocub {_GROUP_COMMAND[cfg.universes.source]}`)"
             )
         try:
-            group = [_meta(e) for e in json.loads(path.read_text())["universes"]]
+            entries = json.loads(path.read_text())["universes"]
+            if cfg.universes.source == "mlperf":
+                listed = list(dict.fromkeys(mlperf.record_file(e["path"]) for e in entries))
+            else:
+                listed = [Path(e["path"]).stem for e in entries]
         except (ValueError, KeyError, TypeError) as err:
             raise PreprocessError(f"{path}: not a universe group manifest ({err})") from None
-        listed = [m.path.stem for m in group]
         if listed != stems:
             raise PreprocessError(
                 f"{path}: lists {len(listed)} universes ({', '.join(listed[:2])}, ...) where the "
                 f"config's group holds {len(stems)} ({', '.join(stems[:2])}, ...): make it again"
             )
-        metas += group
-    return metas
+        groups.append(entries)
+    return groups
+
+
+_GROUP_COMMAND = {
+    "synthetic": "simulate-group",
+    "known_answer": "simulate-group",
+    "cosmoflow": "link-group",
+    "mlperf": "mlperf-group",
+}
+
+
+def read_group_metas(
+    cfg: Config, universes_dir: str | os.PathLike, *, master_seed: int | None = None
+) -> list[UniverseMeta]:
+    """The headers of the config's universes (`read_group_manifests`), in order."""
+    return group_metas(read_group_manifests(cfg, universes_dir, master_seed=master_seed))
+
+
+def group_metas(groups: list[list[dict[str, Any]]]) -> list[UniverseMeta]:
+    """The headers of the universes the groups' manifest entries list, in order."""
+    return [_meta(e) for entries in groups for e in entries]
+
+
+def mlperf_group(cfg: Config, group: int, universes_dir: str | os.PathLike) -> Path:
+    """Validate group `group` of the MLPerf folders' files (every record read and checked,
+    data.mlperf.validate_group) and write its manifest; nothing is linked or copied."""
+    entries = mlperf.validate_group(cfg, group)
+    out = manifest_path(universes_dir, f"mlperf-{group}")
+    _write_manifest(out, source="mlperf", group=group, universes=entries)
+    return out
 
 
 def _meta(entry: dict[str, Any]) -> UniverseMeta:
@@ -184,3 +221,28 @@ def _meta(entry: dict[str, Any]) -> UniverseMeta:
         name_par=tuple(entry["namePar"]),
         redshifts=np.asarray(entry["redshifts"], dtype=np.float32),
     )
+
+
+def mlperf_fixed_splits(groups: list[list[dict[str, Any]]]) -> FixedSplits:
+    """The MLPerf folders' split (each record's manifest `split`), the groups as validated, and
+    the universes behind the crops: how many, and how many have crops in two splits (a leak
+    that flatters every test figure)."""
+    order = sorted(
+        (e for entries in groups for e in entries), key=lambda e: mlperf.unit_order(e["path"])
+    )
+    splits: dict[str, list[str]] = {s: [] for s in SPLITS}
+    universes: dict[str, set[str]] = {}
+    for e in order:
+        splits[e["split"]].append(e["path"])
+        universes.setdefault(e["universe"], set()).add(e["split"])
+    leaked = sorted(u for u, where in universes.items() if len(where) > 1)
+    report = {
+        "source": "mlperf",
+        "universes": {s: sum(s in where for where in universes.values()) for s in SPLITS},
+        "universes_in_two_splits": len(leaked),
+        "universes_in_two_splits_first": leaked[:5],
+    }
+    ordered_groups = [
+        sorted((e["path"] for e in entries), key=mlperf.unit_order) for entries in groups
+    ]
+    return FixedSplits(splits=splits, groups=ordered_groups, report=report)

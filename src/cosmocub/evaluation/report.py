@@ -204,6 +204,26 @@ def format_study_section(
     return "\n".join([*lines, ""])
 
 
+def _source_universes(source: dict | None) -> list[str]:
+    """What a dataset's own split says of the universes behind its samples (the MLPerf
+    folders, whose records are crops of universes): how many, and any in two splits."""
+    if not source:
+        return []
+    per_split = ", ".join(f"{s} {n}" for s, n in source["universes"].items())
+    leaked = source["universes_in_two_splits"]
+    where = (
+        "no universe has crops in two splits"
+        if not leaked
+        else f"**{leaked} universes have crops in two splits** (e.g. "
+        f"{', '.join(source['universes_in_two_splits_first'])}): their test figures are flattered"
+    )
+    return [
+        f"The samples are records of the {source['source']} dataset, crops of universes "
+        f"(read from the file names): {per_split}; {where}.",
+        "",
+    ]
+
+
 def write_summary(
     *,
     manifest_path: Path,
@@ -224,6 +244,7 @@ def write_summary(
         "|---|---|---|",
         *(f"| {s} | {universes.get(s, '?')} | {n} |" for s, n in counts.items()),
         "",
+        *_source_universes(manifest.get("source_universes")),
     ]
     for path in metrics_paths:
         lines += format_run(path)
