@@ -31,6 +31,7 @@ SUBCOMMANDS = (
     data_commands.add_simulate_group,
     data_commands.add_link_group,
     data_commands.add_mlperf_group,
+    data_commands.add_export_mlperf,
     data_commands.add_preprocess,
     data_commands.add_preprocess_plan,
     data_commands.add_preprocess_group,

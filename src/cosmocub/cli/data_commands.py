@@ -248,6 +248,32 @@ def add_mlperf_group(sub) -> None:
     add_config(p)
 
 
+def _cmd_export_mlperf(args: argparse.Namespace) -> int:
+    from cosmocub.data.mlperf_export import export_mlperf
+
+    cfg = load_config(args.config)
+    universes = Path(args.universes_dir or cfg.results / "universes")
+    written = export_mlperf(cfg, universes, Path(args.out))
+    print(f"export-mlperf: {written} files → {args.out}")
+    return 0
+
+
+def add_export_mlperf(sub) -> None:
+    p = add_stage(
+        sub,
+        "export-mlperf",
+        _cmd_export_mlperf,
+        "write the config's universes as an MLPerf HPC CosmoFlow TFRecord folder (train/, "
+        "validation/, test/), cropped and split as its shards are",
+    )
+    p.add_argument("--out", required=True, help="the new folder")
+    p.add_argument(
+        "--universes-dir",
+        help="the universes' folder with its groups/ manifests (default <results>/universes)",
+    )
+    add_config(p)
+
+
 def add_preprocess(sub) -> None:
     p = add_stage(sub, "preprocess", _cmd_preprocess, "crop universes into train/val/test shards")
     p.add_argument("universes", nargs="+", help="universe .hdf5 files")

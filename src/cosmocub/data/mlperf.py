@@ -88,12 +88,18 @@ def split_of_files(cfg: Config) -> dict[str, str]:
     """Each file's split (its path relative to universes.mlperf_dir → train, val or test). The
     dataset's folders are kept; without test/, the validation folder's universes are shared
     out between val and test, half each (a seeded draw by universe, never a universe in both)."""
-    listing = _listing(str(cfg.universes.mlperf_dir))
+    return _split_of_files(str(cfg.universes.mlperf_dir), cfg.seed)
+
+
+@functools.cache
+def _split_of_files(mlperf_dir: str, seed: int) -> dict[str, str]:
+    # Cached: the workflow asks at parse time for every group's files (590k names).
+    listing = _listing(mlperf_dir)
     split = {f"{folder}/{name}": FOLDERS[folder] for folder, names in listing.items()
              for name in names}  # fmt: skip
     if "test" not in listing:
         universes = sorted({universe_and_crop(n)[0] for n in listing["validation"]})
-        order = np.random.default_rng(cfg.seed).permutation(len(universes))
+        order = np.random.default_rng(seed).permutation(len(universes))
         to_test = {universes[i] for i in order[: len(universes) // 2]}
         for name in listing["validation"]:
             if universe_and_crop(name)[0] in to_test:
@@ -104,8 +110,14 @@ def split_of_files(cfg: Config) -> dict[str, str]:
 def file_groups(cfg: Config) -> list[list[str]]:
     """The files (relative paths) of each validation job, cluster.preprocess.files_per_job to a
     group, in unit order across the folders: the groups preprocessing crops too."""
-    files = sorted(split_of_files(cfg), key=unit_order)
-    per_job = cfg.cluster.preprocess.files_per_job
+    return _file_groups(
+        str(cfg.universes.mlperf_dir), cfg.seed, cfg.cluster.preprocess.files_per_job
+    )
+
+
+@functools.cache
+def _file_groups(mlperf_dir: str, seed: int, per_job: int) -> list[list[str]]:
+    files = sorted(_split_of_files(mlperf_dir, seed), key=unit_order)
     return [files[i : i + per_job] for i in range(0, len(files), per_job)]
 
 

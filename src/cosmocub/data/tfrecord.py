@@ -246,3 +246,45 @@ def decode_sample(path: Path, index: int, payload: bytes) -> tuple[np.ndarray, n
     if np.any(np.abs(y) > 1.0):
         raise TFRecordError(f"{where}: feature 'y' {y.tolist()} is outside [-1, 1]")
     return x, y
+
+
+# --- writing: the same format, for `cosmocub export-mlperf` -------------------------------
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (wire type 2): key, length, bytes."""
+    return _varint_bytes(number << 3 | 2) + _varint_bytes(len(payload)) + payload
+
+
+def encode_example(x: np.ndarray, y: np.ndarray) -> bytes:
+    """A serialized tf.train.Example with `x` (the counts' little-endian int16 bytes, one bytes
+    value) and `y` (the unitPar as a packed FloatList): the features the MLPerf reference
+    parses (FixedLenFeature [] string and [4] float32)."""
+    x_bytes = np.ascontiguousarray(x, dtype="<i2").tobytes()
+    y_bytes = np.asarray(y, dtype="<f4").tobytes()
+    features = _field(1, _field(1, b"x") + _field(2, _field(1, _field(1, x_bytes))))
+    features += _field(1, _field(1, b"y") + _field(2, _field(2, _field(1, y_bytes))))
+    return _field(1, features)
+
+
+def frame_record(payload: bytes) -> bytes:
+    """One TFRecord record: length, its masked CRC32C, the payload, its masked CRC32C."""
+    length = struct.pack("<Q", len(payload))
+    return (
+        length
+        + struct.pack("<I", masked_crc32c(length))
+        + payload
+        + struct.pack("<I", masked_crc32c(payload))
+    )
