@@ -229,5 +229,6 @@ def test_workflow_cost(tmp_path: Path) -> None:
     cases = {case: (int(jobs), rule, int(n)) for case, jobs, rule, n, *_ in rows}
     assert cases["public"] == (8, "link_group", 1), out
     assert cases["synthetic"] == (8, "universe_group", 1), out
+    assert cases["mlperf"] == (8, "mlperf_group", 1), out  # 56 placeholder files, one group
     for *_, dry_s, cpu_s, wall_s in rows:
         assert 0 < float(cpu_s) <= float(wall_s) + 0.1 and float(dry_s) == float(wall_s)

@@ -458,3 +458,43 @@ def test_raising_universes_count_by_a_group_makes_only_that_group(tmp_path):
     changed = snakemake("-n", *targets(3), *more, "simulate={pm_steps: 5}", cwd=tmp_path)
     assert changed.returncode == 0, changed.stderr[-2000:]
     assert job_counts(changed.stdout) == {"universe_group": 3}, changed.stdout[-2000:]
+
+
+def test_the_real_mlperf_samples_run_to_a_report(tmp_path, real_samples):
+    """The three real samples in the MLPerf layout (one in train/, two universes in
+    validation/, which the source shares out between val and test) through the whole
+    workflow: its shards hold exactly the counts `cosmocub inspect` reads, log1p'd."""
+    import numpy as np
+
+    from cosmocub.data.tfrecord import read_tfrecord
+
+    train, *validation = sorted(real_samples, key=lambda p: "a10018182" not in p.name)
+    layout = tmp_path / "mlperf"
+    for folder, files in (("train", [train]), ("validation", validation)):
+        (layout / folder).mkdir(parents=True)
+        for f in files:
+            (layout / folder / f.name).symlink_to(f)
+    proc = snakemake(
+        "--cores", "2", "--configfile", str(REPO / "config" / "test.yaml"), "--config",
+        f"universes={{source: mlperf, mlperf_dir: {layout}}}",
+        "preprocess={sample_size: 32, slab_depth: 8}", "train={epochs: 1, run_name: real}",
+        "model={input_size: 32, base_filters: 4, num_conv_blocks: 2, dense_sizes: [16]}",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shards = tmp_path / "results-test" / "shards"
+    manifest = json.loads((shards / "manifest.json").read_text())
+    assert manifest["counts"] == {"train": 64, "val": 64, "test": 64}
+    assert manifest["source_universes"]["universes_in_two_splits"] == 0
+    for split in ("train", "val", "test"):
+        with h5py.File(shards / f"{split}.h5") as f:
+            (source,) = json.loads(f.attrs["source_files"])
+            counts, label, _ = read_tfrecord(source)
+            for i in (0, 37, 63):
+                d, h, w = f["crop_origin"][i]
+                crop = counts[d : d + 32, h : h + 32, w : w + 32].astype(np.float32)
+                expected = np.log1p(crop).astype(np.float16).transpose(3, 0, 1, 2)
+                assert f["x"][i].tobytes() == expected.tobytes(), (split, i)
+            np.testing.assert_array_equal(f["y"][0], label)
+    summary = (tmp_path / "results-test" / "report" / "summary.md").read_text()
+    assert "no universe has crops in two splits" in summary
