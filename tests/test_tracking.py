@@ -291,14 +291,19 @@ def test_caller_errors_propagate_mid_run(store, tmp_path):
     assert client_for(cfg).get_run(tracker.run_id).info.status == "FAILED"
 
 
-def test_store_outage_mid_run_warns_and_goes_on(monkeypatch, caplog):
+def test_store_outage_mid_run_keeps_metrics_and_goes_on(monkeypatch, caplog):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     tracker = Tracker(f"http://127.0.0.1:{_closed_port()}", "0" * 32)
+    start = time.monotonic()
+    tracker.log_metrics({"train_loss": 0.5}, step=7)  # handed to the sender, not sent here
+    handed_over = time.monotonic() - start
     with caplog.at_level("WARNING", logger="cosmocub.tracking.tracker"):
-        tracker.log_metrics({"train_loss": 0.5}, step=7)
         tracker.set_tags({"a": "b"})
-    assert tracker.failures == 2
-    assert "MLflow log_metrics failed for run 0000" in caplog.text
+    unsent = tracker.close(timeout_s=5)
+    assert handed_over < 0.05
+    assert [(m.key, m.value, m.step) for m in unsent] == [("train_loss", 0.5, 7)]
+    assert tracker.failures >= 2  # set_tags, and at least the sender's last try
+    assert "MLflow set_tags failed for run 0000" in caplog.text
 
 
 def test_unpicklable_model_warns_instead_of_failing_the_job(store, tmp_path, caplog):
