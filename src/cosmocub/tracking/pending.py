@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 import uuid
@@ -142,8 +143,10 @@ def write_run_update(
 
 def replay_epochs(client: Any, run_id: str, epochs_file: Path) -> int:
     """Log into run `run_id` every value of metrics.jsonl (one record an epoch, logged at its
-    "step") that the run lacks at that step; returns how many. metrics.jsonl is the source of
-    truth: what an outage or a killed job kept from the store is taken from there."""
+    "step") that the run lacks at that step, or holds otherwise as its latest there; returns how
+    many. metrics.jsonl is the source of truth: what an outage or a killed job kept from the
+    store is taken from there, and an epoch a resumed training ran again (after its last
+    checkpoint) replaces the killed job's value as the step's latest (MLflow deletes none)."""
     from mlflow.entities import Metric
 
     if not epochs_file.is_file():
@@ -158,15 +161,24 @@ def replay_epochs(client: Any, run_id: str, epochs_file: Path) -> int:
     now = int(time.time() * 1000)
     missing = []
     for key in sorted(keys):
-        have = {m.step for m in client.get_metric_history(run_id, key)}
+        latest = {}  # step -> the value MLflow shows there (its newest)
+        for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp):
+            latest[m.step] = m.value
         missing += [
             Metric(key, float(r[key]), now, int(r["step"]))
             for r in records
-            if isinstance(r.get(key), int | float) and int(r["step"]) not in have
+            if isinstance(r.get(key), int | float)
+            and not _same(latest.get(int(r["step"])), float(r[key]))
         ]
     for i in range(0, len(missing), _MAX_METRICS):
         client.log_batch(run_id, metrics=missing[i : i + _MAX_METRICS])
     return len(missing)
+
+
+def _same(logged: float | None, value: float) -> bool:
+    if logged is None:
+        return False
+    return logged == value or (math.isnan(logged) and math.isnan(value))
 
 
 def flush_pending(cfg: Config, client: Any) -> int:

@@ -89,6 +89,26 @@ class MetricSender:
                 self._shed()
             self._cond.notify()
 
+    def try_now(self, timeout_s: float) -> bool:
+        """With the circuit open, try the store at once (a caller about to make a call of its
+        own): wait up to `timeout_s` for what is kept to go; True when the store took it."""
+        with self._cond:
+            if not self.circuit_open:
+                return True
+            if not self.backlog:  # nothing to try with: the caller's own call is the probe
+                self._in_a_row = 0
+                return True
+            failures = self.failures
+            self._open_until = 0.0
+            self._cond.notify_all()
+            deadline = time.monotonic() + timeout_s
+            while self.circuit_open and self.failures == failures:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            return not self.circuit_open
+
     def close(self, timeout_s: float) -> list[Any]:
         """Try to send what is left (once more, whatever the circuit says) for at most
         `timeout_s`; stop the thread; return what was not sent."""

@@ -30,6 +30,10 @@ _CALLER_ERROR_CODES = {
 }
 
 
+# How long a call of the tracker's own waits for a store the sender found down to answer again.
+PROBE_TIMEOUT_S = 5.0
+
+
 class NullTracker:
     """What a job gets when tracking is off or it is not world rank 0: every call does nothing."""
 
@@ -93,10 +97,12 @@ class Tracker(NullTracker):
         if not Path(path).exists():
             raise FileNotFoundError(f"{path}: artifact to log does not exist")
         failures = self.failures
-        if not self.sender.circuit_open:  # a store known to be down is not made to wait on
+        # A store known to be down is tried once more (with what the sender keeps), not waited on.
+        up = self.sender.try_now(PROBE_TIMEOUT_S)
+        if up:
             with self._guard("log_artifact"):
                 self.client.log_artifact(self.run_id, str(path), artifact_path)
-        if self.sender.circuit_open or self.failures > failures:
+        if not up or self.failures > failures:
             self.unsent_artifacts.append((os.path.abspath(path), artifact_path))
 
     def log_model(self, model: Any, name: str = "model") -> None:
@@ -110,7 +116,7 @@ class Tracker(NullTracker):
         import torch
 
         model = getattr(model, "module", model)  # unwrap DDP and the like
-        if self.sender.circuit_open:
+        if not self.sender.try_now(PROBE_TIMEOUT_S):
             self.failures += 1
             log.warning("MLflow: store down, model not logged to run %s", self.run_id)
             return
