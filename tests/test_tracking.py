@@ -389,6 +389,14 @@ def test_unreachable_server_fails_at_start_within_seconds(tmp_path):
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
 
 
+def test_a_gone_server_the_workflow_started_is_named_by_its_key(tmp_path):
+    cfg = make_cfg(tmp_path, server={"start": True, "port": _closed_port()})
+    with pytest.raises(TrackingUnavailable) as info, job_run(cfg, stage="train"):
+        pass
+    assert str(info.value).startswith("<defaults>: key 'tracking.server.start': MLflow store")
+    assert "results/logs/mlflow-server.log" in str(info.value)
+
+
 def test_cli_tracking_start_and_end(store, tmp_path, capsys):
     config = tmp_path / "c.yaml"
     config.write_text(f"results: {tmp_path / 'results'}\ntracking: {{system_metrics: false}}\n")
@@ -399,6 +407,43 @@ def test_cli_tracking_start_and_end(store, tmp_path, capsys):
     assert cli_main(args) == 0
     run = client_for(load_config(config)).get_run(run_id)
     assert (run.info.status, run.info.run_name) == ("FAILED", "cli")
+
+
+def test_cli_tracking_sync_delivers_what_a_run_kept_into_that_run(store, tmp_path, capsys):
+    """A run whose store was away at its end left a record: its unsent metric, its status and
+    its metrics.jsonl; `cosmocub tracking sync` puts them into the same run."""
+    from mlflow.entities import Metric
+
+    from cosmocub.tracking.pending import write_run_update
+
+    config = tmp_path / "c.yaml"
+    config.write_text(f"results: {tmp_path / 'results'}\ntracking: {{system_metrics: false}}\n")
+    cfg = load_config(config)
+    client = client_for(cfg)
+    run_id = client.create_run(init_store(cfg)).info.run_id
+    client.log_metric(run_id, "val_loss", 0.9, step=2)  # epoch 0 reached the store
+    epochs = tmp_path / "metrics.jsonl"
+    epochs.write_text(
+        '{"epoch": 0, "step": 2, "val_loss": 0.9}\n{"epoch": 1, "step": 4, "val_loss": 0.7}\n'
+    )
+    write_run_update(
+        cfg,
+        run_id,
+        metrics=[Metric("train_loss_step", 0.8, 1, 3)],
+        artifacts=[],
+        status="FINISHED",
+        epochs_file=epochs,
+    )
+    assert cli_main(["tracking", "sync", "--config", str(config)]) == 0
+    assert "delivered 1 pending record(s)" in capsys.readouterr().out
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "val_loss"))
+    assert history == [(2, 0.9), (4, 0.7)]  # epoch 1 replayed, epoch 0 not twice
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss_step")] == [
+        (3, 0.8)
+    ]
+    assert not list((tmp_path / "results" / "mlflow-pending").glob("*"))
 
 
 def test_experiment_declares_model_training(store, tmp_path):

@@ -26,6 +26,7 @@ from cosmocub.tracking.pending import (
     RecordingTracker,
     flush_pending,
     param_value,
+    pending_dir,
     replay_epochs,
     write_record,
     write_run_update,
@@ -96,6 +97,23 @@ def end_workflow_run(cfg: Config, run_id: str, status: str) -> None:
             client.set_terminated(run_id, status=status)
     except Exception as err:
         raise store_unavailable(cfg, uri, err) from err
+
+
+def sync_pending(cfg: Config) -> int:
+    """Deliver every record in mlflow-pending/ (short jobs' runs, what runs could not send);
+    returns how many. Raises TrackingUnavailable (one line) when the store does not answer, and
+    when records are left (the store failed part way)."""
+    from mlflow.tracking import MlflowClient
+
+    init_store(cfg)
+    uri = tracking_uri(cfg)
+    with probe_timeouts():
+        count = flush_pending(cfg, MlflowClient(tracking_uri=uri))
+    if left := sorted(pending_dir(cfg).glob("*.json")):
+        raise store_unavailable(
+            cfg, uri, RuntimeError(f"{len(left)} record(s) left in {left[0].parent}")
+        )
+    return count
 
 
 def _flush_pending(cfg: Config, client: Any) -> None:
