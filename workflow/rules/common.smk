@@ -36,7 +36,9 @@ from cosmocub.workflow_support import (
 # typed first: one line naming the file and the key (checked_at_parse: no frames of this file),
 # and the schema read once (Snakemake's validate would read and check it a second time).
 CFG = checked_at_parse(
-    workflow_config, config, source=" + ".join(map(str, workflow.configfiles)) or "config"
+    workflow_config,
+    config,
+    source=" + ".join(map(str, workflow.configfiles)) or "config",
 )
 # Which config is in effect, in every invocation's output (dry runs too): the files given, or the
 # embedded default, plus the schema's defaults; the hash names the resolved file jobs read.
