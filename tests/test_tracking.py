@@ -446,6 +446,27 @@ def test_cli_tracking_sync_delivers_what_a_run_kept_into_that_run(store, tmp_pat
     assert not list((tmp_path / "results" / "mlflow-pending").glob("*"))
 
 
+def test_the_next_workflow_ends_the_runs_of_dead_processes_killed(store, tmp_path):
+    """A job SIGKILLed (no `finally`) leaves its run RUNNING; the next workflow on this host
+    ends it KILLED, and leaves a run whose process lives alone."""
+    from cosmocub.tracking.reconcile import PID_TAG
+
+    cfg = make_cfg(tmp_path)
+    client = client_for(cfg)
+    experiment_id = init_store(cfg)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    host = socket.gethostname()
+    dead = client.create_run(experiment_id, tags={"host": host, PID_TAG: str(gone.pid)})
+    live = client.create_run(experiment_id, tags={"host": host, PID_TAG: str(os.getpid())})
+    elsewhere = client.create_run(experiment_id, tags={"host": "other", PID_TAG: str(gone.pid)})
+    parent = start_workflow_run(cfg, owned=True)
+    status = {r: client.get_run(r).info.status for r in (dead.info.run_id, live.info.run_id)}
+    assert status == {dead.info.run_id: "KILLED", live.info.run_id: "RUNNING"}
+    assert client.get_run(elsewhere.info.run_id).info.status == "RUNNING"  # its host's to end
+    assert client.get_run(parent).data.tags[PID_TAG] == str(os.getpid())
+
+
 def test_experiment_declares_model_training(store, tmp_path):
     """MLflow 3's UI opens experiments in its GenAI view unless told otherwise."""
     cfg = make_cfg(tmp_path)

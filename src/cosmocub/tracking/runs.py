@@ -31,6 +31,7 @@ from cosmocub.tracking.pending import (
     write_record,
     write_run_update,
 )
+from cosmocub.tracking.reconcile import PID_TAG, end_dead_runs, owner_tags
 from cosmocub.tracking.sender import job_http_timeouts
 from cosmocub.tracking.store import init_store, probe_timeouts, store_unavailable, tracking_uri
 from cosmocub.tracking.system import start_system_metrics
@@ -56,10 +57,16 @@ CLOSE_TIMEOUT_S = 15.0
 
 
 def start_workflow_run(
-    cfg: Config, *, name: str | None = None, tags: Mapping[str, str] | None = None
+    cfg: Config,
+    *,
+    name: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    owned: bool = False,
 ) -> str:
     """Open the parent run of one workflow invocation, named `name` (default workflow-<date>)
-    with `tags` beside the common ones; return its id ("" if tracking is off)."""
+    with `tags` beside the common ones; return its id ("" if tracking is off). `owned`: this
+    process (Snakemake's) ends the run, and a later workflow may end it KILLED once it is gone;
+    runs left RUNNING by dead processes of this host are ended so here."""
     if not cfg.tracking.enabled:
         return ""
     from mlflow.tracking import MlflowClient
@@ -73,11 +80,14 @@ def start_workflow_run(
         "cosmocub.kind": "workflow",
         "mlflow.source.name": "snakemake",
     }
+    if owned:
+        tags.update(owner_tags())
     run_name = name or time.strftime("workflow-%Y%m%d-%H%M%S")
     run = client.create_run(experiment_id, tags=tags, run_name=run_name)
     run_id = run.info.run_id
     _log_config(client, run_id, cfg, params=None)
     _flush_pending(cfg, client)  # left by an earlier invocation that was killed
+    end_dead_runs(client, experiment_id)  # after the records: they end their runs themselves
     return run_id
 
 
@@ -209,6 +219,7 @@ def _reopen_run(client: Any, run_file: Path, uri: str, tags: Mapping[str, str]) 
     if run.info.lifecycle_stage == "deleted":
         return None
     client.update_run(run.info.run_id, status="RUNNING")
+    client.set_tag(run.info.run_id, PID_TAG, str(os.getpid()))  # its owner now
     # The run keeps its first parent; the invocation that continued it is noted beside it.
     resumes = int(run.data.tags.get("cosmocub.resumes", "0")) + 1
     client.set_tag(run.info.run_id, "cosmocub.resumes", str(resumes))
@@ -307,7 +318,7 @@ def _run_name(tags: Mapping[str, str]) -> str:
 
 
 def _job_tags(cfg: Config, stage: str) -> dict[str, str]:
-    tags = {**_common_tags(cfg), "cosmocub.kind": "job", "stage": stage}
+    tags = {**_common_tags(cfg), **owner_tags(), "cosmocub.kind": "job", "stage": stage}
     tags["rule"] = os.environ.get(RULE_ENV) or stage
     tags["mlflow.source.name"] = f"cosmocub {stage}"
     if parent := os.environ.get(PARENT_RUN_ENV):

@@ -63,7 +63,7 @@ def start_tracking(cfg: Config, targets: Sequence[str]) -> None:
     # this one (locally) or inherit its environment (srun/sbatch).
     tags = {TARGETS_TAG: " ".join(targets)} if targets else {}
     try:
-        run_id = start_workflow_run(cfg, name=workflow_run_name(targets), tags=tags)
+        run_id = start_workflow_run(cfg, name=workflow_run_name(targets), tags=tags, owned=True)
     except BaseException:
         # Snakemake stops at a failed onstart without calling onerror: the server started above
         # would outlive it (seen: a server too loaded to answer its first API call in time).
