@@ -227,7 +227,8 @@ def test_a_server_killed_mid_training_costs_no_time_and_loses_no_epoch(
     assert {a.path for a in client.list_artifacts(run_id)} >= {"metrics.jsonl", "config.yaml"}
 
 
-@pytest.mark.slow
+# Two 2-rank launches (30 s at a load of 2): on request, beside the outage test in the suite.
+@pytest.mark.long
 def test_a_killed_and_resumed_training_is_one_mlflow_run(
     tmp_path: Path, shards: Path, server: Server
 ) -> None:
