@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cosmocub.launch.launcher import RankLayout, launch_command
+from cosmocub.launch.env import ATTEMPT_ENV, PEER_LOST_ENV
+from cosmocub.launch.launcher import RankLayout, launch_command, lost_nodes, run_attempts
 from cosmocub.parallel.parallel_dims import detect_launch_env
 
 TRAIN = ["train", "--shards", "s", "--out", "r"]
@@ -115,3 +116,116 @@ def test_emulated_nodes_name_their_address_and_which_one_serves_the_rendezvous()
         "--rdzv-conf=is_host=0", "--local-addr=10.77.0.2", "--max-restarts=0",
         "-m", "cosmocub.cli", *TRAIN,
     ]  # fmt: skip
+
+
+# --- no restart inside an allocation that lost a node -------------------------------------------
+
+
+def _crash_losing_a_peer(calls: list[int]):
+    """A run_once whose ranks crash, one of them having lost its peer (as cosmocub.cli says)."""
+
+    def run_once(env: dict[str, str]) -> tuple[int, int | None]:
+        calls.append(int(env[ATTEMPT_ENV]))
+        with open(env[PEER_LOST_ENV], "a") as f:
+            f.write("rank 0: cosmocub train: error: lost a peer rank: Connection closed by peer\n")
+        return 1, None
+
+    return run_once
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "lost", "attempts"),
+    [("local", [], 3), ("slurm", [], 1), ("slurm", ["n2"], 1), ("flux", [], 1)],
+)
+def test_a_lost_peer_ends_the_job_inside_an_allocation(
+    tmp_path, monkeypatch, capsys, scheduler, lost, attempts
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    calls: list[int] = []
+    rc = run_attempts(
+        2, _crash_losing_a_peer(calls), scheduler=scheduler, find_lost_nodes=lambda env: lost
+    )
+    assert (rc, calls) == (1, list(range(attempts)))
+    err = capsys.readouterr().err
+    if scheduler != "local":
+        last = err.strip().splitlines()[-1]
+        assert "not starting them again inside this allocation" in last
+        assert ("n2 lost" in last) == bool(lost)
+    assert not list(tmp_path.iterdir())  # both markers cleaned up
+
+
+def test_a_node_slurm_reports_lost_ends_the_job_without_a_marker(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    calls: list[int] = []
+
+    def crash(env):
+        calls.append(1)
+        return 137, None
+
+    assert run_attempts(3, crash, scheduler="slurm", find_lost_nodes=lambda e: ["n3"]) == 137
+    assert calls == [1]
+    assert run_attempts(1, crash, scheduler="slurm", find_lost_nodes=lambda e: []) == 137
+    assert calls == [1, 1, 1]  # a crash with nothing lost is started again
+
+
+def test_lost_nodes_reads_sinfo_states() -> None:
+    out = "n1 allocated\nn2 down*\nn3 idle*\nn4 mixed\nn5 drained\nn6 completing\n"
+    assert lost_nodes(out) == ["n2", "n3", "n5"]
+
+
+# Two ranks that train until one is killed (15 s at a load of 2): on request; the launcher's
+# decision on what a rank reports is tested above in the suite.
+@pytest.mark.long
+def test_a_rank_whose_peer_dies_says_so_in_one_line(tmp_path) -> None:
+    """Two real gloo ranks (no torchrun to end the survivor): rank 1 is SIGKILLed mid-training;
+    rank 0 exits within seconds with one line naming the lost peer, and marks it."""
+    import socket
+    import sys
+    import time
+
+    import yaml
+    from test_train import TINY
+
+    from cosmocub.launch import multirank
+    from cosmocub.train.testing import make_random_shards
+
+    shards = make_random_shards(tmp_path / "shards", counts={"train": 16, "val": 8}, size=8)
+    values = {**TINY, "train": {**TINY["train"], "epochs": 1000, "ranks_per_node": 2}}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(values))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "cosmocub.cli", "train", "--config", str(tmp_path / "cfg.yaml")]
+    argv += ["--shards", str(shards), "--out", str(tmp_path / "run")]
+    marker = tmp_path / "peer-lost"
+    ranks = []
+    try:
+        for rank in (0, 1):
+            env = multirank.rank_env(
+                {
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(rank),
+                    "WORLD_SIZE": "2",
+                    "LOCAL_WORLD_SIZE": "2",
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                    PEER_LOST_ENV: str(marker),
+                }
+            )
+            ranks.append(multirank.start_ranks(argv, env=env, cwd=tmp_path))
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "run").glob("checkpoints/*/step_*.pt")):
+            assert ranks[0].poll() is None, ranks[0].communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "no checkpoint in 120 s"
+            time.sleep(0.1)
+        multirank.kill_tree(ranks[1])
+        _, err = ranks[0].communicate(timeout=60)
+    finally:
+        for proc in ranks:
+            multirank.kill_tree(proc)
+    assert ranks[0].returncode == 1, err[-2000:]
+    assert "Traceback" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("cosmocub train: error: lost a peer rank: "), last
+    assert "by peer" in last
+    assert marker.read_text() == f"rank 0: {last}\n"

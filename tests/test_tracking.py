@@ -291,14 +291,19 @@ def test_caller_errors_propagate_mid_run(store, tmp_path):
     assert client_for(cfg).get_run(tracker.run_id).info.status == "FAILED"
 
 
-def test_store_outage_mid_run_warns_and_goes_on(monkeypatch, caplog):
+def test_store_outage_mid_run_keeps_metrics_and_goes_on(monkeypatch, caplog):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     tracker = Tracker(f"http://127.0.0.1:{_closed_port()}", "0" * 32)
+    start = time.monotonic()
+    tracker.log_metrics({"train_loss": 0.5}, step=7)  # handed to the sender, not sent here
+    handed_over = time.monotonic() - start
     with caplog.at_level("WARNING", logger="cosmocub.tracking.tracker"):
-        tracker.log_metrics({"train_loss": 0.5}, step=7)
         tracker.set_tags({"a": "b"})
-    assert tracker.failures == 2
-    assert "MLflow log_metrics failed for run 0000" in caplog.text
+    unsent = tracker.close(timeout_s=5)
+    assert handed_over < 0.05
+    assert [(m.key, m.value, m.step) for m in unsent] == [("train_loss", 0.5, 7)]
+    assert tracker.failures >= 2  # set_tags, and at least the sender's last try
+    assert "MLflow set_tags failed for run 0000" in caplog.text
 
 
 def test_unpicklable_model_warns_instead_of_failing_the_job(store, tmp_path, caplog):
@@ -384,6 +389,14 @@ def test_unreachable_server_fails_at_start_within_seconds(tmp_path):
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
 
 
+def test_a_gone_server_the_workflow_started_is_named_by_its_key(tmp_path):
+    cfg = make_cfg(tmp_path, server={"start": True, "port": _closed_port()})
+    with pytest.raises(TrackingUnavailable) as info, job_run(cfg, stage="train"):
+        pass
+    assert str(info.value).startswith("<defaults>: key 'tracking.server.start': MLflow store")
+    assert "results/logs/mlflow-server.log" in str(info.value)
+
+
 def test_cli_tracking_start_and_end(store, tmp_path, capsys):
     config = tmp_path / "c.yaml"
     config.write_text(f"results: {tmp_path / 'results'}\ntracking: {{system_metrics: false}}\n")
@@ -394,6 +407,64 @@ def test_cli_tracking_start_and_end(store, tmp_path, capsys):
     assert cli_main(args) == 0
     run = client_for(load_config(config)).get_run(run_id)
     assert (run.info.status, run.info.run_name) == ("FAILED", "cli")
+
+
+def test_cli_tracking_sync_delivers_what_a_run_kept_into_that_run(store, tmp_path, capsys):
+    """A run whose store was away at its end left a record: its unsent metric, its status and
+    its metrics.jsonl; `cosmocub tracking sync` puts them into the same run."""
+    from mlflow.entities import Metric
+
+    from cosmocub.tracking.pending import write_run_update
+
+    config = tmp_path / "c.yaml"
+    config.write_text(f"results: {tmp_path / 'results'}\ntracking: {{system_metrics: false}}\n")
+    cfg = load_config(config)
+    client = client_for(cfg)
+    run_id = client.create_run(init_store(cfg)).info.run_id
+    client.log_metric(run_id, "val_loss", 0.9, step=2)  # epoch 0 reached the store
+    epochs = tmp_path / "metrics.jsonl"
+    epochs.write_text(
+        '{"epoch": 0, "step": 2, "val_loss": 0.9}\n{"epoch": 1, "step": 4, "val_loss": 0.7}\n'
+    )
+    write_run_update(
+        cfg,
+        run_id,
+        metrics=[Metric("train_loss_step", 0.8, 1, 3)],
+        artifacts=[],
+        status="FINISHED",
+        epochs_file=epochs,
+    )
+    assert cli_main(["tracking", "sync", "--config", str(config)]) == 0
+    assert "delivered 1 pending record(s)" in capsys.readouterr().out
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "val_loss"))
+    assert history == [(2, 0.9), (4, 0.7)]  # epoch 1 replayed, epoch 0 not twice
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss_step")] == [
+        (3, 0.8)
+    ]
+    assert not list((tmp_path / "results" / "mlflow-pending").glob("*"))
+
+
+def test_the_next_workflow_ends_the_runs_of_dead_processes_killed(store, tmp_path):
+    """A job SIGKILLed (no `finally`) leaves its run RUNNING; the next workflow on this host
+    ends it KILLED, and leaves a run whose process lives alone."""
+    from cosmocub.tracking.reconcile import PID_TAG
+
+    cfg = make_cfg(tmp_path)
+    client = client_for(cfg)
+    experiment_id = init_store(cfg)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    host = socket.gethostname()
+    dead = client.create_run(experiment_id, tags={"host": host, PID_TAG: str(gone.pid)})
+    live = client.create_run(experiment_id, tags={"host": host, PID_TAG: str(os.getpid())})
+    elsewhere = client.create_run(experiment_id, tags={"host": "other", PID_TAG: str(gone.pid)})
+    parent = start_workflow_run(cfg, owned=True)
+    status = {r: client.get_run(r).info.status for r in (dead.info.run_id, live.info.run_id)}
+    assert status == {dead.info.run_id: "KILLED", live.info.run_id: "RUNNING"}
+    assert client.get_run(elsewhere.info.run_id).info.status == "RUNNING"  # its host's to end
+    assert client.get_run(parent).data.tags[PID_TAG] == str(os.getpid())
 
 
 def test_experiment_declares_model_training(store, tmp_path):

@@ -474,7 +474,11 @@ def test_metrics_reach_mlflow(shards: Path, tmp_path: Path) -> None:
     assert run_id
     val_mae = client.get_metric_history(run_id, "val_mae")
     assert [m.step for m in val_mae] == [4, 8]  # one per epoch, at its last step
-    assert [m.step for m in client.get_metric_history(run_id, "lr")] == [2, 4, 4, 6, 8, 8]
+    # One key, one meaning: the epoch's values at its last step, the steps' under *_step.
+    for name, steps in (("lr", [4, 8]), ("train_loss", [4, 8])):
+        assert [m.step for m in client.get_metric_history(run_id, name)] == steps, name
+    for name in ("lr_step", "train_loss_step"):
+        assert [m.step for m in client.get_metric_history(run_id, name)] == [2, 4, 6, 8], name
     params = client.get_run(run_id).data.params
     assert params["global_batch_size"] == "4"
     assert (params["mesh_shape"], params["spatial_split"]) == ("1x1", "1x1x1")

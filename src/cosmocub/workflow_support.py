@@ -5,8 +5,9 @@ executor, the studies' plans and the tracking hooks. The rules hold no arithmeti
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -57,6 +58,8 @@ from cosmocub.tracking.workflow_run import (
 __all__ = [
     "STUDY_NAMES",
     "RankedJob",
+    "checked",
+    "checked_at_parse",
     "finish_tracking",
     "job_config_path",
     "mlflow_runs_link",
@@ -84,6 +87,33 @@ __all__ = [
     "workflow_config",
     "write_resolved_config",
 ]
+
+T = TypeVar("T")
+
+
+class ConfigExit(BaseException):
+    """A config mistake found while Snakemake builds the DAG. Not an Exception: Snakemake then
+    shows its one line without the traceback it adds to an input function's Exception."""
+
+
+def checked(make: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`make(*args, **kwargs)` for an input function that first checks a config section (the
+    `unet` section, a study's block): a mistake is the checker's one line (ConfigExit)."""
+    try:
+        return make(*args, **kwargs)
+    except ValueError as err:
+        raise ConfigExit(" ".join(str(err).split())) from None
+
+
+def checked_at_parse(make: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`make(*args, **kwargs)` while Snakemake reads the workflow: a config mistake ends it with
+    the checker's one line on stderr and exit 1 (Snakemake would add the frames of the .smk)."""
+    try:
+        return make(*args, **kwargs)
+    except ValueError as err:
+        print(f"cosmocub: error: {' '.join(str(err).split())}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
 
 # The studies a workflow has a target for (`snakemake <name>_study`).
 STUDY_NAMES = tuple(STUDY_MODULES)

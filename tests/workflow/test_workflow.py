@@ -187,6 +187,42 @@ def test_empty_public_folder_is_a_clear_error(tmp_path):
     assert "holds no univ_*.hdf5 files" in proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("target", "change", "says"),
+    [
+        # Read at parse time: the checker's line alone, last, no frames of common.smk.
+        ("all", {"train": {"epochs": -1}}, "key 'train.epochs': -1 is less than the minimum of 1"),
+        # Read while the DAG is built (a unet rule's threads): no traceback around it.
+        (
+            "unet",
+            {
+                "unet": {
+                    "parallel": {"spatial": 16, "split": [1, 1, 16]},
+                    "train": {"ranks_per_node": 16},
+                }
+            },
+            "width extent 8 does not divide into 16 blocks (split [1, 1, 16], input 8, depth 2)",
+        ),
+    ],
+)
+def test_a_config_mistake_is_one_line_without_frames(tmp_path, target, change, says):
+    import yaml
+
+    values = yaml.safe_load((REPO / "config" / "test.yaml").read_text())
+    for section, items in change.items():
+        values[section].update(items)
+    values["results"] = str(tmp_path / "results")
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(values))
+    proc = snakemake("-n", target, "--configfile", str(tmp_path / "bad.yaml"), cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "Traceback" not in out and 'File "' not in out, out[-3000:]
+    lines = [line for line in out.splitlines() if says in line]
+    assert len(lines) == 1, out[-3000:]
+    if target == "all":
+        assert out.strip().splitlines()[-1] == f"cosmocub: error: {tmp_path / 'bad.yaml'}: {says}"
+
+
 def _validate_inputs(stdout: str) -> list[str]:
     block = stdout.split("rule perf_model_validate:", 1)[1]
     line = next(x for x in block.splitlines() if x.strip().startswith("input:"))

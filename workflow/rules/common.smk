@@ -5,6 +5,8 @@ import os
 
 from cosmocub.workflow_support import (
     STUDY_NAMES,
+    checked,
+    checked_at_parse,
     finish_tracking,
     job_config_path,
     mlflow_runs_link,
@@ -34,10 +36,12 @@ from cosmocub.workflow_support import (
 )
 
 # The package's own validation (the one `cosmocub` runs by hand), the nested --config strings
-# typed first: one line naming the file and the key, and the schema read once (Snakemake's
-# validate would read and check it a second time).
-CFG = workflow_config(
-    config, source=" + ".join(map(str, workflow.configfiles)) or "config"
+# typed first: one line naming the file and the key (checked_at_parse: no frames of this file),
+# and the schema read once (Snakemake's validate would read and check it a second time).
+CFG = checked_at_parse(
+    workflow_config,
+    config,
+    source=" + ".join(map(str, workflow.configfiles)) or "config",
 )
 # Which config is in effect, in every invocation's output (dry runs too): the files given, or the
 # embedded default, plus the schema's defaults; the hash names the resolved file jobs read.
@@ -107,14 +111,14 @@ def invocation_targets():
 # fails the unet targets, not `all`).
 @functools.cache
 def unet_train_job():
-    return unet_job(CFG)
+    return checked(unet_job, CFG)  # a mistake: its one line, no traceback
 
 
 # Studies (workflow/rules/studies.smk): what each point needs, planned by cosmocub.studies.engine
 # when a study's rule first asks (a bad study block fails its own targets, not `all`).
 @functools.cache
 def study_plan(study):
-    return planned_points(CFG, study)
+    return checked(planned_points, CFG, study)
 
 
 def study_point_plan(wildcards):

@@ -22,7 +22,7 @@ from cosmocub.cli import (
 )
 from cosmocub.cli.common import note_default_config
 from cosmocub.launch.agent import arm_rank
-from cosmocub.launch.launcher import record_user_error
+from cosmocub.launch.launcher import peer_lost, record_peer_lost, record_user_error
 
 # Every subcommand, in the order `cosmocub --help` lists them; each family module adds its own.
 SUBCOMMANDS = (
@@ -76,6 +76,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(message, file=sys.stderr)
         record_user_error(message)  # under `cosmocub launch`: no restart for this
         return 2
+    except RuntimeError as err:
+        if not peer_lost(err):
+            raise  # a bug: its traceback is what to read
+        # A peer gone (a lost node, a cut link) is no bug here: one line, and the launcher
+        # decides whether to start the ranks again (not inside the allocation that lost it).
+        first = " ".join(str(err).split())[:300].rstrip()
+        message = f"cosmocub {args.command}: error: lost a peer rank: {first}"
+        print(message, file=sys.stderr)
+        record_peer_lost(message)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -1,5 +1,5 @@
-"""`cosmocub link-universe | tracking start/end | unet-config | resolve-config`: the helpers the
-workflow's rules call around the stages (inputs, MLflow parent run, derived configs).
+"""`cosmocub link-universe | tracking start/end/sync | unet-config | resolve-config`: the helpers
+the workflow's rules call around the stages (inputs, MLflow parent run, derived configs).
 """
 
 from __future__ import annotations
@@ -29,6 +29,14 @@ def _cmd_tracking_end(args: argparse.Namespace) -> int:
     from cosmocub.tracking.runs import end_workflow_run
 
     end_workflow_run(load_config(args.config), args.run_id, args.status)
+    return 0
+
+
+def _cmd_tracking_sync(args: argparse.Namespace) -> int:
+    from cosmocub.tracking.runs import sync_pending
+
+    count = sync_pending(load_config(args.config))
+    print(f"cosmocub tracking sync: delivered {count} pending record(s)")
     return 0
 
 
@@ -69,6 +77,11 @@ def add_tracking(sub) -> None:
     t.set_defaults(handler=_cmd_tracking_end)
     t.add_argument("--run-id", required=True, help="id printed by 'tracking start' ('' = no-op)")
     t.add_argument("--status", required=True, choices=["FINISHED", "FAILED", "KILLED"])
+    add_config(t)
+    t = tracking.add_parser(
+        "sync", help="deliver what jobs kept in mlflow-pending/ while the store was away"
+    )
+    t.set_defaults(handler=_cmd_tracking_sync)
     add_config(t)
 
 

@@ -7,7 +7,10 @@ the allocation's first node; outside any: `torchrun --standalone` on this machin
 Restarts are the launcher's, not torchrun's: torchrun restarts every rank whatever the cause, so
 a bad config or a non-finite loss ran and failed max_restarts + 1 times. A rank that stops on a
 user error (exit 2) leaves a marker file (`cosmocub.cli` writes it); only a launch that failed
-without one is started again, and training resumes from its checkpoint.
+without one is started again, and training resumes from its checkpoint. Inside an allocation
+(Slurm, Flux, LSF) a rank that lost a peer's connection leaves another marker, and Slurm may
+report a node down: then nothing is started again there (the allocation may still hold the dead
+node); the job ends, and Slurm's requeue or a rerun resumes it from its checkpoint.
 
 Nothing outlives the launcher: what it starts runs in a session of its own (a signal to the
 launcher's terminal or group reaches it only through the launcher) with the kernel's death signal
@@ -32,12 +35,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cosmocub.launch.agent import exit_with_parent
-from cosmocub.launch.env import ATTEMPT_ENV, CPUS_PER_RANK_ENV, USER_ERROR_ENV
+from cosmocub.launch.env import ATTEMPT_ENV, CPUS_PER_RANK_ENV, PEER_LOST_ENV, USER_ERROR_ENV
 from cosmocub.launch.torchrun import Rendezvous, cli_program, torchrun_argv
 
 # torchrun's c10d rendezvous port on Flux/LSF (Slurm derives its port from the job id).
 RENDEZVOUS_PORT = 29400
 USER_ERROR_EXIT = 2
+# What torch's collectives say when a peer is gone (gloo's TCP pairs; NCCL's network errors).
+PEER_LOST_SIGNS = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "Connection refused",
+    "Timed out waiting",
+    "remote process exited",
+    "NCCL communicator was aborted",
+)
+# Slurm node states (sinfo %T, "*" = not responding) that mean a node of the job is lost.
+LOST_NODE_STATES = ("down", "drain", "fail", "not_responding", "power_down", "unknown")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -174,6 +189,48 @@ def record_user_error(message: str) -> None:
         f.write(f"rank {os.environ.get('RANK', os.environ.get('SLURM_PROCID', '0'))}: {message}\n")
 
 
+def peer_lost(err: BaseException) -> bool:
+    """Whether `err` (a rank's) is a collective that lost its peer rather than a bug."""
+    return isinstance(err, RuntimeError) and any(sign in str(err) for sign in PEER_LOST_SIGNS)
+
+
+def record_peer_lost(message: str) -> None:
+    """Called by a rank whose peer's connection dropped: the launcher decides on a restart."""
+    if path := os.environ.get(PEER_LOST_ENV):
+        with open(path, "a") as f:
+            f.write(
+                f"rank {os.environ.get('RANK', os.environ.get('SLURM_PROCID', '0'))}: {message}\n"
+            )
+
+
+def lost_nodes(sinfo_out: str) -> list[str]:
+    """The nodes of `sinfo --noheader -o "%N %T"` output whose state says they are lost."""
+    lost = []
+    for line in sinfo_out.splitlines():
+        name, _, state = line.strip().partition(" ")
+        state = state.strip().lower()
+        if name and (state.endswith("*") or state.startswith(LOST_NODE_STATES)):
+            lost.append(name)
+    return lost
+
+
+def _slurm_lost_nodes(environ: Mapping[str, str]) -> list[str]:
+    nodes = environ.get("SLURM_JOB_NODELIST")
+    if not nodes:
+        return []
+    try:
+        out = subprocess.run(
+            ["sinfo", "--noheader", f"--nodes={nodes}", "--Node", "-o", "%N %T"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []  # no answer is no report of a failure; a lost peer is still seen by the ranks
+    return lost_nodes(out.stdout)
+
+
 def run_launch(layout: RankLayout, module_args: Sequence[str]) -> int:
     """Start the ranks up to 1 + max_restarts times: again after a crash, never after a user
     error; returns the exit status for the job. The last line it prints says why it stopped."""
@@ -181,20 +238,35 @@ def run_launch(layout: RankLayout, module_args: Sequence[str]) -> int:
     _say(f"{format_command(argv)}")
     # The ranks' torch threads: what the scheduler or the rule granted each rank.
     os.environ[CPUS_PER_RANK_ENV] = str(layout.cpus_per_rank)
-    return run_attempts(layout.max_restarts, lambda env: _run_forwarding_signals(argv, env))
+    return run_attempts(
+        layout.max_restarts,
+        lambda env: _run_forwarding_signals(argv, env),
+        scheduler=detect_scheduler(os.environ),
+    )
 
 
 def run_attempts(
-    max_restarts: int, run_once: Callable[[dict[str, str]], tuple[int, int | None]]
+    max_restarts: int,
+    run_once: Callable[[dict[str, str]], tuple[int, int | None]],
+    *,
+    scheduler: str = "local",
+    find_lost_nodes: Callable[[Mapping[str, str]], list[str]] = _slurm_lost_nodes,
 ) -> int:
     """Call `run_once(env)` (start every rank, wait for them: (exit status, stopping signal or
     None)) up to 1 + max_restarts times: again after a crash, never after a user error or a
-    signal; env is os.environ plus the user-error marker and the attempt number."""
+    signal, nor inside a `scheduler`'s allocation after a lost peer or (Slurm) node; env is
+    os.environ plus the markers and the attempt number."""
     marker = Path.cwd() / f".cosmocub-user-error-{uuid.uuid4().hex}"
+    lost_marker = marker.with_name(marker.name.replace("user-error", "peer-lost"))
     attempts = max_restarts + 1
     try:
         for attempt in range(attempts):
-            env = {**os.environ, USER_ERROR_ENV: str(marker), ATTEMPT_ENV: str(attempt)}
+            env = {
+                **os.environ,
+                USER_ERROR_ENV: str(marker),
+                PEER_LOST_ENV: str(lost_marker),
+                ATTEMPT_ENV: str(attempt),
+            }
             _say(f"attempt {attempt + 1} of {attempts}")
             rc, stopped_by = run_once(env)
             if stopped_by is not None:
@@ -207,12 +279,34 @@ def run_attempts(
                 # The rank's own one-line error is the job log's last line.
                 print(marker.read_text().splitlines()[0].split(": ", 1)[1], file=sys.stderr)
                 return USER_ERROR_EXIT
+            if scheduler != "local" and (
+                lost := _lost_here(scheduler, lost_marker, find_lost_nodes)
+            ):
+                _say(
+                    f"ranks stopped (exit {rc}): {lost}; not starting them again inside this "
+                    "allocation, which may hold the lost node: the job ends, and Slurm's requeue "
+                    "(or a rerun) resumes from the last checkpoint"
+                )
+                return rc
             if attempt < max_restarts:
                 _say(f"ranks crashed (exit {rc}); starting them again, from the last checkpoint")
         _say(f"ranks crashed (exit {rc}) in all {attempts} attempt(s); giving up")
         return rc
     finally:
         marker.unlink(missing_ok=True)
+        lost_marker.unlink(missing_ok=True)
+
+
+def _lost_here(
+    scheduler: str, lost_marker: Path, find_lost_nodes: Callable[[Mapping[str, str]], list[str]]
+) -> str:
+    """Why the allocation is not to be used again ("" where nothing says it lost a part)."""
+    if scheduler == "slurm" and (nodes := find_lost_nodes(os.environ)):
+        return f"Slurm reports node(s) {', '.join(nodes)} lost"
+    if lost_marker.exists():
+        first = lost_marker.read_text().splitlines()[0]
+        return f"a peer's connection dropped ({first})"
+    return ""
 
 
 def _say(line: str) -> None:

@@ -5,13 +5,16 @@ for ~2 s and importing MLflow plus opening the SQLite store costs ~3.5 s more, 4
 workflow (a parent run exists) such a job writes its run as one JSON record under
 `<results>/mlflow-pending/`; the next job that opens the store (train, evaluate, and preprocess
 where system metrics are on), or the workflow's end, logs it as the same child run, with the job's
-own start and end times.
+own start and end times. A run that could not reach the store at its end (a server down) leaves
+a record of what it could not send; it is delivered into that same run by the same means, or by
+`cosmocub tracking sync`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 import uuid
@@ -111,6 +114,73 @@ def write_record(
     return path
 
 
+def write_run_update(
+    cfg: Config,
+    run_id: str,
+    *,
+    metrics: list[Any],
+    artifacts: list[tuple[str, str | None]],
+    status: str | None,
+    epochs_file: Path | None,
+) -> Path:
+    """Write what run `run_id` could not send (metrics, artifacts, its end status, and the
+    metrics.jsonl whose epochs it must hold) as a pending record, delivered into that run."""
+    record = {
+        "run_id": run_id,
+        "metrics": [(m.key, m.value, m.timestamp, m.step) for m in metrics],
+        "artifacts": artifacts,
+        "epochs_file": str(epochs_file) if epochs_file else None,
+        "status": status,
+        "end_ms": int(time.time() * 1000),
+    }
+    folder = pending_dir(cfg)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{record['end_ms']}-{run_id}-{uuid.uuid4().hex[:8]}.json"
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(record))
+    return path
+
+
+def replay_epochs(client: Any, run_id: str, epochs_file: Path) -> int:
+    """Log into run `run_id` every value of metrics.jsonl (one record an epoch, logged at its
+    "step") that the run lacks at that step, or holds otherwise as its latest there; returns how
+    many. metrics.jsonl is the source of truth: what an outage or a killed job kept from the
+    store is taken from there, and an epoch a resumed training ran again (after its last
+    checkpoint) replaces the killed job's value as the step's latest (MLflow deletes none)."""
+    from mlflow.entities import Metric
+
+    if not epochs_file.is_file():
+        return 0
+    records = [json.loads(line) for line in epochs_file.read_text().splitlines() if line.strip()]
+    keys = {
+        k
+        for r in records
+        for k, v in r.items()
+        if k not in ("epoch", "step") and isinstance(v, int | float)
+    }
+    now = int(time.time() * 1000)
+    missing = []
+    for key in sorted(keys):
+        latest = {}  # step -> the value MLflow shows there (its newest)
+        for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp):
+            latest[m.step] = m.value
+        missing += [
+            Metric(key, float(r[key]), now, int(r["step"]))
+            for r in records
+            if isinstance(r.get(key), int | float)
+            and not _same(latest.get(int(r["step"])), float(r[key]))
+        ]
+    for i in range(0, len(missing), _MAX_METRICS):
+        client.log_batch(run_id, metrics=missing[i : i + _MAX_METRICS])
+    return len(missing)
+
+
+def _same(logged: float | None, value: float) -> bool:
+    if logged is None:
+        return False
+    return logged == value or (math.isnan(logged) and math.isnan(value))
+
+
 def flush_pending(cfg: Config, client: Any) -> int:
     """Log every pending record through `client` (an MlflowClient on the store); returns how many.
 
@@ -142,6 +212,9 @@ def flush_pending(cfg: Config, client: Any) -> int:
 def _log_record(client: Any, record: dict[str, Any]) -> None:
     from mlflow.entities import Metric, Param
 
+    if "run_id" in record:
+        _update_run(client, record)
+        return
     experiment = client.get_experiment_by_name(record["experiment"])
     if experiment is None:
         raise ValueError(f"experiment '{record['experiment']}' does not exist")
@@ -165,3 +238,21 @@ def _log_record(client: Any, record: dict[str, Any]) -> None:
         else:
             log.warning("MLflow: artifact %s of pending run %s is gone", path, run_id)
     client.set_terminated(run_id, status=record["status"], end_time=record["end_ms"])
+
+
+def _update_run(client: Any, record: dict[str, Any]) -> None:
+    from mlflow.entities import Metric
+
+    run_id = record["run_id"]
+    metrics = [Metric(k, v, ts, step) for k, v, ts, step in record["metrics"]]
+    for i in range(0, len(metrics), _MAX_METRICS):
+        client.log_batch(run_id, metrics=metrics[i : i + _MAX_METRICS])
+    if record["epochs_file"]:
+        replay_epochs(client, run_id, Path(record["epochs_file"]))
+    for path, artifact_path in record["artifacts"]:
+        if Path(path).exists():
+            client.log_artifact(run_id, path, artifact_path)
+    # A resumed training flushes the records of its run before it reopens it, so the status
+    # here is the last word of the job that wrote it.
+    if record["status"]:
+        client.set_terminated(run_id, status=record["status"], end_time=record["end_ms"])

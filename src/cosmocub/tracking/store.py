@@ -117,7 +117,7 @@ def _prepare_sqlite_folder(cfg: Config, uri: str, db: Path) -> None:
             raise store_unavailable(cfg, uri, err) from err
         if not os.access(folder, os.W_OK | os.X_OK):
             raise TrackingUnavailable(
-                f"{cfg.source}: key 'tracking.uri': MLflow store {uri} is unavailable: "
+                f"{cfg.source}: key '{store_key(cfg)[0]}': MLflow store {uri} is unavailable: "
                 f"folder {folder} is not writable"
             )
 
@@ -127,18 +127,30 @@ def store_unavailable(cfg: Config, uri: str, err: BaseException) -> TrackingUnav
     reason = " ".join(str(err).split()) or type(err).__name__
     if len(reason) > 240:
         reason = reason[:237] + "..."
-    hint = "start the server or fix tracking.uri" if cfg.tracking.uri else "check results/"
+    key, hint = store_key(cfg)
     return TrackingUnavailable(
-        f"{cfg.source}: key 'tracking.uri': MLflow store {uri} is unavailable "
+        f"{cfg.source}: key '{key}': MLflow store {uri} is unavailable "
         f"({type(err).__name__}: {reason}); {hint}, or set tracking.enabled: false"
     )
+
+
+def store_key(cfg: Config) -> tuple[str, str]:
+    """The config key that chose the store, and what to do when it does not answer."""
+    if cfg.tracking.uri:
+        return "tracking.uri", "start the server or fix tracking.uri"
+    if cfg.tracking.server.start:
+        return "tracking.server.start", (
+            "the server this workflow started is gone (see results/logs/mlflow-server.log); "
+            "run the workflow again"
+        )
+    return "results", "check results/"
 
 
 @contextlib.contextmanager
 def probe_timeouts() -> Iterator[None]:
     """MLflow's HTTP calls inside this block give up within seconds (one retry, 5 s each)."""
-    # MLflow reads these at each request; restore them so that later logging in a long job gets
-    # MLflow's patient defaults back (a server blip mid-training should be retried, not fatal).
+    # MLflow reads these at each request; restore them after (a job's later calls run under
+    # sender.job_http_timeouts, and its sender retries by itself).
     saved = {k: os.environ.get(k) for k in _PROBE_ENV}
     os.environ.update(_PROBE_ENV)
     try:

@@ -1,7 +1,8 @@
 """The tracker a job logs through: one MLflow run, every call guarded after the job's start.
 
-A store failure mid-run is reported and counted, never raised (the metrics are on disk too); a
-bad call (changing a logged param, a missing artifact) still raises.
+Metrics go through a background sender (tracking/sender.py), so a slow or dead store never
+stalls the job; other store failures mid-run are reported and counted, never raised (the metrics
+are on disk too); a bad call (changing a logged param, a missing artifact) still raises.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cosmocub.tracking.pending import param_value
+from cosmocub.tracking.sender import MetricSender
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,10 @@ _CALLER_ERROR_CODES = {
     "BAD_REQUEST",
     "INVALID_STATE",
 }
+
+
+# How long a call of the tracker's own waits for a store the sender found down to answer again.
+PROBE_TIMEOUT_S = 5.0
 
 
 class NullTracker:
@@ -68,6 +74,9 @@ class Tracker(NullTracker):
         self.run_id = run_id
         self.client = MlflowClient(tracking_uri=uri)
         self.failures = 0
+        self.sender = MetricSender(self.client, run_id)
+        # Artifacts that could not be sent, for the run's pending record: (path, artifact_path).
+        self.unsent_artifacts: list[tuple[str, str | None]] = []
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -80,16 +89,21 @@ class Tracker(NullTracker):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        with self._guard("log_metrics"):
-            batch = [Metric(str(k), float(v), now, step or 0) for k, v in metrics.items()]
-            self.client.log_batch(self.run_id, metrics=batch)
+        # Handed to the sender: the caller (a training loop) never waits for the store.
+        self.sender.put([Metric(str(k), float(v), now, step or 0) for k, v in metrics.items()])
 
     def log_artifact(self, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         # A missing local file is the caller's bug, not a store outage: never swallow it.
         if not Path(path).exists():
             raise FileNotFoundError(f"{path}: artifact to log does not exist")
-        with self._guard("log_artifact"):
-            self.client.log_artifact(self.run_id, str(path), artifact_path)
+        failures = self.failures
+        # A store known to be down is tried once more (with what the sender keeps), not waited on.
+        up = self.sender.try_now(PROBE_TIMEOUT_S)
+        if up:
+            with self._guard("log_artifact"):
+                self.client.log_artifact(self.run_id, str(path), artifact_path)
+        if not up or self.failures > failures:
+            self.unsent_artifacts.append((os.path.abspath(path), artifact_path))
 
     def log_model(self, model: Any, name: str = "model") -> None:
         """Log a torch model so that `mlflow.pytorch.load_model(f"runs:/{run_id}/{name}")` works.
@@ -102,6 +116,10 @@ class Tracker(NullTracker):
         import torch
 
         model = getattr(model, "module", model)  # unwrap DDP and the like
+        if not self.sender.try_now(PROBE_TIMEOUT_S):
+            self.failures += 1
+            log.warning("MLflow: store down, model not logged to run %s", self.run_id)
+            return
         with self._guard("log_model", broad=True):
             # Create the logged model through our client, in the run's experiment: left to itself,
             # Model.log would file it under the global default experiment ("0", in ./mlruns).
@@ -140,10 +158,18 @@ class Tracker(NullTracker):
             for key, value in metrics.items():
                 self.client.log_metric(child_run_id, key, float(value))
 
-    def end(self, status: str) -> None:
-        """Close the run with FINISHED, FAILED or KILLED."""
+    def close(self, timeout_s: float) -> list[Any]:
+        """Send the metrics still waiting, for at most `timeout_s`; return those not sent."""
+        unsent = self.sender.close(timeout_s)
+        self.failures += self.sender.failures
+        return unsent
+
+    def end(self, status: str) -> bool:
+        """Close the run with FINISHED, FAILED or KILLED; False when the store did not take it."""
+        failures = self.failures
         with self._guard("set_terminated"):
             self.client.set_terminated(self.run_id, status=status)
+        return self.failures == failures
 
     @contextlib.contextmanager
     def _guard(self, what: str, *, broad: bool = False) -> Iterator[None]:

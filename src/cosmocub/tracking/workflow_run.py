@@ -4,12 +4,15 @@ the parent run (and the server the invocation starts), and the link to the runs 
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from cosmocub.config import Config, write_config
 from cosmocub.tracking import store
+from cosmocub.tracking.pending import write_run_update
 from cosmocub.tracking.runs import PARENT_RUN_ENV, end_workflow_run, start_workflow_run
 from cosmocub.tracking.server import SERVER_PID_ENV, start_server, stop_server
 
@@ -53,11 +56,14 @@ def start_tracking(cfg: Config, targets: Sequence[str]) -> None:
         return
     if cfg.tracking.server.start:
         os.environ[SERVER_PID_ENV] = str(start_server(cfg).pid)
+        # Snakemake may end without onsuccess/onerror (a second Ctrl-C, an error of its own):
+        # the server still goes when this process does.
+        atexit.register(_stop_started_server)
     # start_workflow_run creates the store and experiment first. Jobs are child processes of
     # this one (locally) or inherit its environment (srun/sbatch).
     tags = {TARGETS_TAG: " ".join(targets)} if targets else {}
     try:
-        run_id = start_workflow_run(cfg, name=workflow_run_name(targets), tags=tags)
+        run_id = start_workflow_run(cfg, name=workflow_run_name(targets), tags=tags, owned=True)
     except BaseException:
         # Snakemake stops at a failed onstart without calling onerror: the server started above
         # would outlive it (seen: a server too loaded to answer its first API call in time).
@@ -68,14 +74,24 @@ def start_tracking(cfg: Config, targets: Sequence[str]) -> None:
 
 
 def finish_tracking(cfg: Config, status: str) -> None:
-    """Close the parent run; stop the tracking server this invocation started, if any."""
+    """Close the parent run; stop the tracking server this invocation started, if any.
+
+    A store that does not answer is one line on stderr, never an exception (the jobs' outputs
+    are made): the run's end is kept in mlflow-pending/ for the next invocation to deliver."""
     run_id = os.environ.get(PARENT_RUN_ENV)
     try:
         if cfg.tracking.enabled and run_id:
             end_workflow_run(cfg, run_id, status)
+    except store.TrackingUnavailable as err:
+        write_run_update(cfg, run_id, metrics=[], artifacts=[], status=status, epochs_file=None)
+        print(f"cosmocub: the workflow's MLflow run stays open: {err}", file=sys.stderr)
     finally:
-        if pid := os.environ.pop(SERVER_PID_ENV, None):
-            stop_server(int(pid))
+        _stop_started_server()
+
+
+def _stop_started_server() -> None:
+    if pid := os.environ.pop(SERVER_PID_ENV, None):
+        stop_server(int(pid))
 
 
 def runs_view_url(base_url: str, experiment_id: str) -> str:

@@ -174,7 +174,9 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
         if log_now or checkpoint_now:
             loss_value = _check_losses(t, state, pending)  # sync point; never save a NaN model
         if log_now:
-            t.log({"train_loss": loss_value, "lr": t.schedule.lr}, state.step)
+            # Keys apart from the epoch's train_loss and lr (logged at an epoch's last step
+            # too): one key, one meaning, so MLflow charts the batch and the epoch mean apart.
+            t.log({"train_loss_step": loss_value, "lr_step": t.schedule.lr}, state.step)
             if show_bar:
                 batches.set_postfix(loss=f"{loss_value:.4f}")
             elif t.dims.is_main:

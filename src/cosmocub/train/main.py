@@ -36,6 +36,8 @@ from cosmocub.train.loop import TrainState, fit
 from cosmocub.train.run_lock import hold_run_folder
 
 log = logging.getLogger(__name__)
+# The run folder's record of its MLflow run (store URI and run id), read when training resumes.
+MLFLOW_RUN_FILE = "mlflow_run.json"
 
 
 def train(
@@ -89,7 +91,17 @@ def train(
         if (levels := getattr(trainer.optimizer, "levels_in_use", None)) is not None:
             # What the quantizer keeps at this data group's size (an all-reduce keeps fewer).
             params["lion_cub_levels_in_use"] = levels
-        with job_run(cfg, stage="train", params=params, enabled=dims.is_main) as tracker:
+        # A resumed training continues its MLflow run (its id kept in the run folder); a new or
+        # fresh-started one opens a new run. metrics.jsonl is what the run must hold at the end.
+        with job_run(
+            cfg,
+            stage="train",
+            params=params,
+            enabled=dims.is_main,
+            run_file=run_dir / MLFLOW_RUN_FILE,
+            reopen=resumed_from is not None and fresh is None,
+            epochs_file=run_dir / "metrics.jsonl",
+        ) as tracker:
             trainer.log = lambda metrics, step: tracker.log_metrics(metrics, step=step)
             if fresh is not None:
                 tracker.set_tags(
