@@ -54,6 +54,7 @@ onerror:
 
 
 rule all:
+    """The default target: universes, shards, the trained CosmoFlow, its evaluation and the summary report."""
     default_target: True
     input:
         rules.summary_report.output,
