@@ -13,6 +13,7 @@ import importlib.util
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -243,3 +244,23 @@ def test_the_site_builds_strictly(tmp_path):
     assert 'id="universes.source"' in config
     api = (site / "reference" / "lion-cub-api" / "index.html").read_text()
     assert "cosmocub.optim.LionCub" in api and "world_node_groups" in api
+
+
+@pytest.mark.long
+def test_the_site_opens_in_a_headless_browser_without_errors():
+    # ~16 s at load ~2 (a build, then Chromium on three pages): beyond what the suite's budget
+    # gives one check, so on request with the other long tests.
+    if importlib.util.find_spec("playwright") is None or importlib.util.find_spec("mkdocs") is None:
+        pytest.skip("needs playwright and mkdocs: pip install -e '.[test]'")
+    if not any(shutil.which(c) for c in ("chromium", "chromium-browser", "google-chrome")):
+        pytest.skip("no Chromium on PATH: apt-get install chromium")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "check_docs_browser.py")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "3 pages opened in headless Chromium: 0 problems" in proc.stdout
