@@ -33,7 +33,9 @@ def generated_pages() -> dict[str, str]:
         "reference/targets.md": targets_page.render(ROOT),
     }
     for uri, source in INCLUDED.items():
-        pages[uri] = (ROOT / source).read_text()
+        # Both sit one folder deep in the repository and in the site, so a link into docs/
+        # from the repository's copy (../docs/x.md) is ../x.md on the site.
+        pages[uri] = (ROOT / source).read_text().replace("](../docs/", "](../")
     return pages
 
 
