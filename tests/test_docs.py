@@ -192,6 +192,26 @@ def test_the_snakemake_commands_shown_name_real_targets_and_files(targets):
             assert (ROOT / path).exists(), f"{where}: no {path}"
 
 
+def test_the_lion_cub_examples_call_it_with_arguments_it_takes():
+    import ast
+    import inspect
+
+    from cosmocub.optim import LionCub
+
+    takes = set(inspect.signature(LionCub).parameters)
+    page = (ROOT / "docs" / "lion-cub.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```", page, flags=re.M | re.S)
+    calls = [
+        node
+        for block in blocks
+        for node in ast.walk(ast.parse(block))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "LionCub"
+    ]
+    assert len(calls) >= 2
+    for call in calls:
+        assert {k.arg for k in call.keywords} <= takes
+
+
 def test_the_readme_is_a_front_page_and_keeps_the_test_command():
     text = README.read_text()
     assert len(text.splitlines()) <= 120
