@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cosmocub.cli import build_parser
+from cosmocub.reference.markdown import cell
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,6 @@ def _default(action: argparse.Action) -> str:
     return f"`{action.default}`"
 
 
-def _cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
-
-
 def render() -> str:
     """The page: a section per stage, a row per argument."""
     all_stages = list(stages())
@@ -100,7 +97,7 @@ def render() -> str:
         "",
     ]
     for stage in all_stages:
-        lines += [f"## `{stage.name}`", "", _cell(stage.help) or "", ""]
+        lines += [f"## `{stage.name}`", "", cell(stage.help) or "", ""]
         if stage.has_substages():
             subs = [s for s in all_stages if s.words[:-1] == stage.words]
             lines += ["Sub-stages: " + ", ".join(f"`{s.words[-1]}`" for s in subs) + ".", ""]
@@ -110,13 +107,10 @@ def render() -> str:
         lines += ["| argument | default | allowed | description |", "|---|---|---|---|"]
         for action in args:
             choices = ", ".join(f"`{c}`" for c in action.choices) if action.choices else ""
-            required = "required; " if action.required and action.option_strings else ""
-            cells = [
-                _form(action),
-                _default(action),
-                choices,
-                required + _help(stage.parser, action),
-            ]
-            lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+            helps = [_help(stage.parser, action)]
+            if action.required and action.option_strings:
+                helps.insert(0, "required")
+            cells = [_form(action), _default(action), choices, "; ".join(h for h in helps if h)]
+            lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
         lines.append("")
     return "\n".join(lines)

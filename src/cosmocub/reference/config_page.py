@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from cosmocub.config.schema import load_schema
+from cosmocub.reference.markdown import cell
 
 SCHEMA_FILE = "src/cosmocub/schemas/config.schema.yaml"
 
@@ -105,11 +106,6 @@ def allowed(node: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-def _cell(text: str) -> str:
-    """Table cells are one line; a pipe would end the cell (escaped pipes work in code spans)."""
-    return " ".join(text.split()).replace("|", "\\|")
-
-
 def anchor_id(path: str) -> str:
     return path.replace("<name>", "name").replace("[]", "")
 
@@ -118,15 +114,15 @@ def _row(entry: KeyEntry) -> str:
     node = entry.schema
     default = f"`{_flow(node['default'])}`" if "default" in node else "—"
     # An anchor per key, so that a page can link `reference/config.md#train.epochs`.
-    anchor = f'<a id="{anchor_id(entry.path)}"></a>`{entry.path}`'
+    anchor = f'<a id="{anchor_id(entry.path)}"></a>'
     cells = [
-        anchor,
+        f"`{entry.path}`",
         ", ".join(_types(node)) or "any",
         default,
         allowed(node),
         node.get("description", ""),
     ]
-    return "| " + " | ".join(_cell(c) for c in cells) + " |"
+    return "| " + anchor + " | ".join(cell(c) for c in cells) + " |"
 
 
 def render() -> str:
@@ -151,7 +147,7 @@ def render() -> str:
     for section in (e for e in top if e.schema.get("properties")):
         lines += [f"## `{section.path}`", ""]
         if "description" in section.schema:
-            lines += [" ".join(section.schema["description"].split()), ""]
+            lines += [cell(section.schema["description"]), ""]
         inside = [e for e in entries if e.path.startswith(section.path + ".")]
         lines += [*_table(inside), ""]
     return "\n".join(lines)

@@ -15,6 +15,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from cosmocub.reference.markdown import cell
+
 
 @dataclass(frozen=True)
 class Target:
@@ -83,8 +85,7 @@ def render(root: Path) -> str:
         files = "<br>".join(f"`{f}`" for f in t.makes[:4])
         if len(t.makes) > 4:
             files += f"<br>… {len(t.makes) - 4} more"
-        doc = t.doc.replace("|", "\\|")
-        lines.append(f'| <a id="{t.name}"></a>`{t.name}` | {doc} | {files} |')
+        lines.append(f'| <a id="{t.name}"></a>`{t.name}` | {cell(t.doc)} | {files} |')
     return "\n".join([*lines, ""])
 
 
