@@ -130,17 +130,23 @@ def test_every_cli_stage_and_flag_has_a_reference_entry():
     assert "`--accelerator`" in sections["perf-model predict"]
 
 
-def _target_rules() -> set[str]:
-    out = subprocess.run(
-        ["snakemake", "--list-target-rules"], cwd=ROOT, capture_output=True, text=True, check=True
+def _snakemake(*args: str, results: Path) -> str:
+    """`snakemake ARGS` on the workflow, its results (where parsing writes the jobs' resolved
+    configs) in a scratch folder rather than the checkout."""
+    return subprocess.run(
+        ["snakemake", *args, "--config", f"results={results}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
-    # One line a target: its name, then its docstring in brackets where it has one.
-    return {m.group(1) for m in re.finditer(r"^([A-Za-z_]\w*)(?: \(.*\))?$", out, flags=re.M)}
 
 
 @pytest.fixture(scope="module")
-def targets() -> set[str]:
-    return _target_rules()
+def targets(tmp_path_factory) -> set[str]:
+    out = _snakemake("--list-target-rules", results=tmp_path_factory.mktemp("results"))
+    # One line a target: its name, then its docstring in brackets where it has one.
+    return {m.group(1) for m in re.finditer(r"^([A-Za-z_]\w*)(?: \(.*\))?$", out, flags=re.M)}
 
 
 def test_every_snakemake_target_has_a_reference_row(targets):
@@ -221,10 +227,8 @@ def test_the_readme_is_a_front_page_and_keeps_the_test_command():
     assert "pip install -c constraints/cpu.txt -e . && snakemake --cores all" in text
 
 
-def test_the_rulegraph_picture_names_the_rules_the_workflow_runs():
-    dot = subprocess.run(
-        ["snakemake", "--rulegraph"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout
+def test_the_rulegraph_picture_names_the_rules_the_workflow_runs(tmp_path):
+    dot = _snakemake("--rulegraph", results=tmp_path)
     drawn = set(re.findall(r'label = "(\w+)"', dot))
     svg = (ROOT / "docs" / "figures" / "rulegraph.svg").read_text()
     pictured = set(re.findall(r"<text[^>]*>(\w+)</text>", svg))

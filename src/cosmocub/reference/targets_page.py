@@ -10,6 +10,7 @@ builds the site (MkDocs counts the warnings its own logger sees).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -27,12 +28,18 @@ class Target:
 
 def _load_targets(snakefile: Path) -> list[dict]:
     """The target rules of the workflow, read by Snakemake's own parser (run in the child)."""
-    from snakemake.api import SnakemakeApi
-    from snakemake.settings.types import OutputSettings, ResourceSettings
+    import tempfile
 
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings
+
+    # Parsing the rules writes each job's resolved config under the config's results folder:
+    # a folder of our own, so that building the site leaves nothing in the checkout.
+    scratch = tempfile.mkdtemp(prefix="cosmocub-targets-")
     with SnakemakeApi(OutputSettings()) as api:
         workflow = api.workflow(
             resource_settings=ResourceSettings(),
+            config_settings=ConfigSettings(config={"results": scratch}),
             snakefile=snakefile,
             workdir=snakefile.parent,
         )._workflow  # the parsed rules; the API has no public walk of them
@@ -46,10 +53,13 @@ def _load_targets(snakefile: Path) -> list[dict]:
                     "name": rule.name,
                     "doc": " ".join((rule.docstring or "").split()),
                     # An input given by a function has no name until the DAG is built.
-                    "makes": [str(f) for f in files if not callable(f)],
+                    "makes": [
+                        str(f).replace(scratch, "results") for f in files if not callable(f)
+                    ],
                 }
             )
-        return out
+    shutil.rmtree(scratch, ignore_errors=True)
+    return out
 
 
 def targets(root: Path) -> list[Target]:
