@@ -38,7 +38,7 @@ HOW_TO_PAGES = [
             "your-data.md",
             "cluster/index.md",
             "lion-cub.md",
-            "studies.md",
+            "studies/index.md",
             "perf-model.md",
         )
     ),
