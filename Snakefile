@@ -38,7 +38,7 @@ onstart:
     start_tracking(CFG, invocation_targets())
 
 
-# The last line of the log: where the runs are in the MLflow UI (its runs view, see README).
+# The last line of the log: where the runs are in the MLflow UI (its runs view: docs/getting-started/mlflow.md).
 onsuccess:
     link = mlflow_runs_link(CFG)  # before a server the workflow started stops
     finish_tracking(CFG, "FINISHED")
@@ -54,6 +54,7 @@ onerror:
 
 
 rule all:
+    """The default target: universes, shards, the trained CosmoFlow, its evaluation and the summary report."""
     default_target: True
     input:
         rules.summary_report.output,

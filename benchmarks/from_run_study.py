@@ -3,7 +3,8 @@ one rank at each local batch size of a small study (real training, random shards
 model's input), calibrates the model from ONE point's run folder (`perf-model calibrate
 --from-run`: its measured compute ÷ this CPU's calibration at that point) and predicts the
 others' compute with it, beside the uncalibrated model. The held-out bounds the model is held
-to (docs/studies.md, "The performance model on a 2 × 1 network study"): 7 % median, 11 % worst.
+to (docs/explanation/network_scaling_studies.md, "The performance model on a 2 × 1 network study"):
+7 % median, 11 % worst.
 
     nice -n 19 python benchmarks/from_run_study.py [--config config/config.yaml]
         [--batches 2 4 8 16] [--calibrate-on 4] [--rounds 3] [--epochs 4] [--steps 8]
@@ -18,7 +19,8 @@ keeps its least disturbed run: of its runs the studies' rule does not mark conte
 lowest compute as --from-run reads a run on this CPU (its fastest epoch after the first), as
 the calibration keeps each timing's fastest repeat. Why: this VM's own speed drifts by up to a
 quarter over tens of seconds with nothing else running and its thread on a core (a fixed
-matmul timed for 90 s at load 0.6-0.9: 74 to 93 ms by 10-s windows; docs/cluster_model.md),
+matmul timed for 90 s at load 0.6-0.9: 74 to 93 ms by 10-s windows;
+docs/explanation/cluster_model.md),
 so a single run of a point measures when it ran. Each point's conditions (its ready share: the
 time its thread ran over the time it was ready to) are printed beside it, and a point the
 studies' own rule marks contended (studies.contended_ready_share, _steal_share) is left out of
@@ -44,7 +46,8 @@ from cosmocub.studies.contention import point_conditions, why_contended
 from cosmocub.train.main import train
 from cosmocub.train.testing import make_random_shards
 
-HELD_OUT = (0.07, 0.11)  # median, worst: the model's held-out bounds (docs/studies.md)
+# median, worst: the model's held-out bounds (docs/explanation/network_scaling_studies.md)
+HELD_OUT = (0.07, 0.11)
 
 
 def _load() -> str:

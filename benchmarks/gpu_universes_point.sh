@@ -20,7 +20,7 @@
 # CPU, and bf16 autocast only adds casts to this launch-bound net); AMP=auto gives the package's
 # GPU default (bf16). Env (defaults): UNIVERSES (config's count, 1400 since 03c396f), SPLITS
 # ("train,val,test"; config's 1000,200,200; UNIVERSES=1260 SPLITS=1000,60,200 is the setup of
-# docs/universes_study.md), SIZE (64), JOBS (16), N_MAIN (1000), LR (0.001), EPOCHS (25), STEPS_PER_EPOCH (30),
+# docs/explanation/universes_study.md), SIZE (64), JOBS (16), N_MAIN (1000), LR (0.001), EPOCHS (25), STEPS_PER_EPOCH (30),
 # STEPS_LONG (auto: the most multiples of 750, up to STEPS_LONG_MAX (45000), at which every long
 # point is predicted to fit in the time left, from the repro run's step and validation times;
 # the smallest extra N is dropped while keeping it would give fewer than LONG_MIN (6000) steps;
@@ -43,7 +43,7 @@
 # features at 16 Dask threads, GIL-bound (since the next commit: numpy moments, processes).
 # A third (TOTAL_S=420, 33251e8): simulate 121.7 s, preprocess 80.6 s, the 750-step point trained
 # in 61 s (11.4 ms a step, loader-bound: GPU 4 % busy) and evaluated in 30.6 s; the long point
-# had 55 s left and was stopped (docs/universes_study.md, "On a GPU").
+# had 55 s left and was stopped (docs/explanation/universes_study.md, "On a GPU").
 set -euo pipefail
 PY=${PYTHON:-python3}; SITE=${SITE:-/tmp/site}; WHEELS=${WHEELS:-.whl}; T_START=$(date +%s.%N)
 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl || "$PY" -c 'import glob, sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in glob.glob(sys.argv[2] + "/*.whl")]' "$SITE" "$WHEELS" && export PYTHONPATH=$PWD/src:$SITE${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}
@@ -242,7 +242,7 @@ def auto_steps_cmd(run, budget_s, slowdown, steps_long, *ns):
           file=sys.stderr)
 
 
-# Per-universe test MAE at N = 1,000, lr 0.001, 750 steps, CPU (docs/universes_study.md).
+# Per-universe test MAE at N = 1,000, lr 0.001, 750 steps, CPU (docs/explanation/universes_study.md).
 REFERENCE = {
     "Omega_m": (0.452, 0.448, 0.377, 0.481, 1.01), "sigma_8": (0.332, 0.295, 0.287, 0.463, 1.13),
     "N_spec": (0.328, 0.322, 0.297, 0.470, 1.02), "H_0": (0.524, 0.508, 0.507, 0.527, 1.03),
@@ -315,7 +315,7 @@ def summary_cmd():
         rec["eval_metrics"] = metrics
         rows = [r for r in level_rows(metrics) if r["level"] == "universe"]
         lines.append("\nper-universe test MAE (unitPar), bootstrap 16-84 % of CNN ÷ P(k); "
-                     "[docs/universes_study.md: CPU, N = 1,000, 750 steps, 1,260 "
+                     "[docs/explanation/universes_study.md: CPU, N = 1,000, 750 steps, 1,260 "
                      "universes (60 validation), simulation before ddc3fee]\n")
         lines.append("| parameter | CNN | P(k) fit | one-point fit | mean | CNN ÷ P(k) | cov68 | cov95 |")
         lines.append("|---|---|---|---|---|---|---|---|")

@@ -15,7 +15,7 @@
 # Needs root. `stop` leaves no daemon, namespace, mount or /etc/hosts line behind (the state
 # folder keeps the logs). `nsenter --net`, not `ip netns exec`: the latter mounts a fresh /sys,
 # hiding the cgroup filesystem slurmd needs; `unshare --uts --mount` gives each slurmd (and its
-# jobs) the node's hostname and /etc/slurm. docs/slurm-emulated-nodes.md has the whole story.
+# jobs) the node's hostname and /etc/slurm. docs/cluster/slurm-emulated-nodes.md has the whole story.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -40,7 +40,7 @@ say() { echo "slurm-emulated-nodes: $*"; }
 ctl() { SLURM_CONF=$CONF "$@"; }
 node_names() { [ -f "$STATE/nodes" ] && cat "$STATE/nodes" || true; }
 
-shape() {  # netns interface mbit: MTU-sized packets through a one-frame bucket (docs/netemu.md)
+shape() {  # netns interface mbit: MTU-sized packets through a one-frame bucket (docs/cluster/netemu.md)
   local ns=$1 dev=$2 mbit=$3 limit
   limit=$(awk -v m="$mbit" \
     'BEGIN { b = m * 1e6 / 8; l = 4 * 1024 * 1024; print int(b > l ? b : l) }')
@@ -132,7 +132,7 @@ $(slurm_shared_settings)
 # Every task talks over its node's NIC and meters it (cosmocub.train.wire_meter), as a site's
 # environment modules set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME.
 TaskProlog=$STATE/etc/task-prolog.sh
-# Site settings that decide how fast a lost node ends its job (docs/slurm-emulated-nodes.md):
+# Site settings that decide how fast a lost node ends its job (docs/cluster/slurm-emulated-nodes.md):
 # slurmctld declares a node that has not answered for SlurmdTimeout seconds DOWN and ends its
 # jobs (Slurm's default is 300 s); the ranks' own collective timeout is train.collective_timeout_s.
 SlurmdTimeout=30

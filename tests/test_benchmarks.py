@@ -1,6 +1,7 @@
 """Every script in benchmarks/ runs here in a smoke mode: tiny sizes, seconds, and a number of
 its table checked, so a script that no longer runs fails the suite instead of rotting unseen.
-(docs/benchmarks.md lists them, and those removed with the commit their figures came from.)"""
+(docs/explanation/benchmarks.md lists them, and those removed with the commit their figures came
+from.)"""
 
 from __future__ import annotations
 

@@ -407,7 +407,8 @@ def test_pm_reproduces_linear_growth_on_the_largest_scales():
 def test_finite_difference_and_spectral_forces_give_the_same_universe(universe_32):
     # The default force (4-point stencil) against the exact spectral gradient, same seed: the
     # fields differ voxel by voxel (chaos), their statistics must not. Measured at 128³ with
-    # benchmarks/realism.py (removed; last at a39a33b, docs/benchmarks.md): std within 1 % at
+    # benchmarks/realism.py (removed; last at a39a33b, docs/explanation/benchmarks.md): std within
+    # 1 % at
     # every redshift, P(k) within 3 %.
     other = simulate_universe(
         size=32, seed=7, settings=dataclasses.replace(PM, force_gradient="spectral")

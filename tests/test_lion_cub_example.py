@@ -1,5 +1,5 @@
-"""examples/lion_cub_any_script.py, as README.md's "Lion Cub in your own script" runs it: two
-gloo ranks under torchrun, with its checkpoint kept to read back; its --backend flag."""
+"""examples/lion_cub_any_script.py, as README.md and docs/lion-cub.md run it: two gloo ranks
+under torchrun, with its checkpoint kept to read back; its --backend flag."""
 
 from __future__ import annotations
 

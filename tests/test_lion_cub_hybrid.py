@@ -6,7 +6,8 @@ and with one rank a node is flat bit for bit.
 
 Two torchrun spawns (2 and 4 gloo ranks, tests/spatial_ranks.py mode `train`) run every case in
 one process group each. Why the tolerance holds here and what it does not promise over long runs:
-docs/lion_cub_hybrid.md (a fp32-level gradient difference can move one rank's quantized value
+docs/explanation/lion_cub_hybrid.md (a fp32-level gradient difference can move one rank's quantized
+value
 across a rounding boundary and so flip one element's vote; a tiny model for a few steps has none).
 """
 
@@ -157,7 +158,8 @@ def test_hybrid_mesh_trains_as_data_alone(meshes: dict[str, dict[str, Any]], cas
     for name in weights_a:
         if weights_a[name].is_floating_point():
             assert rel(weights_b[name], weights_a[name]) <= TOLERANCE, (case, name)
-    # Stronger, and what docs/lion_cub_hybrid.md promises while no quantized value meets a
+    # Stronger, and what docs/explanation/lion_cub_hybrid.md promises while no quantized value
+    # meets a
     # rounding boundary: every voted update was the same, so the parameters are bit for bit.
     for name in momenta_a:
         assert torch.equal(weights_b[name], weights_a[name]), (case, name)

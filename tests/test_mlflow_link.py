@@ -1,5 +1,6 @@
-"""The link to the MLflow UI's runs view that the workflow logs last (README: MLflow), and the
-name the runs view lists the workflow's parent run under."""
+"""The link to the MLflow UI's runs view that the workflow logs last
+(docs/getting-started/mlflow.md), and the name the runs view
+lists the workflow's parent run under."""
 
 from pathlib import Path
 

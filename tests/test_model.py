@@ -298,7 +298,7 @@ def test_whitening_decorrelates_the_input_taps_statistics_and_stays_linear() -> 
 
     torch.manual_seed(0)
     # Two groups of three features, the second's first two nearly collinear (their correlation's
-    # eigenvalues 2 : 5e-4, as a lognormal field's moments are: docs/known_answer.md),
+    # eigenvalues 2 : 5e-4, as a lognormal field's moments are: docs/explanation/known_answer.md),
     # interleaved as the branch lays them out (feature j of group g at column j·2 + g).
     mix = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
     skew = torch.tensor([[100.0, 0.0, 0.0], [99.9, 3.0, 0.0], [50.0, 0.0, 1.0]])

@@ -124,7 +124,8 @@ def test_the_default_study_trains_every_variant_and_rate_once_per_seed_on_the_sa
 
 
 def test_one_noisy_validation_neither_sets_nor_meets_the_smoothed_target() -> None:
-    # The measured Lion curve at 10 Mbit/s (docs/studies.md): its last raw loss 0.579 is a noisy
+    # The measured Lion curve at 10 Mbit/s (docs/explanation/network_scaling_studies.md): its last
+    # raw loss 0.579 is a noisy
     # upswing; the mean of its last three evaluations is 0.525.
     lion = [0.759, 0.564, 0.516, 0.449, 0.507, 0.469, 0.527, 0.579]
     # A variant whose single lucky second evaluation (0.50) met the raw target at once, but

@@ -97,7 +97,8 @@ def universes(make_universe) -> list[Path]:
 
 
 def _check_shards(out: Path, paths: list[Path], cfg: PreprocessConfig) -> dict:
-    """Every invariant of docs/formats.md that a reader relies on; returns the manifest."""
+    """Every invariant of docs/reference/formats.md that a reader relies on; returns the
+    manifest."""
     s = cfg.sample_size
     manifest = json.loads((out / "manifest.json").read_text())
     seen: dict[str, set] = {str(p): set() for p in paths}

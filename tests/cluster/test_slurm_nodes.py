@@ -261,7 +261,7 @@ def test_a_network_study_point_runs_across_both_nodes(emulated_slurm, tmp_path) 
     epochs = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").open()]
     last = epochs[-1]
     # DDP's ring over 2 ranks: each sends its gradient's size a step, all of it across nodes;
-    # each node's NIC carries that and the TCP/IP framing (docs/netemu.md: within 15 %).
+    # each node's NIC carries that and the TCP/IP framing (docs/cluster/netemu.md: within 15 %).
     assert last["comm_bytes_per_step"] == last["comm_bytes_inter_per_step"] > 190_000
     assert 1.0 <= last["wire_bytes_per_step"] / last["comm_bytes_per_step"] < 1.15, last
     # The exchange ran at the link's rate or slower, never faster: the link is shaped.

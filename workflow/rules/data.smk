@@ -100,6 +100,7 @@ STAGING = f"{RESULTS}/.shards-staging"
 
 
 rule preprocess_plan:
+    """Which universes go to which split and preprocessing group (the staging folder the groups read)."""
     input:
         universe_group_manifests,
     output:
@@ -145,6 +146,7 @@ rule preprocess_group:
 
 
 rule preprocess:
+    """The shards: train/val/test.h5 of log1p sub-volumes, stats.json, manifest.json and features.h5 (one job per group of universes, then a gather)."""
     input:
         staging=STAGING,
         groups=expand(

@@ -11,6 +11,7 @@ CALIBRATION = CFG.perf_model.calibration.path or f"{PERF}/calibration.json"
 # On loopback (ranks of one node) and, as root, on the emulated link at every study rate (else
 # skipped with the reason, as the studies' emulated points are); fit.tsv has one fit per link.
 rule perf_model_bench:
+    """Micro-benchmarks of the collectives on this machine's links (loopback, and the emulated links as root)."""
     output:
         f"{PERF}/bench.tsv",
     log:
@@ -32,6 +33,7 @@ rule perf_model_bench:
 
 
 rule perf_model_fit:
+    """The α–β fit per link and collective kind from the micro-benchmarks."""
     input:
         rules.perf_model_bench.output,
     output:
@@ -51,6 +53,7 @@ rule perf_model_fit:
 # This CPU's compute rates over a small grid (conv blocks, dense heads, updates), every core
 # held so that nothing runs beside the timings; the cache is refused on another machine.
 rule perf_model_calibrate:
+    """This CPU's compute rates over a small grid of layers and updates (cached per machine)."""
     output:
         CALIBRATION,
     log:
@@ -68,6 +71,7 @@ rule perf_model_calibrate:
 
 
 rule perf_model_validate:
+    """The performance model against the measured study points (step_time_study's table, and the network and scaling studies' where run)."""
     input:
         points=perf_model_tables,
         fit=rules.perf_model_fit.output,
@@ -102,6 +106,7 @@ rule perf_model_validate:
 
 
 rule perf_model_extrapolate:
+    """Step time and time to train predicted on GPU clusters (config/cosmoflow-mlperf.yaml), with the assumptions."""
     input:
         PERF_MODEL_CONFIG,
     output:
@@ -138,6 +143,7 @@ rule perf_model_extrapolate:
 
 
 rule perf_model:
+    """The performance model: fit, calibration, validation against measured steps, extrapolation to 2,048 GPUs."""
     input:
         rules.perf_model_validate.output,
         rules.perf_model_extrapolate.output,

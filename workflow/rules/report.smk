@@ -5,6 +5,7 @@ report: "../report/workflow.rst"
 
 
 rule summary_report:
+    """The pipeline's results on one page (report/summary.md), each study's summary already gathered appended."""
     input:
         metrics=expand(f"{RESULTS}/runs/{{run}}/eval/metrics.json", run=RUN),
         manifest=rules.preprocess.output.manifest,

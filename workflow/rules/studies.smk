@@ -220,6 +220,7 @@ rule study_gather:
 for _study in STUDY_NAMES:
 
     rule:
+        """A study: every point trained (and evaluated), then points.tsv, a plot and summary.md."""
         name:
             f"{_study}_study"
         input:

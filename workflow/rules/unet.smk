@@ -7,6 +7,7 @@ UNET = f"{RESULTS}/unet"
 
 
 rule unet_config:
+    """The U-Net run's config, derived from the config in effect (unet section)."""
     output:
         f"{UNET}/config.yaml",
     log:
@@ -30,6 +31,7 @@ rule unet_config:
 
 
 rule unet_train:
+    """The 3D U-Net field emulator trained to map the z = 3 field to z = 0."""
     input:
         config=rules.unet_config.output,
         shards=rules.preprocess.output,
@@ -61,6 +63,7 @@ rule unet_train:
 
 
 rule unet_evaluate:
+    """The U-Net's test fields against the truth: P(k), r(k) and the linear-growth baseline."""
     input:
         config=rules.unet_config.output,
         model=rules.unet_train.output.model,
@@ -97,5 +100,6 @@ rule unet_evaluate:
 
 
 rule unet:
+    """The U-Net field emulator, trained and evaluated (unet/run, unet/eval)."""
     input:
         rules.unet_evaluate.output,

@@ -2,7 +2,8 @@
 one.
 
 The estimator is shared by the tests (initial field against input) and what compared synthetic
-against real universes (benchmarks/realism.py, removed; last at a39a33b, docs/benchmarks.md), so
+against real universes (benchmarks/realism.py, removed; last at a39a33b,
+docs/explanation/benchmarks.md), so
 both read k and P in the same units: h/Mpc and (Mpc/h)³.
 """
 
@@ -14,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 from colossus.cosmology.cosmology import Cosmology
 
-# Fixed by the public generator (docs/formats.md): flat, Ω_b = 0.045.
+# Fixed by the public generator (docs/reference/formats.md): flat, Ω_b = 0.045.
 OMEGA_B = 0.045
 # Table range for the interpolated P(k): a 512 Mpc/h box at 1 Mpc/h voxels needs 0.012–5.4 h/Mpc.
 _K_TABLE = np.logspace(-4.0, 2.0, 600)

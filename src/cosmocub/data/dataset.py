@@ -1,4 +1,5 @@
-"""Torch datasets over the HDF5 shards of docs/formats.md: standardised (C, S, S, S) samples.
+"""Torch datasets over the HDF5 shards of docs/reference/formats.md: standardised (C, S, S, S)
+samples.
 
 HDF5 files are opened lazily in the process that reads (fork-safe for DataLoader workers). Under a
 spatial split a dataset reads only its rank's `block` of each sample (spatially parallel I/O), and

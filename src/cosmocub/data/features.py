@@ -6,7 +6,7 @@ nonlinear field's P(k) loses: Neyrinck, Szapudi & Szalay 2009), one-point statis
 log1p counts (moments, the empty-voxel share and PDF quantiles) and, where
 preprocess.bispectrum asks, band-averaged bispectra. Each preprocess group computes those of its
 own samples once it has written them (Dask, a block of samples per task), and the gather puts
-them together beside the shards in `features.h5` (docs/formats.md).
+them together beside the shards in `features.h5` (docs/reference/formats.md).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def log_power_spectrum(log1p_dhw: np.ndarray, *, num_bins: int = NUM_K_BINS) -> 
     tail back towards a Gaussian, so its P(k) carries information that the counts' P(k) spreads
     into higher-order statistics (on the synthetic whole boxes a ridge on it and the counts'
     P(k) and one-point statistics reaches Ω_m's per-universe error 0.111, where without it
-    0.157: docs/known_answer.md)."""
+    0.157: docs/explanation/known_answer.md)."""
     logs = np.asarray(log1p_dhw, dtype=np.float64)
     n = logs.shape[0]
     edges = log_k_edges(n, float(n), num_bins)
@@ -87,7 +87,7 @@ def bispectrum_statistics(
     A field with no power in a band gives 0 there (a constant field has no shape).
     `modes_left_out` (a boolean mask on the rfftn grid): modes no band takes (for probes of where
     a statistic sits: benchmarks/bispectrum_subsets.py, removed; last at 040e681,
-    docs/benchmarks.md); None for the feature.
+    docs/explanation/benchmarks.md); None for the feature.
     """
     delta = _count_overdensity(counts_dhw)
     n = delta.shape[0]
@@ -126,7 +126,7 @@ def axis_nyquist_modes(n: int) -> np.ndarray:
     """Boolean mask on the rfftn grid of an n³ cube: the modes at |k| = π, which on an even grid
     are the three real-valued axis modes (n/2, 0, 0) and its two turns, none on an odd one. On
     the known-answer phase fields a third of the band bispectrum's f_nl sits in them
-    (docs/known_answer.md, case (c))."""
+    (docs/explanation/known_answer.md, case (c))."""
     return np.isclose(k_magnitude(n), np.pi)
 
 

@@ -1,6 +1,6 @@
 """A preprocess group's own rows of each shard: read back through HDF5 once the group has written
 them, checked against their universes, and turned into their features; and the gather's
-assembly of every group's features into the shards' (docs/formats.md, "Shards").
+assembly of every group's features into the shards' (docs/reference/formats.md, "Shards").
 
 Both passes over the written data run in the group jobs, in parallel on a cluster; the gather
 puts small arrays side by side and reads no shard.

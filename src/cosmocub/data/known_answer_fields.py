@@ -44,7 +44,7 @@ PARAMETER_CASE = {"amplitude": "gaussian", "slope": "gaussian"} | {
 @dataclass(frozen=True, kw_only=True)
 class KnownAnswerDesign:
     """The parameters' ranges: physical = centre + half_range·u for u in [-1, 1); chosen so that
-    the classical fits land between exact and the mean (docs/known_answer.md)."""
+    the classical fits land between exact and the mean (docs/explanation/known_answer.md)."""
 
     amplitude: tuple[float, float] = (0.1, 0.004)  # A: the Gaussian field's std at u = 0
     slope: tuple[float, float] = (-2.0, 0.08)  # n of P(k) ∝ k^n, k in radians per voxel

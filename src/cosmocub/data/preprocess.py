@@ -1,6 +1,7 @@
 """`cosmocub preprocess` by hand: the workflow's plan → every group → gather, in one process.
 
-The shard folder it writes (shards, stats.json, manifest.json, features.h5; docs/formats.md,
+The shard folder it writes (shards, stats.json, manifest.json, features.h5;
+docs/reference/formats.md,
 "Shards") is byte for byte the one the workflow's jobs write from the same config.
 """
 

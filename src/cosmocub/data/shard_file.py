@@ -1,5 +1,6 @@
 """The shard files: allocated in full before any sample is cropped, written by chunk offset at
-each universe's place, and read back through HDF5 once written (docs/formats.md, "Shards").
+each universe's place, and read back through HDF5 once written (docs/reference/formats.md,
+"Shards").
 
 A shard holds crops, or (the training split under preprocess.train_crops random) whole universes.
 """

@@ -1,5 +1,6 @@
 """What stands beside the shards: stats.json (the training values' per-channel moments) and
-manifest.json (the split, the settings and a checksum of every source), docs/formats.md."""
+manifest.json (the split, the settings and a checksum of every source),
+docs/reference/formats.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,11 @@
 """The universe jobs, a group at a time: make a group of synthetic (or known-answer) universes, or
 validate and link a group of public ones, and write the group's manifest beside them.
 
-The manifest (<universes>/groups/<name>.json, docs/formats.md) is what the workflow's later jobs
-read instead of one target per universe: each universe's path, seed, header (size, channels,
-parameters, redshifts), bytes and, for a universe made here, its sha256. Preprocessing plans
-the shards from the manifests alone, so no job opens 10,000 files to learn their headers.
+The manifest (<universes>/groups/<name>.json, docs/reference/formats.md) is what the workflow's
+later jobs read instead of one target per universe: each universe's path, seed, header (size,
+channels, parameters, redshifts), bytes and, for a universe made here, its sha256.
+Preprocessing plans the shards from the manifests alone, so no job opens 10,000 files to learn
+their headers.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from cosmocub.io import atomic_path, json_safe, read_jsonl, write_json
 
 log = logging.getLogger(__name__)
 
-# Files of the eval folder (docs/formats.md), in the order they are logged.
+# Files of the eval folder (docs/reference/formats.md), in the order they are logged.
 OUTPUT_FILES = (
     "metrics.json",
     "predictions.npz",
@@ -53,7 +53,7 @@ def evaluate(
     """Predict the test shard with run_dir/model.pt; write out_dir (atomically); return metrics.
 
     out_dir receives metrics.json, predictions.npz, pred_vs_true.png and loss_curves.png (see
-    docs/formats.md); the metrics and files also go to `tracker` (a
+    docs/reference/formats.md); the metrics and files also go to `tracker` (a
     cosmocub.tracking.tracker Tracker).
     """
     from cosmocub.data.dataset import open_split

@@ -11,7 +11,8 @@ their per-sample test MAE per parameter beside the model's own on every split.
 
 A parameter the model misses but a ridge on one of these reads is lost in the readout (its
 head, its training); one that no ridge on them reads never reached its features. Whole boxes
-(one sample a universe) give per-universe errors. docs/known_answer.md ("Over seeds") reads
+(one sample a universe) give per-universe errors. docs/explanation/known_answer.md ("Over seeds")
+reads
 the Gaussian slope with it.
 """
 

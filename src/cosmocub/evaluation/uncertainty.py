@@ -71,7 +71,8 @@ def coverage_scale(
     for Gaussian errors. Where a parameter is barely learnt the errors are those of a bounded
     prior (a predicted mean near the centre of a uniform range): √s is then their RMS, whose ±1σ
     covers 58 % and ±1.96σ 100 %. Measured on the universes study's 200 test universes
-    (docs/universes_study.md): H_0's 68 % coverage 0.46–0.51 with the likelihood scale. Fitted
+    (docs/explanation/universes_study.md): H_0's 68 % coverage 0.46–0.51 with the likelihood scale.
+    Fitted
     on coverage, the 68 % interval holds 68 % and the 95 % one cannot be above 100 %, so both
     stay within 5 points. The candidates are the scales at which a row enters a level's
     interval, (z/h_level)², where coverage changes."""

@@ -50,7 +50,8 @@ class LogPowerSpectrum(nn.Module):
     features, data.features) of |FFT(x − mean)|²/S³, in float32 whatever the input's dtype.
 
     Why in the network: a CNN's global statistics of its feature maps hold the spectrum only
-    as filtered band powers it has to learn, and on whole boxes it did not (docs/known_answer.md:
+    as filtered band powers it has to learn, and on whole boxes it did not
+    (docs/explanation/known_answer.md:
     its error on Ω_m stayed that of the input's one-point moments, where P(k) with them does
     better). Taken whole, the spectrum of the input the network reads, the log-density P(k), is
     a fixed feature, so what the network adds beyond it is what it learned. The FFT is
@@ -99,7 +100,8 @@ class CountsSpectrum(nn.Module):
 
     Why beside the log-density spectrum: on the synthetic whole boxes the two spectra together
     with the one-point statistics are the best classical fit (Ω_m 0.111 per universe, against
-    0.131 without the counts' P(k): docs/known_answer.md). The network reads log1p counts, whose
+    0.131 without the counts' P(k): docs/explanation/known_answer.md). The network reads log1p
+    counts, whose
     spectrum it can take whole; the counts' own spectrum is a different function of the field,
     one a conv stack would have to learn through an exponential.
 
@@ -174,7 +176,7 @@ class GroupWhitening(nn.Module):
     estimates are taken without gradient, so a step's map is linear and fixed, as batch norm's
     in eval mode. Why: a lognormal field's σ lies in a combination of its mean, deviation,
     skewness and kurtosis whose variance over the training universes is ~10⁻³ of the leading
-    one's (docs/known_answer.md); gradient descent moves along a direction at a rate
+    one's (docs/explanation/known_answer.md); gradient descent moves along a direction at a rate
     proportional to its variance, so a per-feature norm leaves that combination unreached in a
     few thousand steps, while whitened it is as quick as any other.
 
@@ -187,7 +189,8 @@ class GroupWhitening(nn.Module):
     right. An exponential average at 0.01 a batch rests on the last ~100 batches; on whole
     64³ boxes (moments to the 6th and a 10-bin spectrum, batches of 8) that moved the whitened
     validation features by up to half their spread in 100 steps at lr 7.8·10⁻⁶, and the
-    predicted Ω_m's mean with them by 0.25 (docs/known_answer.md, "The log-density P(k)").
+    predicted Ω_m's mean with them by 0.25 (docs/explanation/known_answer.md, "The log-density
+    P(k)").
     """
 
     def __init__(

@@ -1,5 +1,5 @@
 """Emulated cluster nodes on one Linux machine (network namespaces, a bridge, shaped links) and
-the training launch over them; see docs/netemu.md."""
+the training launch over them; see docs/cluster/netemu.md."""
 
 from cosmocub.netemu.namespaces import (
     DEFAULT_PREFIX,

@@ -7,8 +7,8 @@ updates, each rank its own momentum) and `Lion` (one process); they need torch a
 
 No DDP: each rank steps on its own gradients. `quantizer_levels` says how many levels a p-bit
 quantizer keeps at a group size (LevelsError where none useful is left); `world_node_groups` the
-groups of hierarchy="node" when the world is the data group. README.md, "Lion Cub in
-your own script", and examples/lion_cub_any_script.py show a whole run, checkpoint included.
+groups of hierarchy="node" when the world is the data group. docs/lion-cub.md ("Lion Cub in
+your script") and examples/lion_cub_any_script.py show a whole run, checkpoint included.
 """
 
 from cosmocub.optim.hierarchy import world_node_groups

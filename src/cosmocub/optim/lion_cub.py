@@ -101,26 +101,30 @@ class LionCub(Optimizer):
     patterns match the names) or parameter groups with their own lr, betas, weight_decay.
     Gradients are this rank's own (no DDP, no gradient all-reduce); the parameters stay
     identical on every rank. `group` None is a group of one: Lion exactly.
-      quantizer, bits   "sign" (1 bit) or "l1" / "linf" / "l0" with bits 2..8
-      collective        "alltoall" (default), "allgather" or "allreduce"
-      allreduce_dtype   the allreduce collective's sum: "int8" (None; ⌊127/N⌋ levels, 1 byte a
-                        value) or "fp16" (⌊2048/N⌋, 2 bytes); alltoall and allgather sum on the
-                        rank and keep 2^(bits−1) − 1 levels at any N (ValueError if given)
-      momentum_sync     "never", "every" (sync_every steps) or "exponential" (sync_k), for the
-                        parameters whose names match sync_patterns (none given: all)
-      overlap           start a bucket's exchange in backward, when its gradients are ready
-      bucket_mb         parameters per exchange bucket, in MiB of fp32
-      data_ranks_per_node  G: `group`'s ranks run node by node, G on each (None: one a node),
-                        for the intra/inter-node byte split and hierarchy node (the data ranks
-                        of a node, not all its ranks: with a spatial group of S, G = ranks a
-                        node / S; the keyword was `ranks_per_node` before)
-      hierarchy         "flat" (one vote over `group`) or "node": c averaged in fp32 inside the
-                        node over node_groups[0] (the G ranks on mine), the vote across nodes on
-                        1/G of it over node_groups[1] (my rail: my local index on every node),
-                        levels from the number of nodes; the same as flat where G = 1 or all
-                        ranks share one node (see optim.hierarchy: a vote of nodes, not ranks)
     `comm_stats` counts the bytes this rank sent and the exchange's seconds; `levels_in_use`
     the levels the quantizer keeps (a warning at construction where fewer than `bits` asked).
+
+    Args:
+        quantizer: "sign" (1 bit) or "l1" / "linf" / "l0" with `bits` 2..8.
+        bits: the scaled quantizers' bits (sign is always 1).
+        collective: "alltoall" (default), "allgather" or "allreduce".
+        allreduce_dtype: the allreduce collective's sum: "int8" (None; ⌊127/N⌋ levels, 1 byte a
+            value) or "fp16" (⌊2048/N⌋, 2 bytes); alltoall and allgather sum on the rank and
+            keep 2^(bits−1) − 1 levels at any N (ValueError if given).
+        momentum_sync: "never", "every" (sync_every steps) or "exponential" (sync_k), for the
+            parameters whose names match sync_patterns (none given: all).
+        overlap: start a bucket's exchange in backward, when its gradients are ready.
+        bucket_mb: parameters per exchange bucket, in MiB of fp32.
+        data_ranks_per_node: G: `group`'s ranks run node by node, G on each (None: one a
+            node), for the intra/inter-node byte split and hierarchy node (the data ranks of a
+            node, not all its ranks: with a spatial group of S, G = ranks a node / S; the
+            keyword was `ranks_per_node` before).
+        hierarchy: "flat" (one vote over `group`) or "node": c averaged in fp32 inside the node
+            over node_groups[0] (the G ranks on mine), the vote across nodes on 1/G of it over
+            node_groups[1] (my rail: my local index on every node), levels from the number of
+            nodes; the same as flat where G = 1 or all ranks share one node (see
+            optim.hierarchy: a vote of nodes, not ranks).
+
     Checkpoints: `state_dict` is this data rank's own; each rank saves and loads its own.
     """
 

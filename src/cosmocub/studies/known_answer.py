@@ -8,7 +8,8 @@ of `known_answer_study.lrs`; per seed the gather keeps the lr with the lowest va
 Each case is reported per seed and pooled over the seeds (every seed's test universes together,
 `seed` = pooled), the ratio's bootstrap range beside its range over the seeds. A check that
 holds on the seeds it was developed on and fails on the next says the result is the seed's.
-What each case should give, stated before any run (docs/known_answer.md), is in GOALS; the
+What each case should give, stated before any run (docs/explanation/known_answer.md), is in GOALS;
+the
 extra section says which are met, seed by seed. Case (c) is also set beside the band
 bispectrum's own f_nl fit with and without the axis-Nyquist modes (known_answer_bispectrum),
 and case (a) beside its floor, the Bayes estimate from P(k) under the field's exact likelihood
@@ -328,7 +329,8 @@ def extra_section(rows: Sequence[Mapping[str, Any]], cfg: Config) -> str:
             "### Case (c) beside the band bispectrum's own f_nl fit",
             "",
             "Ridges on the phase channels' band bispectrum (16 triples each), with the three "
-            "axis-Nyquist modes |k| = π and without them (docs/known_answer.md, case (c)).",
+            "axis-Nyquist modes |k| = π and without them (docs/explanation/known_answer.md, "
+            "case (c)).",
             "",
             *nyquist_lines(rows),
             "",
@@ -374,7 +376,8 @@ STUDY = StudyDefinition(
     # (ready share 0.28) and was trained a second time for nothing.
     timed=False,
     description=(
-        "Known-answer fields (docs/known_answer.md), per seed (`seed`: the universes and the "
+        "Known-answer fields (docs/explanation/known_answer.md), per seed (`seed`: the "
+        "universes and the "
         "training) and pooled over the seeds (`seed` = pooled): per case and parameter, the "
         "per-universe and per-crop test MAE (unitPar) of the CNN, the P(k) and one-point ridge "
         "fits, the best classical fit (P(k), one-point or both with the bispectrum, chosen on "

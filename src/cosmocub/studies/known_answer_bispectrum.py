@@ -1,6 +1,7 @@
 """Case (c) of the known-answer study beside the band bispectrum's own f_nl fit, with and
 without the three axis-Nyquist modes: on seeds 0 and 1 the CNN matched the fit without them
-and fell short only of what those three modes carry (docs/known_answer.md, case (c)); this
+and fell short only of what those three modes carry (docs/explanation/known_answer.md, case (c));
+this
 measures it on every seed of the study.
 
 Per point: ridges (the baselines' own, evaluation.baselines.ridge_predictions) of f_nl on the

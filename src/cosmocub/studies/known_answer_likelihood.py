@@ -3,7 +3,8 @@ channel's amplitude and slope from its P(k), under the field's exact likelihood.
 
 The goal CNN ÷ P(k) fit in [0.95, 1.1] takes the ridge on 10 binned log powers as the known
 answer; it is linear in P(k), and with the parameters' bounded (uniform) prior the best
-estimate from P(k) is not (docs/known_answer.md, "Case (a): the floor": 0.84 × the ridge's
+estimate from P(k) is not (docs/explanation/known_answer.md, "Case (a): the floor": 0.84 × the
+ridge's
 error on the amplitude, from a Fisher estimate). A network with the spectrum in its tap can beat
 the ridge and still use nothing beyond P(k); what it cannot beat, but by the test set's noise, is
 this estimate. So the study sets the CNN beside it, per universe and seed.

@@ -235,7 +235,8 @@ def fit_fastest(
     """fit(measure()); where a fit misses its timings (rates.fit_rates' one-line error), the grid
     is timed again and each timing keeps its faster measurement, up to ATTEMPTS times, before the
     error stands. Why: this VM's own speed drifts by up to a quarter over tens of seconds with
-    nothing else running (docs/cluster_model.md), and a grid of short timings, each the fastest
+    nothing else running (docs/explanation/cluster_model.md), and a grid of short timings, each the
+    fastest
     of a few repeats taken back to back, can land partly on a slow stretch: on a quiet machine
     (load ~1) 3 of 10 calibrations stopped on one such fit (the head's, SGD's and AdamW's
     update: 26-46 % median against at most 25 %)."""

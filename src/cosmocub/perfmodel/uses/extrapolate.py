@@ -247,7 +247,8 @@ buckets in reverse parameter order (1 MiB the first, 25 MiB the rest), each all-
 the backward of its layer (2/3 of the layer's forward + backward) is done, one at a time; the
 step holds what is left after backward. Nothing else overlaps (Lion Cub's exchange follows
 backward). `cosmocub perf-model predict --accelerator` prices the same entries with the
-roofline and NCCL's collectives instead (docs/cluster_model.md); these rows keep the above.
+roofline and NCCL's collectives instead (docs/explanation/cluster_model.md); these rows keep the
+above.
 Message rounds: each of a ring's 2(P-1) or P-1 rounds (and an all-to-all's P-1) costs the full
 alpha, with no tree or pipelining; at thousands of ranks this latency dominates, which is
 pessimistic against NCCL's tree algorithms and penalises many small messages (Lion Cub's

@@ -264,7 +264,7 @@ def calibrate_cpu_run(
     The run's fastest epoch after the first is its compute, as the calibration keeps each
     timing's fastest repeat: on a shared machine other work only adds time, and this VM's own
     speed drifts by up to a quarter over tens of seconds with its thread on a core
-    (docs/cluster_model.md), so a median measures when the run was disturbed."""
+    (docs/explanation/cluster_model.md), so a median measures when the run was disturbed."""
     summary, epochs = _run_record(run_dir)
     compute = min(epochs)
     if cfg.parallel.spatial != 1:
