@@ -97,7 +97,7 @@ def test_cluster_section_and_server_settings(tmp_path) -> None:
         None, {"train": {"ranks_per_node": 4}, "cluster": {"train": {"gpus_per_rank": 1}}}
     )
     assert train_job(gpu).gres == "gpu:4"
-    assert num_preprocess_groups(cfg, 10_000) == 157  # 64 universes a job
+    assert num_preprocess_groups(cfg, 10_000) == 100  # 100 universes a job
     with pytest.raises(ConfigError, match=r"tracking.server.start': true .* set one of them"):
         load_config(None, {"tracking": {"uri": "http://x:5000", "server": {"start": True}}})
 

@@ -83,8 +83,8 @@ READ_NO_CONFIG = {"perf-model fit", "summarize"}
 def assert_every_command_names_its_config(stdout: str) -> None:
     """Every cosmocub command a dry run prints (`-p`) names the config it runs with (--config,
     or a study point's --point-config), so it runs by hand as the workflow runs it; a command
-    without one runs on the schema's defaults (rule simulate_seed_group did: the known-answer
-    study's seeds asked for groups its 48 default universes do not have)."""
+    without one runs on the schema's defaults (a rule for a study's own seeds once did: the
+    known-answer study's seeds asked for groups its 48 default universes do not have)."""
     command = r"^Shell command: .*?cosmocub ([a-z][a-z-]*(?: [a-z][a-z-]*)?)(.*)$"
     commands = re.findall(command, stdout, re.M)
     assert commands, stdout[-2000:]

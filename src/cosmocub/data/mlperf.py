@@ -1,6 +1,6 @@
 """The MLPerf HPC CosmoFlow TFRecord folders as a source (universes.source mlperf): the layout
 (train/, validation/ and test/ if present), the groups of files a job validates, each record as a
-lazily read sample, and the groups' manifests (docs/formats.md, "Universe groups").
+lazily read sample, and the groups' manifests (docs/reference/formats.md, "Universe groups").
 
 A record plays the part a universe plays for the HDF5 sources: a cube of int16 counts with its
 unitPar, cut into preprocess.sample_size crops. Its unit path is the file's, or `<file>@<k>` for

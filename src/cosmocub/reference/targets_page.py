@@ -53,9 +53,7 @@ def _load_targets(snakefile: Path) -> list[dict]:
                     "name": rule.name,
                     "doc": " ".join((rule.docstring or "").split()),
                     # An input given by a function has no name until the DAG is built.
-                    "makes": [
-                        str(f).replace(scratch, "results") for f in files if not callable(f)
-                    ],
+                    "makes": [str(f).replace(scratch, "results") for f in files if not callable(f)],
                 }
             )
     shutil.rmtree(scratch, ignore_errors=True)
