@@ -46,6 +46,7 @@ SMOKED = {
     "bench_compute_calibration.py",
     "known_answer_floor.py",
     "workflow_cost.py",
+    "bench_mlperf.py",
 }
 
 
@@ -233,3 +234,17 @@ def test_workflow_cost(tmp_path: Path) -> None:
     assert cases["mlperf"] == (8, "mlperf_group", 1), out  # 56 placeholder files, one group
     for *_, dry_s, cpu_s, wall_s in rows:
         assert 0 < float(cpu_s) <= float(wall_s) + 0.1 and float(dry_s) == float(wall_s)
+
+
+def test_bench_mlperf(tmp_path: Path) -> None:
+    """40 made files of 8³: every file checked at some rate, and every step of the workflow's
+    commands timed, in one group each."""
+    out = run_script("bench_mlperf.py", "--smoke", cwd=tmp_path)
+    rate = re.search(r"checked (\d+) records of 8³ \(made\): ([\d.]+) records/s", out)
+    assert rate and int(rate[1]) == 40 and float(rate[2]) > 0, out
+    steps = re.findall(r"^(mlperf-group|preprocess-plan|preprocess-group|preprocess-gather)"
+                       r".*?\s+(\d+)\s+([\d.]+)\s+\d+$", out, re.M)  # fmt: skip
+    assert [(s, int(jobs)) for s, jobs, _ in steps] == [
+        ("mlperf-group", 1), ("preprocess-plan", 1), ("preprocess-group", 1),
+        ("preprocess-gather", 1),
+    ], out  # fmt: skip

@@ -94,7 +94,9 @@ def _failed_start(tmp_path: Path, wait_s: float) -> tuple[str, float]:
     settings = dataclasses.replace(
         load_config(None).preprocess, dask_slurm_workers=2, dask_slurm_wait_s=wait_s
     )
-    resources = PreprocessResources(universes_per_job=8, threads=3, mem_mb=1234, runtime=90)
+    resources = PreprocessResources(
+        universes_per_job=8, files_per_job=6400, threads=3, mem_mb=1234, runtime=90
+    )
     t0 = time.perf_counter()
     with (
         pytest.raises(PreprocessError) as caught,

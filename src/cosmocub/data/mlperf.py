@@ -95,8 +95,9 @@ def split_of_files(cfg: Config) -> dict[str, str]:
 def _split_of_files(mlperf_dir: str, seed: int) -> dict[str, str]:
     # Cached: the workflow asks at parse time for every group's files (590k names).
     listing = _listing(mlperf_dir)
-    split = {f"{folder}/{name}": FOLDERS[folder] for folder, names in listing.items()
-             for name in names}  # fmt: skip
+    split = {
+        f"{folder}/{name}": FOLDERS[folder] for folder, names in listing.items() for name in names
+    }
     if "test" not in listing:
         universes = sorted({universe_and_crop(n)[0] for n in listing["validation"]})
         order = np.random.default_rng(seed).permutation(len(universes))
@@ -139,22 +140,31 @@ def validate_group(cfg: Config, group: int) -> list[dict[str, Any]]:
     for relative in groups[group]:
         path = root / relative
         raw = path.read_bytes()
-        records = list(_payloads(path, raw))
+        records = list(file_payloads(path, raw))
         universe, crop = universe_and_crop(relative)
         for k, payload in enumerate(records):
             x, y = decode_sample(path, k, payload)
             unit = str(path) if len(records) == 1 else f"{path}@{k}"
-            entries.append({
-                "path": unit, "split": split[relative], "universe": universe, "crop": crop,
-                "size": int(x.shape[0]), "num_channels": int(x.shape[3]),
-                "bytes": len(raw), "sha256": hashlib.sha256(raw).hexdigest(),
-                "unitPar": y.tolist(), "physPar": phys_from_unit(y).tolist(),
-                "namePar": list(NAME_PAR), "redshifts": list(REDSHIFTS),
-            })  # fmt: skip
+            entries.append(
+                {
+                    "path": unit,
+                    "split": split[relative],
+                    "universe": universe,
+                    "crop": crop,
+                    "size": int(x.shape[0]),
+                    "num_channels": int(x.shape[3]),
+                    "bytes": len(raw),
+                    "sha256": hashlib.sha256(raw).hexdigest(),
+                    "unitPar": y.tolist(),
+                    "physPar": phys_from_unit(y).tolist(),
+                    "namePar": list(NAME_PAR),
+                    "redshifts": list(REDSHIFTS),
+                }
+            )
     return entries
 
 
-def _payloads(path: Path, raw: bytes):
+def file_payloads(path: Path, raw: bytes):
     """The records of one file's bytes: GZIP (the published datasets) or plain TFRecord."""
     if not raw:
         raise TFRecordError(f"{path}: empty file, no records")
@@ -175,7 +185,7 @@ def _decoded(file: str, index: int) -> np.ndarray:
     # Several Dask blocks of one record read it one after another: the last few records stay
     # decoded (17 MB each at 128³) so that each is unzipped once.
     path = Path(file)
-    payloads = _payloads(path, path.read_bytes())
+    payloads = file_payloads(path, path.read_bytes())
     return decode_sample(path, index, payloads[index])[0]
 
 
