@@ -171,42 +171,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="workflow-cost-") as tmp:
         root = Path(tmp)
         public = public_layout(root / "public", args.public)
-        for profile in ("default", "slurm"):
-            cwd = root / f"public-{profile}"
-            cwd.mkdir()
-            rows.append(
-                dry_row(
-                    f"dry public {args.public:,} ({profile})",
-                    repo,
-                    [
-                        "--profile",
-                        str(repo / "profiles" / profile),
-                        "--configfile",
-                        mlperf_config,
-                        "--config",
-                        f"universes={{source: cosmoflow, cosmoflow_dir: {public}}}",
-                    ],
-                    cwd,
-                    args.timeout,
-                )
-            )
+        layouts = {f"public {args.public:,}": f"{{source: cosmoflow, cosmoflow_dir: {public}}}"}
         if has_mlperf_source(repo):
-            layout = mlperf_layout(root / "mlperf", train, validation)
+            folder = mlperf_layout(root / "mlperf", train, validation)
+            layouts[f"mlperf {train:,}+{validation:,}"] = (
+                f"{{source: mlperf, mlperf_dir: {folder}}}"
+            )
+        for name, universes in layouts.items():
             for profile in ("default", "slurm"):
-                cwd = root / f"mlperf-{profile}"
+                cwd = root / f"{name.split()[0]}-{profile}"
                 cwd.mkdir()
+                profile_dir = str(repo / "profiles" / profile)
+                args_ = ["--profile", profile_dir, "--configfile", mlperf_config]
                 rows.append(
                     dry_row(
-                        f"dry mlperf {train:,}+{validation:,} ({profile})",
+                        f"dry {name} ({profile})",
                         repo,
-                        [
-                            "--profile",
-                            str(repo / "profiles" / profile),
-                            "--configfile",
-                            mlperf_config,
-                            "--config",
-                            f"universes={{source: mlperf, mlperf_dir: {layout}}}",
-                        ],
+                        [*args_, "--config", f"universes={universes}"],
                         cwd,
                         args.timeout,
                     )
