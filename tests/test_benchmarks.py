@@ -242,9 +242,15 @@ def test_bench_mlperf(tmp_path: Path) -> None:
     out = run_script("bench_mlperf.py", "--smoke", cwd=tmp_path)
     rate = re.search(r"checked (\d+) records of 8³ \(made\): ([\d.]+) records/s", out)
     assert rate and int(rate[1]) == 40 and float(rate[2]) > 0, out
-    steps = re.findall(r"^(mlperf-group|preprocess-plan|preprocess-group|preprocess-gather)"
-                       r".*?\s+(\d+)\s+([\d.]+)\s+\d+$", out, re.M)  # fmt: skip
+    steps = re.findall(
+        r"^(mlperf-group|preprocess-plan|preprocess-group|preprocess-gather)"
+        r".*?\s+(\d+)\s+([\d.]+)\s+\d+$",
+        out,
+        re.M,
+    )
     assert [(s, int(jobs)) for s, jobs, _ in steps] == [
-        ("mlperf-group", 1), ("preprocess-plan", 1), ("preprocess-group", 1),
+        ("mlperf-group", 1),
+        ("preprocess-plan", 1),
+        ("preprocess-group", 1),
         ("preprocess-gather", 1),
-    ], out  # fmt: skip
+    ], out

@@ -29,14 +29,53 @@ def shards(config: Path, universes: Path, work: Path, groups: int) -> Path:
     """The workflow's commands: plan, every group, gather (the group manifests exist)."""
     common = ["--config", str(config)]
     staging, out = work / "staging", work / "shards"
-    assert main(["preprocess-plan", "--universes-dir", str(universes), "--staging",
-                 str(staging), *common]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "preprocess-plan",
+                "--universes-dir",
+                str(universes),
+                "--staging",
+                str(staging),
+                *common,
+            ]
+        )
+        == 0
+    )
     for g in range(groups):
         npz = work / "groups" / f"{g}.npz"
-        assert main(["preprocess-group", "--staging", str(staging), "--group", str(g),
-                     "--out", str(npz), "--threads", "1", *common]) == 0  # fmt: skip
-    assert main(["preprocess-gather", "--staging", str(staging), "--groups-dir",
-                 str(work / "groups"), "--out", str(out), *common]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "preprocess-group",
+                    "--staging",
+                    str(staging),
+                    "--group",
+                    str(g),
+                    "--out",
+                    str(npz),
+                    "--threads",
+                    "1",
+                    *common,
+                ]
+            )
+            == 0
+        )
+    assert (
+        main(
+            [
+                "preprocess-gather",
+                "--staging",
+                str(staging),
+                "--groups-dir",
+                str(work / "groups"),
+                "--out",
+                str(out),
+                *common,
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -81,8 +120,10 @@ def test_an_exported_set_read_back_gives_the_hdf5_paths_shards(tmp_path, size, s
     }
     config = write_config(tmp_path / "synthetic.yaml", base)
     universes = tmp_path / "results" / "universes"
-    assert main(["simulate-group", "--group", "0", "--out", str(universes), "--config",
-                 str(config)]) == 0  # fmt: skip
+    assert (
+        main(["simulate-group", "--group", "0", "--out", str(universes), "--config", str(config)])
+        == 0
+    )
     from_hdf5 = shards(config, universes, tmp_path / "hdf5", groups=2)
 
     exported = tmp_path / "mlperf"
@@ -100,8 +141,20 @@ def test_an_exported_set_read_back_gives_the_hdf5_paths_shards(tmp_path, size, s
     )
     groups = -(-4 * crops // 8)
     for g in range(groups):
-        assert main(["mlperf-group", "--group", str(g), "--out", str(tmp_path / "validated"),
-                     "--config", str(read_back)]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "mlperf-group",
+                    "--group",
+                    str(g),
+                    "--out",
+                    str(tmp_path / "validated"),
+                    "--config",
+                    str(read_back),
+                ]
+            )
+            == 0
+        )
     from_mlperf = shards(read_back, tmp_path / "validated", tmp_path / "read-back", groups)
     assert_same_data(from_hdf5, from_mlperf)
     manifest = json.loads((from_mlperf / "manifest.json").read_text())
@@ -130,34 +183,50 @@ def test_several_records_a_file_and_plain_records(tmp_path):
     shards hold exactly the counts `read_tfrecord` reads, log1p'd, and each record's label."""
     x = {i: counts(i) for i in range(4)}
     y = {i: [0.1 * i, -0.2, 0.3, 0.0] for i in range(4)}
-    layout = small_layout(tmp_path / "d", files={
-        "train/univ_a1_000.tfrecord": record(x[0], y[0]) + record(x[1], y[1]),  # plain, two
-        "train/univ_a2_000.tfrecord": gzip.compress(record(x[2], y[2]), mtime=0),
-        "validation/univ_a3_000.tfrecord": gzip.compress(record(x[3], y[3]), mtime=0),
-        "test/univ_a4_000.tfrecord": gzip.compress(record(x[0], y[0]), mtime=0),
-    })  # fmt: skip
-    config = write_config(tmp_path / "c.yaml", {
-        "results": str(tmp_path / "results"), "tracking": {"enabled": False},
-        "universes": {"source": "mlperf", "mlperf_dir": str(layout)},
-        "preprocess": {"sample_size": 8, "slab_depth": 4},
-        "model": {"input_size": 8, "num_conv_blocks": 2},
-    })  # fmt: skip
-    assert main(["mlperf-group", "--group", "0", "--out", str(tmp_path / "u"), "--config",
-                 str(config)]) == 0  # fmt: skip
+    layout = small_layout(
+        tmp_path / "d",
+        files={
+            "train/univ_a1_000.tfrecord": record(x[0], y[0]) + record(x[1], y[1]),  # plain, two
+            "train/univ_a2_000.tfrecord": gzip.compress(record(x[2], y[2]), mtime=0),
+            "validation/univ_a3_000.tfrecord": gzip.compress(record(x[3], y[3]), mtime=0),
+            "test/univ_a4_000.tfrecord": gzip.compress(record(x[0], y[0]), mtime=0),
+        },
+    )
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "results": str(tmp_path / "results"),
+            "tracking": {"enabled": False},
+            "universes": {"source": "mlperf", "mlperf_dir": str(layout)},
+            "preprocess": {"sample_size": 8, "slab_depth": 4},
+            "model": {"input_size": 8, "num_conv_blocks": 2},
+        },
+    )
+    assert (
+        main(
+            ["mlperf-group", "--group", "0", "--out", str(tmp_path / "u"), "--config", str(config)]
+        )
+        == 0
+    )
     out = shards(config, tmp_path / "u", tmp_path / "w", groups=1)
     with h5py.File(out / "train.h5") as f:
         names = json.loads(f.attrs["source_files"])
         assert [Path(n).name for n in names] == [
-            "univ_a1_000.tfrecord@0", "univ_a1_000.tfrecord@1", "univ_a2_000.tfrecord"
-        ]  # fmt: skip
+            "univ_a1_000.tfrecord@0",
+            "univ_a1_000.tfrecord@1",
+            "univ_a2_000.tfrecord",
+        ]
         for row, i in enumerate((0, 1, 2)):
             expected = np.log1p(x[i].astype(np.float32)).astype(np.float16).transpose(3, 0, 1, 2)
             assert f["x"][row].tobytes() == expected.tobytes()
             np.testing.assert_array_equal(f["y"][row], np.float32(y[i]))
     read, _, n = read_tfrecord(layout / "validation" / "univ_a3_000.tfrecord")
     with h5py.File(out / "val.h5") as f:
-        assert n == 1 and f["x"][0].tobytes() == np.log1p(
-            read.astype(np.float32)).astype(np.float16).transpose(3, 0, 1, 2).tobytes()  # fmt: skip
+        assert (
+            n == 1
+            and f["x"][0].tobytes()
+            == np.log1p(read.astype(np.float32)).astype(np.float16).transpose(3, 0, 1, 2).tobytes()
+        )
 
 
 def _corrupt(kind: str) -> bytes:
@@ -186,15 +255,21 @@ def _corrupt(kind: str) -> bytes:
 )
 def test_a_bad_record_is_one_line_and_nothing_is_written(tmp_path, capsys, kind, said):
     good = gzip.compress(record(counts(1), [0.0, 0.0, 0.0, 0.0]), mtime=0)
-    layout = small_layout(tmp_path / "d", files={
-        "train/univ_a1_000.tfrecord": good,
-        "train/univ_a2_000.tfrecord": _corrupt(kind),
-        "validation/univ_a3_000.tfrecord": good,
-    })  # fmt: skip
-    config = write_config(tmp_path / "c.yaml", {
-        "tracking": {"enabled": False},
-        "universes": {"source": "mlperf", "mlperf_dir": str(layout)},
-    })  # fmt: skip
+    layout = small_layout(
+        tmp_path / "d",
+        files={
+            "train/univ_a1_000.tfrecord": good,
+            "train/univ_a2_000.tfrecord": _corrupt(kind),
+            "validation/univ_a3_000.tfrecord": good,
+        },
+    )
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "tracking": {"enabled": False},
+            "universes": {"source": "mlperf", "mlperf_dir": str(layout)},
+        },
+    )
     out = tmp_path / "u"
     assert main(["mlperf-group", "--group", "0", "--out", str(out), "--config", str(config)]) == 2
     err = capsys.readouterr().err
@@ -211,10 +286,13 @@ def test_a_bad_record_is_one_line_and_nothing_is_written(tmp_path, capsys, kind,
 )
 def test_a_missing_or_empty_split_folder_is_one_line(tmp_path, capsys, layout, said):
     root = small_layout(tmp_path / "d", files=layout)
-    config = write_config(tmp_path / "c.yaml", {
-        "tracking": {"enabled": False},
-        "universes": {"source": "mlperf", "mlperf_dir": str(root)},
-    })  # fmt: skip
+    config = write_config(
+        tmp_path / "c.yaml",
+        {
+            "tracking": {"enabled": False},
+            "universes": {"source": "mlperf", "mlperf_dir": str(root)},
+        },
+    )
     out = tmp_path / "u"
     assert main(["mlperf-group", "--group", "0", "--out", str(out), "--config", str(config)]) == 2
     err = capsys.readouterr().err

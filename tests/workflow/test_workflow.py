@@ -472,8 +472,17 @@ def test_raising_universes_count_by_a_group_makes_only_that_group(tmp_path):
     def targets(n: int) -> list[str]:  # relative to the working directory, as rules name them
         return [f"results-test/universes/groups/seed1-{g}.json" for g in range(n)]
 
-    first = snakemake("--cores", "2", *targets(2), "--configfile", config, "--config",
-                      "universes={count: 4}", group, cwd=tmp_path)  # fmt: skip
+    first = snakemake(
+        "--cores",
+        "2",
+        *targets(2),
+        "--configfile",
+        config,
+        "--config",
+        "universes={count: 4}",
+        group,
+        cwd=tmp_path,
+    )
     assert first.returncode == 0, first.stderr[-2000:]
     made = sorted((tmp_path / "results-test" / "universes").glob("*.hdf5"))
     assert [p.name for p in made] == [f"synth_{1_000_000 + i}.hdf5" for i in range(4)]
@@ -511,12 +520,17 @@ def test_the_real_mlperf_samples_run_to_a_report(tmp_path, real_samples):
         for f in files:
             (layout / folder / f.name).symlink_to(f)
     proc = snakemake(
-        "--cores", "2", "--configfile", str(REPO / "config" / "test.yaml"), "--config",
+        "--cores",
+        "2",
+        "--configfile",
+        str(REPO / "config" / "test.yaml"),
+        "--config",
         f"universes={{source: mlperf, mlperf_dir: {layout}}}",
-        "preprocess={sample_size: 32, slab_depth: 8}", "train={epochs: 1, run_name: real}",
+        "preprocess={sample_size: 32, slab_depth: 8}",
+        "train={epochs: 1, run_name: real}",
         "model={input_size: 32, base_filters: 4, num_conv_blocks: 2, dense_sizes: [16]}",
         cwd=tmp_path,
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     shards = tmp_path / "results-test" / "shards"
     manifest = json.loads((shards / "manifest.json").read_text())
