@@ -16,6 +16,7 @@ import yaml
 
 from cosmocub.cli import main
 from cosmocub.data.tfrecord import encode_example, frame_record, read_tfrecord
+from cosmocub.io import sha256_file
 
 SPLITS = ("train", "val", "test")
 
@@ -160,6 +161,10 @@ def test_an_exported_set_read_back_gives_the_hdf5_paths_shards(tmp_path, size, s
     manifest = json.loads((from_mlperf / "manifest.json").read_text())
     assert manifest["counts"] == {s: counts[s] * crops for s in SPLITS}
     assert manifest["source_universes"]["universes_in_two_splits"] == 0
+    # The checksums the check jobs took (the crop jobs take them from the manifests, not again),
+    # and those the simulate job took of the universes, are the files'.
+    for m in (manifest, json.loads((from_hdf5 / "manifest.json").read_text())):
+        assert all(src["sha256"] == sha256_file(src["path"]) for src in m["sources"])
     assert manifest["source_universes"]["universes"] == counts
 
 

@@ -119,6 +119,7 @@ def _cmd_preprocess_plan(args: argparse.Namespace) -> int:
         seed=cfg.seed,
         universes_per_job=cfg.cluster.preprocess.universes_per_job,
         fixed=mlperf_fixed_splits(groups) if cfg.universes.source == "mlperf" else None,
+        known_sha256={e["path"]: e["sha256"] for g in groups for e in g if "sha256" in e},
     )
     print(f"preprocess-plan: {len(plan['place'])} universes in {len(plan['groups'])} groups")
     return 0

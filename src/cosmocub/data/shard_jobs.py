@@ -58,13 +58,15 @@ def plan_shards(
     seed: int,
     universes_per_job: int,
     fixed: FixedSplits | None = None,
+    known_sha256: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Allocate the shards in `staging` and write the plan: which universes each group crops.
 
     `metas`: the universes' headers (from their groups' manifests in the workflow, or their
     files by hand: `check_universes`); no universe file is opened here. `fixed`: a dataset's
     own splits and groups (the MLPerf folders), in place of the seeded draw and groups of
-    `universes_per_job`."""
+    `universes_per_job`. `known_sha256`: the checksums the universe groups' manifests already
+    hold (made here, or MLPerf files), which the crop jobs then do not compute again."""
     metas = check_metas(metas, settings.sample_size)
     paths = [m.path for m in metas]
     by_path = {m.path: m for m in metas}
@@ -109,6 +111,11 @@ def plan_shards(
                 "num_channels": m.num_channels,
                 "unitPar": m.unit_par.tolist(),
                 "redshifts": m.redshifts.tolist(),
+                **(
+                    {"sha256": known_sha256[str(m.path)]}
+                    if known_sha256 and str(m.path) in known_sha256
+                    else {}
+                ),
             }
             for m in metas
         },
@@ -175,16 +182,22 @@ def crop_group(staging: Path, group: int, out: Path, *, settings: PreprocessConf
         max_workers=max(1, (settings.num_workers or os.cpu_count() or 1) // 4),
         thread_name_prefix="sha256",
     ) as hasher:
-        hashing = [hasher.submit(sha256_file, source_file(m.path)) for m in metas]
+        # Only where no group manifest holds it: a linked public file is read here anyway.
+        known = {p: plan["universes"][p].get("sha256") for p in map(str, (m.path for m in metas))}
+        hashing = {
+            p: hasher.submit(sha256_file, source_file(p))
+            for p, digest in known.items()
+            if not digest
+        }
         try:
             written = compute_into(
                 samples, targets, hist, hist_np, settings, sum(m.nbytes for m in metas)
             )
         except BaseException:
-            for future in hashing:  # fail now, not after hashing every remaining universe
+            for future in hashing.values():  # fail now, not after hashing every remaining one
                 future.cancel()
             raise
-        digests = [future.result() for future in hashing]
+        digests = [known[p] or hashing[p].result() for p in known]
     # The group's own rows, read back through HDF5: checked against their universes and turned
     # into features here, in parallel across groups, so the gather reads no shard.
     own_rows = read_back_rows(staging, plan, metas, settings)
