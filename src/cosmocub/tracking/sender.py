@@ -15,6 +15,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from cosmocub.tracking.store import environ_set
+
 log = logging.getLogger(__name__)
 
 # MLflow's log_batch takes at most 1000 metrics a call.
@@ -32,17 +34,9 @@ JOB_HTTP_ENV = {
 @contextlib.contextmanager
 def job_http_timeouts() -> Iterator[None]:
     """MLflow's HTTP calls inside this block give up within seconds (JOB_HTTP_ENV)."""
-    saved = {k: os.environ.get(k) for k in JOB_HTTP_ENV}
     # A user's own, stricter setting wins.
-    os.environ.update({k: v for k, v in JOB_HTTP_ENV.items() if k not in os.environ})
-    try:
+    with environ_set({k: v for k, v in JOB_HTTP_ENV.items() if k not in os.environ}):
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 class MetricSender:

@@ -151,8 +151,15 @@ def probe_timeouts() -> Iterator[None]:
     """MLflow's HTTP calls inside this block give up within seconds (one retry, 5 s each)."""
     # MLflow reads these at each request; restore them after (a job's later calls run under
     # sender.job_http_timeouts, and its sender retries by itself).
-    saved = {k: os.environ.get(k) for k in _PROBE_ENV}
-    os.environ.update(_PROBE_ENV)
+    with environ_set(_PROBE_ENV):
+        yield
+
+
+@contextlib.contextmanager
+def environ_set(values: dict[str, str]) -> Iterator[None]:
+    """`values` in os.environ inside the block, and os.environ as it was after it."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
         yield
     finally:
