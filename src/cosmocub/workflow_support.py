@@ -59,7 +59,6 @@ __all__ = [
     "STUDY_NAMES",
     "RankedJob",
     "checked",
-    "checked_at_parse",
     "finish_tracking",
     "job_config_path",
     "mlflow_runs_link",
@@ -91,23 +90,13 @@ __all__ = [
 T = TypeVar("T")
 
 
-class ConfigExit(BaseException):
-    """A config mistake found while Snakemake builds the DAG. Not an Exception: Snakemake then
-    shows its one line without the traceback it adds to an input function's Exception."""
-
-
 def checked(make: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`make(*args, **kwargs)` for an input function that first checks a config section (the
-    `unet` section, a study's block): a mistake is the checker's one line (ConfigExit)."""
-    try:
-        return make(*args, **kwargs)
-    except ValueError as err:
-        raise ConfigExit(" ".join(str(err).split())) from None
-
-
-def checked_at_parse(make: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`make(*args, **kwargs)` while Snakemake reads the workflow: a config mistake ends it with
-    the checker's one line on stderr and exit 1 (Snakemake would add the frames of the .smk)."""
+    """`make(*args, **kwargs)`, a config check made while Snakemake reads the workflow or builds
+    its DAG (an input function's: the `unet` section, a study's block). A mistake ends Snakemake
+    with the checker's one line on stderr and exit 1. SystemExit, not an Exception: Snakemake lets
+    it through an input function, where it would wrap an Exception in its own block, and Python
+    exits without a traceback. Threads and resources functions wrap even that, so a rule makes
+    such a check in an input function first."""
     try:
         return make(*args, **kwargs)
     except ValueError as err:
@@ -125,7 +114,7 @@ def workflow_config(config: dict[str, Any], *, source: str) -> Config:
     The package's own validation, which `cosmocub` runs by hand too."""
     coerce_cli_strings(config)
     config.update(resolve(config, source=source))
-    return from_values(config, source="snakemake config")
+    return from_values(config, source=source)
 
 
 def job_config_path(cfg: Config, sections: Sequence[str]) -> str:

@@ -6,7 +6,6 @@ import os
 from cosmocub.workflow_support import (
     STUDY_NAMES,
     checked,
-    checked_at_parse,
     finish_tracking,
     job_config_path,
     mlflow_runs_link,
@@ -36,9 +35,9 @@ from cosmocub.workflow_support import (
 )
 
 # The package's own validation (the one `cosmocub` runs by hand), the nested --config strings
-# typed first: one line naming the file and the key (checked_at_parse: no frames of this file),
+# typed first: one line naming the file and the key (checked: no frames of this file),
 # and the schema read once (Snakemake's validate would read and check it a second time).
-CFG = checked_at_parse(
+CFG = checked(
     workflow_config,
     config,
     source=" + ".join(map(str, workflow.configfiles)) or "config",
