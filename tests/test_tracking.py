@@ -545,6 +545,44 @@ def test_pending_runs_survive_a_store_outage(store, tmp_path, monkeypatch):
     assert flush_pending(cfg, client_for(cfg)) == 0  # never twice
 
 
+def test_a_model_the_store_did_not_take_is_delivered_into_its_run(store, tmp_path, monkeypatch):
+    """log_model with the store down keeps the model (not only a warning); the run's pending
+    record carries it, and the flush logs it into that same run, loadable as if logged live."""
+    import mlflow
+    import mlflow.pytorch
+
+    from cosmocub.tracking.pending import flush_pending, pending_dir, write_run_update
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # as a job's, not MLflow's 7
+    cfg = make_cfg(tmp_path)
+    init_store(cfg)
+    client = client_for(cfg)
+    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
+    run_id = client.create_run(experiment.experiment_id).info.run_id
+    down = Tracker(f"http://127.0.0.1:{_closed_port()}", run_id)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    down.log_model(model, name="model")
+    assert [name for _, name in down.unsent_models] == ["model"] and down.failures == 1
+    write_run_update(
+        cfg,
+        run_id,
+        metrics=[],
+        artifacts=[],
+        status="FINISHED",
+        epochs_file=None,
+        models=down.unsent_models,
+    )
+    assert len(list(pending_dir(cfg).glob("*-model.pt"))) == 1
+
+    assert flush_pending(cfg, client) == 1
+    assert list(pending_dir(cfg).iterdir()) == []  # the record and its model copy, both gone
+    assert client.get_run(run_id).info.status == "FINISHED"
+    mlflow.set_tracking_uri(tracking_uri(cfg))
+    loaded = mlflow.pytorch.load_model(f"runs:/{run_id}/model")
+    x = torch.randn(5, 3)
+    torch.testing.assert_close(loaded(x), model(x))
+
+
 # ---------------------------------------------------------------------------------------------
 # A real tracking server
 

@@ -18,12 +18,13 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from cosmocub.config import Config, flatten
 from cosmocub.io import atomic_path
+from cosmocub.tracking.models import load_unsent_model, log_torch_model, save_unsent_model
 
 log = logging.getLogger(__name__)
 
@@ -122,20 +123,34 @@ def write_run_update(
     artifacts: list[tuple[str, str | None]],
     status: str | None,
     epochs_file: Path | None,
+    models: Sequence[tuple[Any, str]] = (),
 ) -> Path:
-    """Write what run `run_id` could not send (metrics, artifacts, its end status, and the
-    metrics.jsonl whose epochs it must hold) as a pending record, delivered into that run."""
+    """Write what run `run_id` could not send (metrics, artifacts, models, its end status, and
+    the metrics.jsonl whose epochs it must hold) as a pending record, delivered into that run.
+    A model is kept beside the record, pickled; one that cannot be pickled is reported, not kept."""
+    end_ms = int(time.time() * 1000)
+    folder = pending_dir(cfg)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"{end_ms}-{run_id}-{uuid.uuid4().hex[:8]}"
+    kept_models = []
+    for model, name in models:
+        model_path = folder / f"{stem}-{name}.pt"
+        try:
+            save_unsent_model(model, model_path)
+        except Exception as err:
+            log.warning("MLflow: model %r of run %s cannot be kept: %s", name, run_id, err)
+            continue
+        kept_models.append((str(model_path), name))
     record = {
         "run_id": run_id,
         "metrics": [(m.key, m.value, m.timestamp, m.step) for m in metrics],
         "artifacts": artifacts,
+        "models": kept_models,
         "epochs_file": str(epochs_file) if epochs_file else None,
         "status": status,
-        "end_ms": int(time.time() * 1000),
+        "end_ms": end_ms,
     }
-    folder = pending_dir(cfg)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{record['end_ms']}-{run_id}-{uuid.uuid4().hex[:8]}.json"
+    path = folder / f"{stem}.json"
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(record))
     return path
@@ -199,12 +214,15 @@ def flush_pending(cfg: Config, client: Any) -> int:
         except FileNotFoundError:
             continue  # another process took it
         try:
-            _log_record(client, json.loads(claimed.read_text()))
+            record = json.loads(claimed.read_text())
+            _log_record(client, record)
         except Exception as err:
             claimed.rename(path)
             log.warning("MLflow: could not log pending job run %s yet: %s", path, err)
             break
         claimed.unlink()
+        for model_path, _ in record.get("models", []):
+            Path(model_path).unlink(missing_ok=True)
         logged += 1
     return logged
 
@@ -252,6 +270,8 @@ def _update_run(client: Any, record: dict[str, Any]) -> None:
     for path, artifact_path in record["artifacts"]:
         if Path(path).exists():
             client.log_artifact(run_id, path, artifact_path)
+    for path, name in record.get("models", []):
+        log_torch_model(client, run_id, load_unsent_model(Path(path)), name)
     # A resumed training flushes the records of its run before it reopens it, so the status
     # here is the last word of the job that wrote it.
     if record["status"]:

@@ -243,12 +243,13 @@ def _end_run(cfg: Config, tracker: Tracker, status: str, epochs_file: Path | Non
             )
             reachable = False
     ended = reachable and tracker.end(status)
-    if not ended or tracker.unsent_artifacts:
+    if not ended or tracker.unsent_artifacts or tracker.unsent_models:
         path = write_run_update(
             cfg,
             tracker.run_id,
             metrics=unsent,
             artifacts=tracker.unsent_artifacts,
+            models=tracker.unsent_models,
             status=None if ended else status,
             epochs_file=None if reachable else epochs_file,
         )

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from cosmocub.tracking.models import log_torch_model
 from cosmocub.tracking.pending import param_value
 from cosmocub.tracking.sender import MetricSender
 
@@ -65,7 +66,7 @@ class NullTracker:
 
 class Tracker(NullTracker):
     """Logs to one MLflow run through a client bound to its URI; only `log_model` sets MLflow's
-    global tracking URI (Model.log reads it), so concurrent jobs must be processes, not threads."""
+    global tracking URI (tracking/models.py), so concurrent jobs must be processes, not threads."""
 
     def __init__(self, uri: str, run_id: str) -> None:
         from mlflow.tracking import MlflowClient
@@ -75,8 +76,10 @@ class Tracker(NullTracker):
         self.client = MlflowClient(tracking_uri=uri)
         self.failures = 0
         self.sender = MetricSender(self.client, run_id)
-        # Artifacts that could not be sent, for the run's pending record: (path, artifact_path).
+        # What could not be sent, for the run's pending record: (path, artifact_path) and
+        # (model, name).
         self.unsent_artifacts: list[tuple[str, str | None]] = []
+        self.unsent_models: list[tuple[Any, str]] = []
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -106,39 +109,19 @@ class Tracker(NullTracker):
             self.unsent_artifacts.append((os.path.abspath(path), artifact_path))
 
     def log_model(self, model: Any, name: str = "model") -> None:
-        """Log a torch model so that `mlflow.pytorch.load_model(f"runs:/{run_id}/{name}")` works.
-
-        Pickle serialisation (torch.export would need an input example) and an explicit pip
-        requirement list, so logging takes a second instead of an environment inference.
-        """
-        import mlflow
-        import mlflow.pytorch
-        import torch
-
+        """Log a torch model so that `mlflow.pytorch.load_model(f"runs:/{run_id}/{name}")` works;
+        with the store down, keep it for the run's pending record (delivered into this run)."""
         model = getattr(model, "module", model)  # unwrap DDP and the like
-        if not self.sender.try_now(PROBE_TIMEOUT_S):
+        failures = self.failures
+        up = self.sender.try_now(PROBE_TIMEOUT_S)
+        if up:
+            with self._guard("log_model", broad=True):
+                log_torch_model(self.client, self.run_id, model, name)
+        else:
             self.failures += 1
-            log.warning("MLflow: store down, model not logged to run %s", self.run_id)
-            return
-        with self._guard("log_model", broad=True):
-            # Create the logged model through our client, in the run's experiment: left to itself,
-            # Model.log would file it under the global default experiment ("0", in ./mlruns).
-            experiment_id = self.client.get_run(self.run_id).info.experiment_id
-            logged = self.client.create_logged_model(
-                experiment_id, name=name, source_run_id=self.run_id
-            )
-            # Model.log resolves the store from MLflow's global URI; point it at ours.
-            mlflow.set_tracking_uri(self.uri)
-            torch_version = torch.__version__.split("+")[0]
-            with _quiet("mlflow.pytorch"):  # its pickle warning is about loading untrusted files
-                mlflow.pytorch.log_model(
-                    model,
-                    name=name,
-                    run_id=self.run_id,
-                    model_id=logged.model_id,
-                    serialization_format="pickle",
-                    pip_requirements=[f"torch=={torch_version}", f"mlflow=={mlflow.__version__}"],
-                )
+        if not up or self.failures > failures:
+            self.unsent_models.append((model, name))
+            log.warning("MLflow: store down, model %r kept for run %s", name, self.run_id)
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import RunTag
@@ -189,14 +172,3 @@ class Tracker(NullTracker):
                 raise  # a bad call (e.g. changing a logged param), not an outage
             self.failures += 1
             log.warning("MLflow %s failed for run %s at %s: %s", what, self.run_id, self.uri, err)
-
-
-@contextlib.contextmanager
-def _quiet(logger_name: str) -> Iterator[None]:
-    logger = logging.getLogger(logger_name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
