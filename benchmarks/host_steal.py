@@ -3,7 +3,7 @@ on a virtual machine the host's other guests also take its cores away (steal), w
 step while the load average and the ready share stay as on a quiet machine. This keeps every core
 busy for a few seconds (one spinning process per core: steal accrues only while a core has work)
 and prints, per core and in all, the share of the busy time the hypervisor gave to others, from
-/proc/stat (cosmocub.host_probe, the same reading the studies' `steal_share` takes), with the
+/proc/stat (cosmocub.contention.probes, the same reading the studies' `steal_share` takes), with the
 load before and after. Run it right before a measurement; the studies mark a point contended
 above `studies.contended_steal_share` (0.1).
 
@@ -18,7 +18,7 @@ import os
 import time
 from pathlib import Path
 
-from cosmocub.host_probe import PROC_STAT, parse_proc_stat, steal_share
+from cosmocub.contention.probes import PROC_STAT, parse_proc_stat, steal_share
 
 
 def _spin(seconds: float) -> None:

@@ -14,7 +14,23 @@ from pathlib import Path
 import pytest
 
 from cosmocub.config import StudiesConfig, load_config
-from cosmocub.host_probe import (
+from cosmocub.contention.conditions import (
+    Sample,
+    cpu_share,
+    rank_conditions,
+    ready_share,
+    reduce_over_ranks,
+)
+from cosmocub.contention.marks import (
+    conditions_note,
+    is_contended,
+    kept,
+    measured_epochs,
+    own_share,
+    point_conditions,
+    why_contended,
+)
+from cosmocub.contention.probes import (
     parse_proc_stat,
     parse_schedstat,
     read_core_ticks,
@@ -22,24 +38,8 @@ from cosmocub.host_probe import (
     steal_share,
 )
 from cosmocub.perfmodel.uses.validate import error_summary
-from cosmocub.point_rows import kept
 from cosmocub.studies import runners, scaling
-from cosmocub.studies.contention import (
-    conditions_note,
-    is_contended,
-    measured_epochs,
-    own_share,
-    point_conditions,
-    why_contended,
-)
 from cosmocub.studies.engine import definition, gather, write_point_record
-from cosmocub.train.epoch_conditions import (
-    Sample,
-    cpu_share,
-    rank_conditions,
-    ready_share,
-    reduce_over_ranks,
-)
 
 REPO = Path(__file__).resolve().parents[1]
 LIMITS = StudiesConfig(contended_ready_share=0.7, contended_steal_share=0.1)

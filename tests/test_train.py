@@ -19,7 +19,7 @@ import yaml
 
 from cosmocub import cli
 from cosmocub.config import Config, load_config
-from cosmocub.host_probe import read_core_ticks, read_sched_ns
+from cosmocub.contention.probes import read_core_ticks, read_sched_ns
 from cosmocub.launch import multirank
 from cosmocub.launch.torchrun import torchrun_argv
 from cosmocub.models.model_factory import load_model_file
@@ -124,7 +124,7 @@ def test_outputs_follow_the_run_format(shards: Path, tmp_path: Path) -> None:
         "time_halo_s",
         "elapsed_s",
         "peak_rss_mb",
-        # What the machine gave the steps (train/epoch_conditions.py); ready_share needs schedstat.
+        # What the machine gave the steps (contention/conditions.py); ready_share needs schedstat.
         *("cpu_s", "wall_s", "cpu_share", "nivcsw", "load_1m_start", "load_1m_end"),
         *("torch_threads", "cores_granted"),
         *(("ready_share",) if read_sched_ns() is not None else ()),
@@ -207,7 +207,7 @@ def test_deterministic_resume_is_bit_identical(shards: Path, tmp_path: Path) -> 
 
     def losses(run: str) -> list[dict[str, float]]:
         lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
-        # wall-clock, memory and the machine's conditions (train/epoch_conditions.py): not
+        # wall-clock, memory and the machine's conditions (contention/conditions.py): not
         # reproducible
         timing = ("samples_per_s", "data_wait_share", "time_", "elapsed_s", "peak_rss_mb")
         timing += ("device_busy_share",)

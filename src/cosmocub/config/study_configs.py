@@ -149,7 +149,7 @@ class NetworkStudyConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class StudiesConfig:
-    """What every study does with its points' machine conditions (cosmocub.studies.contention)."""
+    """What every study does with its points' machine conditions (cosmocub.contention.marks)."""
 
     contended_ready_share: float
     contended_steal_share: float

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from cosmocub.config import Config, ConfigError, config_hash, deep_merge, derive
+from cosmocub.contention.marks import condition_row, conditions_note
 from cosmocub.io import atomic_path, read_json, read_jsonl, write_json, write_tsv
-from cosmocub.studies.contention import condition_row, conditions_note
 from cosmocub.studies.launch_plan import LaunchPlan, PointLaunch, plan_launch
 
 log = logging.getLogger(__name__)
@@ -338,7 +338,7 @@ def training_row(outputs: PointOutputs) -> dict[str, Any]:
     """A point's training as one row: mesh, cores per rank, steps, and per-step means of the
     step's parts over the epochs after the first (which holds start-up costs) when there are
     several, weighted by their steps; step_s is their sum (data loading excluded); then the
-    machine's conditions (cosmocub.studies.contention.CONDITION_COLUMNS).
+    machine's conditions (cosmocub.contention.marks.CONDITION_COLUMNS).
     exchange_exposed_s is exchange_s (what the step waited for its exchange: under DDP
     overlapped the part left after backward), named beside exchange_busy_s, how long the
     exchange ran (blank for runs from before it was recorded)."""

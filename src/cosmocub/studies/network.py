@@ -29,8 +29,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cosmocub.config import Config, NetworkStudyConfig, optimizer_variant
+from cosmocub.contention.marks import CONDITION_COLUMNS
 from cosmocub.io import atomic_path
-from cosmocub.studies.contention import CONDITION_COLUMNS
 from cosmocub.studies.engine import (
     Point,
     PointOutputs,

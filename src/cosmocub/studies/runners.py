@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cosmocub.config import Config, StudiesConfig, load_config, write_config
+from cosmocub.contention.marks import is_contended, own_share, point_conditions, why_contended
 from cosmocub.io import read_jsonl
-from cosmocub.studies.contention import is_contended, own_share, point_conditions, why_contended
 from cosmocub.studies.engine import (
     check_study,
     definition,
@@ -212,7 +212,7 @@ def rerun_if_contended(
     limits: StudiesConfig,
     rerun: bool = True,
 ) -> tuple[int, dict[str, Any]]:
-    """Judge the finished run by the conditions it recorded (cosmocub.studies.contention); a
+    """Judge the finished run by the conditions it recorded (cosmocub.contention.marks); a
     contended run is moved aside (`<run>_contended`) and the point runs once more in a fresh
     folder, unless `rerun` is false (a study whose numbers are not times: StudyDefinition.timed).
     The runner's report gains `contended` and `runs`, each run's conditions."""

@@ -20,9 +20,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cosmocub.config import Config
+from cosmocub.contention.marks import CONDITION_COLUMNS, kept
 from cosmocub.io import atomic_path
-from cosmocub.point_rows import kept
-from cosmocub.studies.contention import CONDITION_COLUMNS
 from cosmocub.studies.engine import (
     Point,
     PointOutputs,

@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cosmocub.config import Config, optimizer_variant
+from cosmocub.contention.marks import CONDITION_COLUMNS
 from cosmocub.io import atomic_path
-from cosmocub.studies.contention import CONDITION_COLUMNS
 from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition, training_row
 from cosmocub.studies.training_columns import COMM_BYTES_COLUMNS, STEP_TIME_COLUMNS
 

@@ -25,13 +25,13 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from cosmocub.config import Config
+from cosmocub.contention.meter import ConditionsMeter
 from cosmocub.io import write_jsonl
 from cosmocub.optim.schedule import EpochSchedule
 from cosmocub.parallel.parallel_dims import ParallelDims
 from cosmocub.parallel.timing import clock_for
 from cosmocub.train.checkpoint import CheckpointManager
 from cosmocub.train.comm_meter import CommMeter
-from cosmocub.train.epoch_conditions_meter import ConditionsMeter
 from cosmocub.train.grad_sync import GradientSync
 from cosmocub.train.loaders import ResumableSampler
 from cosmocub.train.resident_loader import ResidentLoader

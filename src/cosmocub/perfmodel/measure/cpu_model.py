@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from cosmocub.config import CalibrationConfig, ModelConfig, OptimizerConfig
+from cosmocub.contention.probes import read_core_ticks, steal_between
 from cosmocub.host_memory import keep_freed_memory
-from cosmocub.host_probe import read_core_ticks, steal_between
 from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.perfmodel.measure import calibration as grid
 from cosmocub.perfmodel.measure import host_work as host
@@ -99,7 +99,7 @@ class Calibration:
     wall_s: float = 0.0
     load_1m: tuple[float, float] = (math.nan, math.nan)
     # The share of the cores' busy time the hypervisor gave other guests while timing (NaN
-    # where /proc/stat has no steal): the load average cannot see them (train/epoch_conditions.py).
+    # where /proc/stat has no steal): the load average cannot see them (contention/conditions.py).
     steal_share: float = math.nan
 
     @property

@@ -32,13 +32,13 @@ from typing import Any
 import numpy as np
 
 from cosmocub.config import load_config
+from cosmocub.contention.marks import is_marked
 from cosmocub.io import atomic_path, read_tsv
 from cosmocub.perfmodel.cost_model.machines import ThisCpu, fitted_network
 from cosmocub.perfmodel.cost_model.step_model import DDP_OPTIMIZERS, StepPrediction, predict_step
 from cosmocub.perfmodel.cost_model.topology import Mesh, Network
 from cosmocub.perfmodel.measure.cpu_model import Calibration
 from cosmocub.perfmodel.measure.link_fits import LinkFits
-from cosmocub.point_rows import is_marked
 
 log = logging.getLogger(__name__)
 MEASURED = ("step_s", "compute_s", "exchange_s", "momentum_sync_s")

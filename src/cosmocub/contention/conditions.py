@@ -14,9 +14,9 @@ virtual machine the host's other tenants take cores away unseen by the guest's s
 ready_share and the load average stay as on a quiet machine while the steps slow (seen here: 29 %
 of the busy time stolen during a network point whose compute took 2.4x its quiet time, 1-3 % in
 quiet spells). The studies mark a point contended on either share (`contended` in points.tsv,
-filtered by cosmocub.point_rows). Pure: the studies and the Snakefile
-read these without torch (train/epoch_conditions_meter.py measures); the readings of the
-kernel's counters are cosmocub.host_probe's.
+filtered by cosmocub.contention.marks). Pure: the studies and the Snakefile
+read these without torch (contention/meter.py measures); the readings of the
+kernel's counters are cosmocub.contention.probes's.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from cosmocub.host_probe import read_core_ticks, read_sched_ns, steal_between
+from cosmocub.contention.probes import read_core_ticks, read_sched_ns, steal_between
 
 # One rank's numbers in the order all_gather sends them.
 RANK_FIELDS = (

@@ -1,5 +1,5 @@
 """The meter a training loop starts before an epoch's steps and reads after them: each rank's
-conditions (train/epoch_conditions.py), gathered over the mesh."""
+conditions (contention/conditions.py), gathered over the mesh."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import os
 import torch
 import torch.distributed as dist
 
-from cosmocub.parallel.parallel_dims import ParallelDims
-from cosmocub.train.epoch_conditions import (
+from cosmocub.contention.conditions import (
     RANK_FIELDS,
     rank_conditions,
     reduce_over_ranks,
     take_sample,
 )
+from cosmocub.parallel.parallel_dims import ParallelDims
 
 
 def cores_granted(dims: ParallelDims) -> int:

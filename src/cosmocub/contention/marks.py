@@ -1,5 +1,5 @@
 """Whether a study point was measured on a busy machine: its conditions over the measured epochs
-(cosmocub.train.epoch_conditions records them per epoch), the `contended` mark, and what is
+(contention/conditions.py records them per epoch), the `contended` mark, and what is
 left out.
 
 A point is contended when its worst-served rank's ready_share (the share of the time its threads
@@ -17,7 +17,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cosmocub.config import StudiesConfig
-from cosmocub.point_rows import is_marked
+
+CONTENDED_COLUMN = "contended"
+
+
+def is_marked(row: Mapping[str, object]) -> bool:
+    """A points.tsv row (as gathered, or read back as strings) marked contended."""
+    return row.get(CONTENDED_COLUMN) in (True, "True")
+
+
+def kept(rows: Sequence[Mapping[str, object]]) -> list:
+    """The rows not marked contended (the same objects, in order): the filter every reader of
+    those tables applies (the studies' efficiencies and fits, the performance model's
+    validation)."""
+    return [r for r in rows if not is_marked(r)]
+
 
 # The points.tsv columns beside a point's timings (blank for points measured before they were
 # recorded, or skipped).
