@@ -268,7 +268,7 @@ def test_pooled_moments_to_order_are_the_standardised_central_moments() -> None:
 def test_whitening_estimates_are_the_exact_moments_of_every_sample_seen() -> None:
     # The default cumulative average: after batches of one size, the running mean and
     # covariance are those of all their samples pooled (population covariance), to rounding.
-    from cosmocub.models.pooling import GroupWhitening
+    from cosmocub.models.statistics_branch import GroupWhitening
 
     torch.manual_seed(1)
     index = torch.tensor([[0, 2, 4], [1, 3, 5]])
@@ -294,7 +294,7 @@ def test_whitening_estimates_are_the_exact_moments_of_every_sample_seen() -> Non
 
 
 def test_whitening_decorrelates_the_input_taps_statistics_and_stays_linear() -> None:
-    from cosmocub.models.pooling import GroupWhitening
+    from cosmocub.models.statistics_branch import GroupWhitening
 
     torch.manual_seed(0)
     # Two groups of three features, the second's first two nearly collinear (their correlation's

@@ -165,22 +165,24 @@ class PooledConfig:
     taps: tuple[str, ...] = POOLED_TAPS
     join: str = "head_input"
     # "batch": BatchNorm1d when model.batch_norm is on; "whiten": the input tap's statistics
-    # decorrelated channel by channel (models.pooling.GroupWhitening), the blocks' as "batch".
+    # decorrelated channel by channel (models.statistics_branch.GroupWhitening), the blocks' as
+    # "batch".
     norm: str = "batch"
     # With stats "moments": the standardised central moments from the third up to this order.
     order: int = 4
     # > 0: the input tap also takes each channel's log power spectrum in this many log-spaced
-    # |k| bins (models.pooling.LogPowerSpectrum); 0: none, the branch as first built.
+    # |k| bins (models.statistics_branch.LogPowerSpectrum); 0: none, the branch as first built.
     spectrum_bins: int = 0
     # True (with spectrum_bins): the input tap also takes each channel's log P(k) of the count
     # overdensity n/n̄ − 1 (the classical `pk` feature), the counts recovered from the input
-    # with the shards' standardisation, which the model holds (models.pooling.CountsSpectrum).
+    # with the shards' standardisation, which the model holds
+    # (models.statistics_branch.CountsSpectrum).
     counts_spectrum: bool = False
     # False: the dense head reads the pooled statistics alone, not the flattened last feature
     # map (a head that does not see where in the box a feature is).
     flatten: bool = True
     # True: the means start from a ridge regression on the input tap's statistics, fitted on
-    # the training universes before the first step and then held fixed (train/tap_ridge.py);
+    # the training universes before the first step and then held fixed (train/ridge_start.py);
     # the rest of the network learns what the ridge leaves.
     tap_ridge: bool = False
 

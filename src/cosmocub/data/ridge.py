@@ -1,6 +1,6 @@
 """The ridge regression every linear fit on field statistics uses: the evaluation's classical
 baselines (evaluation/baselines.py) and the fixed linear start of a CosmoFlow on its input tap
-(model.pooled.tap_ridge, train/tap_ridge.py), so that the two are the same estimator.
+(model.pooled.tap_ridge, train/ridge_start.py), so that the two are the same estimator.
 
 scikit-learn does it: standardised features, then RidgeCV, which picks the penalty per target
 by efficient leave-one-out on the rows it is given.

@@ -14,7 +14,7 @@ from torch import nn
 
 from cosmocub.config import ModelConfig
 from cosmocub.models.heads import outputs_per_parameter
-from cosmocub.models.pooling import PooledBranch
+from cosmocub.models.statistics_branch import PooledBranch
 
 
 def conv_block(
@@ -38,10 +38,10 @@ class CosmoFlow(nn.Module):
 
     forward(x_bcdhw: (B, C, S, S, S)) → (B, num_outputs); with `head: gaussian`
     (B, 2·num_outputs): the means, then the log-variances (models/heads.py reads them).
-    With model.pooled on, `pooled` (models/pooling.py) takes whole-sample moments of the input,
-    of every block's convolution and/or of every block's output, and they join the head's input
-    or its last hidden layer; off, `pooled` is None and the model is the plain CosmoFlow,
-    parameter for parameter.
+    With model.pooled on, `pooled` (models/statistics_branch.py) takes whole-sample moments of
+    the input, of every block's convolution and/or of every block's output, and they join the
+    head's input or its last hidden layer; off, `pooled` is None and the model is the plain
+    CosmoFlow, parameter for parameter.
     """
 
     def __init__(self, cfg: ModelConfig) -> None:

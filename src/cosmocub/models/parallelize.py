@@ -19,7 +19,7 @@ from cosmocub.config import (
     check_unet_split,
 )
 from cosmocub.models.cosmoflow import CosmoFlow
-from cosmocub.models.pooling import PooledBranch
+from cosmocub.models.statistics_branch import PooledBranch
 from cosmocub.models.unet import UNet3d
 from cosmocub.parallel.halo import HaloPlan, spatial_coords
 from cosmocub.parallel.layers import (

@@ -19,7 +19,7 @@ from torch import nn
 
 from cosmocub.config import Config, ModelConfig
 from cosmocub.models.cosmoflow import CosmoFlow
-from cosmocub.models.pooling import LogPowerSpectrum, TapRidge
+from cosmocub.models.statistics_branch import LogPowerSpectrum, TapRidge
 
 FLOPS_METHOD = "analytic: 2 x MACs of Conv3d and Linear (bias, activations, pooling not counted)"
 

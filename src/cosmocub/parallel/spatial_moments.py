@@ -1,6 +1,6 @@
 """Whole-sample moments of a spatially split sample, merged from the ranks' blocks (the pooled
-branch of models.pooling): per-channel central moments to an order, their standardised form, and
-the layer that computes them over the spatial group with exact gradients.
+branch of models.statistics_branch): per-channel central moments to an order, their standardised
+form, and the layer that computes them over the spatial group with exact gradients.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ def channel_statistics(
     E[(x − mean)^p] for p = 2 … order. Order 1: the means; 2: then the deviations
     sd = sqrt(var + eps) (finite for a constant map); from 3: then for each p the standardised
     moment E[(x − mean)^p] / sd^p less its Gaussian value (skewness, excess kurtosis, …).
-    Blocks of C: all the means, then all the deviations, and so on (models.pooling's layout)."""
+    Blocks of C: all the means, then all the deviations, and so on (models.statistics_branch's
+    layout)."""
     if order == 1:
         return mean
     sd = torch.sqrt(central[0] + eps)
@@ -122,8 +123,9 @@ def central_moments(
 
 
 class SpatialGlobalMoments(nn.Module):
-    """models.pooling.GlobalMoments on a block: the whole sample's per-channel statistics up to
-    `order` (channel_statistics), identical on every rank of the spatial group."""
+    """models.statistics_branch.GlobalMoments on a block: the whole sample's per-channel
+    statistics up to `order` (channel_statistics), identical on every rank of the spatial
+    group."""
 
     def __init__(self, *, order: int, eps: float, plan: HaloPlan) -> None:
         super().__init__()

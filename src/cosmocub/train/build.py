@@ -22,8 +22,8 @@ from cosmocub.train.grad_sync import build_gradient_sync
 from cosmocub.train.loaders import build_eval_loader, build_train_loader
 from cosmocub.train.loop import Trainer, TrainState
 from cosmocub.train.resident_loader import resolve_placement
+from cosmocub.train.ridge_start import fit_tap_ridge
 from cosmocub.train.step_settings import step_settings
-from cosmocub.train.tap_ridge import fit_tap_ridge
 from cosmocub.train.tasks import build_task
 
 

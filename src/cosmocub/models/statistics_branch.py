@@ -1,5 +1,6 @@
-"""CosmoFlow's pooled branch (model.pooled): whole-sample moments per channel of chosen feature
-maps, normalised, for the dense head to read beside the flattened features.
+"""CosmoFlow's statistics branch (model.pooled): whole-sample moments per channel of chosen feature
+maps and their log power spectrum, normalised, for the dense head to read beside the flattened
+features.
 
 Plain layers only: `parallelize_cosmoflow` swaps the moments for spatially merged ones.
 """
@@ -266,7 +267,7 @@ class TapRidge(nn.Module):
     """A fixed affine map (B, F) → (B, P) of the input tap's statistics: the ridge regression
     that model.pooled.tap_ridge starts the means from (pre-tanh, so that tanh · output_scale of
     it is the ridge's prediction). Buffers, not parameters: fitted once on the training
-    universes (train/tap_ridge.py, `set_fit`), held fixed by every optimizer, and saved with
+    universes (train/ridge_start.py, `set_fit`), held fixed by every optimizer, and saved with
     the model. Unfitted it is zero, and the model is what it would be without it."""
 
     def __init__(self, features: int, outputs: int) -> None:

@@ -1,4 +1,4 @@
-"""evaluation.tap_probes: the model's own errors on every split, and ridges on its pooled taps
+"""evaluation.linear_probes: the model's own errors on every split, and ridges on its pooled taps
 that find a parameter where the data put it and nowhere else."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from cosmocub.config import load_config
-from cosmocub.evaluation.tap_probes import probe_maes, split_outputs, tap_widths
+from cosmocub.evaluation.linear_probes import probe_maes, split_outputs, tap_widths
 from cosmocub.models.model_factory import build_model
 
 SIDE = 8

@@ -19,7 +19,7 @@ from cosmocub.models.model_factory import load_model_file
 from cosmocub.models.summary import summarize
 from cosmocub.train import build
 from cosmocub.train.main import train
-from cosmocub.train.tap_ridge import fit_tap_ridge
+from cosmocub.train.ridge_start import fit_tap_ridge
 from cosmocub.train.tasks import build_task
 from cosmocub.train.testing import make_random_shards
 

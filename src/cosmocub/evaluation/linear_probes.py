@@ -1,13 +1,13 @@
-"""Where a trained CosmoFlow's knowledge of each parameter sits: ridges (the baselines' own,
-`baselines.ridge_predictions`), fitted on the training split, on what the model computes, and
-their per-sample test MAE per parameter beside the model's own on every split.
+"""Linear probes: where a trained CosmoFlow's knowledge of each parameter sits. Ridges (the
+baselines' own, `baselines.ridge_predictions`), fitted on the training split, on what the model
+computes, and their per-sample test MAE per parameter beside the model's own on every split.
 
 - "model <split>": the model itself;
 - "last layer input": what its output layer reads (the last hidden layer, and with the pooled
   branch joined there, the pooled statistics);
-- "tap <name>": the pooled branch's statistics of one tap (models.pooling.tap_channels), and
-  "all taps" together; each as the branch takes them (before its normalisation: a ridge
-  standardises its features itself).
+- "tap <name>": the pooled branch's statistics of one tap
+  (models.statistics_branch.tap_channels), and "all taps" together; each as the branch takes
+  them (before its normalisation: a ridge standardises its features itself).
 
 A parameter the model misses but a ridge on one of these reads is lost in the readout (its
 head, its training); one that no ridge on them reads never reached its features. Whole boxes
@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from cosmocub.data.dataset import open_split
 from cosmocub.evaluation.baselines import ridge_predictions
-from cosmocub.models.pooling import tap_channels
+from cosmocub.models.statistics_branch import tap_channels
 
 SPLITS = ("train", "val", "test")
 
