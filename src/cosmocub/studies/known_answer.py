@@ -44,6 +44,7 @@ from cosmocub.studies.engine import (
     point_values,
     shards_dir,
 )
+from cosmocub.studies.training_columns import LR_SELECTION_COLUMNS
 
 # The estimators of metrics.json's comparison, and the CNN's ratios to the baselines.
 ESTIMATORS = ("cnn", "pk", "one_point", "classical", "mean")
@@ -81,13 +82,7 @@ BOOTSTRAP = 2000  # resamplings of the test universes, as the evaluation's range
 ERRORS = "_errors"
 COLUMNS = (
     "seed",
-    "lr",
-    "lr_grid",
-    "selected",
-    "selected_by",
-    "steps",
-    "final_val_loss",
-    "val_universe_mae",
+    *LR_SELECTION_COLUMNS,
     "level",
     "case",
     "parameter",

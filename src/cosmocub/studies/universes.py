@@ -34,17 +34,12 @@ from cosmocub.studies.accuracy import (
     selected_rows,
 )
 from cosmocub.studies.engine import Point, PointOutputs, StudyDefinition
+from cosmocub.studies.training_columns import LR_SELECTION_COLUMNS
 
 MAE_COLUMNS = tuple(f"{est}_mae{end}" for est in ESTIMATORS for end in ("", "_lo", "_hi"))
 COLUMNS = (
     "train_universes",
-    "lr",
-    "lr_grid",
-    "selected",
-    "selected_by",
-    "steps",
-    "final_val_loss",
-    "val_universe_mae",
+    *LR_SELECTION_COLUMNS,
     "level",
     "parameter",
     "count",
