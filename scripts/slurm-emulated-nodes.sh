@@ -7,9 +7,10 @@
 # scripts/slurm-single-node.sh keeps working beside it.
 #
 # Usage: slurm-emulated-nodes.sh start [--nodes N] [--rate-mbit R] | stop | status | env
-#                                 | lose NODE | revive NODE
+#                                 | lose NODE [--link-up] | revive NODE
 #   R = 0 leaves the links unshaped. `lose emu2` cuts that node's link and kills its slurmd and
-#   everything running on it (a node that dies); `revive emu2` restores the link, starts its
+#   everything running on it (a node that dies); with --link-up the link stays up, so its peers
+#   see their connections closed (a node whose processes all died); `revive emu2` restores the link, starts its
 #   slurmd again and returns it to service. Clients need SLURM_CONF=$STATE/etc/slurm.conf (`env`
 #   prints it). COSMOCUB_SLURM_EMU_NICE=10 runs the slurmds, and so every job, at that niceness.
 # Needs root. `stop` leaves no daemon, namespace, mount or /etc/hosts line behind (the state
@@ -257,7 +258,8 @@ lose() {  # a node that dies: its link cut, then its slurmd, slurmstepds and tas
   local k pids; k=$(node_index "$1")
   # The link first, as when a node loses power: its kernel cannot reset the connections of the
   # processes it kills, so its peers hear nothing (no RST, no FIN), as from a dead machine.
-  ip -n "${PREFIX}n$k" link set "$NODE_IF" down
+  # --link-up keeps it: the kernel closes their connections, and the peers hear of it at once.
+  [ "${2:-}" = --link-up ] || ip -n "${PREFIX}n$k" link set "$NODE_IF" down
   pids=$(ip netns pids "${PREFIX}n$k")
   # shellcheck disable=SC2086
   [ -z "$pids" ] || kill -9 $pids
@@ -285,8 +287,8 @@ case "${1:-}" in
   stop) stop ;;
   status) status ;;
   env) echo "export SLURM_CONF=$CONF" ;;
-  lose) lose "${2:?lose NODE (emu2)}" ;;
+  lose) lose "${2:?lose NODE (emu2) [--link-up]}" "${3:-}" ;;
   revive) revive "${2:?revive NODE (emu2)}" ;;
   *) die "usage: $0 start [--nodes N] [--rate-mbit R] | stop | status | env" \
-    "| lose NODE | revive NODE" ;;
+    "| lose NODE [--link-up] | revive NODE" ;;
 esac

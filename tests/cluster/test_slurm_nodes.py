@@ -402,6 +402,61 @@ def _write(path: Path, values: dict) -> Path:
     return path
 
 
+@pytest.mark.long
+@pytest.mark.parametrize("link", ["cut", "up"])
+def test_a_lost_node_ends_the_job_without_a_restart_in_its_allocation(
+    emulated_slurm, tmp_path, link
+) -> None:
+    """A training of 2 × 2 ranks launched with 2 restarts to spare loses emu2 after its first
+    checkpoint: its slurmd and ranks killed, its link cut (a dead machine: emu1's ranks hear
+    nothing) or left up (its kernel closes their connections: emu1's ranks fail at once on a
+    peer's closed connection). Either way no second attempt starts inside the allocation that
+    still holds the dead node; the job leaves RUNNING (ended, or requeued by Slurm to wait for a
+    node), and no rank of it is left on emu1."""
+    from cosmocub.train.testing import make_random_shards
+
+    env = emulated_slurm
+    shards = make_random_shards(tmp_path / "shards", counts={"train": 16, "val": 8}, size=8)
+    cfg = _write(tmp_path / "cfg.yaml", {**CONFIG, "train": {**CONFIG["train"], "epochs": 200}})
+    folder = tmp_path / "lost"
+    folder.mkdir()
+    launch = (
+        f"{sys.executable} -m cosmocub.cli launch --nodes 2 --ranks-per-node 2 --cpus-per-rank 1"
+        f" --max-restarts 2 -- train --config {cfg} --shards {shards} --out {folder / 'run'}"
+    )
+    job = _sbatch(env, folder, f"lost-{link}", cfg=cfg, shards=shards, command=launch)
+    deadline = time.monotonic() + 240
+    while not list((folder / "run").glob("checkpoints/*/step_????????.pt")):
+        assert _state(env, job) in ("PENDING", "CONFIGURING", "RUNNING"), _log(folder)
+        assert time.monotonic() < deadline, _log(folder)
+        time.sleep(0.1)
+    lost = time.monotonic()
+    try:
+        killed = _script("lose", "emu2", *(["--link-up"] if link == "up" else []))
+        assert killed.returncode == 0, killed.stderr
+        # Out of RUNNING: ended, or requeued by Slurm (JobRequeue), PENDING for a node.
+        while (state := _state(env, job)) in ("CONFIGURING", "RUNNING", "COMPLETING"):
+            assert time.monotonic() - lost < 180, f"job {job} still {state}:\n{_log(folder)}"
+            time.sleep(0.5)
+        ended_s = time.monotonic() - lost
+        ranks_left = subprocess.run(
+            ["pgrep", "-af", "--", f"--out {folder / 'run'}"], capture_output=True, text=True
+        ).stdout
+    finally:
+        subprocess.run(["scancel", job], env=env)  # a requeued job would run again on revive
+        revived = _script("revive", "emu2")
+    log = _log(folder)
+    assert revived.returncode == 0, revived.stderr
+    assert "attempt 1 of 3" in log and "attempt 2 of 3" not in log, log
+    assert state != "COMPLETED" and not (folder / "run" / "model.pt").exists(), (state, log)
+    assert ranks_left == "", ranks_left
+    # Where the launcher saw the ranks end before Slurm ended the job, its line says why it
+    # did not start them again (a "crashed … starting them again" line would fail above).
+    launcher = [line for line in log.splitlines() if line.startswith("cosmocub launch: ranks")]
+    assert all("not starting them again inside this allocation" in x for x in launcher), log
+    print(f"lost emu2 (link {link}): job {state} {ended_s:.1f} s after the kill")
+
+
 def test_stop_leaves_nothing_behind(emulated_slurm) -> None:
     assert _leftovers(), "the fixture's nodes are not up"
     status = _script("status")
