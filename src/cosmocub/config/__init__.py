@@ -21,6 +21,7 @@ from cosmocub.config.model_split import (
     check_spatial_split,
     check_unet_split,
 )
+from cosmocub.config.optimizer_kind import OptimizerKind
 from cosmocub.config.schema import (
     SCHEMA_PATH,
     ConfigError,
@@ -93,6 +94,7 @@ __all__ = [
     "MomentumSyncConfig",
     "NetworkStudyConfig",
     "OptimizerConfig",
+    "OptimizerKind",
     "OptimizerVariant",
     "ParallelConfig",
     "PerfModelConfig",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cosmocub.config.optimizer_kind import OptimizerKind
 from cosmocub.config.schema import ConfigError
 
 
@@ -58,7 +59,7 @@ class LionCubConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
-    name: str
+    name: OptimizerKind  # given as its string (YAML, a resolved dict), parsed once here
     lr: float
     base_batch_size: int
     momentum: float
@@ -70,12 +71,16 @@ class OptimizerConfig:
     lion_cub: LionCubConfig | None = None
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "name", OptimizerKind.parse(self.name))
+        except ValueError as err:
+            raise ConfigError(f"key 'optimizer.name': {err}") from None
         if isinstance(self.lion_cub, dict):  # built from a resolved dict
             object.__setattr__(self, "lion_cub", LionCubConfig(**self.lion_cub))
-        if self.lion_cub is not None and self.name != "lion_cub":
+        if self.lion_cub is not None and not self.name.takes_lion_cub_options:
             raise ConfigError(
-                f"key 'optimizer.lion_cub': options given for optimizer.name {self.name!r} "
-                "(only lion_cub takes them)"
+                f"key 'optimizer.lion_cub': options given for optimizer.name "
+                f"{self.name.value!r} (only lion_cub takes them)"
             )
         if len(self.decay_epochs) != len(self.decay_factors):
             raise ConfigError(
@@ -87,8 +92,7 @@ class OptimizerConfig:
     def resolved_betas(self) -> tuple[float, float]:
         if self.betas is not None:
             return self.betas
-        lions = ("lion", "distributed_lion", "lion_cub")
-        return (0.9, 0.99) if self.name in lions else (0.9, 0.999)
+        return (0.9, 0.99) if self.name.is_lion else (0.9, 0.999)
 
 
 @dataclass(frozen=True, kw_only=True)
