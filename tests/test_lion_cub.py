@@ -206,7 +206,8 @@ def test_lion_cub_at_one_data_rank_equals_lion(variant: dict) -> None:
 
 def test_lion_cub_refuses_what_its_collective_would_ignore() -> None:
     model = _tiny_model()
-    with pytest.raises(ValueError, match="allreduce_dtype='fp16' is for collective 'allreduce'"):
+    refusal = r"^LionCub: only collective 'allreduce' sums on the wire; 'alltoall' sums on"
+    with pytest.raises(ValueError, match=refusal):
         LionCub(
             model.named_parameters(),
             LionCubSettings(collective="alltoall", allreduce_dtype="fp16"),

@@ -74,6 +74,7 @@ from cosmocub.config.training import (
     TrackingServerConfig,
     TrainConfig,
     TrainResources,
+    wire_refusal,
 )
 
 __all__ = [
@@ -133,5 +134,6 @@ __all__ = [
     "load_schema",
     "optimizer_variant",
     "resolve",
+    "wire_refusal",
     "write_config",
 ]

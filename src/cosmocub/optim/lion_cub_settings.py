@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cosmocub.config import OptimizerConfig
+from cosmocub.config import OptimizerConfig, wire_refusal
 from cosmocub.optim.collectives import COLLECTIVES
 from cosmocub.optim.momentum_sync import SCHEDULES
 from cosmocub.optim.quantize import QUANTIZERS
@@ -64,16 +64,8 @@ class LionCubSettings:
         ):
             if value not in allowed:
                 raise ValueError(f"LionCub: unknown {key} {value!r} ({', '.join(allowed)})")
-        if self.quantizer == "sign" and self.bits != 1:
-            raise ValueError(
-                f"LionCub: quantizer 'sign' sends 1 bit, got bits={self.bits} (pass bits=1, or "
-                "quantizer 'l1', 'linf' or 'l0' for 2..8 bits)"
-            )
-        if self.allreduce_dtype is not None and self.collective != "allreduce":
-            raise ValueError(
-                f"LionCub: allreduce_dtype={self.allreduce_dtype!r} is for collective "
-                f"'allreduce' only ({self.collective!r} sums on the rank)"
-            )
+        if (refusal := wire_refusal(self)) is not None:
+            raise ValueError(f"LionCub: {refusal[1]}")
         if self.bucket_mb <= 0:
             raise ValueError(f"LionCub: bucket_mb must be > 0, got {self.bucket_mb}")
 
