@@ -197,22 +197,23 @@ def plan_exchange(
         collective=settings.collective,
         overlap=settings.overlap,
         buckets=tuple(planned),
-        momentum_sync=_momentum_sync(synced_elements * value_bytes, p, g, two_level, value_bytes),
+        momentum_sync=_momentum_sync(synced_elements, value_bytes, p, g, two_level),
         sync_schedule=(settings.momentum_sync, settings.sync_every, settings.sync_k),
     )
 
 
 def _momentum_sync(
-    payload: int, p: int, g: int, two_level: bool, value_bytes: int
+    synced: int, value_bytes: int, p: int, g: int, two_level: bool
 ) -> tuple[Transfer, ...]:
-    """One average of `payload` bytes of momenta: an all-reduce over the data ranks, or by node
+    """One average of `synced` momentum values: an all-reduce over the data ranks, or by node
     (reduce-scatter in the node, the slice's all-reduce over the rail, all-gather in the node)."""
-    if p == 1 or payload == 0:
+    if p == 1 or synced == 0:
         return ()
     if not two_level:
+        payload = synced * value_bytes
         return (_transfer("allreduce", "data", p, 1, ring_allreduce_bytes(payload, p)),)
     nodes = p // g
-    slice_bytes = value_bytes * node_sum_slice_elements(payload // value_bytes, g)
+    slice_bytes = value_bytes * node_sum_slice_elements(synced, g)
     rail = ring_allreduce_bytes(slice_bytes, nodes)
     return (
         _transfer("reducescatter", "node", g, 1, (g - 1) * slice_bytes),

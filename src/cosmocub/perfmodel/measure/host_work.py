@@ -103,7 +103,7 @@ def update_key(optimizer_cfg: OptimizerConfig) -> str:
         return "lion_cub" if sign else "lion_cub_scaled"
     if name not in UPDATE_OPTIMIZERS:
         raise ValueError(
-            f"key 'optimizer.name': {name!r} has no calibrated update (have "
+            f"key 'optimizer.name': {name.value!r} has no calibrated update (have "
             f"{', '.join(UPDATE_OPTIMIZERS)})"
         )
     return name
