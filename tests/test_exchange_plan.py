@@ -18,6 +18,7 @@ from cosmocub.optim.exchange_plan import plan_exchange
 from cosmocub.optim.lion_cub_settings import LionCubSettings
 from cosmocub.optim.optimizer_factory import build_optimizer
 from cosmocub.perfmodel.alpha_beta import AlphaBeta
+from cosmocub.perfmodel.cost_model.overlap import parameter_layers
 from cosmocub.perfmodel.cost_model.step_model import exchange, lion_cub_plan, parameter_sizes
 from cosmocub.perfmodel.cost_model.topology import Mesh, Network
 
@@ -109,6 +110,35 @@ def test_a_change_of_bucket_size_reaches_the_price() -> None:
     n = sum(parameter_sizes(load_config(TEST_CONFIG).model))
     padded = n + (-n % 32)  # one bucket: the sign all-to-all and its all-gather
     assert large[0] == pytest.approx(3 / 4 * padded / 8 + 3 * padded / 4 / 8 + 2 * 3 / 4 * 4 * n)
+
+
+def test_an_overlapped_plan_hides_its_first_phases_under_backward() -> None:
+    # The same plan with overlap: each bucket's all-to-all is launched in backward, once the
+    # layer that completes the bucket is done; with a long backward all but the last bucket's
+    # (completed by the first layer, when backward ends) run under it. Bytes do not move.
+    def run(overlap: bool, layer_s: float):
+        options = {"bucket_mb": 600 * 4 / 2**20, "overlap": overlap}
+        cfg = load_config(
+            TEST_CONFIG, overrides={"optimizer": {"name": "lion_cub", "lion_cub": options}}
+        )
+        mesh = Mesh(data=4, split=(1, 1, 1))
+        layers = {layer: layer_s for layer, _ in parameter_layers(cfg.model)}
+        plan = lion_cub_plan(cfg.model, cfg.optimizer, mesh, TWO_A_NODE)
+        ex = exchange(cfg.model, cfg.optimizer, mesh, TWO_A_NODE, steps=1, layer_seconds=layers)
+        return plan, ex
+
+    plan, blocking = run(False, 1.0)
+    overlapped_plan, overlapped = run(True, 1.0)
+    assert len(plan.buckets) >= 3 and overlapped_plan.overlap
+    first = [b.transfers[0] for b in overlapped_plan.buckets]
+    assert all(t.collective == "alltoall" and t.overlaps_backward for t in first)
+    assert not any(t.overlaps_backward for b in plan.buckets for t in b.transfers)
+    launched = [TWO_A_NODE.sent_s("alltoall", t.sent_bytes, 4, 1) for t in first]
+    assert overlapped.hidden_s == pytest.approx(sum(launched[:-1]), rel=1e-12)
+    assert overlapped.seconds == pytest.approx(blocking.seconds - sum(launched[:-1]), rel=1e-12)
+    assert overlapped.sent == blocking.sent
+    # Without a backward to hide under (no layer times), nothing is hidden.
+    assert run(True, 0.0)[1].seconds == pytest.approx(blocking.seconds, rel=1e-12)
 
 
 PROGRAM = r"""

@@ -10,6 +10,7 @@ two-level (hierarchy "node", optim.hierarchy) are two plans, not two code paths 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,20 +31,24 @@ GROUPS = ("data", "node", "rail")
 class Transfer:
     """One collective one rank runs: its kind (a network's name for it), its group (GROUPS), the
     group's size, the data ranks between neighbours in it (1, or G on a rail) and the bytes this
-    rank sends in it (ring algorithms, padding included, as the collectives count them)."""
+    rank sends in it (ring algorithms, padding included, as the collectives count them).
+    `overlaps_backward`: launched asynchronously in backward (an overlapped bucket's first vote
+    phase; what `start` runs before it, and what `finish` runs after backward, blocks)."""
 
     collective: str  # allreduce, allgather, alltoall, reducescatter
     group: str
     group_size: int
     data_stride: int
     sent_bytes: float
+    overlaps_backward: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
 class BucketPlan:
-    """One bucket's exchange: its values, and the values this rank quantizes and votes on (the
-    bucket, or its node slice), then its collectives in the order they run."""
+    """One bucket's exchange: its tensors and values, and the values this rank quantizes and
+    votes on (the bucket, or its node slice), then its collectives in the order they run."""
 
+    tensors: int
     elements: int
     voted_elements: int
     transfers: tuple[Transfer, ...]
@@ -169,14 +174,19 @@ def plan_exchange(
 
     def vote(n: int, group: str, size: int, stride: int) -> list[Transfer]:
         phases = vote_phase_bytes(num_values=n, bits=wire.bits, group_size=size, **kind)
-        return [_transfer(c, group, size, stride, sent) for c, sent in phases.items()]
+        out = [_transfer(c, group, size, stride, sent) for c, sent in phases.items()]
+        if out and settings.overlap:  # the collectives' `start` launches the first phase
+            out[0] = dataclasses.replace(out[0], overlaps_backward=True)
+        return out
 
     planned = []
     for sizes in buckets:
         n = sum(sizes)
         if not two_level:
             transfers = tuple(vote(n, "data", p, 1))
-            planned.append(BucketPlan(elements=n, voted_elements=n, transfers=transfers))
+            planned.append(
+                BucketPlan(tensors=len(sizes), elements=n, voted_elements=n, transfers=transfers)
+            )
             continue
         m = node_slice_elements(n, g)
         # c's node mean (fp32 reduce-scatter), a scaled quantizer's per-tensor statistics
@@ -187,7 +197,9 @@ def plan_exchange(
             steps.append(_transfer("allreduce", "node", g, 1, ring_allreduce_bytes(stats, g)))
         steps += vote(m, "rail", nodes, g)
         steps.append(_transfer("allgather", "node", g, 1, (g - 1) * m / 8.0))
-        planned.append(BucketPlan(elements=n, voted_elements=m, transfers=tuple(steps)))
+        planned.append(
+            BucketPlan(tensors=len(sizes), elements=n, voted_elements=m, transfers=tuple(steps))
+        )
     return ExchangePlan(
         hierarchy="node" if two_level else "flat",
         data_ranks=p,

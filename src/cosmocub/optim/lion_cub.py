@@ -156,7 +156,7 @@ class LionCub(Optimizer):
             warnings.warn(f"LionCub: {shrunk}", stacklevel=2)
         self.buckets = [self._new_bucket(b, g) for b, g in bucketed]
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
-        if s.overlap:
+        if self.plan.overlap:
             for _, p in named:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
 

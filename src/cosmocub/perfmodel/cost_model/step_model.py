@@ -11,7 +11,8 @@ nodes. Parts of a step, added (what overlaps is left out of the sum):
                   or the whole mesh when spatial > 1), blocking, or overlapped with backward (then
                   only its exposed part is in the step: perfmodel.cost_model.overlap); or Lion
                   Cub's spatial average + the exchange plan the optimizer runs (every bucket's
-                  collectives, optim.exchange_plan), priced collective by collective
+                  collectives, optim.exchange_plan), priced collective by collective; an
+                  overlapped plan's first vote phases under backward as DDP's buckets are
   momentum_sync   Lion Cub's fp32 average of momenta, amortised over the steps it skips
   norm_sync       the synced batch norms' statistics over the mesh, two collectives a block
                   (perfmodel.cost_model.layer_collectives; their arithmetic beyond a plain norm is
@@ -108,7 +109,9 @@ def exchange(
     wake_s: float = 0.0,
 ) -> Exchange:
     """The step's exchange; for DDP, per bucket as torch fills them, blocking (every bucket in
-    the step) or overlapped with backward (`layer_seconds` sets when each bucket is ready).
+    the step) or overlapped with backward (`layer_seconds` sets when each bucket is ready); for
+    the distributed Lions, the optimizer's plan (`lion_cub_plan`), its overlapped phases as
+    DDP's overlapped buckets.
     wake_s: what each collective the step waits on costs after compute beyond its α (a CPU's,
     from its calibration; 0 elsewhere)."""
     sizes = parameter_sizes(model_cfg)
@@ -142,24 +145,49 @@ def exchange(
         sent += averaged
         inter += averaged * network.inter_fraction("allreduce", mesh.spatial, 1)
     plan = lion_cub_plan(model_cfg, optimizer_cfg, mesh, network)
-    for bucket in plan.buckets:
+    under_backward: list[tuple[str, float]] = []  # (layer that completes the bucket, seconds)
+    for bucket, layer in zip(plan.buckets, _bucket_layers(model_cfg, plan), strict=True):
         if vote_host is not None and bucket.transfers:  # encode, vote, unpack beside the wire
             seconds += vote_host(plan.wire.quantizer, plan.collective, bucket.voted_elements)
-        bucket_s, bucket_sent, bucket_inter = price_transfers(
-            bucket.transfers, mesh, network, wake_s=wake_s
-        )
-        seconds, sent, inter = seconds + bucket_s, sent + bucket_sent, inter + bucket_inter
+        for launched in (True, False):
+            part = [t for t in bucket.transfers if t.overlaps_backward == launched]
+            # The step waits on a launched phase only once it is exposed (below).
+            part_s, part_sent, part_inter = price_transfers(
+                part, mesh, network, wake_s=0.0 if launched else wake_s
+            )
+            if launched and part:
+                under_backward.append((layer, part_s))
+            else:
+                seconds += part_s
+            sent, inter = sent + part_sent, inter + part_inter
+    total = sum(s for _, s in under_backward)
+    layers = list(dict.fromkeys(layer for layer, _ in parameter_layers(model_cfg)))
+    exposed = exposed_allreduce(under_backward, layer_seconds, layers) if under_backward else 0.0
+    seconds += exposed + wake_s * float(exposed > 0)
     fraction = plan.sync_fraction(steps)
     sync_s, sync_bytes, sync_inter = (
         fraction * x for x in price_transfers(plan.momentum_sync, mesh, network, wake_s=wake_s)
     )
     return Exchange(
         seconds=seconds,
+        hidden_s=total - exposed,
         sync_s=sync_s,
         sent=sent + sync_bytes,
         sync_bytes=sync_bytes,
         inter_node_bytes=inter + sync_inter,
     )
+
+
+def _bucket_layers(model_cfg: ModelConfig, plan: ExchangePlan) -> list[str]:
+    """The layer whose backward completes each bucket of the plan: the buckets hold the
+    parameters in reverse registration order, so a bucket's last is its first registered."""
+    backward_order = iter(reversed(parameter_layers(model_cfg)))
+    out = []
+    for bucket in plan.buckets:
+        for _ in range(bucket.tensors):
+            layer, _ = next(backward_order)
+        out.append(layer)
+    return out
 
 
 def lion_cub_plan(
