@@ -166,7 +166,8 @@ for options in json.loads(sys.argv[2]):
                   data_ranks_per_node=2, node_groups=node_groups)
     opt.step()  # the exchange, then the momentum sync (every step)
     stats = opt.comm_stats
-    counted.append([opt.plan.hierarchy, stats.bytes_sent, stats.bytes_inter])
+    planned = opt.plan.exchange_bytes + opt.plan.sync_bytes
+    counted.append([opt.plan.hierarchy, planned, stats.bytes_sent, stats.bytes_inter])
 print(f"rank {rank} counted " + json.dumps(counted))
 dist.destroy_process_group()
 """
@@ -191,9 +192,10 @@ def test_a_change_of_plan_moves_counted_and_priced_bytes_together(tmp_path: Path
     assert len(lines) == 4, proc.stdout
     rows = json.loads(lines[0].split(" counted ", 1)[1])
     totals = set()
-    for options, (hierarchy, sent, inter) in zip(PLANS, rows, strict=True):
+    for options, (hierarchy, planned, sent, inter) in zip(PLANS, rows, strict=True):
         price_sent, price_inter = priced(options)
         assert hierarchy == options.get("hierarchy", "flat")
+        assert sent == pytest.approx(planned, rel=1e-12), options  # what ran is what was planned
         assert sent == pytest.approx(price_sent, rel=1e-12), options
         if hierarchy == "node":  # the rails' bytes leave the node, the rest stays in it
             assert inter == pytest.approx(price_inter, rel=1e-12), options
