@@ -28,7 +28,7 @@ from cosmocub.config import load_config
 from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.optim.collectives import ring_allreduce_bytes
 from cosmocub.optim.lion import Lion
-from cosmocub.optim.lion_cub import LionCub
+from cosmocub.optim.lion_cub import LionCub, LionCubSettings
 from cosmocub.optim.packing import pack_bits, pack_codes, unpack_bits, unpack_codes
 
 # (label, LionCub options); distributed_lion is sign + allgather.
@@ -105,7 +105,7 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, queue) -> None:
     rows.append(("ddp fp32 all-reduce (lion)", 32, ddp_bytes, 1.0, None, statistics.median(times)))
     for label, options in VARIANTS:
         model = _model(args)
-        opt = LionCub(model.named_parameters(), group=group, lr=1e-4, **options)
+        opt = LionCub(model.named_parameters(), LionCubSettings(lr=1e-4, **options), group=group)
         step_times, exchange = [], []
         for step in range(args.steps):
             _random_grads(model, 1000 * rank + step)
@@ -145,11 +145,8 @@ def _overlap(args: argparse.Namespace, group, input_size: int, rank: int) -> lis
         opts = {
             o: LionCub(
                 models[o].named_parameters(),
+                LionCubSettings(lr=1e-4, overlap=o, bucket_mb=0.25, **options),
                 group=group,
-                lr=1e-4,
-                overlap=o,
-                bucket_mb=0.25,
-                **options,
             )
             for o in (False, True)
         }
@@ -175,13 +172,17 @@ def _single_process_steps(args: argparse.Namespace) -> list[tuple[str, float, fl
         "cosmocub Lion": lambda m: Lion(m.parameters(), lr=1e-4, weight_decay=0.1),
         "lion-pytorch Lion": lambda m: lion_pytorch.Lion(m.parameters(), lr=1e-4, weight_decay=0.1),
         "lion_cub sign (1 rank)": lambda m: LionCub(
-            m.named_parameters(), group=None, lr=1e-4, weight_decay=0.1
+            m.named_parameters(), LionCubSettings(lr=1e-4, weight_decay=0.1), group=None
         ),
         "lion_cub l1-8 (1 rank)": lambda m: LionCub(
-            m.named_parameters(), group=None, lr=1e-4, weight_decay=0.1, quantizer="l1", bits=8
+            m.named_parameters(),
+            LionCubSettings(lr=1e-4, weight_decay=0.1, quantizer="l1", bits=8),
+            group=None,
         ),
         "lion_cub l0-8 (1 rank)": lambda m: LionCub(
-            m.named_parameters(), group=None, lr=1e-4, weight_decay=0.1, quantizer="l0", bits=8
+            m.named_parameters(),
+            LionCubSettings(lr=1e-4, weight_decay=0.1, quantizer="l0", bits=8),
+            group=None,
         ),
     }
     models = {name: _model(args) for name in builders}

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from cosmocub.optim import LionCub
+from cosmocub.optim import LionCub, LionCubSettings
 
 W_TRUE = torch.linspace(-1.0, 1.0, 32)  # the target the model learns: y = x · W_TRUE + noise
 
@@ -29,9 +29,7 @@ W_TRUE = torch.linspace(-1.0, 1.0, 32)  # the target the model learns: y = x · 
 def build(args: argparse.Namespace, device: torch.device) -> tuple[nn.Module, LionCub]:
     torch.manual_seed(0)  # the same initial parameters on every rank
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
-    opt = LionCub(
-        model.named_parameters(),  # names: momentum_sync patterns match them
-        group=dist.group.WORLD,  # the data-parallel ranks (any process group)
+    settings = LionCubSettings(
         lr=args.lr,
         weight_decay=0.01,
         quantizer=args.quantizer,
@@ -40,6 +38,11 @@ def build(args: argparse.Namespace, device: torch.device) -> tuple[nn.Module, Li
         allreduce_dtype=args.allreduce_dtype,
         momentum_sync="every",
         sync_every=15,  # the checkpoint at step 20 falls between syncs: momenta differ
+    )
+    opt = LionCub(
+        model.named_parameters(),  # names: momentum_sync patterns match them
+        settings,
+        group=dist.group.WORLD,  # the data-parallel ranks (any process group)
     )
     return model, opt
 

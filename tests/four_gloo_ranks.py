@@ -27,7 +27,7 @@ COLLECTIVES_AGREE = """
 import itertools, sys, torch, torch.distributed as dist
 from torch import nn
 from cosmocub.optim.collectives import COLLECTIVES, CommStats, build_collective
-from cosmocub.optim.lion_cub import LionCub
+from cosmocub.optim.lion_cub import LionCub, LionCubSettings
 from cosmocub.optim.quantize import quantize, quantizer_levels, wire_bits
 from cosmocub.optim.vote import tie_pattern, vote
 from cosmocub.optim.wire import WireSpec, wire_values
@@ -112,11 +112,12 @@ assert sent == {("alltoall", "int8"): 2 * (P - 1) / P * n / 8,
 def run(collective, overlap, quantizer="l1", bits=4, dtype="int8"):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 12), nn.Tanh(), nn.Linear(12, 2))
-    opt = LionCub(model.named_parameters(), group=group, lr=0.01, weight_decay=0.1,
-                  quantizer=quantizer, bits=bits, collective=collective, overlap=overlap,
-                  allreduce_dtype=dtype if collective == "allreduce" else None,
-                  momentum_sync="every", sync_every=3, sync_patterns=["0.*"],
-                  bucket_mb=40 * 4 / 2**20)
+    settings = LionCubSettings(lr=0.01, weight_decay=0.1, quantizer=quantizer, bits=bits,
+                               collective=collective, overlap=overlap,
+                               allreduce_dtype=dtype if collective == "allreduce" else None,
+                               momentum_sync="every", sync_every=3, sync_patterns=["0.*"],
+                               bucket_mb=40 * 4 / 2**20)
+    opt = LionCub(model.named_parameters(), settings, group=group)
     gen = torch.Generator().manual_seed(rank)
     for _ in range(4):
         x, y = torch.randn(6, 5, generator=gen), torch.randn(6, 2, generator=gen)
@@ -173,7 +174,7 @@ print(f"rank {rank}: {cases} cases OK", flush=True)
 TWO_NODES = """
 import itertools, torch, torch.distributed as dist
 from torch import nn
-from cosmocub.optim import LionCub, world_node_groups
+from cosmocub.optim import LionCub, LionCubSettings, world_node_groups
 from cosmocub.optim.hierarchy import partial_stats, scales_from_stats
 from cosmocub.optim.quantize import quantize, quantizer_levels
 from cosmocub.optim.vote import tie_pattern, vote
@@ -229,9 +230,10 @@ for (quantizer, bits), collective, bucket in itertools.product(
         (1e-3, 40 * 4 / 2**20)):  # one bucket; four
     model = model_and_grads(rank)
     before = [p.detach().clone() for p in model.parameters()]
-    opt = LionCub(model.named_parameters(), group=data, lr=1e-3, betas=(0.9, 0.99),
-                  quantizer=quantizer, bits=bits, collective=collective, bucket_mb=bucket,
-                  data_ranks_per_node=G, hierarchy="node", node_groups=(intra, rail))
+    settings = LionCubSettings(lr=1e-3, betas=(0.9, 0.99), quantizer=quantizer, bits=bits,
+                               collective=collective, bucket_mb=bucket, hierarchy="node")
+    opt = LionCub(model.named_parameters(), settings, group=data, data_ranks_per_node=G,
+                  node_groups=(intra, rail))
     assert opt.two_level and opt.spec.levels == quantizer_levels(
         quantizer, bits, nodes, collective=collective)
     opt.step()
@@ -246,8 +248,9 @@ for (quantizer, bits), collective, bucket in itertools.product(
 
 # overlap: each bucket's two-level exchange starts in backward, as soon as its gradients are in.
 def build(model):
-    return LionCub(model.named_parameters(), group=data, lr=1e-3, quantizer="l1", bits=4,
-                   overlap=True, bucket_mb=40 * 4 / 2**20, data_ranks_per_node=G, hierarchy="node",
+    settings = LionCubSettings(lr=1e-3, quantizer="l1", bits=4, overlap=True,
+                               bucket_mb=40 * 4 / 2**20, hierarchy="node")
+    return LionCub(model.named_parameters(), settings, group=data, data_ranks_per_node=G,
                    node_groups=(intra, rail))
 model, opt = model_and_grads(rank, build)
 before = [p.detach().clone() for p in model.parameters()]  # backward does not move them
@@ -265,13 +268,13 @@ assert torch.equal(got.to(torch.int8), expected_update("l1", 4, "alltoall", 0.9,
 n = 8 * G * nodes * 64
 w = torch.nn.Parameter(torch.zeros(n))
 w.grad = torch.randn(n, generator=torch.Generator().manual_seed(rank))
-opt = LionCub([("w", w)], group=data, lr=1e-3, data_ranks_per_node=G, hierarchy="node",
-              node_groups=(intra, rail))
+opt = LionCub([("w", w)], LionCubSettings(lr=1e-3, hierarchy="node"), group=data,
+              data_ranks_per_node=G, node_groups=(intra, rail))
 opt.step()
 m = n // G
 assert opt.comm_stats.bytes_inter == 2 * (nodes - 1) / nodes * m / 8, opt.comm_stats
 assert opt.comm_stats.bytes_intra == (G - 1) * m * 4 + (G - 1) * m / 8, opt.comm_stats
-flat = LionCub([("w", w)], group=data, lr=1e-3, data_ranks_per_node=G)
+flat = LionCub([("w", w)], LionCubSettings(lr=1e-3), group=data, data_ranks_per_node=G)
 flat.step()
 # Flat all-to-all of n 1-bit values: (P-G)/(P-1) of its chunks leave the node (pairwise), and
 # a ring all-gather's one crossing a node (1/G per rank).

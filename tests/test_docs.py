@@ -202,20 +202,21 @@ def test_the_lion_cub_examples_call_it_with_arguments_it_takes():
     import ast
     import inspect
 
-    from cosmocub.optim import LionCub
+    from cosmocub.optim import LionCub, LionCubSettings
 
-    takes = set(inspect.signature(LionCub).parameters)
     page = (ROOT / "docs" / "lion-cub.md").read_text()
     blocks = re.findall(r"^```python\n(.*?)^```", page, flags=re.M | re.S)
-    calls = [
-        node
-        for block in blocks
-        for node in ast.walk(ast.parse(block))
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "LionCub"
-    ]
-    assert len(calls) >= 2
-    for call in calls:
-        assert {k.arg for k in call.keywords} <= takes
+    for cls in (LionCub, LionCubSettings):
+        takes = set(inspect.signature(cls).parameters)
+        calls = [
+            node
+            for block in blocks
+            for node in ast.walk(ast.parse(block))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == cls.__name__
+        ]
+        assert len(calls) >= 2, cls.__name__
+        for call in calls:
+            assert {k.arg for k in call.keywords} <= takes, (cls.__name__, ast.unparse(call))
 
 
 def test_the_readme_is_a_front_page_and_keeps_the_test_command():

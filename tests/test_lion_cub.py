@@ -18,7 +18,7 @@ from torch import nn
 from cosmocub.config import ConfigError, load_config
 from cosmocub.optim.collectives import COLLECTIVES
 from cosmocub.optim.lion import Lion
-from cosmocub.optim.lion_cub import LionCub
+from cosmocub.optim.lion_cub import LionCub, LionCubSettings
 from cosmocub.optim.momentum_sync import (
     average_momenta,
     exponential_sync_steps,
@@ -187,15 +187,14 @@ def test_lion_cub_at_one_data_rank_equals_lion(variant: dict) -> None:
     reference, model = _tiny_model(), _tiny_model()
     lion = Lion(reference.parameters(), **HYPER)
     expected = _train_steps(reference, lion, 10)
-    opt = LionCub(
-        model.named_parameters(),
-        group=None,
+    settings = LionCubSettings(
         momentum_sync="every",
         sync_every=2,
         bucket_mb=100 * 4 / 2**20,  # ~100 values: several buckets
         **variant,
         **HYPER,
     )
+    opt = LionCub(model.named_parameters(), settings, group=None)
     assert len(opt.buckets) > 1
     got = _train_steps(model, opt, 10)
     for step, (x, y) in enumerate(zip(expected, got, strict=True)):
@@ -207,10 +206,17 @@ def test_lion_cub_at_one_data_rank_equals_lion(variant: dict) -> None:
 
 def test_lion_cub_refuses_what_its_collective_would_ignore() -> None:
     model = _tiny_model()
-    with pytest.raises(ValueError, match="allreduce_dtype='fp16' is for collective 'allreduce'"):
-        LionCub(model.named_parameters(), group=None, collective="alltoall", allreduce_dtype="fp16")
+    refusal = r"^LionCub: only collective 'allreduce' sums on the wire; 'alltoall' sums on"
+    with pytest.raises(ValueError, match=refusal):
+        LionCub(
+            model.named_parameters(),
+            LionCubSettings(collective="alltoall", allreduce_dtype="fp16"),
+            group=None,
+        )
     opt = LionCub(
-        model.named_parameters(), group=None, quantizer="l1", bits=4, collective="allreduce"
+        model.named_parameters(),
+        LionCubSettings(quantizer="l1", bits=4, collective="allreduce"),
+        group=None,
     )
     assert opt.spec.allreduce_dtype == "int8" and opt.spec.levels == 7
 
@@ -228,7 +234,9 @@ def test_distributed_lion_from_config_at_one_rank_equals_lion() -> None:
 
 def test_lion_cub_state_dict_round_trip_at_one_rank() -> None:
     model = _tiny_model()
-    opt = LionCub(model.named_parameters(), group=None, momentum_sync="exponential", **HYPER)
+    opt = LionCub(
+        model.named_parameters(), LionCubSettings(momentum_sync="exponential", **HYPER), group=None
+    )
     _train_steps(model, opt, 3)
     saved = opt.state_dict()
     assert (saved["step_count"], saved["data_group_size"], saved["data_rank"]) == (3, 1, 0)
@@ -237,7 +245,7 @@ def test_lion_cub_state_dict_round_trip_at_one_rank() -> None:
     assert first.data_ptr() == opt.state[next(model.parameters())]["exp_avg"].data_ptr()  # no copy
     saved = copy.deepcopy(saved)
     fresh_model = _tiny_model()
-    fresh = LionCub(fresh_model.named_parameters(), group=None, **HYPER)
+    fresh = LionCub(fresh_model.named_parameters(), LionCubSettings(**HYPER), group=None)
     fresh.load_state_dict(saved)
     assert fresh.step_count == 3
     for p, q in zip(model.parameters(), fresh_model.parameters(), strict=True):
@@ -257,7 +265,7 @@ def test_lion_cub_state_dict_round_trip_at_one_rank() -> None:
 def test_lion_cub_loads_the_gathered_layout_written_before() -> None:
     """Checkpoints written before each rank saved its own: data rank 0's (D, *shape) rows."""
     model = _tiny_model()
-    opt = LionCub(model.named_parameters(), group=None, **HYPER)
+    opt = LionCub(model.named_parameters(), LionCubSettings(**HYPER), group=None)
     _train_steps(model, opt, 3)
     own = opt.state_dict()
     state = {
@@ -265,7 +273,7 @@ def test_lion_cub_loads_the_gathered_layout_written_before() -> None:
     }
     old = {k: v for k, v in own.items() if k != "data_rank"} | {"state": state}
     fresh_model = _tiny_model()
-    fresh = LionCub(fresh_model.named_parameters(), group=None, **HYPER)
+    fresh = LionCub(fresh_model.named_parameters(), LionCubSettings(**HYPER), group=None)
     fresh.load_state_dict(old)
     fresh_model.load_state_dict(model.state_dict())
     for p, q in zip(model.parameters(), fresh_model.parameters(), strict=True):

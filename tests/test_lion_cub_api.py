@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from cosmocub.optim import Lion, LionCub, quantizer_levels
+from cosmocub.optim import Lion, LionCub, LionCubSettings, quantizer_levels
 from cosmocub.optim.quantize import levels_shrunk
 
 HYPER = {"lr": 0.01, "betas": (0.9, 0.99), "weight_decay": 0.1}
@@ -43,7 +43,11 @@ def _same_parameters(a: nn.Module, b: nn.Module) -> bool:
 def test_parameters_train_as_lion_and_are_named_by_position() -> None:
     reference, model = _model(), _model()
     lion_losses = _train(reference, Lion(reference.parameters(), **HYPER))
-    opt = LionCub(model.parameters(), group=None, momentum_sync="every", sync_patterns=["param_2"])
+    opt = LionCub(
+        model.parameters(),
+        LionCubSettings(momentum_sync="every", sync_patterns=["param_2"]),
+        group=None,
+    )
     for group in opt.param_groups:  # the defaults were the class's: set Lion's hyperparameters
         group.update(lr=HYPER["lr"], betas=HYPER["betas"], weight_decay=HYPER["weight_decay"])
     losses = _train(model, opt)
@@ -69,7 +73,7 @@ def test_named_parameters_and_groups_keep_their_own_hyperparameters() -> None:
     for kind, groups in groups_of.items():
         model = _model()
         # Buckets of ~40 values: several per group, none across groups.
-        opt = LionCub(groups(model), group=None, bucket_mb=40 * 4 / 2**20, **HYPER)
+        opt = LionCub(groups(model), LionCubSettings(bucket_mb=40 * 4 / 2**20, **HYPER), group=None)
         assert len(opt.buckets) > 2
         for b in opt.buckets:  # each bucket's parameters are its group's
             assert {id(p) for p in b.params} <= {id(p) for p in b.group["params"]}
@@ -98,11 +102,13 @@ def test_group_options_it_cannot_hold_are_refused_in_one_line(params_of, message
 
 def test_sign_with_more_bits_is_refused_as_the_config_refuses_it() -> None:
     with pytest.raises(ValueError, match=r"^LionCub: quantizer 'sign' sends 1 bit, got bits=4 "):
-        LionCub(_model().parameters(), group=None, quantizer="sign", bits=4)
+        LionCub(_model().parameters(), LionCubSettings(quantizer="sign", bits=4), group=None)
     for bits in (2, 8):  # the other direction is quantizer_levels' own refusal
-        assert LionCub(_model().parameters(), group=None, quantizer="l1", bits=bits)
-    with pytest.raises(ValueError, match=r"bits must be in 2\.\.8, got 1"):
-        LionCub(_model().parameters(), group=None, quantizer="l1", bits=1)
+        assert LionCub(
+            _model().parameters(), LionCubSettings(quantizer="l1", bits=bits), group=None
+        )
+    with pytest.raises(ValueError, match=r"^LionCub: quantizer 'l1' needs >= 2 bits \(1 bit"):
+        LionCub(_model().parameters(), LionCubSettings(quantizer="l1", bits=1), group=None)
 
 
 def test_levels_shrunk_names_what_is_asked_kept_and_what_keeps_them() -> None:
@@ -128,20 +134,26 @@ def test_no_warning_where_the_levels_are_kept_and_levels_in_use() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         opt = LionCub(
-            _model().parameters(), group=None, quantizer="l1", bits=8, collective="allreduce"
+            _model().parameters(),
+            LionCubSettings(quantizer="l1", bits=8, collective="allreduce"),
+            group=None,
         )
     assert opt.levels_in_use == 127  # one rank: floor(127/1)
     assert LionCub(_model().parameters(), group=None).levels_in_use == 1  # sign
 
 
-def test_data_ranks_per_node_is_the_one_name_and_the_old_keyword_says_so() -> None:
-    """`ranks_per_node` counts every rank of a node everywhere else; LionCub's keyword counts
-    the data ranks of its group on a node, so it has its own name and the old one is refused."""
+def test_topology_is_lion_cubs_and_settings_refuse_what_they_do_not_hold() -> None:
+    """The data ranks of a node are topology (LionCub's keyword, beside the group); the
+    settings are the wire and the schedule, and refuse any other key."""
     model = _model()
-    with pytest.raises(TypeError, match="ranks_per_node is now data_ranks_per_node"):
+    with pytest.raises(TypeError, match="ranks_per_node"):
         LionCub(model.parameters(), group=None, ranks_per_node=2)
-    with pytest.raises(TypeError, match="unexpected keyword"):
-        LionCub(model.parameters(), group=None, nodes=2)
+    with pytest.raises(TypeError, match="data_ranks_per_node"):
+        LionCubSettings(data_ranks_per_node=2)
+    with pytest.raises(ValueError, match=r"unknown hierarchy 'rack' \(flat, node\)"):
+        LionCubSettings(hierarchy="rack")
     # A group of one: whatever the node size, the flat exchange over one rank.
-    opt = LionCub(model.parameters(), group=None, data_ranks_per_node=4, hierarchy="node")
+    opt = LionCub(
+        model.parameters(), LionCubSettings(hierarchy="node"), group=None, data_ranks_per_node=4
+    )
     assert not opt.two_level and opt.collective.size == 1

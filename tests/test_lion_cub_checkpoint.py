@@ -14,7 +14,7 @@ from torch import nn
 
 from cosmocub.launch import multirank
 from cosmocub.launch.torchrun import torchrun_argv
-from cosmocub.optim import LionCub
+from cosmocub.optim import LionCub, LionCubSettings
 from cosmocub.train.checkpoint import CheckpointManager
 
 PROGRAM = r'''
@@ -24,7 +24,7 @@ import torch, torch.distributed as dist
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from cosmocub.optim import LionCub
+from cosmocub.optim import LionCub, LionCubSettings
 from cosmocub.parallel.parallel_dims import build_parallel_dims, close_parallel_dims
 from cosmocub.train.checkpoint import CheckpointManager
 
@@ -55,8 +55,9 @@ rank, D, data = dims.rank, dims.data, dims.group("data")
 def build():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(512, 1024), nn.Tanh(), nn.Linear(1024, 512))
-    opt = LionCub(model.parameters(), group=data, lr=1e-3, quantizer="l1", bits=4,
-                  momentum_sync="every", sync_every=4)
+    settings = LionCubSettings(lr=1e-3, quantizer="l1", bits=4, momentum_sync="every",
+                               sync_every=4)
+    opt = LionCub(model.parameters(), settings, group=data)
     manager = CheckpointManager(folder, config_hash="0" * 12, stateful={"optimizer": opt},
                                 dims=dims)
     return model, opt, manager
@@ -122,8 +123,8 @@ if rank == 0:
 # Levels: an 8-bit l1 quantizer over an int8 all-reduce of D ranks keeps floor(127/D).
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    shrunk = LionCub(model.parameters(), group=data, quantizer="l1", bits=8,
-                     collective="allreduce")
+    shrunk = LionCub(model.parameters(),
+                     LionCubSettings(quantizer="l1", bits=8, collective="allreduce"), group=data)
 assert shrunk.levels_in_use == 127 // D == 31
 (warning,) = [str(w.message) for w in caught]
 assert f"asks for 127 levels, keeps 31: an int8 all-reduce over {D} data ranks" in warning
@@ -139,7 +140,7 @@ def test_each_data_rank_file_goes_with_its_checkpoint(tmp_path: Path) -> None:
     orphan of a save that died before its checkpoint), and the one a resume reads."""
     torch.manual_seed(0)
     model = nn.Linear(4, 3)
-    opt = LionCub(model.parameters(), group=None, lr=0.01)
+    opt = LionCub(model.parameters(), LionCubSettings(lr=0.01), group=None)
     folder = tmp_path / "0123456789ab"
     manager = CheckpointManager(folder, config_hash="0" * 12, stateful={"optimizer": opt}, keep=2)
     (folder / "step_00000009.data_rank_00000.pt").parent.mkdir(parents=True)
@@ -155,7 +156,7 @@ def test_each_data_rank_file_goes_with_its_checkpoint(tmp_path: Path) -> None:
         "step_00000004.pt",
     ]
     assert "optimizer" not in torch.load(folder / "step_00000004.pt", weights_only=True)
-    fresh = LionCub(nn.Linear(4, 3).parameters(), group=None, lr=0.01)
+    fresh = LionCub(nn.Linear(4, 3).parameters(), LionCubSettings(lr=0.01), group=None)
     CheckpointManager(folder, config_hash="0" * 12, stateful={"optimizer": fresh}).restore_latest()
     assert fresh.step_count == 4
     assert torch.equal(fresh.buckets[0].momentum, opt.buckets[0].momentum)

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import dataclasses
 
 import pytest
 import torch
 
-from cosmocub.config import OptimizerConfig, load_config
-from cosmocub.models.cosmoflow import CosmoFlow
-from cosmocub.optim.exchange_plan import wire_settings
+from cosmocub.config import ConfigError, OptimizerConfig, OptimizerKind, load_config, load_schema
 from cosmocub.optim.lion import Lion, lion_update
 from cosmocub.optim.optimizer_factory import build_optimizer, build_schedule
 from cosmocub.optim.schedule import lr_at, peak_lr
-from cosmocub.perfmodel.cost_model.step_model import bucket_sizes, parameter_sizes
-
-MLPERF_CONFIG = Path(__file__).resolve().parents[1] / "config" / "cosmoflow-mlperf.yaml"
 
 
 def opt_cfg(**changes) -> OptimizerConfig:
@@ -131,22 +126,15 @@ def test_build_optimizer_kinds(name: str, cls: type) -> None:
         assert group["betas"] == (0.9, 0.999)
 
 
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        {"name": "distributed_lion"},
-        {"name": "lion_cub", "lion_cub": {"quantizer": "l1", "bits": 4, "bucket_mb": 0.25}},
-    ],
-)
-def test_perf_model_prices_the_optimizers_own_buckets_and_wire(overrides: dict) -> None:
-    """The performance model takes its wire settings and buckets from optim's own functions:
-    the same buckets (values in each) and the same quantizer as the optimizer it prices."""
-    cfg = opt_cfg(lr=1e-4, **overrides)
-    model_cfg = load_config(MLPERF_CONFIG).model  # 8.9 M parameters: several 4 MiB buckets
-    model = CosmoFlow(model_cfg)
-    opt = build_optimizer(model.named_parameters(), cfg, global_batch=8)
-    wire = wire_settings(cfg)
-    assert (opt.spec.quantizer, opt.spec.allreduce_dtype) == (wire.quantizer, wire.allreduce_dtype)
-    built = [sum(p.numel() for p in b.params) for b in opt.buckets]
-    assert built == bucket_sizes(parameter_sizes(model_cfg), wire.bucket_mb)
-    assert len(built) > 1  # small buckets: the split itself is compared, not one bucket
+def test_optimizer_kinds_are_the_schemas_names_parsed_once() -> None:
+    schema_names = load_schema()["properties"]["optimizer"]["properties"]["name"]["enum"]
+    assert schema_names == [kind.value for kind in OptimizerKind]
+    cfg = opt_cfg(name="distributed_lion")
+    assert cfg.name is OptimizerKind.DISTRIBUTED_LION  # parsed, not a string
+    # DDP averages the gradients of exactly the kinds that vote no update.
+    assert {k for k in OptimizerKind if k.averages_gradients} == {"sgd", "adamw", "lion"}
+    assert all(k.averages_gradients != k.votes_updates for k in OptimizerKind)
+    assert opt_cfg(name="lion_cub").resolved_betas == (0.9, 0.99)
+    assert opt_cfg(name="sgd").resolved_betas == (0.9, 0.999)
+    with pytest.raises(ConfigError, match=r"optimizer.name': unknown optimizer 'lamb' \(sgd, "):
+        dataclasses.replace(cfg, name="lamb")

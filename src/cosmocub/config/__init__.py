@@ -21,6 +21,7 @@ from cosmocub.config.model_split import (
     check_spatial_split,
     check_unet_split,
 )
+from cosmocub.config.optimizer_kind import OptimizerKind
 from cosmocub.config.schema import (
     SCHEMA_PATH,
     ConfigError,
@@ -73,6 +74,7 @@ from cosmocub.config.training import (
     TrackingServerConfig,
     TrainConfig,
     TrainResources,
+    wire_refusal,
 )
 
 __all__ = [
@@ -93,6 +95,7 @@ __all__ = [
     "MomentumSyncConfig",
     "NetworkStudyConfig",
     "OptimizerConfig",
+    "OptimizerKind",
     "OptimizerVariant",
     "ParallelConfig",
     "PerfModelConfig",
@@ -131,5 +134,6 @@ __all__ = [
     "load_schema",
     "optimizer_variant",
     "resolve",
+    "wire_refusal",
     "write_config",
 ]

@@ -16,6 +16,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from cosmocub.config.optimizer_kind import OptimizerKind
+
 SCHEMA_PATH = Path(str(resources.files("cosmocub") / "schemas" / "config.schema.yaml"))
 
 
@@ -108,7 +110,9 @@ def fill_lion_cub_defaults(values: dict[str, Any]) -> None:
     """optimizer.lion_cub defaults to null, so that options given to another optimizer can be
     refused; lion_cub itself then takes the schema's defaults, filled here in place."""
     optimizer = values.get("optimizer", {})
-    if optimizer.get("name") == "lion_cub" and optimizer.get("lion_cub") is None:
+    name = optimizer.get("name")
+    takes_options = name in set(OptimizerKind) and OptimizerKind(name).takes_lion_cub_options
+    if takes_options and optimizer.get("lion_cub") is None:
         optimizer["lion_cub"] = {}
         validator = _validator_filling_defaults()(load_schema())
         assert not list(validator.iter_errors(values)), "schema defaults of lion_cub are valid"

@@ -5,7 +5,9 @@ resources. Fields mirror the schema; checks it cannot express raise ConfigError 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
+from cosmocub.config.optimizer_kind import OptimizerKind
 from cosmocub.config.schema import ConfigError
 
 
@@ -15,6 +17,38 @@ class MomentumSyncConfig:
     every_steps: int
     k: float
     patterns: tuple[str, ...]
+
+
+class WireChoice(Protocol):
+    """Lion Cub's wire as a config section or optim.LionCubSettings holds it."""
+
+    quantizer: str
+    bits: int | None
+    collective: str
+    allreduce_dtype: str | None
+
+
+def wire_refusal(wire: WireChoice) -> tuple[str, str] | None:
+    """(the key, why) where Lion Cub's quantizer, bits, collective and all-reduce dtype cannot
+    go together; None where they can. The config and optim.LionCubSettings both refuse by it."""
+    quantizer, bits, collective = wire.quantizer, wire.bits, wire.collective
+    allreduce_dtype = wire.allreduce_dtype
+    if quantizer == "sign" and bits not in (None, 1):
+        return "bits", (
+            f"quantizer 'sign' sends 1 bit, got bits={bits} (pass bits=1, or quantizer 'l1', "
+            "'linf' or 'l0' for 2..8 bits)"
+        )
+    if quantizer != "sign" and bits == 1:
+        return "bits", (
+            f"quantizer {quantizer!r} needs >= 2 bits (1 bit leaves no level besides the sign: "
+            "use quantizer 'sign')"
+        )
+    if allreduce_dtype is not None and collective != "allreduce":
+        return "allreduce_dtype", (
+            f"only collective 'allreduce' sums on the wire; {collective!r} sums on the rank in "
+            f"int16/int32 (drop allreduce_dtype {allreduce_dtype!r})"
+        )
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,20 +66,8 @@ class LionCubConfig:
         if isinstance(self.momentum_sync, dict):  # built from a resolved dict
             sync = dict(self.momentum_sync, patterns=tuple(self.momentum_sync["patterns"]))
             object.__setattr__(self, "momentum_sync", MomentumSyncConfig(**sync))
-        if self.quantizer == "sign" and self.bits not in (None, 1):
-            raise ConfigError(
-                f"key 'optimizer.lion_cub.bits': quantizer 'sign' sends 1 bit, got bits={self.bits}"
-            )
-        if self.quantizer != "sign" and self.bits == 1:
-            raise ConfigError(
-                f"key 'optimizer.lion_cub.bits': quantizer {self.quantizer!r} needs >= 2 bits "
-                "(1 bit leaves no level besides the sign: use quantizer 'sign')"
-            )
-        if self.allreduce_dtype is not None and self.collective != "allreduce":
-            raise ConfigError(
-                f"key 'optimizer.lion_cub.allreduce_dtype': only collective 'allreduce' sums on "
-                f"the wire; {self.collective!r} sums on the rank in int16/int32 (drop the key)"
-            )
+        if (refusal := wire_refusal(self)) is not None:
+            raise ConfigError(f"key 'optimizer.lion_cub.{refusal[0]}': {refusal[1]}")
 
     @property
     def resolved_bits(self) -> int:
@@ -58,7 +80,7 @@ class LionCubConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
-    name: str
+    name: OptimizerKind  # given as its string (YAML, a resolved dict), parsed once here
     lr: float
     base_batch_size: int
     momentum: float
@@ -70,12 +92,16 @@ class OptimizerConfig:
     lion_cub: LionCubConfig | None = None
 
     def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "name", OptimizerKind.parse(self.name))
+        except ValueError as err:
+            raise ConfigError(f"key 'optimizer.name': {err}") from None
         if isinstance(self.lion_cub, dict):  # built from a resolved dict
             object.__setattr__(self, "lion_cub", LionCubConfig(**self.lion_cub))
-        if self.lion_cub is not None and self.name != "lion_cub":
+        if self.lion_cub is not None and not self.name.takes_lion_cub_options:
             raise ConfigError(
-                f"key 'optimizer.lion_cub': options given for optimizer.name {self.name!r} "
-                "(only lion_cub takes them)"
+                f"key 'optimizer.lion_cub': options given for optimizer.name "
+                f"{self.name.value!r} (only lion_cub takes them)"
             )
         if len(self.decay_epochs) != len(self.decay_factors):
             raise ConfigError(
@@ -87,8 +113,7 @@ class OptimizerConfig:
     def resolved_betas(self) -> tuple[float, float]:
         if self.betas is not None:
             return self.betas
-        lions = ("lion", "distributed_lion", "lion_cub")
-        return (0.9, 0.99) if self.name in lions else (0.9, 0.999)
+        return (0.9, 0.99) if self.name.is_lion else (0.9, 0.999)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,8 @@
-"""Lion Cub's exchange, one object: how the data ranks agree on sign(Σ quantized c) and average
-their momenta, flat (one vote over the data group) or two-level (hierarchy "node": c averaged in
-the node, the vote across nodes on each local rank's slice, optim.hierarchy). LionCub
-(optim.lion_cub) keeps the bookkeeping and calls `start`, `finish` and `average_momenta`.
+"""Lion Cub's exchange, run from its plan (optim.exchange_plan): how the data ranks agree on
+sign(Σ quantized c) and average their momenta. A flat plan runs one vote over the data group; a
+two-level plan (hierarchy "node") averages c in the node, votes across nodes on each local
+rank's slice and shares the votes in the node (optim.hierarchy). Two runners, one per kind of
+plan, with the same four methods; LionCub (optim.lion_cub) keeps the bookkeeping and calls them.
 """
 
 from __future__ import annotations
@@ -12,19 +13,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from cosmocub.optim.collectives import (
-    CommStats,
-    Pending,
-    build_collective,
-    ring_allreduce_bytes,
-)
+from cosmocub.optim.collectives import CommStats, Pending, build_collective, ring_allreduce_bytes
+from cosmocub.optim.exchange_plan import ExchangePlan
 from cosmocub.optim.hierarchy import NodeSlice, TwoLevel
 from cosmocub.optim.momentum_sync import average_momenta
-from cosmocub.optim.quantize import quantize, quantizer_levels, wire_bits
-from cosmocub.optim.wire import WireSpec
+from cosmocub.optim.quantize import quantize
 from cosmocub.parallel.node_layout import ring_inter_fraction
-
-HIERARCHIES = ("flat", "node")
 
 
 @dataclass
@@ -41,41 +35,13 @@ class BucketWire:
 
 
 class FlatExchange:
-    """One vote over `group`, the data ranks (None: a group of one), `data_per_node` of them a
-    node for the intra/inter-node byte split."""
+    """A flat plan run over `group`, the data ranks (None: a group of one)."""
 
-    two_level = False
-
-    def __init__(
-        self,
-        group: dist.ProcessGroup | None,
-        *,
-        collective: str,
-        stats: CommStats,
-        data_per_node: int,
-    ) -> None:
-        self.group, self.stats, self.data_per_node = group, stats, data_per_node
-        self.size = 1 if group is None else dist.get_world_size(group)
-        self.collective = build_collective(collective, group, stats, data_per_node)
-        self.spec = WireSpec("sign", 1, 1, "int8")  # set by `wire_spec`
-
-    @property
-    def voters(self) -> str:
-        return f"{self.size} data ranks"
-
-    def wire_spec(
-        self, quantizer: str, bits: int, *, collective: str, allreduce_dtype: str
-    ) -> WireSpec:
-        """What goes on the wire: the levels that the voters' sum allows (quantizer_levels)."""
-        levels = quantizer_levels(
-            quantizer,
-            bits,
-            self.collective.size,
-            collective=collective,
-            allreduce_dtype=allreduce_dtype,
-        )
-        self.spec = WireSpec(quantizer, levels, wire_bits(quantizer, levels), allreduce_dtype)
-        return self.spec
+    def __init__(self, plan: ExchangePlan, group: dist.ProcessGroup | None, stats: CommStats):
+        assert not plan.two_level, "a two-level plan runs in TwoLevelExchange"
+        self.plan, self.group, self.stats = plan, group, stats
+        self.spec = plan.wire
+        self.collective = build_collective(plan.collective, group, stats, plan.data_per_node)
 
     def new_wire(
         self, sizes: list[int], ties: tuple[torch.Tensor, torch.Tensor], momentum: torch.Tensor
@@ -104,6 +70,7 @@ class FlatExchange:
 
     def finish(self, pending: Pending, wire: BucketWire) -> torch.Tensor:
         """The bucket's voted update (±1, 0 where the vote ties on the tie pattern's side)."""
+        del wire  # the flat vote's buffers travel in `pending`
         return self.collective.finish(pending, self.spec)
 
     def average_momenta(self, momenta: Sequence[torch.Tensor]) -> None:
@@ -112,44 +79,35 @@ class FlatExchange:
         def all_reduce_sum(x: torch.Tensor) -> None:
             dist.all_reduce(x, group=self.group)
 
-        payload = average_momenta(momenta, all_reduce_sum, self.size)
-        inter = ring_inter_fraction(self.size, self.data_per_node)
-        self.stats.add_bytes(ring_allreduce_bytes(payload, self.size), inter)
+        size = self.plan.data_ranks
+        payload = average_momenta(momenta, all_reduce_sum, size)
+        inter = ring_inter_fraction(size, self.plan.data_per_node)
+        self.stats.add_bytes(ring_allreduce_bytes(payload, size), inter)
 
 
-class TwoLevelExchange(FlatExchange):
-    """hierarchy "node": c averaged in fp32 over node_groups[0] (the data ranks on my node),
+class TwoLevelExchange:
+    """A two-level plan: c averaged in fp32 over node_groups[0] (the data ranks on my node),
     the vote across nodes on 1/G of it over node_groups[1] (my rail), the votes shared in the
-    node (optim.hierarchy); levels from the number of nodes."""
-
-    two_level = True
+    node (optim.hierarchy); the levels are the plan's, from the number of nodes."""
 
     def __init__(
         self,
-        group: dist.ProcessGroup | None,
+        plan: ExchangePlan,
         node_groups: tuple[dist.ProcessGroup, dist.ProcessGroup],
-        *,
-        collective: str,
         stats: CommStats,
-        data_per_node: int,
     ) -> None:
-        super().__init__(group, collective=collective, stats=stats, data_per_node=data_per_node)
-        self.nodes = self.size // data_per_node
+        assert plan.two_level, "a flat plan runs in FlatExchange"
+        self.plan, self.stats = plan, stats
+        self.spec = plan.wire
         self.node = TwoLevel(node_groups[0], stats)
         self.rail = node_groups[1]
-        # The vote is over the rail (one data rank a node), not the whole group.
-        self.collective = build_collective(collective, self.rail, stats)
-
-    @property
-    def voters(self) -> str:
-        return f"{self.nodes} nodes"
+        self.collective = build_collective(plan.collective, self.rail, stats)
 
     def new_wire(
         self, sizes: list[int], ties: tuple[torch.Tensor, torch.Tensor], momentum: torch.Tensor
     ) -> BucketWire:
         empty = torch.zeros(0, dtype=torch.int8, device=momentum.device)
-        work = momentum.new_zeros(0) if self.spec.quantizer != "sign" else momentum[:0]
-        wire = BucketWire(list(sizes), ties, empty, work)
+        wire = BucketWire(list(sizes), ties, empty, momentum[:0])
         wire.node = self.node.new_slice(wire.sizes, ties, momentum)
         return wire
 
@@ -166,42 +124,35 @@ class TwoLevelExchange(FlatExchange):
 
     def average_momenta(self, momenta: Sequence[torch.Tensor]) -> None:
         """The mean over every data rank, by node (reduce-scatter, rail all-reduce, gather)."""
+        nodes = self.plan.voters
 
         def two_level_sum(x: torch.Tensor) -> None:
-            self.node.sum_over_nodes(x, self.rail, self.nodes)  # counts its own bytes
+            self.node.sum_over_nodes(x, self.rail, nodes)  # counts its own bytes
 
-        average_momenta(momenta, two_level_sum, self.size)
+        average_momenta(momenta, two_level_sum, self.plan.data_ranks)
+
+
+Exchange = FlatExchange | TwoLevelExchange
 
 
 def build_exchange(
+    plan: ExchangePlan,
     group: dist.ProcessGroup | None,
     *,
-    collective: str,
     stats: CommStats,
-    data_ranks_per_node: int | None,
-    hierarchy: str,
     node_groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None,
-) -> FlatExchange:
-    """The exchange over `group`: two-level where hierarchy is "node" and the group spans
-    several nodes of several data ranks (elsewhere that is the flat vote exactly); ValueError
-    where data_ranks_per_node does not divide the group or node_groups do not fit."""
-    if hierarchy not in HIERARCHIES:
-        raise ValueError(f"LionCub: unknown hierarchy {hierarchy!r} ({', '.join(HIERARCHIES)})")
+) -> Exchange:
+    """The runner of `plan` over `group` (the data ranks); ValueError where the group is not
+    the plan's size, or a two-level plan's node_groups (intra-node, rail) do not fit it."""
     size = 1 if group is None else dist.get_world_size(group)
-    per_node = min(data_ranks_per_node or 1, size)
-    if size % per_node:
-        raise ValueError(
-            f"LionCub: data_ranks_per_node {per_node} does not divide the group's {size} ranks"
-        )
-    nodes = size // per_node
-    if hierarchy == "flat" or per_node == 1 or nodes == 1:
-        return FlatExchange(group, collective=collective, stats=stats, data_per_node=per_node)
+    if size != plan.data_ranks:
+        raise ValueError(f"LionCub: a plan for {plan.data_ranks} data ranks, a group of {size}")
+    if not plan.two_level:
+        return FlatExchange(plan, group, stats)
     sizes = None if node_groups is None else [dist.get_world_size(g) for g in node_groups]
-    if node_groups is None or sizes != [per_node, nodes]:
+    if node_groups is None or sizes != [plan.data_per_node, plan.voters]:
         raise ValueError(
-            f"LionCub: hierarchy 'node' over {nodes} nodes × {per_node} "
+            f"LionCub: hierarchy 'node' over {plan.voters} nodes × {plan.data_per_node} "
             f"ranks needs node_groups (intra-node, rail) of those sizes, got {sizes}"
         )
-    return TwoLevelExchange(
-        group, node_groups, collective=collective, stats=stats, data_per_node=per_node
-    )
+    return TwoLevelExchange(plan, node_groups, stats)

@@ -20,12 +20,7 @@ import torch
 import torch.distributed as dist
 
 from cosmocub.optim.collectives import CommStats, all_gather_flat, ring_allreduce_bytes
-from cosmocub.optim.exchange_plan import (
-    node_exchange_bytes,
-    node_slice_elements,
-    node_sum_intra_bytes,
-    node_sum_slice_elements,
-)
+from cosmocub.optim.exchange_plan import node_slice_elements, node_sum_slice_elements
 from cosmocub.optim.packing import pack_bits, unpack_bits
 from cosmocub.optim.quantize import quantize
 from cosmocub.optim.vote import bits_to_signs
@@ -145,8 +140,8 @@ class TwoLevel:
         s.padded[: c.numel()].copy_(c)
         reduce_scatter_flat(s.part, s.padded, group=self.group)
         s.part.div_(self.size)
-        sent = node_exchange_bytes(s.m, self.size, bytes_per_value=s.part.element_size())
-        self.stats.add_bytes(sent["reducescatter"], 0.0)
+        # A reduce-scatter sends every slice but this rank's own.
+        self.stats.add_bytes((self.size - 1) * s.part.numel() * s.part.element_size(), 0.0)
         self.stats.lap("node_average", t)
         return s.part
 
@@ -179,7 +174,7 @@ class TwoLevel:
         t = time.perf_counter()
         bits = pack_bits((voted > 0).to(torch.uint8))
         all_gather_flat(s.gathered, bits, group=self.group)
-        self.stats.add_bytes(node_exchange_bytes(s.m, self.size)["allgather"], 0.0)
+        self.stats.add_bytes((self.size - 1) * bits.numel(), 0.0)
         update = bits_to_signs(unpack_bits(s.gathered))[: sum(s.sizes)]
         self.stats.lap("node_share", t)
         return update
@@ -197,5 +192,5 @@ class TwoLevel:
         all_gather_flat(out, part, group=self.group)
         x.copy_(out[:n])
         nbytes = m * x.element_size()
-        self.stats.add_bytes(node_sum_intra_bytes(nbytes, self.size), 0.0)
+        self.stats.add_bytes(2.0 * (self.size - 1) * nbytes, 0.0)  # reduce-scatter, all-gather
         self.stats.add_bytes(ring_allreduce_bytes(nbytes, nodes), 1.0)

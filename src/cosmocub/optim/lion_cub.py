@@ -1,8 +1,9 @@
 """Distributed Lion and Lion Cub: each data rank keeps its own momentum and the ranks agree on
 sign(Σ quantized c) through a swappable collective; the class only does the bookkeeping.
 
-Math: `quantize.py`, `vote.py`, `packing.py`, `momentum_sync.py`; the exchange, flat or two-level
-(hierarchy "node"), one object: `exchange.py` over `collectives.py` and `hierarchy.py`.
+Math: `quantize.py`, `vote.py`, `packing.py`, `momentum_sync.py`; what is sent, flat or two-level
+(hierarchy "node"): a plan (`exchange_plan.py`), run by `exchange.py` over `collectives.py` and
+`hierarchy.py`.
 Gradients arrive reduced over the spatial group only (see train.grad_sync): no DDP all-reduce.
 """
 
@@ -19,17 +20,19 @@ import torch.distributed as dist
 from torch.optim import Optimizer
 
 from cosmocub.optim.collectives import Collective, CommStats, Pending
-from cosmocub.optim.exchange import HIERARCHIES, BucketWire, FlatExchange, build_exchange
-from cosmocub.optim.exchange_plan import bucket_elements
+from cosmocub.optim.exchange import BucketWire, Exchange, build_exchange
+from cosmocub.optim.exchange_plan import ExchangePlan, bucket_elements, plan_exchange
+from cosmocub.optim.exchange_plan import split_into_buckets as bucket_indices
 from cosmocub.optim.lion import check_lion_hyperparameters, lion_apply, lion_interpolation
 from cosmocub.optim.lion_cub_checkpoint import own_rows, own_state
-from cosmocub.optim.momentum_sync import is_sync_step, matches
+from cosmocub.optim.lion_cub_settings import LionCubSettings
+from cosmocub.optim.momentum_sync import matches
 from cosmocub.optim.quantize import levels_shrunk
 from cosmocub.optim.vote import tie_pattern
 from cosmocub.optim.wire import WireSpec
 from cosmocub.parallel.timing import Spans, clock_for
 
-__all__ = ["HIERARCHIES", "LionCub", "named_groups", "split_into_buckets"]
+__all__ = ["LionCub", "LionCubSettings", "named_groups", "split_into_buckets"]
 GROUP_OPTIONS = ("lr", "betas", "weight_decay")  # what a parameter group may set for itself
 
 
@@ -52,20 +55,10 @@ class _Bucket:
 def split_into_buckets(
     params: Sequence[torch.Tensor], cap_elements: int
 ) -> list[list[torch.Tensor]]:
-    # Reverse registration order ≈ the order backward produces gradients (as DDP buckets).
-    out: list[list[torch.Tensor]] = []
-    current: list[torch.Tensor] = []
-    size = 0
-    for p in reversed(params):
-        same_kind = not current or (p.dtype, p.device) == (current[0].dtype, current[0].device)
-        if current and (size + p.numel() > cap_elements or not same_kind):
-            out.append(current)
-            current, size = [], 0
-        current.append(p)
-        size += p.numel()
-    if current:
-        out.append(current)
-    return out
+    """The parameters of each exchange bucket (optim.exchange_plan.split_into_buckets)."""
+    kinds = [(p.dtype, p.device) for p in params]
+    buckets = bucket_indices([p.numel() for p in params], cap_elements, kinds)
+    return [[params[i] for i in bucket] for bucket in buckets]
 
 
 def named_groups(params: Iterable[Any]) -> list[dict[str, Any]]:
@@ -99,33 +92,21 @@ class LionCub(Optimizer):
     Every rank of `group` builds it on the same parameters and steps it together; each keeps
     its own momentum. `params`: `model.parameters()`, `named_parameters()` (momentum_sync
     patterns match the names) or parameter groups with their own lr, betas, weight_decay.
-    Gradients are this rank's own (no DDP, no gradient all-reduce); the parameters stay
-    identical on every rank. `group` None is a group of one: Lion exactly.
-    `comm_stats` counts the bytes this rank sent and the exchange's seconds; `levels_in_use`
-    the levels the quantizer keeps (a warning at construction where fewer than `bits` asked).
+    `settings` (LionCubSettings; its defaults where None): Lion's hyperparameters, the wire,
+    the buckets, the hierarchy and the momentum syncs. Gradients are this rank's own (no DDP,
+    no gradient all-reduce); the parameters stay identical on every rank. `group` None is a
+    group of one: Lion exactly.
 
-    Args:
-        quantizer: "sign" (1 bit) or "l1" / "linf" / "l0" with `bits` 2..8.
-        bits: the scaled quantizers' bits (sign is always 1).
-        collective: "alltoall" (default), "allgather" or "allreduce".
-        allreduce_dtype: the allreduce collective's sum: "int8" (None; ⌊127/N⌋ levels, 1 byte a
-            value) or "fp16" (⌊2048/N⌋, 2 bytes); alltoall and allgather sum on the rank and
-            keep 2^(bits−1) − 1 levels at any N (ValueError if given).
-        momentum_sync: "never", "every" (sync_every steps) or "exponential" (sync_k), for the
-            parameters whose names match sync_patterns (none given: all).
-        overlap: start a bucket's exchange in backward, when its gradients are ready.
-        bucket_mb: parameters per exchange bucket, in MiB of fp32.
-        data_ranks_per_node: G: `group`'s ranks run node by node, G on each (None: one a
-            node), for the intra/inter-node byte split and hierarchy node (the data ranks of a
-            node, not all its ranks: with a spatial group of S, G = ranks a node / S; the
-            keyword was `ranks_per_node` before).
-        hierarchy: "flat" (one vote over `group`) or "node": c averaged in fp32 inside the node
-            over node_groups[0] (the G ranks on mine), the vote across nodes on 1/G of it over
-            node_groups[1] (my rail: my local index on every node), levels from the number of
-            nodes; the same as flat where G = 1 or all ranks share one node (see
-            optim.hierarchy: a vote of nodes, not ranks).
+    Topology: `data_ranks_per_node` G: `group`'s ranks run node by node, G on each (None: one
+    a node), for the intra/inter-node byte split and hierarchy node (the data ranks of a node,
+    not all its ranks: with a spatial group of S, G = ranks a node / S); `node_groups`: under
+    hierarchy node, (the G ranks on mine, my rail: my local index on every node).
 
-    Checkpoints: `state_dict` is this data rank's own; each rank saves and loads its own.
+    `plan` is what the exchange sends (optim.exchange_plan: the performance model prices the
+    same object); `comm_stats` counts the bytes this rank sent and the exchange's seconds;
+    `levels_in_use` the levels the quantizer keeps (a warning at construction where fewer than
+    `bits` asked). Checkpoints: `state_dict` is this data rank's own; each rank saves and loads
+    its own.
     """
 
     communicates_gradients = True
@@ -134,80 +115,48 @@ class LionCub(Optimizer):
     def __init__(
         self,
         params: Iterable[Any],
+        settings: LionCubSettings | None = None,
         *,
         group: dist.ProcessGroup | None,
-        lr: float = 1e-4,
-        betas: tuple[float, float] = (0.9, 0.99),
-        weight_decay: float = 0.0,
-        quantizer: str = "sign",
-        bits: int = 1,
-        collective: str = "alltoall",
-        allreduce_dtype: str | None = None,
-        momentum_sync: str = "never",
-        sync_every: int = 100,
-        sync_k: float = 1.0,
-        sync_patterns: Sequence[str] = (),
-        overlap: bool = False,
-        bucket_mb: float = 4.0,
         data_ranks_per_node: int | None = None,
-        hierarchy: str = "flat",
         node_groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None = None,
-        **renamed: Any,
     ) -> None:
-        if "ranks_per_node" in renamed:
-            raise TypeError(
-                "LionCub: keyword ranks_per_node is now data_ranks_per_node (the data ranks of "
-                "`group` on one node; ranks_per_node elsewhere counts all a node's ranks)"
-            )
-        if renamed:
-            raise TypeError(f"LionCub: unexpected keyword(s) {', '.join(sorted(renamed))}")
+        s = self.settings = settings if settings is not None else LionCubSettings()
         groups = named_groups(params)
         named = [(n, p) for g in groups for n, p in g["params"] if p.requires_grad]
         trained = [{**g, "params": [p for n, p in g["params"] if p.requires_grad]} for g in groups]
-        super().__init__(trained, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
+        super().__init__(trained, {"lr": s.lr, "betas": s.betas, "weight_decay": s.weight_decay})
         for g in self.param_groups:
             check_lion_hyperparameters("LionCub", lr=g["lr"], betas=g["betas"])
-        if quantizer == "sign" and bits != 1:
-            raise ValueError(
-                f"LionCub: quantizer 'sign' sends 1 bit, got bits={bits} (pass bits=1, or "
-                "quantizer 'l1', 'linf' or 'l0' for 2..8 bits)"
-            )
         self.comm_stats = CommStats()
         self.group = group
         self.group_size = 1 if group is None else dist.get_world_size(group)
         self.rank = 0 if group is None else dist.get_rank(group)
-        self.exchange: FlatExchange = build_exchange(
-            group,
-            collective=collective,
-            stats=self.comm_stats,
-            data_ranks_per_node=data_ranks_per_node,
-            hierarchy=hierarchy,
-            node_groups=node_groups,
-        )
-        if allreduce_dtype is not None and collective != "allreduce":
-            raise ValueError(
-                f"LionCub: allreduce_dtype={allreduce_dtype!r} is for collective 'allreduce' "
-                f"only ({collective!r} sums on the rank)"
-            )
-        dtype = allreduce_dtype or "int8"
-        spec = self.exchange.wire_spec(  # the voters: ranks, or nodes under hierarchy node
-            quantizer, bits, collective=collective, allreduce_dtype=dtype
-        )
-        voters, levels = self.exchange.voters, spec.levels
-        if shrunk := levels_shrunk(quantizer, bits, levels, voters, dtype):
-            warnings.warn(f"LionCub: {shrunk}", stacklevel=2)
-        self.sync = {"schedule": momentum_sync, "every": sync_every, "k": sync_k}
-        self.sync_params = {id(p) for n, p in named if matches(n, sync_patterns)}
+        self.sync_params = {id(p) for n, p in named if matches(n, s.sync_patterns)}
         self.step_count = 0
-        self.overlap = overlap
-        cap = bucket_elements(bucket_mb)  # a bucket holds one group's parameters
-        self.buckets = [
-            self._new_bucket(b, g)
-            for g in self.param_groups
-            for b in split_into_buckets(g["params"], cap)
-        ]
+        cap = bucket_elements(s.bucket_mb)  # a bucket holds one group's parameters
+        bucketed = [(b, g) for g in self.param_groups for b in split_into_buckets(g["params"], cap)]
+        self.plan: ExchangePlan = plan_exchange(
+            s,
+            [[p.numel() for p in b] for b, _ in bucketed],
+            data_ranks=self.group_size,
+            data_per_node=data_ranks_per_node or 1,
+            synced_elements=sum(p.numel() for _, p in named if id(p) in self.sync_params),
+            value_bytes=named[0][1].element_size() if named else 4,
+        )
+        self.exchange: Exchange = build_exchange(
+            self.plan, group, stats=self.comm_stats, node_groups=node_groups
+        )
+        # The voters: ranks, or nodes under hierarchy node.
+        kind = "nodes" if self.plan.two_level else "data ranks"
+        shrunk = levels_shrunk(
+            s.quantizer, s.bits, self.spec.levels, f"{self.plan.voters} {kind}", s.wire_dtype
+        )
+        if shrunk:
+            warnings.warn(f"LionCub: {shrunk}", stacklevel=2)
+        self.buckets = [self._new_bucket(b, g) for b, g in bucketed]
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
-        if overlap:
+        if self.plan.overlap:
             for _, p in named:
                 p.register_post_accumulate_grad_hook(self._grad_ready)
 
@@ -219,7 +168,7 @@ class LionCub(Optimizer):
     @property
     def spec(self) -> WireSpec:
         """What goes on the wire (quantizer, levels, bits a value, the all-reduce's dtype)."""
-        return self.exchange.spec
+        return self.plan.wire
 
     @property
     def collective(self) -> Collective:
@@ -228,7 +177,7 @@ class LionCub(Optimizer):
 
     @property
     def two_level(self) -> bool:
-        return self.exchange.two_level
+        return self.plan.two_level
 
     def _new_bucket(self, params: list[torch.Tensor], group: dict[str, Any]) -> _Bucket:
         n = sum(p.numel() for p in params)
@@ -318,7 +267,7 @@ class LionCub(Optimizer):
                     )
                 offset += n
         self.step_count = step
-        if self.group_size > 1 and is_sync_step(step, **self.sync):
+        if self.group_size > 1 and self.plan.is_sync_step(step):
             self._timed(self._average_momenta, self.comm_stats.momentum_sync)
         return loss
 

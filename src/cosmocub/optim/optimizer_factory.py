@@ -1,4 +1,4 @@
-"""Build the configured optimizer and its lr schedule: sgd, adamw, lion, distributed_lion, lion_cub.
+"""Build the configured optimizer and its lr schedule, one per kind (config.OptimizerKind).
 
 sgd, adamw and lion see gradients averaged by DDP (see `cosmocub.train.grad_sync`);
 distributed_lion and lion_cub exchange compressed updates over the data group themselves.
@@ -11,16 +11,14 @@ from collections.abc import Iterable
 import torch
 from torch.optim import Optimizer
 
-from cosmocub.config import ConfigError, LionCubConfig, OptimizerConfig
-from cosmocub.optim.exchange_plan import wire_settings
+from cosmocub.config import ConfigError, LionCubConfig, OptimizerConfig, OptimizerKind
 from cosmocub.optim.lion import Lion
 from cosmocub.optim.lion_cub import LionCub
+from cosmocub.optim.lion_cub_settings import LionCubSettings
 from cosmocub.optim.quantize import quantizer_levels
 from cosmocub.optim.schedule import EpochSchedule, lr_at
 from cosmocub.parallel.node_layout import NodeLayout
 from cosmocub.parallel.parallel_dims import ParallelDims
-
-OPTIMIZERS = ("sgd", "adamw", "lion", "distributed_lion", "lion_cub")
 
 
 def build_optimizer(
@@ -31,7 +29,7 @@ def build_optimizer(
     dims: ParallelDims | None = None,
     fused: bool = False,
 ) -> Optimizer:
-    """The optimizer named by cfg.name, starting at lr_at(0); the schedule moves lr from there.
+    """The optimizer of kind cfg.name, starting at lr_at(0); the schedule moves lr from there.
 
     `params` may be named (model.named_parameters()): lion_cub matches momentum-sync patterns
     against the names. `dims` gives the data group the distributed Lions exchange over (None: a
@@ -40,24 +38,22 @@ def build_optimizer(
     lr = lr_at(0.0, cfg, global_batch)
     items = list(params)
     plain = [x[1] if isinstance(x, tuple) else x for x in items]
-    if fused and cfg.name not in ("sgd", "adamw"):
-        raise ValueError(f"optimizer {cfg.name!r} has no fused kernel (sgd, adamw have)")
+    kind = cfg.name
+    if fused and not kind.has_fused_kernel:
+        raise ValueError(f"optimizer {kind.value!r} has no fused kernel (sgd, adamw have)")
     kernel = {"fused": True} if fused else {}  # else torch's own choice (foreach where it can)
-    if cfg.name == "sgd":
+    if kind is OptimizerKind.SGD:
         return torch.optim.SGD(
             plain, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **kernel
         )
-    if cfg.name == "adamw":
+    if kind is OptimizerKind.ADAMW:
         return torch.optim.AdamW(
             plain, lr=lr, betas=cfg.resolved_betas, weight_decay=cfg.weight_decay, **kernel
         )
-    if cfg.name == "lion":
+    if kind is OptimizerKind.LION:
         return Lion(plain, lr=lr, betas=cfg.resolved_betas, weight_decay=cfg.weight_decay)
-    if cfg.name in ("distributed_lion", "lion_cub"):
-        return _build_lion_cub(items, cfg, lr, dims)  # LionCub names plain tensors itself
-    raise ValueError(
-        f"key 'optimizer.name': unknown optimizer {cfg.name!r} ({', '.join(OPTIMIZERS)})"
-    )
+    assert kind.votes_updates, f"every kind is built: {kind}"
+    return _build_lion_cub(items, cfg, lr, dims)  # LionCub names plain tensors itself
 
 
 def _build_lion_cub(
@@ -66,26 +62,15 @@ def _build_lion_cub(
     lr: float,
     dims: ParallelDims | None,
 ) -> LionCub:
-    common = {"lr": lr, "betas": cfg.resolved_betas, "weight_decay": cfg.weight_decay}
-    if cfg.name == "distributed_lion":
-        # The plain form (Liu et al. 2024): 1-bit signs gathered by all, voted locally, momenta
-        # never averaged.
-        layout = _node_layout("flat", dims)
-        wire = wire_settings(cfg)
-        return LionCub(
-            named,
-            group=_data_group(dims),
-            quantizer=wire.quantizer,
-            bits=wire.bits,
-            collective=wire.collective,
-            bucket_mb=wire.bucket_mb,
-            data_ranks_per_node=layout.data_per_node if layout is not None else None,
-            **common,
-        )
+    settings = LionCubSettings.from_config(cfg, lr=lr)
+    layout = _node_layout(settings.hierarchy, dims)
+    two_level = settings.hierarchy == "node" and layout is not None and layout.two_level
+    data_ranks_per_node = layout.data_per_node if layout is not None else None
     lc = cfg.lion_cub
-    assert lc is not None, "config.from_values fills lion_cub's defaults"
-    layout = _node_layout(lc.hierarchy, dims)
-    two_level = lc.hierarchy == "node" and layout is not None and layout.two_level
+    if lc is None:  # distributed_lion: its settings are fixed, nothing to check
+        return LionCub(
+            named, settings, group=_data_group(dims), data_ranks_per_node=data_ranks_per_node
+        )
     # The voters: the data ranks, or the nodes under hierarchy node.
     check_group_size(lc, (layout.nodes if two_level else dims.data) if dims is not None else 1)
     if lc.overlap and dims is not None and dims.spatial > 1:
@@ -93,8 +78,6 @@ def _build_lion_cub(
             "key 'optimizer.lion_cub.overlap': needs a spatial group of 1 (gradients are reduced "
             f"over the spatial group after backward; here spatial = {dims.spatial})"
         )
-    group = _data_group(dims)
-    sync = lc.momentum_sync
     node_groups = None
     if two_level:
         assert dims is not None
@@ -103,21 +86,10 @@ def _build_lion_cub(
         node_groups = (groups.intra, groups.inter)
     return LionCub(
         named,
-        group=group,
-        quantizer=lc.quantizer,
-        bits=lc.resolved_bits,
-        collective=lc.collective,
-        allreduce_dtype=lc.allreduce_dtype,
-        momentum_sync=sync.schedule,
-        sync_every=sync.every_steps,
-        sync_k=sync.k,
-        sync_patterns=sync.patterns,
-        overlap=lc.overlap,
-        bucket_mb=lc.bucket_mb,
-        data_ranks_per_node=layout.data_per_node if layout is not None else None,
-        hierarchy=lc.hierarchy,
+        settings,
+        group=_data_group(dims),
+        data_ranks_per_node=data_ranks_per_node,
         node_groups=node_groups,
-        **common,
     )
 
 

@@ -13,13 +13,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from cosmocub.config import Config, ConfigError
+from cosmocub.config import Config, ConfigError, OptimizerKind
 from cosmocub.models.memory_layout import memory_format
 from cosmocub.parallel.parallel_dims import ParallelDims
 from cosmocub.train import runtime
-
-# Optimizers torch has a fused kernel for (torch.optim's `fused=True`).
-FUSED_OPTIMIZERS = ("adamw", "sgd")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,11 +47,12 @@ def step_settings(cfg: Config, dims: ParallelDims) -> StepSettings:
             f"key 'train.compile': true under a spatial split (parallel.spatial = "
             f"{dims.spatial}): the spatial layers' halo exchanges are not compiled (set false)"
         )
-    name = cfg.optimizer.name
-    if tc.fused_optimizer is True and name not in FUSED_OPTIMIZERS:
+    kind = cfg.optimizer.name
+    if tc.fused_optimizer is True and not kind.has_fused_kernel:
+        fused_kinds = ", ".join(k.value for k in OptimizerKind if k.has_fused_kernel)
         raise ConfigError(
-            f"key 'train.fused_optimizer': true, but optimizer.name {name!r} has no fused "
-            f"kernel (only {', '.join(FUSED_OPTIMIZERS)}; set auto or false)"
+            f"key 'train.fused_optimizer': true, but optimizer.name {kind.value!r} has no fused "
+            f"kernel (only {fused_kinds}; set auto or false)"
         )
     autocast = runtime.autocast_dtype(tc.amp, device)
     if tc.channels_last == "auto":  # the rule evaluation and the perf model follow too
@@ -62,7 +60,7 @@ def step_settings(cfg: Config, dims: ParallelDims) -> StepSettings:
     else:
         layout = torch.channels_last_3d if tc.channels_last else torch.contiguous_format
     if tc.fused_optimizer == "auto":
-        fused = device.type == "cuda" and name in FUSED_OPTIMIZERS
+        fused = device.type == "cuda" and kind.has_fused_kernel
     else:
         fused = bool(tc.fused_optimizer)
     return StepSettings(

@@ -10,7 +10,13 @@ import logging
 import math
 from dataclasses import dataclass
 
-from cosmocub.config import AcceleratorConfig, ExtrapolateConfig, ModelConfig, OptimizerConfig
+from cosmocub.config import (
+    AcceleratorConfig,
+    ExtrapolateConfig,
+    ModelConfig,
+    OptimizerConfig,
+    OptimizerKind,
+)
 from cosmocub.models.memory_layout import memory_format
 from cosmocub.perfmodel.alpha_beta import AlphaBeta
 from cosmocub.perfmodel.cost_model.hardware_specs import ACCELERATORS, AcceleratorSpec
@@ -24,11 +30,11 @@ from cosmocub.perfmodel.measure.link_fits import LOOPBACK, LinkFits
 # 16 bytes per parameter for Lion (p, g, m read; p, m written), 24 for AdamW; Lion Cub adds its
 # quantize / pack / vote / unpack passes, about 8 more.
 UPDATE_BYTES_PER_PARAM = {
-    "lion": 20,
-    "adamw": 28,
-    "sgd": 20,
-    "distributed_lion": 28,
-    "lion_cub": 28,
+    OptimizerKind.LION: 20,
+    OptimizerKind.ADAMW: 28,
+    OptimizerKind.SGD: 20,
+    OptimizerKind.DISTRIBUTED_LION: 28,
+    OptimizerKind.LION_CUB: 28,
 }
 THIS_CPU = "cpu"
 
@@ -37,7 +43,7 @@ def update_bytes_per_param(optimizer_cfg: OptimizerConfig) -> int:
     """UPDATE_BYTES_PER_PARAM of the config's optimizer, or a ValueError naming the key."""
     if optimizer_cfg.name not in UPDATE_BYTES_PER_PARAM:
         raise ValueError(
-            f"key 'optimizer.name': {optimizer_cfg.name!r} has no update cost on an "
+            f"key 'optimizer.name': {optimizer_cfg.name.value!r} has no update cost on an "
             f"accelerator (UPDATE_BYTES_PER_PARAM has {', '.join(UPDATE_BYTES_PER_PARAM)})"
         )
     return UPDATE_BYTES_PER_PARAM[optimizer_cfg.name]

@@ -10,13 +10,15 @@ nodes. Parts of a step, added (what overlaps is left out of the sum):
   exchange        gradients/updates: DDP's fp32 all-reduce per bucket (over the data group,
                   or the whole mesh when spatial > 1), blocking, or overlapped with backward (then
                   only its exposed part is in the step: perfmodel.cost_model.overlap); or Lion
-                  Cub's spatial average + voted exchange
+                  Cub's spatial average + the exchange plan the optimizer runs (every bucket's
+                  collectives, optim.exchange_plan), priced collective by collective; an
+                  overlapped plan's first vote phases under backward as DDP's buckets are
   momentum_sync   Lion Cub's fp32 average of momenta, amortised over the steps it skips
   norm_sync       the synced batch norms' statistics over the mesh, two collectives a block
                   (perfmodel.cost_model.layer_collectives; their arithmetic beyond a plain norm is
                   compute)
   optimizer       the update arithmetic (measured on one rank)
-Byte counts come from the optimizer's own functions (cosmocub.optim.collectives); every
+Byte counts come from the optimizer's own functions (cosmocub.optim); every
 collective is priced by the network (topology.Links: α–β rings, or NCCL's own choice and time,
 perfmodel.cost_model.cluster_network).
 """
@@ -25,28 +27,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cosmocub.config import ModelConfig, OptimizerConfig
-from cosmocub.optim.collectives import ring_allreduce_bytes, vote_phase_bytes
+from cosmocub.optim.collectives import ring_allreduce_bytes
 from cosmocub.optim.exchange_plan import (
-    FP32_BYTES,
-    bucket_elements,
-    node_exchange_bytes,
-    node_slice_elements,
-    node_sum_intra_bytes,
-    node_sum_slice_elements,
-    wire_settings,
+    ExchangePlan,
+    Transfer,
+    bucket_tensor_sizes,
+    plan_exchange,
 )
-from cosmocub.optim.lion_cub import split_into_buckets
-from cosmocub.optim.momentum_sync import is_sync_step
-from cosmocub.optim.quantize import quantizer_levels, wire_bits
+from cosmocub.optim.lion_cub_settings import LionCubSettings
 from cosmocub.perfmodel.cost_model.layer_collectives import halo, norm_sync
 from cosmocub.perfmodel.cost_model.overlap import ddp_buckets, exposed_allreduce, parameter_layers
 from cosmocub.perfmodel.cost_model.topology import Links, Mesh
 
-DDP_OPTIMIZERS = ("sgd", "adamw", "lion")
 # The compressed exchange's host work of one bucket (encode, vote, unpack; the wire apart):
 # seconds for (quantizer, collective, elements). A CPU's from its calibration; None where the
 # update's cost holds it (an accelerator's, memory-bound).
@@ -100,18 +96,6 @@ class Exchange:
     inter_node_bytes: float = 0.0
 
 
-def _sync_fraction(optimizer_cfg: OptimizerConfig, steps: int) -> float:
-    lc = optimizer_cfg.lion_cub
-    if optimizer_cfg.name != "lion_cub" or lc is None:
-        return 0.0
-    sync = lc.momentum_sync
-    hits = sum(
-        is_sync_step(s, schedule=sync.schedule, every=sync.every_steps, k=sync.k)
-        for s in range(1, steps + 1)
-    )
-    return hits / steps
-
-
 def exchange(
     model_cfg: ModelConfig,
     optimizer_cfg: OptimizerConfig,
@@ -125,12 +109,14 @@ def exchange(
     wake_s: float = 0.0,
 ) -> Exchange:
     """The step's exchange; for DDP, per bucket as torch fills them, blocking (every bucket in
-    the step) or overlapped with backward (`layer_seconds` sets when each bucket is ready).
+    the step) or overlapped with backward (`layer_seconds` sets when each bucket is ready); for
+    the distributed Lions, the optimizer's plan (`lion_cub_plan`), its overlapped phases as
+    DDP's overlapped buckets.
     wake_s: what each collective the step waits on costs after compute beyond its α (a CPU's,
     from its calibration; 0 elsewhere)."""
     sizes = parameter_sizes(model_cfg)
     payload = 4 * sum(sizes)  # fp32 gradients
-    if optimizer_cfg.name in DDP_OPTIMIZERS:
+    if optimizer_cfg.name.averages_gradients:
         group = mesh.data if mesh.spatial == 1 else mesh.world
         if group == 1:
             return Exchange()
@@ -150,124 +136,92 @@ def exchange(
             sent=sent,
             inter_node_bytes=sent * network.inter_fraction("allreduce", group, 1),
         )
-    # distributed_lion / lion_cub: spatial average in fp32, then the vote over the data group.
+    # distributed_lion / lion_cub: the spatial average in fp32 (train.grad_sync), then the
+    # optimizer's own exchange plan: every bucket each step, the momentum sync on its steps.
     seconds, sent, inter = 0.0, 0.0, 0.0
     if mesh.spatial > 1:
         seconds += wake_s + network.collective_s("allreduce", payload, mesh.spatial)
         averaged = ring_allreduce_bytes(payload, mesh.spatial)
         sent += averaged
         inter += averaged * network.inter_fraction("allreduce", mesh.spatial, 1)
-    wire = wire_settings(optimizer_cfg)
-    p = mesh.data
-    # Data ranks (of one spatial index) on a node; 1 where a spatial group spans nodes.
+    plan = lion_cub_plan(model_cfg, optimizer_cfg, mesh, network)
+    under_backward: list[tuple[str, float]] = []  # (layer that completes the bucket, seconds)
+    for bucket, layer in zip(plan.buckets, _bucket_layers(model_cfg, plan), strict=True):
+        if vote_host is not None and bucket.transfers:  # encode, vote, unpack beside the wire
+            seconds += vote_host(plan.wire.quantizer, plan.collective, bucket.voted_elements)
+        for launched in (True, False):
+            part = [t for t in bucket.transfers if t.overlaps_backward == launched]
+            # The step waits on a launched phase only once it is exposed (below).
+            part_s, part_sent, part_inter = price_transfers(
+                part, mesh, network, wake_s=0.0 if launched else wake_s
+            )
+            if launched and part:
+                under_backward.append((layer, part_s))
+            else:
+                seconds += part_s
+            sent, inter = sent + part_sent, inter + part_inter
+    total = sum(s for _, s in under_backward)
+    layers = list(dict.fromkeys(layer for layer, _ in parameter_layers(model_cfg)))
+    exposed = exposed_allreduce(under_backward, layer_seconds, layers) if under_backward else 0.0
+    seconds += exposed + wake_s * float(exposed > 0)
+    fraction = plan.sync_fraction(steps)
+    sync_s, sync_bytes, sync_inter = (
+        fraction * x for x in price_transfers(plan.momentum_sync, mesh, network, wake_s=wake_s)
+    )
+    return Exchange(
+        seconds=seconds,
+        hidden_s=total - exposed,
+        sync_s=sync_s,
+        sent=sent + sync_bytes,
+        sync_bytes=sync_bytes,
+        inter_node_bytes=inter + sync_inter,
+    )
+
+
+def _bucket_layers(model_cfg: ModelConfig, plan: ExchangePlan) -> list[str]:
+    """The layer whose backward completes each bucket of the plan: the buckets hold the
+    parameters in reverse registration order, so a bucket's last is its first registered."""
+    backward_order = iter(reversed(parameter_layers(model_cfg)))
+    out = []
+    for bucket in plan.buckets:
+        for _ in range(bucket.tensors):
+            layer, _ = next(backward_order)
+        out.append(layer)
+    return out
+
+
+def lion_cub_plan(
+    model_cfg: ModelConfig, optimizer_cfg: OptimizerConfig, mesh: Mesh, network: Links
+) -> ExchangePlan:
+    """The exchange plan the optimizer builds for this model on this mesh (optim.exchange_plan:
+    its settings, buckets and levels), the data axis laid over the network's nodes as
+    ParallelDims lays it: the data ranks of one spatial index on a node, 1 where a spatial group
+    spans nodes."""
+    settings = LionCubSettings.from_config(optimizer_cfg, lr=optimizer_cfg.lr)
+    sizes = parameter_sizes(model_cfg)
     per_node = max(1, network.ranks_per_node // mesh.spatial)
-    lc = optimizer_cfg.lion_cub if optimizer_cfg.name == "lion_cub" else None
-    if lc is not None and lc.hierarchy == "node" and 1 < per_node < p:
-        two = two_level_exchange(
-            sizes,
-            optimizer_cfg,
-            mesh,
-            network,
-            per_node=per_node,
-            steps=steps,
-            host=vote_host,
-            wake_s=wake_s,
-        )
-        return Exchange(
-            seconds=seconds + two.seconds,
-            sync_s=two.sync_s,
-            sent=sent + two.sent,
-            sync_bytes=two.sync_bytes,
-            inter_node_bytes=inter + two.inter_node_bytes,
-        )
-    if p > 1:
-        kind = {"collective": wire.collective, "allreduce_dtype": wire.allreduce_dtype}
-        levels = quantizer_levels(wire.quantizer, wire.bits, p, **kind)
-        bits = wire_bits(wire.quantizer, levels)
-        # The optimizer's buckets, from its own function (sizes stand in for the tensors); each
-        # phase (alltoall: the vote, then the all-gather of its 1-bit result) at its own fit.
-        for n in bucket_sizes(sizes, wire.bucket_mb):
-            if vote_host is not None:  # encode, vote, unpack on the host, beside the wire
-                seconds += vote_host(wire.quantizer, wire.collective, n)
-            phases = vote_phase_bytes(num_values=n, bits=bits, group_size=p, **kind)
-            for phase, nbytes in phases.items():
-                seconds += wake_s + network.sent_s(phase, nbytes, p, mesh.spatial)
-                sent += nbytes
-                inter += nbytes * network.inter_fraction(phase, p, mesh.spatial)
-    fraction = _sync_fraction(optimizer_cfg, steps)
-    sync_s = sync_bytes = 0.0
-    if fraction > 0 and p > 1:
-        synced = 4 * _synced_elements(sizes, optimizer_cfg)
-        sync_s = fraction * (wake_s + network.collective_s("allreduce", synced, p, mesh.spatial))
-        sync_bytes = fraction * ring_allreduce_bytes(synced, p)
-        inter += sync_bytes * network.inter_fraction("allreduce", p, mesh.spatial)
-    return Exchange(
-        seconds=seconds,
-        sync_s=sync_s,
-        sent=sent + sync_bytes,
-        sync_bytes=sync_bytes,
-        inter_node_bytes=inter,
+    return plan_exchange(
+        settings,
+        bucket_tensor_sizes(sizes, settings.bucket_mb),
+        data_ranks=mesh.data,
+        data_per_node=per_node if mesh.data % per_node == 0 else 1,
+        synced_elements=_synced_elements(sizes, optimizer_cfg),
     )
 
 
-def two_level_exchange(
-    sizes: tuple[int, ...],
-    optimizer_cfg: OptimizerConfig,
-    mesh: Mesh,
-    network: Links,
-    *,
-    per_node: int,
-    steps: int,
-    host: VoteHost | None = None,
-    wake_s: float = 0.0,
-) -> Exchange:
-    """Lion Cub's hierarchy node (optim.hierarchy), per bucket: the fp32 reduce-scatter of c over
-    the g data ranks of a node and the 1-bit all-gather of the voted slices, on the intra-node
-    link; the vote on 1/g of the bucket over the rail of P/g nodes (levels from the nodes), the
-    g rails of a node sharing its link. Momentum syncs: reduce-scatter, the slice's all-reduce
-    over the rail, all-gather. Inter-node bytes: the rail's. per_node: g; steps: the horizon of
-    the momentum syncs; host: the vote's host work on the slice; wake_s: as `exchange`'s."""
-    wire = wire_settings(optimizer_cfg)
-    g, nodes = per_node, mesh.data // per_node
-    intra_stride, rail_stride = mesh.spatial, mesh.spatial * g
-    kind_args = {"collective": wire.collective, "allreduce_dtype": wire.allreduce_dtype}
-    bits = wire_bits(
-        wire.quantizer, quantizer_levels(wire.quantizer, wire.bits, nodes, **kind_args)
-    )
+def price_transfers(
+    transfers: Sequence[Transfer], mesh: Mesh, network: Links, *, wake_s: float = 0.0
+) -> tuple[float, float, float]:
+    """(seconds, bytes sent, of which across nodes) of a plan's collectives on one rank, each
+    priced by the network at its group's size and stride (a plan's data stride × spatial: the
+    data axis is the outer mesh axis); wake_s: as `exchange`'s, once a collective."""
     seconds = sent = inter = 0.0
-    for n in bucket_sizes(sizes, wire.bucket_mb):
-        m = node_slice_elements(n, g)
-        if host is not None:
-            seconds += host(wire.quantizer, wire.collective, m)
-        for kind, nbytes in node_exchange_bytes(m, g).items():
-            seconds += wake_s + network.sent_s(kind, nbytes, g, intra_stride)
-            sent += nbytes
-        for phase, nbytes in vote_phase_bytes(
-            num_values=m, bits=bits, group_size=nodes, **kind_args
-        ).items():
-            seconds += wake_s + network.sent_s(phase, nbytes, nodes, rail_stride)
-            sent += nbytes
-            inter += nbytes
-    fraction = _sync_fraction(optimizer_cfg, steps)
-    sync_s = sync_bytes = 0.0
-    if fraction > 0:
-        slice_bytes = FP32_BYTES * node_sum_slice_elements(
-            _synced_elements(sizes, optimizer_cfg), g
-        )
-        intra_bytes = node_sum_intra_bytes(slice_bytes, g)  # reduce-scatter and all-gather
-        sync_s = network.sent_s("allreduce", intra_bytes, g, intra_stride)
-        rail_s = network.collective_s("allreduce", slice_bytes, nodes, rail_stride)
-        sync_s = fraction * (3 * wake_s + sync_s + rail_s)
-        rail_bytes = ring_allreduce_bytes(slice_bytes, nodes)
-        sync_bytes = fraction * (intra_bytes + rail_bytes)
-        inter += fraction * rail_bytes
-    return Exchange(
-        seconds=seconds,
-        sync_s=sync_s,
-        sent=sent + sync_bytes,
-        sync_bytes=sync_bytes,
-        inter_node_bytes=inter,
-    )
+    for t in transfers:
+        stride = t.data_stride * mesh.spatial
+        seconds += wake_s + network.sent_s(t.collective, t.sent_bytes, t.group_size, stride)
+        sent += t.sent_bytes
+        inter += t.sent_bytes * network.inter_fraction(t.collective, t.group_size, stride)
+    return seconds, sent, inter
 
 
 def _synced_elements(sizes: tuple[int, ...], optimizer_cfg: OptimizerConfig) -> int:
@@ -278,24 +232,6 @@ def _synced_elements(sizes: tuple[int, ...], optimizer_cfg: OptimizerConfig) -> 
             "the model assumes all momenta are synced (patterns [])"
         )
     return sum(sizes)
-
-
-class _Sized:
-    """A stand-in for a parameter in lion_cub.buckets: its size, dtype and device."""
-
-    dtype, device = "float32", "cpu"
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def numel(self) -> int:
-        return self.n
-
-
-def bucket_sizes(sizes: tuple[int, ...], bucket_mb: float) -> list[int]:
-    """Values in each of the optimizer's exchange buckets, from its own function."""
-    buckets = split_into_buckets([_Sized(n) for n in sizes], bucket_elements(bucket_mb))
-    return [sum(t.numel() for t in bucket) for bucket in buckets]
 
 
 def predict_step(

@@ -98,12 +98,12 @@ def update_key(optimizer_cfg: OptimizerConfig) -> str:
     """The UPDATE_OPTIMIZERS entry that costs `optimizer_cfg`'s step."""
     name = optimizer_cfg.name
     lc = optimizer_cfg.lion_cub
-    if name in ("lion_cub", "distributed_lion"):
-        sign = name == "distributed_lion" or (lc is not None and lc.quantizer == "sign")
+    if name.votes_updates:  # distributed_lion votes signs; lion_cub what its quantizer says
+        sign = lc is None or lc.quantizer == "sign"
         return "lion_cub" if sign else "lion_cub_scaled"
     if name not in UPDATE_OPTIMIZERS:
         raise ValueError(
-            f"key 'optimizer.name': {name!r} has no calibrated update (have "
+            f"key 'optimizer.name': {name.value!r} has no calibrated update (have "
             f"{', '.join(UPDATE_OPTIMIZERS)})"
         )
     return name

@@ -13,7 +13,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from cosmocub.config import Config, ExtrapolateConfig, ModelConfig, derive, optimizer_variant
+from cosmocub.config import (
+    Config,
+    ExtrapolateConfig,
+    ModelConfig,
+    OptimizerKind,
+    derive,
+    optimizer_variant,
+)
 from cosmocub.models.parallelize import check_spatial_split
 from cosmocub.perfmodel.cost_model.machines import (
     UPDATE_BYTES_PER_PARAM,
@@ -216,7 +223,7 @@ def assumptions_text(base: Config, settings: ExtrapolateConfig, source: str) -> 
     optimizers = optimizer_configs(base, settings).values()
     lion_cub = next((o.lion_cub for o in optimizers if o.lion_cub is not None), None)
     if lion_cub is None:  # no Lion Cub among them: the text quotes the schema's default buckets
-        replace = {"optimizer": optimizer_variant({}, {"name": "lion_cub"})}
+        replace = {"optimizer": optimizer_variant({}, {"name": OptimizerKind.LION_CUB.value})}
         lion_cub = derive(base, {}, replace=replace, source="lion_cub defaults").optimizer.lion_cub
     bucket_mb = lion_cub.bucket_mb
     return f"""# Assumptions of the extrapolation

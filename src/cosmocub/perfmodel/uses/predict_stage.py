@@ -18,7 +18,6 @@ from cosmocub.perfmodel.cost_model.machines import (
     fitted_network,
     this_cpu,
 )
-from cosmocub.perfmodel.cost_model.step_model import DDP_OPTIMIZERS
 from cosmocub.perfmodel.cost_model.topology import Network
 from cosmocub.perfmodel.measure.calibration_cache import calibration_path, load_or_calibrate
 from cosmocub.perfmodel.measure.link_fits import LinkFits, read_fits
@@ -170,7 +169,7 @@ def print_prediction(
         f"nodes, {cfg.perf_model.extrapolate.intra_latency_us:g} us within one"
     )
     ddp = ""
-    if cfg.optimizer.name in DDP_OPTIMIZERS:
+    if cfg.optimizer.name.averages_gradients:
         how = "overlapped with backward" if p.ddp_overlap else "blocking"
         ddp = f", DDP all-reduce {how} (train.ddp_exchange_timing)"
     print(

@@ -11,7 +11,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cosmocub.config import Config, ModelConfig, OptimizerConfig, derive, optimizer_variant
+from cosmocub.config import (
+    Config,
+    ModelConfig,
+    OptimizerConfig,
+    OptimizerKind,
+    derive,
+    optimizer_variant,
+)
 from cosmocub.data.naming import universe_ids
 from cosmocub.data.splits import split_counts
 from cosmocub.models.parallelize import check_spatial_split
@@ -195,9 +202,10 @@ def predict_run(
 def lion_reference(cfg: Config) -> OptimizerConfig | None:
     """For a Lion Cub config, Lion with its other optimizer settings (the baseline of Lion Cub's
     speedup); None for any other optimizer."""
-    if cfg.optimizer.name != "lion_cub":
+    if cfg.optimizer.name is not OptimizerKind.LION_CUB:
         return None
-    replace = {"optimizer": optimizer_variant(cfg.values["optimizer"], {"name": "lion"})}
+    lion = {"name": OptimizerKind.LION.value}
+    replace = {"optimizer": optimizer_variant(cfg.values["optimizer"], lion)}
     return derive(cfg, {}, replace=replace, source=f"{cfg.source} (Lion baseline)").optimizer
 
 

@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from cosmocub.config import load_config
+from cosmocub.config import OptimizerKind, load_config
 from cosmocub.contention.marks import is_marked
 from cosmocub.io import atomic_path, read_tsv
 from cosmocub.perfmodel.cost_model.machines import ThisCpu, fitted_network
-from cosmocub.perfmodel.cost_model.step_model import DDP_OPTIMIZERS, StepPrediction, predict_step
+from cosmocub.perfmodel.cost_model.step_model import StepPrediction, predict_step
 from cosmocub.perfmodel.cost_model.topology import Mesh, Network
 from cosmocub.perfmodel.measure.cpu_model import Calibration
 from cosmocub.perfmodel.measure.link_fits import LinkFits
@@ -158,7 +158,8 @@ def compare(
         # Tables with a halo_s column time the halo swaps apart from compute_s: the model's
         # compute holds them.
         measured["compute"] += float(row.get("halo_s") or 0)
-        ddp_hidden = optimizer in DDP_OPTIMIZERS and measured["exchange"] == 0.0
+        kind = OptimizerKind.parse(optimizer)  # a row names it by its string
+        ddp_hidden = kind.averages_gradients and measured["exchange"] == 0.0
         predicted = {
             "step": p.step_s,
             "compute": p.compute_s
