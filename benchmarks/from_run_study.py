@@ -64,7 +64,7 @@ class PointRun(NamedTuple):
 
 
 def _conditions(run: Path) -> dict[str, float]:
-    """The run's machine conditions over its epochs (studies.contention.point_conditions)."""
+    """The run's machine conditions over its epochs (contention.marks.point_conditions)."""
     return point_conditions([r for r in read_jsonl(run / "metrics.jsonl") if "time_compute_s" in r])
 
 
