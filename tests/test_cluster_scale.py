@@ -288,7 +288,8 @@ def test_from_run_on_a_tiny_real_cpu_run_scales_this_cpus_calibration(tmp_path: 
     from test_train import tiny_cfg
 
     from cosmocub.perfmodel.cost_model.machines import THIS_CPU, this_cpu
-    from cosmocub.perfmodel.uses.run_calibration import RunCalibration, calibrate_from_run
+    from cosmocub.perfmodel.uses.run_calibration import RunCalibration
+    from cosmocub.perfmodel.uses.run_folder import calibrate_from_run
     from cosmocub.train.main import train
     from cosmocub.train.testing import make_random_shards
 

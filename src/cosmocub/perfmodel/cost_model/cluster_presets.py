@@ -83,9 +83,11 @@ class ClusterPreset:
 
     def nccl_node(self) -> NcclNode:
         """The node as NCCL's search sees it: NVLinks at topo.h's per-link rate (xGMI and other
-        links at the datasheet's), the NICs at their rate, LL128 as the preset says."""
+        links at the datasheet's; a rate a config entry states, as stated), the NICs at their
+        rate, LL128 as the preset says."""
         spec = self.spec
-        intra = spec.nvlinks * NVLINK_GBYTE_S if spec.nvlinks else spec.intra_node_gbyte_s
+        by_links = spec.nvlinks and not spec.intra_rate_stated
+        intra = spec.nvlinks * NVLINK_GBYTE_S if by_links else spec.intra_node_gbyte_s
         return NcclNode(
             arch=spec.arch,
             cpu_vendor=self.cpu_vendor,

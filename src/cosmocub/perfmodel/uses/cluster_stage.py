@@ -22,7 +22,9 @@ from cosmocub.perfmodel.uses.predict_flags import MeshFlags, PricingFlags
 from cosmocub.perfmodel.uses.run_calibration import (
     GPU_STRAGGLERS,
     RunCalibration,
+    check_machine,
     is_run_calibration,
+    machine_description,
 )
 from cosmocub.perfmodel.uses.run_prediction import (
     Workload,
@@ -94,6 +96,11 @@ def print_on_clusters(
     work = Workload.of(cfg)
     work = dataclasses.replace(work, epochs=pricing.epochs or work.epochs)
     layers, run = _gpu_calibration(pricing.gpu_calibration)
+    if run is not None and not pricing.accept_calibration:
+        assert pricing.gpu_calibration is not None
+        for _, preset in presets:
+            asked = machine_description(preset.spec, run.software)
+            check_machine(run, pricing.gpu_calibration, asked)
     results = [
         predict_cluster(
             work,
