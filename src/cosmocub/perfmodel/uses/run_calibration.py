@@ -29,7 +29,13 @@ from cosmocub.perfmodel.cost_model.machines import THIS_CPU
 from cosmocub.perfmodel.cost_model.software import SoftwareProfile, profile, software_for
 from cosmocub.perfmodel.cost_model.stragglers import Stragglers
 from cosmocub.perfmodel.measure.gpu_layers import GpuLayerTimes
-from cosmocub.perfmodel.uses.mllog import RunTimes, read_events, run_times, system_description
+from cosmocub.perfmodel.uses.mllog import (
+    RunTimes,
+    read_events,
+    run_times,
+    system_description,
+    with_system,
+)
 from cosmocub.perfmodel.uses.run_prediction import Workload
 from cosmocub.perfmodel.uses.time_to_train import (
     MLPERF_COSMOFLOW,
@@ -234,7 +240,7 @@ def calibrate_mllog(
 ) -> RunCalibration:
     """The run of one result log (its median training epoch ÷ its steps, its median
     evaluation), on the preset and software its systems file names."""
-    run = run_times(path, read_events(path))
+    run = with_system(run_times(path, read_events(path)), system_description(path)[1])
     preset, software = mllog_preset(path, run)
     return calibrate_run(run, preset, software, base, stragglers=stragglers)
 
