@@ -141,7 +141,7 @@ def no_row_lines(rows: list[Row]) -> list[str]:
         systems[row.system].append(row)
     lines = []
     for system, found in systems.items():
-        where = ", ".join(sorted({f"{r.label.split()[0]} {r.label.split()[-1]}" for r in found}))
+        where = ", ".join(sorted({" ".join(r.label.replace(system, "").split()) for r in found}))
         reasons = sorted({r.note.split("logs: ", 1)[-1] for r in found})
         lines.append(f"against_mlperf: {system} [{where}]: {'; '.join(reasons)}")
     return lines

@@ -123,7 +123,9 @@ def collect(logdir: Path) -> tuple[list[Row], list[str]]:
     for folder, paths in groups.items():
         system, desc = system_description(paths[0])
         desc = desc or {}
-        label = f"{folder.relative_to(logdir).parts[0]} {system} ({folder.parent.name})"
+        # v0.7 has no scale folder: results/<system>/cosmoflow/.
+        scale = "" if folder.parent.name == system else f" ({folder.parent.name})"
+        label = f"{folder.relative_to(logdir).parts[0]} {system}{scale}"
         runs = []
         for path in paths:
             try:

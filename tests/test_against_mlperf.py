@@ -1,0 +1,108 @@
+"""benchmarks/against_mlperf.py on synthetic result trees: a tree with no row to predict says
+why, one line a system; the strict table refits the constants it learned from the logs without
+the judged row and its partner."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from test_cluster_scale import _against, _mllog, _tree
+
+from cosmocub.perfmodel.uses.time_to_train import MLPERF_COSMOFLOW
+
+CPU_RUN = {"nodes": 512, "gpus_per_node": 1, "step_s": 0.1, "eval_s": 10.0}
+GPU_RUN = {"nodes": 16, "gpus_per_node": 4, "step_s": 0.05, "eval_s": 10.0}
+EOS = {
+    "accelerator_model_name": "NVIDIA H100 80GB HBM3",
+    "accelerators_per_node": "8",
+    "framework": "PyTorch NVIDIA Release 23.09",
+}
+
+
+def _system(root: Path, round_: str, submitter: str, system: str, desc: dict, **kw) -> None:
+    """A system's folder as the results repositories lay it out, with its systems file."""
+    folder = root / round_ / submitter / "results" / system / "strong" / "cosmoflow"
+    _mllog(folder / "result_0.txt", **kw)
+    systems = root / round_ / submitter / "systems"
+    systems.mkdir(parents=True, exist_ok=True)
+    (systems / f"{system}.json").write_text(json.dumps(desc))
+
+
+def test_a_fugaku_only_tree_names_the_cpu_of_each_system(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    desc = {
+        "accelerators_per_node": "0",
+        "accelerator_model_name": "N/A",
+        "host_processor_model_name": "FUJITSU Processor A64FX",
+    }
+    for system in ("fugaku_512xA64FX_tensorflow_closed", "fugaku_512xA64FX_tensorflow_open"):
+        _system(tmp_path, "v1.0", "Fujitsu+RIKEN", system, desc, **CPU_RUN)
+    rc, out, err = _against(monkeypatch, capsys, str(tmp_path))
+    assert rc == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 3  # the folder's line, then one a system
+    assert all("CPU system: A64FX" in line for line in lines[1:])
+    assert "fugaku_512xA64FX_tensorflow_closed" in lines[1]
+    assert "fugaku_512xA64FX_tensorflow_open" in lines[2]
+
+
+def test_a_frontera_only_tree_names_its_accelerator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    desc = {"accelerators_per_node": "4", "accelerator_model_name": "NVIDIA Quadro RTX 5000"}
+    _system(tmp_path, "v0.7", "TACC", "frontera_rtx_n16", desc, **GPU_RUN)
+    rc, out, err = _against(monkeypatch, capsys, str(tmp_path))
+    assert rc == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 2
+    assert "frontera_rtx_n16" in lines[1] and "'NVIDIA Quadro RTX 5000'" in lines[1]
+    assert "no cluster preset" in lines[1]
+
+
+def _strict_cells(out: str, system: str) -> tuple[float, str]:
+    """(cv, drives) of a row's strict constants in the calibrated table."""
+    table = out[out.index("Calibrated, leave one out") :]
+    line = next(line for line in table.splitlines() if f" {system} " in line)
+    found = re.search(r"cv (\d\.\d+), drives (\S+), reader", line)
+    assert found, line
+    return float(found.group(1)), found.group(2).rstrip(",")
+
+
+def test_the_strict_table_refits_without_the_row_and_its_partner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two H100 systems at 32 and 512 GPUs: each 4-node instance's staged share outgrows its
+    nodes' memory, so each is a drive row. Judged with its partner (its own system's other
+    scale), a system's rows take the cv the other system's pair fits and the drives' rate the
+    other system's weak evaluations read: 16,384 samples of 16.8 MB a node over 5.0 s (55.0
+    GB/s) for A's rows, over 5.76 s (47.7 GB/s) for the other's."""
+    _tree(tmp_path, "eos_n4_a", nodes=4, gpus_per_node=8, step_s=4.48e-3, eval_s=5.76)
+    _tree(tmp_path, "eos_n64_a", nodes=64, gpus_per_node=8, step_s=5.0e-3, eval_s=0.38)
+    other = {**EOS, "submitter": "Other"}
+    for system, nodes, step_s, eval_s in (
+        ("eos_n4_other", 4, 4.6e-3, 5.0),
+        ("eos_n64_other", 64, 5.3e-3, 0.4),
+    ):
+        run = {"nodes": nodes, "gpus_per_node": 8, "step_s": step_s, "eval_s": eval_s}
+        _system(tmp_path, "v3.0", "Other", system, other, **run)
+    rc, out, err = _against(monkeypatch, capsys, str(tmp_path))
+    assert rc == 0, err
+    node_bytes = 65_536 / 4 * MLPERF_COSMOFLOW.sample_bytes
+    for system, drives_s in (("eos_n4_a", 5.0), ("eos_n64_a", 5.0), ("eos_n4_other", 5.76)):
+        _, drives = _strict_cells(out, system)
+        assert float(drives) == pytest.approx(node_bytes / drives_s / 1e9, rel=2e-3)
+    # Each pair's leave-one-out cv is fitted on the other pair alone, as each strict row's is.
+    pairs = {line.split()[0]: line for line in out.splitlines() if "->" in line}
+    from_a = float(pairs["eos_n4_other"].split()[6])  # the other's pair fitted on A's alone
+    from_other = float(pairs["eos_n4_a"].split()[6])
+    assert _strict_cells(out, "eos_n64_a")[0] == pytest.approx(from_other, abs=1e-3)
+    assert _strict_cells(out, "eos_n64_other")[0] == pytest.approx(from_a, abs=1e-3)
+    assert from_a != pytest.approx(from_other, abs=1e-3)  # the two pairs fit different spreads
+    assert "PyTorch rows (calibrated, strict): train: median |error|" in out
+    assert "PyTorch rows (calibrated, as today): train: median |error|" in out
+    assert "MXNet rows' evaluation (calibrated, strict): none" in out
+    assert "read from the evaluations of v3.0 eos_n4_a (strong), v3.0 eos_n4_other (strong)" in out
