@@ -106,3 +106,63 @@ def test_the_strict_table_refits_without_the_row_and_its_partner(
     assert "PyTorch rows (calibrated, as today): train: median |error|" in out
     assert "MXNet rows' evaluation (calibrated, strict): none" in out
     assert "read from the evaluations of v3.0 eos_n4_a (strong), v3.0 eos_n4_other (strong)" in out
+
+
+V100_TF = {"accelerator_model_name": "NVIDIA Tesla V100", "framework": "TensorFlow 1.15.0"}
+LONGHORN_STEP_S = 84.65e-3  # v1.0 TACC longhorn-tf: 32 nodes x 4 V100, TensorFlow
+
+
+def test_the_v100_tensorflow_spread_without_longhorn_holds_longhorns_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A table of v0.7's other V100 TensorFlow runs (their published steps: HAL 16 x 4 at
+    61.5 ms, Cori GPU 8 x 8 at 82.6 ms, ABCI 128 x 4 at 37.3 ms), no Longhorn: the range of
+    published ÷ predicted it writes, times predict's uncalibrated step for Longhorn's shape,
+    holds Longhorn's published 84.65 ms; predict prints it and the command that narrows it."""
+    from cosmocub.cli import main
+    from cosmocub.perfmodel.uses import uncalibrated_spread
+
+    for system, submitter, nodes, per_node, step_s in (
+        ("halv100_n16_tf", "NCSA", 16, 4, 61.5e-3),
+        ("corigpu_n64", "LBNL", 8, 8, 82.6e-3),
+        ("abci_512xV100", "Fujitsu", 128, 4, 37.3e-3),
+    ):
+        desc = {**V100_TF, "accelerators_per_node": str(per_node), "submitter": submitter}
+        run = {"nodes": nodes, "gpus_per_node": per_node, "step_s": step_s, "eval_s": 30.0}
+        _system(tmp_path / "logs", "v0.7", submitter, system, desc, **run)
+    spread = tmp_path / "spread.json"
+    rc, out, err = _against(
+        monkeypatch, capsys, str(tmp_path / "logs"), "--write-spread", str(spread)
+    )
+    assert rc == 0, err
+    table = json.loads(spread.read_text())
+    v100 = table["families"]["V100 tensorflow"]
+    assert len(v100["rows"]) == 3 and table["date"] and "against_mlperf.py" in table["source"]
+    # The range's ends are the table's own rows: each one's step ratio as the package's constants
+    # give it (the bracket; 2 digits printed), inverted.
+    uncalibrated = out[: out.index("Calibrated, leave one out")]
+    steps = [
+        re.search(r"\) \[([\d.]+)x\]", line)
+        for line in uncalibrated.splitlines()
+        if line.startswith("v0.7 ")
+    ]
+    found = sorted(1 / float(m.group(1)) for m in steps if m)
+    assert len(found) == 3
+    assert v100["step"] == pytest.approx([found[0], found[-1]], rel=0.03)
+    monkeypatch.setattr(uncalibrated_spread, "SPREAD_FILE", spread)
+    config = str(Path(__file__).resolve().parents[1] / "config" / "cosmoflow-mlperf.yaml")
+    flags = ["perf-model", "predict", "--config", config, "--accelerator", "v100", "--nodes", "32"]
+    flags += ["--ranks-per-node", "4", "--rate-mbit", "100000", "--train-samples", "524288"]
+    flags += ["--override", "{train: {local_batch_size: 1}}"]
+    assert main([*flags, "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)["predictions"][0]
+    low, high = answer["step_s_range"]
+    assert low == pytest.approx(answer["full_step_s"] * v100["step"][0], rel=1e-9)
+    assert high == pytest.approx(answer["full_step_s"] * v100["step"][1], rel=1e-9)
+    assert low < LONGHORN_STEP_S < high
+    epoch = answer["training_epoch_s_range"]
+    assert epoch[1] == pytest.approx(answer["training_epoch_s"] * v100["training_epoch"][1])
+    assert main(flags) == 0
+    text = capsys.readouterr().out
+    assert f"{1e3 * low:.3g}-{1e3 * high:.3g} ms" in text
+    assert "calibrate --from-run" in text
