@@ -35,8 +35,7 @@ import dataclasses
 import json
 import statistics
 import sys
-from collections import defaultdict
-from datetime import UTC, datetime
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -46,9 +45,11 @@ from mlperf_rows import (  # the rows, their partners and pairs (shared with the
     calibrate,
     collect,
     family,
+    no_row_lines,
     partner_of,
     predict,
     scale_pairs,
+    spread_table,
 )
 from mlperf_strict import TODAY, Strict, drive_rows, provenance, strict_constants
 
@@ -99,17 +100,20 @@ def row_cells(row: Row, t: TimeToTrain | None, today: TimeToTrain | None = None)
     return cells
 
 
-def ratios(rows: list[Row], which: str, key: str, *, pytorch: bool = True) -> list[float]:
+Which = str | Callable[[Row], TimeToTrain | None]  # a Row's attribute, or a lookup
+
+
+def ratios(rows: list[Row], which: Which, key: str, *, pytorch: bool = True) -> list[float]:
     out = []
     for r in rows:
-        t = getattr(r, which)
+        t = getattr(r, which) if isinstance(which, str) else which(r)
         if t is None or r.software is None or r.pytorch != pytorch or r.published()[key] <= 0:
             continue
         out.append(predicted(t)[key] / r.published()[key])
     return out
 
 
-def summary(rows: list[Row], which: str, title: str) -> str:
+def summary(rows: list[Row], which: Which, title: str) -> str:
     parts = []
     for key in ("train", "eval", "ttt"):
         errs = [abs(x - 1) for x in ratios(rows, which, key)]
@@ -133,48 +137,12 @@ def mxnet_evaluations(rows: list[Row], which: str, title: str) -> str:
     )
 
 
-def no_row_lines(rows: list[Row]) -> list[str]:
-    """One line a system of a tree with no row to predict: its rounds and scales, and why (the
-    accelerator without a preset, a CPU system's processor)."""
-    systems: dict[str, list[Row]] = defaultdict(list)
-    for row in rows:
-        systems[row.system].append(row)
-    lines = []
-    for system, found in systems.items():
-        where = ", ".join(sorted({" ".join(r.label.replace(system, "").split()) for r in found}))
-        reasons = sorted({r.note.split("logs: ", 1)[-1] for r in found})
-        lines.append(f"against_mlperf: {system} [{where}]: {'; '.join(reasons)}")
-    return lines
-
-
-def spread_table(rows: list[Row], source: str) -> dict:
-    """Per stack family (GPU family and framework), the range of published ÷ uncalibrated
-    prediction over its rows, for the step and the training epoch (perf-model predict's
-    uncalibrated answers carry it)."""
-    families: dict[str, list[tuple[Row, TimeToTrain]]] = defaultdict(list)
-    for row in rows:
-        if row.uncalibrated is not None:
-            families[f"{family(row)} {row.framework}"].append((row, row.uncalibrated))
-    out = {}
-    for name, found in sorted(families.items()):
-        step = [r.published()["step"] / t.full_step_s for r, t in found]
-        train = [r.published()["train"] / t.train_epoch_s for r, t in found]
-        out[name] = {
-            "step": [min(step), max(step)],
-            "training_epoch": [min(train), max(train)],
-            "rows": [r.label for r, _ in found],
-        }
-    return {
-        "measure": "published / uncalibrated prediction (medians over each row's runs)",
-        "source": source,
-        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
-        "families": out,
-    }
-
-
-def strict_tables(rows: list[Row], live: list[Row], base: Workload) -> dict[str, Strict]:
+def strict_tables(
+    rows: list[Row], live: list[Row], base: Workload
+) -> tuple[dict[str, Strict], Callable[[list[Row]], Strict]]:
     """Every live row predicted strict: uncalibrated without its own row, calibrated without
-    it and its partner (row.strict_uncalibrated, row.strict); the constants of each."""
+    it and its partner (row.strict_uncalibrated, row.strict); the constants of each, and the
+    refit itself (the rows to leave out -> the constants)."""
     pairs = scale_pairs(rows, base, TODAY)
     drives = drive_rows(live, beyond_memory)
     pytorch = [r for r in live if r.pytorch]
@@ -186,18 +154,44 @@ def strict_tables(rows: list[Row], live: list[Row], base: Workload) -> dict[str,
             cache[row.label, threads] = t.median_eval_s / row.published()["eval"]
         return cache[row.label, threads]
 
+    def refit(judged: list[Row]) -> Strict:
+        return strict_constants(judged, pairs, drives, pytorch, eval_ratio)
+
     stricts = {}
     for row in live:
-        alone = strict_constants([row], pairs, drives, pytorch, eval_ratio)
-        row.strict_uncalibrated = predict(row, base, alone.constants)
+        row.strict_uncalibrated = predict(row, base, refit([row]).constants)
         if row.partner_row is None or row.calibrated is None:
             continue
-        judged = [row, row.partner_row]
-        stricts[row.label] = strict_constants(judged, pairs, drives, pytorch, eval_ratio)
+        stricts[row.label] = refit([row, row.partner_row])
         cal = calibrate(row.partner_row, base, stricts[row.label].constants)
         row.strict = predict(row, base, stricts[row.label].constants, cal)
     print("\n".join(provenance(pairs, drives, stricts)))
-    return stricts
+    return stricts, refit
+
+
+def choice_lines(
+    live: list[Row], base: Workload, refit: Callable[[list[Row]], Strict]
+) -> list[str]:
+    """What each choice carries: the strict table's PyTorch summary with the other choice (the
+    partner, and the constants refitted without it)."""
+    out = []
+    for title, by_accelerator, first_eval in (
+        ("partner rule without 'same accelerator model', ties in round order", False, True),
+        ("evaluation calibrated from the median one where staging outgrows memory", True, False),
+    ):
+        found: dict[str, TimeToTrain] = {}
+        for row in live:
+            partner, _ = partner_of(row, live, by_accelerator=by_accelerator)
+            if partner is None or row.strict is None:
+                continue
+            constants = refit([row, partner]).constants
+            try:
+                cal = calibrate(partner, base, constants, first_eval=first_eval)
+            except ValueError:
+                continue
+            found[row.label] = predict(row, base, constants, cal)
+        out.append(summary(live, lambda r, f=found: f.get(r.label), f"strict, {title}"))
+    return out
 
 
 def calibrate_today(live: list[Row], base: Workload) -> None:
@@ -254,7 +248,9 @@ def print_uncalibrated(rows: list[Row]) -> None:
     print(summary(rows, "strict_uncalibrated", "uncalibrated, strict"))
 
 
-def print_calibrated(rows: list[Row], live: list[Row], stricts: dict[str, Strict]) -> None:
+def print_calibrated(
+    rows: list[Row], live: list[Row], stricts: dict[str, Strict], choices: list[str]
+) -> None:
     print(
         "\nCalibrated, leave one out: each row from another run's device time; published / "
         "strict (strict ratio) [ratio as today]"
@@ -275,6 +271,7 @@ def print_calibrated(rows: list[Row], live: list[Row], stricts: dict[str, Strict
     print(table(head, body))
     print(summary(rows, "strict", "calibrated, strict"))
     print(summary(rows, "calibrated", "calibrated, as today"))
+    print("\n".join(choices))
     print(mxnet_evaluations(rows, "strict", "calibrated, strict"))
     print(mxnet_evaluations(rows, "calibrated", "calibrated, as today"))
 
@@ -348,10 +345,11 @@ def main() -> int:
         if layers is not None:
             row.note = f"layers timed on {layers.device}"
     calibrate_today(live, base)
-    stricts = strict_tables(rows, live, base)
+    stricts, refit = strict_tables(rows, live, base)
+    choices = choice_lines(live, base, refit)
     print()
     print_uncalibrated(rows)
-    print_calibrated(rows, live, stricts)
+    print_calibrated(rows, live, stricts, choices)
     print_pairs(rows, base)
     if args.write_spread:
         rounds = sorted({r.label.split()[0] for r in live})

@@ -1,6 +1,7 @@
 """against_mlperf.py's rows: one per published system and scale, read from the results
 repositories as fetched, predicted on its preset with a given set of the constants the table
-learns from the logs (mlperf_strict.Constants), and the partner each calibrates from."""
+learns from the logs (mlperf_strict.Constants), the partner each calibrates from, the scale
+pairs; what a tree with no row to predict says, and the uncalibrated spread's table."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import dataclasses
 import math
 import statistics
 from collections import defaultdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -172,8 +174,11 @@ def predict(
     )
 
 
-def calibrate(row: Row, base: Workload, constants: Constants) -> RunCalibration:
-    """`row`'s device time (calibrate --from-run on its median run) with `constants`."""
+def calibrate(
+    row: Row, base: Workload, constants: Constants, *, first_eval: bool = True
+) -> RunCalibration:
+    """`row`'s device time (calibrate --from-run on its median run) with `constants`;
+    first_eval: evaluation from the first one where staging outgrows memory (the choice made)."""
     return calibrate_run(
         row.median_run(),
         row.preset or "",
@@ -181,6 +186,7 @@ def calibrate(row: Row, base: Workload, constants: Constants) -> RunCalibration:
         base,
         stragglers=constants.stragglers(),
         cluster=constants.cluster(row.preset or ""),
+        first_eval_beyond_memory=first_eval,
     )
 
 
@@ -204,10 +210,11 @@ def machine(row: Row) -> tuple[str | None, SoftwareProfile | None, str, str, str
     return row.preset, row.software, submitter, division, cpu
 
 
-def partner_of(row: Row, rows: list[Row]) -> tuple[Row | None, str]:
+def partner_of(row: Row, rows: list[Row], *, by_accelerator: bool = True) -> tuple[Row | None, str]:
     """The run to calibrate `row` from: the same preset and software at another scale, else the
-    nearest of the same GPU family: the same framework, then the same accelerator model, then
-    the same system, then the closest GPU count."""
+    nearest of the same GPU family: the same framework, then the same accelerator model (not
+    by_accelerator: the rule as first written, ties in round order), then the same system, then
+    the closest GPU count."""
     others = [r for r in rows if r is not row and r.preset and r.uncalibrated is not None]
     same = [r for r in others if machine(r) == machine(row) and r.gpus != row.gpus]
     if same:
@@ -221,7 +228,7 @@ def partner_of(row: Row, rows: list[Row]) -> tuple[Row | None, str]:
         same_gpu = CLUSTERS[r.preset or ""].accelerator == CLUSTERS[row.preset or ""].accelerator
         return (
             not same_framework,
-            not same_gpu,
+            by_accelerator and not same_gpu,
             r.preset != row.preset,
             abs(math.log(r.gpus / row.gpus)),
         )
@@ -247,3 +254,42 @@ def scale_pairs(rows: list[Row], base: Workload, constants: Constants) -> list[S
                 )
                 out.append(pair)
     return out
+
+
+def no_row_lines(rows: list[Row]) -> list[str]:
+    """One line a system of a tree with no row to predict: its rounds and scales, and why (the
+    accelerator without a preset, a CPU system's processor)."""
+    systems: dict[str, list[Row]] = defaultdict(list)
+    for row in rows:
+        systems[row.system].append(row)
+    lines = []
+    for system, found in systems.items():
+        where = ", ".join(sorted({" ".join(r.label.replace(system, "").split()) for r in found}))
+        reasons = sorted({r.note.split("logs: ", 1)[-1] for r in found})
+        lines.append(f"against_mlperf: {system} [{where}]: {'; '.join(reasons)}")
+    return lines
+
+
+def spread_table(rows: list[Row], source: str) -> dict:
+    """Per stack family (GPU family and framework), the range of published ÷ uncalibrated
+    prediction over its rows, for the step and the training epoch (perf-model predict's
+    uncalibrated answers carry it)."""
+    families: dict[str, list[tuple[Row, TimeToTrain]]] = defaultdict(list)
+    for row in rows:
+        if row.uncalibrated is not None:
+            families[f"{family(row)} {row.framework}"].append((row, row.uncalibrated))
+    out = {}
+    for name, found in sorted(families.items()):
+        step = [r.published()["step"] / t.full_step_s for r, t in found]
+        train = [r.published()["train"] / t.train_epoch_s for r, t in found]
+        out[name] = {
+            "step": [min(step), max(step)],
+            "training_epoch": [min(train), max(train)],
+            "rows": [r.label for r, _ in found],
+        }
+    return {
+        "measure": "published / uncalibrated prediction (medians over each row's runs)",
+        "source": source,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "families": out,
+    }

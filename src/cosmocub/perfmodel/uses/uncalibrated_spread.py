@@ -100,5 +100,6 @@ def spread_text(spread: Spread, accelerator: str, step_s: float, training_epoch_
         f"uncalibrated: published runs on this GPU family took (published / uncalibrated "
         f"prediction) {each} ({spread.source}, {spread.date}): this step may take "
         f"{1e3 * step[0]:.3g}-{1e3 * step[1]:.3g} "
-        f"ms, the training epoch {epoch[0]:.3g}-{epoch[1]:.3g} s\n{NARROW}"
+        f"ms, the training epoch {epoch[0]:.3g}-{epoch[1]:.3g} s (other stacks' runs: no GPU "
+        f"run of cosmocub's own step backs its price)\n{NARROW}"
     )
