@@ -157,15 +157,16 @@ def strict_tables(
     def refit(judged: list[Row]) -> Strict:
         return strict_constants(judged, pairs, drives, pytorch, eval_ratio)
 
-    stricts = {}
+    stricts, alone = {}, {}
     for row in live:
-        row.strict_uncalibrated = predict(row, base, refit([row]).constants)
+        alone[row.label] = refit([row])
+        row.strict_uncalibrated = predict(row, base, alone[row.label].constants)
         if row.partner_row is None or row.calibrated is None:
             continue
         stricts[row.label] = refit([row, row.partner_row])
         cal = calibrate(row.partner_row, base, stricts[row.label].constants)
         row.strict = predict(row, base, stricts[row.label].constants, cal)
-    print("\n".join(provenance(pairs, drives, stricts)))
+    print("\n".join(provenance(pairs, drives, stricts, alone)))
     return stricts, refit
 
 

@@ -129,10 +129,14 @@ def strict_constants(
 
 
 def provenance(
-    pairs: Sequence[ScalePair], drives: Sequence[Row], stricts: dict[str, Strict]
+    pairs: Sequence[ScalePair],
+    drives: Sequence[Row],
+    stricts: dict[str, Strict],
+    alone: dict[str, Strict],
 ) -> list[str]:
     """The constants the table rests on, one line each: from which logs and rows, or from where
-    else, and how the strict table treats it."""
+    else, and how the strict tables treat it (`stricts`: the calibrated table's, without a row
+    and its partner; `alone`: the uncalibrated table's, without the row)."""
 
     def spread(values: list[float], fmt: str) -> str:
         if not values:
@@ -144,6 +148,8 @@ def provenance(
     rates = [s.constants.drive_gbyte_s for s in stricts.values()]
     known = [r for r in rates if r is not None]
     threads = sorted({s.constants.reader_threads for s in stricts.values()})
+    other = {label: s.constants.reader_threads for label, s in alone.items()}
+    other = {label: n for label, n in other.items() if n != TODAY.reader_threads}
     unpriced = [label for label, s in stricts.items() if s.constants.drive_gbyte_s is None]
     cluster = CLUSTERS["perlmutter"]
     return [
@@ -157,7 +163,8 @@ def provenance(
         f"  reader threads {TODAY.reader_threads} (PyTorch profiles): inferred from DGX A100's "
         "and HoreKa's evaluations (2.2-2.5 ms a step) with DALI's reader code; strict: refitted "
         f"over {READER_THREADS} on the other PyTorch rows' uncalibrated evaluations: "
-        f"{', '.join(map(str, threads)) or '-'}",
+        f"{', '.join(map(str, threads)) or '-'} (calibrated); uncalibrated, without the row "
+        "alone: " + (", ".join(f"{n} for {label}" for label, n in other.items()) or "the same"),
         "From elsewhere, not refitted (each set after its row's error was seen):",
         f"  tmpfs read factor {TMPFS_READ_FACTOR:g} ({cluster.name}): measured on this machine "
         "(benchmarks/bench_staging_read.py), not read from a log: a measurement, not a fit",
