@@ -5,12 +5,16 @@ logs' medians beside the model's step, training epoch, evaluation and time to tr
                  NCCL's collectives), with the GPU ranks' spread fitted on the scale pairs
   calibrated     leave one out: each run predicted from another run's device time
                  (`perf-model calibrate --from-run`), the same accelerator and software at another
-                 scale where there is one, else the nearest (same GPU family), the table says which
+                 scale where there is one, else the nearest (same GPU family), the table says which;
+                 strict (mlperf_strict.py): every constant the table learned from the logs (the
+                 ranks' spread, the drives' rate, the reader threads) refitted without the row
+                 and its partner, beside the figures with the constants as the package has them,
+                 and where each constant came from
   scale pairs    one system and software at two scales: published and predicted step growth,
                  the ranks' spread fitted on the other pairs, and each term's share
 
     python benchmarks/against_mlperf.py LOGDIR [--config config/cosmoflow-mlperf.yaml]
-        [--gpu-calibration CAL.json ...]
+        [--gpu-calibration CAL.json ...] [--write-spread FILE [--spread-source TEXT]]
 
 LOGDIR holds the results repositories' folders as fetched (never committed here), e.g.
 LOGDIR/v3.0/NVIDIA/results/eos_n64_ngc23.09_pytorch/strong/cosmoflow/result_*.txt beside
@@ -18,83 +22,46 @@ LOGDIR/v3.0/NVIDIA/systems/eos_n64_ngc23.09_pytorch.json. From each run the mode
 what the run was (nodes, GPUs a node, global batch, dropout, epochs, where staging falls).
 --gpu-calibration takes the layer times `perf-model calibrate --device cuda --batch 1` wrote on a
 GPU (benchmarks/gpu_feed_point.sh): the uncalibrated rows of that GPU's family take them in place
-of the roofline, and their note says so.
+of the roofline, and their note says so. --write-spread writes the uncalibrated rows' range of
+published ÷ predicted per stack family (GPU family and framework), the file `perf-model predict`
+reads (cosmocub/perfmodel/uses/uncalibrated_spread.json). A tree with no row to predict says
+why, one line a system, and exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
+import json
 import statistics
 import sys
-from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mlperf_rows import (  # the rows, their partners and pairs (shared with the strict table)
+    Row,
+    beyond_memory,
+    calibrate,
+    collect,
+    family,
+    no_row_lines,
+    partner_of,
+    predict,
+    scale_pairs,
+    spread_table,
+)
+from mlperf_strict import TODAY, Strict, drive_rows, provenance, strict_constants
 
 from cosmocub.config import load_config
 from cosmocub.perfmodel.cost_model.cluster_presets import CLUSTERS
-from cosmocub.perfmodel.cost_model.software import SoftwareProfile
-from cosmocub.perfmodel.cost_model.stragglers import ScalePair, Stragglers, fit_cv, leave_one_out
+from cosmocub.perfmodel.cost_model.stragglers import Stragglers, fit_cv, leave_one_out
 from cosmocub.perfmodel.measure.gpu_layers import GpuLayerTimes
-from cosmocub.perfmodel.uses.mllog import RunTimes, run_times, system_description
-from cosmocub.perfmodel.uses.run_calibration import (
-    GPU_STRAGGLERS,
-    RunCalibration,
-    calibrate_run,
-    mllog_preset,
-)
 from cosmocub.perfmodel.uses.run_prediction import Workload
-from cosmocub.perfmodel.uses.time_to_train import (
-    MLPERF_COSMOFLOW,
-    TimeToTrain,
-    predict_cluster,
-    staged_beyond_memory,
-)
+from cosmocub.perfmodel.uses.time_to_train import TimeToTrain
 
 KEYS = ("step", "train", "eval", "ttt")
-
-
-@dataclasses.dataclass
-class Row:
-    label: str
-    runs: list[RunTimes]
-    preset: str | None = None
-    software: SoftwareProfile | None = None
-    note: str = ""
-    uncalibrated: TimeToTrain | None = None
-    calibrated: TimeToTrain | None = None
-    partner: str = ""
-
-    @property
-    def gpus(self) -> int:
-        return self.runs[0].nodes * self.runs[0].accelerators_per_node
-
-    @property
-    def pytorch(self) -> bool:
-        return self.software is not None and self.software.name != "mxnet_v1"
-
-    def median_run(self) -> RunTimes:
-        """The row's runs as one: the medians of their epochs and evaluations, the median of
-        their first evaluations first (calibrate_run takes it where the staged data outgrows
-        a node's memory)."""
-        first = self.runs[0]
-        median_eval = statistics.median(r.median_eval_s for r in self.runs)
-        first_eval = statistics.median(r.eval_s[0] for r in self.runs)
-        return dataclasses.replace(
-            first,
-            train_epoch_s=(statistics.median(r.median_train_epoch_s for r in self.runs),)
-            * round(statistics.median(r.epochs for r in self.runs)),
-            eval_s=(first_eval, median_eval, median_eval),
-            staging_in_run=statistics.mode(r.staging_in_run for r in self.runs),
-        )
-
-    def published(self) -> dict[str, float]:
-        return {
-            "step": statistics.median(r.step_s for r in self.runs),
-            "train": statistics.median(r.median_train_epoch_s for r in self.runs),
-            "eval": statistics.median(r.median_eval_s for r in self.runs),
-            "ttt": statistics.median(r.run_s for r in self.runs),
-        }
+SCALES = {"step": 1e3}  # the step in ms, the rest in seconds
 
 
 def predicted(t: TimeToTrain) -> dict[str, float]:
@@ -106,151 +73,11 @@ def predicted(t: TimeToTrain) -> dict[str, float]:
     }
 
 
-def collect(logdir: Path) -> list[Row]:
-    """One row per system and scale, in round order; copies of an earlier round's runs (the
-    same run_start times) and systems without a preset are noted, not predicted. A one-line
-    ValueError where LOGDIR is missing, empty, or not laid out as the results repositories."""
-    if not logdir.is_dir():
-        raise ValueError(f"{logdir}: no such folder (the MLPerf HPC result logs, fetched)")
-    logs = sorted(p for p in logdir.rglob("result_*.txt") if "pruned_results" not in p.parts)
-    if not logs:
-        raise ValueError(f"{logdir}: no result_*.txt below it (want the results repositories)")
-    # The v3.0 repositories keep every benchmark's logs side by side (weak/oc20, strong/deepcam):
-    # only a `cosmoflow` folder's are CosmoFlow's.
-    found = len(logs)
-    logs = [
-        p for p in logs if p.parent.name == "cosmoflow" and "results" in p.relative_to(logdir).parts
-    ]
-    if not logs:
-        raise ValueError(
-            f"{logdir}: {found} result logs but none under <submitter>/results/<system>/"
-            "<scale>/cosmoflow/ (want the results repositories as fetched, systems/ beside)"
-        )
-    groups: dict[Path, list[Path]] = defaultdict(list)
-    for log in logs:
-        groups[log.parent].append(log)
-    rows, seen = [], {}
-    for folder, paths in groups.items():
-        system, desc = system_description(paths[0])
-        label = f"{folder.relative_to(logdir).parts[0]} {system} ({folder.parent.name})"
-        runs = []
-        for path in paths:
-            try:
-                runs.append(run_times(path))
-            except ValueError as err:
-                print(f"skipped: {err}")
-        if not runs:
-            continue
-        key = tuple(sorted(r.run_start_ms for r in runs))
-        row = Row(label, runs)
-        if key in seen:
-            row.note = f"a copy of {seen[key]}"
-        elif str((desc or {}).get("accelerators_per_node", "")) in ("0", ""):
-            row.note = f"{len(runs)} logs: no accelerator in its systems file (a CPU system)"
-        else:
-            seen[key] = label
-            try:
-                row.preset, row.software = mllog_preset(runs[0].path, runs[0])
-            except ValueError as err:
-                row.note = str(err).split(": ", 1)[1]
-        rows.append(row)
-    return rows
-
-
-def predict(
-    row: Row,
-    base: Workload,
-    stragglers: Stragglers,
-    cal: RunCalibration | None = None,
-    layers: GpuLayerTimes | None = None,
-) -> TimeToTrain:
-    run = row.median_run()
-    gpus = row.gpus
-    model = (
-        base.model if run.dropout is None else dataclasses.replace(base.model, dropout=run.dropout)
-    )
-    work = dataclasses.replace(base, model=model, local_batch=max(1, run.global_batch // gpus))
-    _, t = predict_cluster(
-        work,
-        CLUSTERS[row.preset or ""],
-        nodes=run.nodes,
-        epochs=run.epochs,
-        dataset=dataclasses.replace(
-            MLPERF_COSMOFLOW, train_samples=run.train_samples, val_samples=run.eval_samples
-        ),
-        staging_in_run=run.staging_in_run,
-        software=row.software,
-        stragglers=stragglers,
-        calibration=layers,
-        layer_scale=1.0 if cal is None else cal.layer_scale,
-        eval_scale=1.0 if cal is None else cal.eval_scale,
-    )
-    return t
-
-
-def beyond_memory(row: Row) -> bool:
-    """Whether a node's staged share outgrows its memory (its later evaluations read from the
-    node's drives, priced where the preset knows their rate)."""
-    run = row.runs[0]
-    dataset = dataclasses.replace(
-        MLPERF_COSMOFLOW, train_samples=run.train_samples, val_samples=run.eval_samples
-    )
-    return staged_beyond_memory(CLUSTERS[row.preset or ""], dataset, run.nodes)
-
-
-def family(row: Row) -> str:
-    return CLUSTERS[row.preset or ""].spec.name.split()[0]
-
-
-def partner_of(row: Row, rows: list[Row]) -> tuple[Row | None, str]:
-    """The run to calibrate `row` from: the same preset and software at another scale, else the
-    nearest of the same GPU family: the same framework, then the same accelerator model, then
-    the same system, then the closest GPU count."""
-    others = [r for r in rows if r is not row and r.preset and r.uncalibrated is not None]
-    same = [r for r in others if r.preset == row.preset and r.software == row.software]
-    same = [r for r in same if r.gpus != row.gpus]
-    if same:
-        return min(same, key=lambda r: abs(math.log(r.gpus / row.gpus))), "same system"
-    near = [r for r in others if family(r) == family(row)]
-    if not near:
-        return None, "no run of its GPU family"
-
-    def distance(r: Row) -> tuple[bool, bool, bool, float]:
-        same_framework = (r.software is None) == (row.software is None) and r.pytorch == row.pytorch
-        same_gpu = CLUSTERS[r.preset or ""].accelerator == CLUSTERS[row.preset or ""].accelerator
-        return (
-            not same_framework,
-            not same_gpu,
-            r.preset != row.preset,
-            abs(math.log(r.gpus / row.gpus)),
-        )
-
-    return min(near, key=distance), "nearest"
-
-
-def scale_pairs(rows: list[Row], base: Workload) -> list[tuple[ScalePair, Row, Row]]:
-    """Every pair of rows of one preset and software at two GPU counts (the smaller first), with
-    the model's exposed exchange at each."""
-    out = []
-    live = [r for r in rows if r.uncalibrated is not None]
-    for a in live:
-        for b in live:
-            if (a.preset, a.software) == (b.preset, b.software) and a.gpus < b.gpus:
-                ta, tb = (predict(r, base, GPU_STRAGGLERS) for r in (a, b))
-                pair = ScalePair(
-                    name=f"{a.label.split()[1]} {a.gpus}->{b.gpus}",
-                    ranks=(a.gpus, b.gpus),
-                    step_s=(a.published()["step"], b.published()["step"]),
-                    outside_s=(ta.exchange_s, tb.exchange_s),
-                    runs=(a.label, b.label),
-                )
-                out.append((pair, a, b))
-    return out
-
-
 def ratio_cell(pub: float, pred: float | None, scale: float = 1.0) -> str:
     if pred is None:
         return "-"
+    if pub <= 0:  # v0.7's logs number no evaluation by its epoch
+        return f"not in the logs / {pred * scale:.3g}"
     return f"{pub * scale:.3g} / {pred * scale:.3g} ({pred / pub:.2f}x)"
 
 
@@ -261,23 +88,32 @@ def table(head: tuple[str, ...], body: list[tuple[str, ...]]) -> str:
     return "\n".join(lines)
 
 
-def row_cells(row: Row, t: TimeToTrain | None) -> list[str]:
+def row_cells(row: Row, t: TimeToTrain | None, today: TimeToTrain | None = None) -> list[str]:
+    """Published / predicted (ratio) for each key; with `today`, its ratio after it."""
     pub = row.published()
-    pred = None if t is None else predicted(t)
-    scales = {"step": 1e3}
-    return [ratio_cell(pub[k], None if pred is None else pred[k], scales.get(k, 1.0)) for k in KEYS]
+    cells = []
+    for k in KEYS:
+        cell = ratio_cell(pub[k], None if t is None else predicted(t)[k], SCALES.get(k, 1.0))
+        if today is not None and pub[k] > 0:
+            cell += f" [{predicted(today)[k] / pub[k]:.2f}x]"
+        cells.append(cell)
+    return cells
 
 
-def ratios(rows: list[Row], which: str, key: str) -> list[float]:
+Which = str | Callable[[Row], TimeToTrain | None]  # a Row's attribute, or a lookup
+
+
+def ratios(rows: list[Row], which: Which, key: str, *, pytorch: bool = True) -> list[float]:
     out = []
     for r in rows:
-        t = getattr(r, which)
-        if t is not None and r.pytorch:
-            out.append(predicted(t)[key] / r.published()[key])
+        t = getattr(r, which) if isinstance(which, str) else which(r)
+        if t is None or r.software is None or r.pytorch != pytorch or r.published()[key] <= 0:
+            continue
+        out.append(predicted(t)[key] / r.published()[key])
     return out
 
 
-def summary(rows: list[Row], which: str) -> str:
+def summary(rows: list[Row], which: Which, title: str) -> str:
     parts = []
     for key in ("train", "eval", "ttt"):
         errs = [abs(x - 1) for x in ratios(rows, which, key)]
@@ -286,48 +122,93 @@ def summary(rows: list[Row], which: str) -> str:
                 f"{key}: median |error| {100 * statistics.median(errs):.1f} %, worst "
                 f"{100 * max(errs):.1f} %"
             )
-    return f"PyTorch rows ({which}): " + "; ".join(parts)
+    return f"PyTorch rows ({title}): " + "; ".join(parts)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("logdir", type=Path)
-    parser.add_argument("--config", default="config/cosmoflow-mlperf.yaml")
-    parser.add_argument(
-        "--gpu-calibration",
-        type=Path,
-        action="append",
-        default=[],
-        help="a perf-model calibrate --device cuda file (repeatable)",
+def mxnet_evaluations(rows: list[Row], which: str, title: str) -> str:
+    """The MXNet rows' evaluation errors, a line of their own (the summaries count PyTorch's)."""
+    found = ratios(rows, which, "eval", pytorch=False)
+    if not found:
+        return f"MXNet rows' evaluation ({title}): none"
+    errs = [abs(x - 1) for x in found]
+    return (
+        f"MXNet rows' evaluation ({title}): median |error| {100 * statistics.median(errs):.1f} "
+        f"%, worst {100 * max(errs):.1f} % ({', '.join(f'{x:.2f}x' for x in found)})"
     )
-    args = parser.parse_args()
-    timed = [GpuLayerTimes.read(path) for path in args.gpu_calibration]
-    try:
-        rows = collect(args.logdir)
-    except ValueError as err:
-        print(f"against_mlperf: {err}", file=sys.stderr)
-        return 2
-    base = Workload.of(load_config(args.config))
-    live = [r for r in rows if r.preset is not None]
+
+
+def strict_tables(
+    rows: list[Row], live: list[Row], base: Workload
+) -> tuple[dict[str, Strict], Callable[[list[Row]], Strict]]:
+    """Every live row predicted strict: uncalibrated without its own row, calibrated without
+    it and its partner (row.strict_uncalibrated, row.strict); the constants of each, and the
+    refit itself (the rows to leave out -> the constants)."""
+    pairs = scale_pairs(rows, base, TODAY)
+    drives = drive_rows(live, beyond_memory)
+    pytorch = [r for r in live if r.pytorch]
+    cache: dict[tuple[str, int], float] = {}
+
+    def eval_ratio(row: Row, threads: int) -> float:
+        if (row.label, threads) not in cache:
+            t = predict(row, base, dataclasses.replace(TODAY, reader_threads=threads))
+            cache[row.label, threads] = t.median_eval_s / row.published()["eval"]
+        return cache[row.label, threads]
+
+    def refit(judged: list[Row]) -> Strict:
+        return strict_constants(judged, pairs, drives, pytorch, eval_ratio)
+
+    stricts, alone = {}, {}
     for row in live:
-        layers = next((c for c in timed if family(row) in c.device.upper()), None)
-        row.uncalibrated = predict(row, base, GPU_STRAGGLERS, layers=layers)
-        if layers is not None:
-            row.note = f"layers timed on {layers.device}"
-    if not live:
-        print(f"against_mlperf: {args.logdir}: no row could be predicted", file=sys.stderr)
-        return 1
+        alone[row.label] = refit([row])
+        row.strict_uncalibrated = predict(row, base, alone[row.label].constants)
+        if row.partner_row is None or row.calibrated is None:
+            continue
+        stricts[row.label] = refit([row, row.partner_row])
+        cal = calibrate(row.partner_row, base, stricts[row.label].constants)
+        row.strict = predict(row, base, stricts[row.label].constants, cal)
+    print("\n".join(provenance(pairs, drives, stricts, alone)))
+    return stricts, refit
+
+
+def choice_lines(
+    live: list[Row], base: Workload, refit: Callable[[list[Row]], Strict]
+) -> list[str]:
+    """What each choice carries: the strict table's PyTorch summary with the other choice (the
+    partner, and the constants refitted without it)."""
+    out = []
+    for title, by_accelerator, first_eval in (
+        ("partner rule without 'same accelerator model', ties in round order", False, True),
+        ("evaluation calibrated from the median one where staging outgrows memory", True, False),
+    ):
+        found: dict[str, TimeToTrain] = {}
+        for row in live:
+            partner, _ = partner_of(row, live, by_accelerator=by_accelerator)
+            if partner is None or row.strict is None:
+                continue
+            constants = refit([row, partner]).constants
+            try:
+                cal = calibrate(partner, base, constants, first_eval=first_eval)
+            except ValueError:
+                continue
+            found[row.label] = predict(row, base, constants, cal)
+        out.append(summary(live, lambda r, f=found: f.get(r.label), f"strict, {title}"))
+    return out
+
+
+def calibrate_today(live: list[Row], base: Workload) -> None:
+    """Each row from its partner's device time, with the constants as the package has them."""
     for row in live:
         partner, how = partner_of(row, live)
         if partner is None:
             row.partner = how
             continue
         try:
-            cal = calibrate_run(partner.median_run(), partner.preset or "", partner.software, base)
+            cal = calibrate(partner, base, TODAY)
         except ValueError as err:
             row.partner = f"{how}: {partner.label} cannot calibrate: {err}"
             continue
-        row.calibrated = predict(row, base, GPU_STRAGGLERS, cal)
+        row.partner_row = partner
+        row.calibrated = predict(row, base, TODAY, cal)
         row.partner = f"{how}: {partner.label} (device x{cal.layer_scale:.2f})"
         if beyond_memory(row):
             drives = CLUSTERS[row.preset or ""].drive_gbyte_s_per_node
@@ -338,25 +219,20 @@ def main() -> int:
                 f"node's drives ({drives:.3g} GB/s, Eos weak's evaluations)"
             )
 
+
+def print_uncalibrated(rows: list[Row]) -> None:
     print(
-        "Uncalibrated: published / predicted (predicted ÷ published), medians over each row's runs"
+        "Uncalibrated: published / predicted strict (predicted ÷ published), medians over each "
+        "row's runs, every learned constant refitted without the row; [the ratio as today]"
     )
-    head = (
-        "run",
-        "GPUs",
-        "step ms",
-        "train epoch s",
-        "eval s",
-        "time to train s",
-        "where the step goes (ms)",
-    )
+    head = ("run", "GPUs", "step ms", "train epoch s", "eval s", "time to train s", "where (ms)")
     body = []
     for row in rows:
         if row.preset is None:
             body.append((row.label, "", "", "", "", "", row.note))
             continue
         t = row.uncalibrated
-        assert t is not None
+        assert t is not None and row.strict_uncalibrated is not None
         other = t.own_s - t.compute_s - t.host_s
         software = row.software.name if row.software else "no profile"
         where = (
@@ -366,21 +242,47 @@ def main() -> int:
             + (f", loader {1e3 * t.data_wait_s:.2f}" if t.data_wait_s > 0 else "")
             + f" [{row.preset}, {software}] {row.note}"
         )
-        body.append((row.label, f"{row.gpus} ({len(row.runs)})", *row_cells(row, t), where))
+        cells = row_cells(row, row.strict_uncalibrated, t)
+        body.append((row.label, f"{row.gpus} ({len(row.runs)})", *cells, where))
     print(table(head, body))
-    print(summary(rows, "uncalibrated"))
+    print(summary(rows, "uncalibrated", "uncalibrated, as today"))
+    print(summary(rows, "strict_uncalibrated", "uncalibrated, strict"))
 
-    print("\nCalibrated, leave one out: each row from another run's device time")
-    head = ("run", "step ms", "train epoch s", "eval s", "time to train s", "calibrated from")
-    body = [(r.label, *row_cells(r, r.calibrated), r.partner) for r in live]
+
+def print_calibrated(
+    rows: list[Row], live: list[Row], stricts: dict[str, Strict], choices: list[str]
+) -> None:
+    print(
+        "\nCalibrated, leave one out: each row from another run's device time; published / "
+        "strict (strict ratio) [ratio as today]"
+    )
+    head = ("run", "step ms", "train epoch s", "eval s", "time to train s", "strict", "from")
+    body = []
+    for r in live:
+        s = stricts.get(r.label)
+        constants = (
+            "-"
+            if s is None
+            else f"cv {s.constants.cv:.3f}, drives "
+            + ("-" if s.constants.drive_gbyte_s is None else f"{s.constants.drive_gbyte_s:.3g}")
+            + f", reader {s.constants.reader_threads}"
+        )
+        cells = row_cells(r, r.strict, r.calibrated) if r.strict else row_cells(r, None)
+        body.append((r.label, *cells, constants, r.partner))
     print(table(head, body))
-    print(summary(rows, "calibrated"))
+    print(summary(rows, "strict", "calibrated, strict"))
+    print(summary(rows, "calibrated", "calibrated, as today"))
+    print("\n".join(choices))
+    print(mxnet_evaluations(rows, "strict", "calibrated, strict"))
+    print(mxnet_evaluations(rows, "calibrated", "calibrated, as today"))
 
+
+def print_pairs(rows: list[Row], base: Workload) -> None:
     print("\nScale pairs: step growth, the GPU ranks' spread (cv) fitted on the other pairs")
-    pairs = scale_pairs(rows, base)
+    pairs = scale_pairs(rows, base, TODAY)
     head = ("pair", "published", "predicted", "cv (others)", "wait", "exchange", "error (points)")
     body = []
-    for pair, cv, growth in leave_one_out([p for p, _, _ in pairs]):
+    for pair, cv, growth in leave_one_out(pairs):
         if cv is None or growth is None:
             body.append(
                 (pair.name, f"{100 * pair.growth:+.1f} %", "-", "no other pair", "", "", "")
@@ -405,9 +307,57 @@ def main() -> int:
     print(table(head, body))
     if pairs:
         print(
-            f"cv fitted on all {len(pairs)} pairs: {fit_cv([p for p, _, _ in pairs]):.3f} "
-            f"(the package's GPU_STRAGGLERS: {GPU_STRAGGLERS.cv})"
+            f"cv fitted on all {len(pairs)} pairs: {fit_cv(pairs):.3f} "
+            f"(the package's GPU_STRAGGLERS: {TODAY.cv})"
         )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("logdir", type=Path)
+    parser.add_argument("--config", default="config/cosmoflow-mlperf.yaml")
+    parser.add_argument(
+        "--gpu-calibration",
+        type=Path,
+        action="append",
+        default=[],
+        help="a perf-model calibrate --device cuda file (repeatable)",
+    )
+    parser.add_argument("--write-spread", type=Path, help="the uncalibrated spread's file")
+    parser.add_argument("--spread-source", default="", help="what LOGDIR holds, for the file")
+    args = parser.parse_args()
+    timed = [GpuLayerTimes.read(path) for path in args.gpu_calibration]
+    try:
+        rows, skipped = collect(args.logdir)
+    except ValueError as err:
+        print(f"against_mlperf: {err}", file=sys.stderr)
+        return 2
+    live = [r for r in rows if r.preset is not None]
+    if not live:
+        print(f"against_mlperf: {args.logdir}: no row could be predicted:", file=sys.stderr)
+        print("\n".join(no_row_lines(rows)), file=sys.stderr)
+        return 1
+    for line in skipped:
+        print(line, file=sys.stderr)
+    base = Workload.of(load_config(args.config))
+    for row in live:
+        layers = next((c for c in timed if family(row) in c.device.upper()), None)
+        row.uncalibrated = predict(row, base, TODAY, layers=layers)
+        if layers is not None:
+            row.note = f"layers timed on {layers.device}"
+    calibrate_today(live, base)
+    stricts, refit = strict_tables(rows, live, base)
+    choices = choice_lines(live, base, refit)
+    print()
+    print_uncalibrated(rows)
+    print_calibrated(rows, live, stricts, choices)
+    print_pairs(rows, base)
+    if args.write_spread:
+        rounds = sorted({r.label.split()[0] for r in live})
+        source = f"benchmarks/against_mlperf.py over MLPerf HPC {', '.join(rounds)} result logs"
+        spread = spread_table(rows, f"{source} {args.spread_source}".strip())
+        args.write_spread.write_text(json.dumps(spread, indent=1) + "\n")
+        print(f"\n{args.write_spread}: {len(spread['families'])} stack families")
     return 0
 
 

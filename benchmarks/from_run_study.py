@@ -42,7 +42,8 @@ from cosmocub.contention.marks import point_conditions, why_contended
 from cosmocub.io import read_jsonl
 from cosmocub.perfmodel.cost_model.machines import this_cpu
 from cosmocub.perfmodel.measure.calibration_cache import load_or_calibrate
-from cosmocub.perfmodel.uses.run_calibration import RunCalibration, calibrate_from_run
+from cosmocub.perfmodel.uses.run_calibration import RunCalibration
+from cosmocub.perfmodel.uses.run_folder import calibrate_from_run
 from cosmocub.train.main import train
 from cosmocub.train.testing import make_random_shards
 

@@ -1,13 +1,11 @@
 """The cluster model at scale: the wait for the slowest rank against simulated draws, a software
 profile's launches and syncs in the step, NCCL_PROTO, one measured run (a synthetic MLPerf log)
-to another scale, and against_mlperf's errors."""
+to another scale (against_mlperf.py's tests: test_against_mlperf.py)."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -216,70 +214,6 @@ def test_from_run_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert not out.exists()
 
 
-def _against(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """benchmarks/against_mlperf.py's main in this process (its own imports are the package's)."""
-    spec = importlib.util.spec_from_file_location(
-        "against_mlperf", ROOT / "benchmarks" / "against_mlperf.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "against_mlperf", module)  # its dataclasses look it up
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(sys, "argv", ["against_mlperf.py", *args])
-    rc = module.main()
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def test_against_mlperf_smoke_and_its_errors(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """The benchmark on a small synthetic tree: Eos at 32 and 512 GPUs (a scale pair), and a
-    system whose accelerator has no preset (a row note); then each bad folder in one line."""
-    _tree(tmp_path, "eos_n4_test", nodes=4, gpus_per_node=8, step_s=4.48e-3, eval_s=5.7)
-    _tree(tmp_path, "eos_n64_test", nodes=64, gpus_per_node=8, step_s=5.0e-3, eval_s=0.38)
-    log = _tree(tmp_path, "gaudi_n4", nodes=4, gpus_per_node=8, step_s=6e-3, eval_s=1.0)
-    desc = log.parents[4] / "systems" / "gaudi_n4.json"
-    desc.write_text(json.dumps({"accelerator_model_name": "Gaudi 2", "accelerators_per_node": "8"}))
-    # v3.0 keeps the other benchmarks' logs beside CosmoFlow's: OpenCatalyst's 42.7 ms step on
-    # the same system, as a fetched repository has it, is not a CosmoFlow run (it once was one,
-    # and its calibration failed the whole table).
-    _tree(tmp_path, "eos_n64_test", "oc20", nodes=8, gpus_per_node=8, step_s=42.7e-3, eval_s=9)
-    rc, out, err = _against(monkeypatch, capsys, str(tmp_path))
-    assert rc == 0, err
-    assert "oc20" not in out and "(device x1." in out
-    assert "accelerator 'Gaudi 2' of system 'gaudi_n4' has no cluster preset" in out
-    assert "eos_n4_test 32->512" in out and "no other pair" in out
-    assert "same system: v3.0 eos_n64_test" in out
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    flat = tmp_path / "flat"
-    flat.mkdir()
-    (flat / "result_0.txt").write_text(log.read_text())
-    for folder, message in (
-        (tmp_path / "missing", "no such folder"),
-        (empty, "no result_*.txt below it"),
-        (flat, "none under <submitter>/results/"),
-    ):
-        rc, _, err = _against(monkeypatch, capsys, str(folder))
-        assert rc == 2
-        assert message in err and len(err.strip().splitlines()) == 1
-
-
-def test_against_mlperf_notes_a_partner_that_cannot_calibrate(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A partner whose step is shorter than the model's own exchange and host work leaves the
-    layers nothing: the row that would calibrate from it says so, the other row still predicts."""
-    _tree(tmp_path, "eos_n4_test", nodes=4, gpus_per_node=8, step_s=4.48e-3, eval_s=5.7)
-    _tree(tmp_path, "eos_n64_fast", nodes=64, gpus_per_node=8, step_s=0.2e-3, eval_s=0.38)
-    rc, out, err = _against(monkeypatch, capsys, str(tmp_path))
-    assert rc == 0, err
-    calibrated = out[out.index("Calibrated, leave one out") :]
-    assert "v3.0 eos_n64_fast (strong) cannot calibrate: a measured step of 0.21 ms" in calibrated
-    assert "same system: v3.0 eos_n4_test (strong) (device x1." in calibrated
-
-
 def test_from_run_on_a_tiny_real_cpu_run_scales_this_cpus_calibration(tmp_path: Path) -> None:
     """A real (tiny) training on this CPU: its measured compute (the fastest epoch after the
     first) ÷ the calibration's price is the scale, and the calibration times it gives back the
@@ -288,7 +222,8 @@ def test_from_run_on_a_tiny_real_cpu_run_scales_this_cpus_calibration(tmp_path: 
     from test_train import tiny_cfg
 
     from cosmocub.perfmodel.cost_model.machines import THIS_CPU, this_cpu
-    from cosmocub.perfmodel.uses.run_calibration import RunCalibration, calibrate_from_run
+    from cosmocub.perfmodel.uses.run_calibration import RunCalibration
+    from cosmocub.perfmodel.uses.run_folder import calibrate_from_run
     from cosmocub.train.main import train
     from cosmocub.train.testing import make_random_shards
 

@@ -62,7 +62,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.from_run is not None:
         from cosmocub.perfmodel.uses.entry_points import this_cpu_calibration
-        from cosmocub.perfmodel.uses.run_calibration import calibrate_from_run
+        from cosmocub.perfmodel.uses.run_folder import calibrate_from_run
 
         if args.out is None:
             raise ValueError("--from-run: needs --out FILE (the run calibration to write)")
@@ -154,6 +154,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         train_samples=args.train_samples,
         gpu_calibration=None if args.gpu_calibration is None else Path(args.gpu_calibration),
         as_json=args.json,
+        accept_calibration=args.accept_calibration,
     )
     if args.cluster is not None:
         for flag, value in (
@@ -278,6 +279,12 @@ def add_perf_model(sub) -> None:
         "--gpu-calibration",
         help="layer times measured on the cluster's GPU (perf-model calibrate --device cuda), "
         "in place of the roofline (with --cluster)",
+    )
+    r.add_argument(
+        "--accept-calibration",
+        action="store_true",
+        help="apply a --gpu-calibration made against another accelerator or software than the "
+        "machine asked for (refused without it)",
     )
     r.add_argument(
         "--override",

@@ -83,9 +83,11 @@ class ClusterPreset:
 
     def nccl_node(self) -> NcclNode:
         """The node as NCCL's search sees it: NVLinks at topo.h's per-link rate (xGMI and other
-        links at the datasheet's), the NICs at their rate, LL128 as the preset says."""
+        links at the datasheet's; a rate a config entry states, as stated), the NICs at their
+        rate, LL128 as the preset says."""
         spec = self.spec
-        intra = spec.nvlinks * NVLINK_GBYTE_S if spec.nvlinks else spec.intra_node_gbyte_s
+        by_links = spec.nvlinks and not spec.intra_rate_stated
+        intra = spec.nvlinks * NVLINK_GBYTE_S if by_links else spec.intra_node_gbyte_s
         return NcclNode(
             arch=spec.arch,
             cpu_vendor=self.cpu_vendor,
@@ -307,6 +309,26 @@ CLUSTERS: dict[str, ClusterPreset] = {
                 "ll128": "NCCL 2.4.8 (the system file): no LL128 [R]",
             },
         ),
+        dataclasses.replace(
+            HOREKA,
+            name="cori_gpu",
+            system="NERSC Cori GPU (8 V100 a node)",
+            accelerator="v100_sxm2",
+            ranks_per_node=8,
+            cores_per_node=40,
+            nics_per_node=4,
+            nic_gbit_s=100,
+            host_memory_gbyte=384.0,
+            sources={
+                **HOREKA.sources,
+                "node": "mlcommons/hpc_results_v0.7 LBNL/systems/corigpu_n64_tf1.15.0.json: 2x "
+                "Xeon Gold 6148 (40 cores), 8 V100 over NVLink (hybrid cube-mesh), '4 dual-port "
+                "Mellanox MT27800 (ConnectX-5) EDR InfiniBand network cards' (4 NICs of 100 Gb/s "
+                "taken: one port each), 384 GB [V]",
+                "ll128": "NCCL 2.4.8 (the systems file): no LL128 [R]",
+                "host_memory_gbyte": "corigpu_n64_tf1.15.0.json: host_memory_capacity 384 GB [V]",
+            },
+        ),
     )
 }
 
@@ -338,6 +360,8 @@ def preset_for_system(system: str, accelerator: str, run_start_ms: float) -> str
         return "horeka"
     if "juwels" in name:
         return "juwels_booster"
+    if "corigpu" in name:
+        return "cori_gpu"
     if "longhorn" in name or "V100" in gpu:
         return "longhorn"
     return None

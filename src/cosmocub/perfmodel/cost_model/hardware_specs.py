@@ -108,6 +108,10 @@ class AcceleratorSpec:
     hbm_share: float = HBM_SHARE
     flops_share: float = FLOPS_SHARE
     kernel_floor_us: float = KERNEL_FLOOR_US
+    # True where intra_node_gbyte_s is a rate a config entry states (perf_model.extrapolate.
+    # accelerators' intra_node_gbit): NCCL's collectives then take it as stated, not NVLinks ×
+    # NCCL's own per-link figure (cluster_presets.ClusterPreset.nccl_node).
+    intra_rate_stated: bool = False
 
     def _peak_flops(self, dtype: str) -> float:
         if dtype not in self.peak_tflops:

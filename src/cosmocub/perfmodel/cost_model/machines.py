@@ -264,6 +264,7 @@ def accelerator_spec(name: str, acc: AcceleratorConfig) -> AcceleratorSpec:
         memory_gb=acc.memory_gb,
         hbm_gbyte_s=acc.memory_gbyte_s,
         intra_node_gbyte_s=acc.intra_node_gbit / 8,
+        intra_rate_stated=True,
         conv3d_share=share,
         sources={**base.sources, "config": key},
     )

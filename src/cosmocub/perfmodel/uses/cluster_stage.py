@@ -22,7 +22,9 @@ from cosmocub.perfmodel.uses.predict_flags import MeshFlags, PricingFlags
 from cosmocub.perfmodel.uses.run_calibration import (
     GPU_STRAGGLERS,
     RunCalibration,
+    check_machine,
     is_run_calibration,
+    machine_description,
 )
 from cosmocub.perfmodel.uses.run_prediction import (
     Workload,
@@ -31,6 +33,7 @@ from cosmocub.perfmodel.uses.run_prediction import (
     rate_label,
 )
 from cosmocub.perfmodel.uses.time_to_train import TimeToTrain, config_dataset, predict_cluster
+from cosmocub.perfmodel.uses.uncalibrated_spread import Spread, ranges, read_spread, spread_text
 
 
 def print_cluster_prediction(
@@ -94,6 +97,11 @@ def print_on_clusters(
     work = Workload.of(cfg)
     work = dataclasses.replace(work, epochs=pricing.epochs or work.epochs)
     layers, run = _gpu_calibration(pricing.gpu_calibration)
+    if run is not None and not pricing.accept_calibration:
+        assert pricing.gpu_calibration is not None
+        for _, preset in presets:
+            asked = machine_description(preset.spec, run.software)
+            check_machine(run, pricing.gpu_calibration, asked)
     results = [
         predict_cluster(
             work,
@@ -111,10 +119,14 @@ def print_on_clusters(
         )
         for _, preset in presets
     ]
+    # With nothing measured, the answer carries how far such answers have been from published
+    # runs of its GPU family (uncalibrated_spread).
+    spread = read_spread() if pricing.gpu_calibration is None else None
     if pricing.as_json:
         out = [
             {"cluster": preset.name, **_parts(ttt), **p.as_dict()}
             | ({} if rates_mbit is None else {"rate_mbit": rates_mbit[i]})
+            | ({} if spread is None else _ranges(spread, preset, ttt))
             for i, ((_, preset), (p, ttt)) in enumerate(zip(presets, results, strict=True))
         ]
         print(json.dumps({"config": cfg.source, "predictions": out}, indent=1))
@@ -133,7 +145,7 @@ def print_on_clusters(
         f"{dataset.sample_bytes / 1e6:.3g} MB\n"
     )
     print(format_table([label for label, _ in presets], [p for p, _ in results]))
-    for (label, _), (_, ttt) in zip(presets, results, strict=True):
+    for (label, each), (_, ttt) in zip(presets, results, strict=True):
         staging = "not known" if ttt.staging_s is None else f"{ttt.staging_s:.3g} s"
         where = "inside" if ttt.staging_in_run else "outside"
         later = (
@@ -151,6 +163,17 @@ def print_on_clusters(
             f"forward steps){later}; staging {staging} ({where} the timed run)\ntime to train: "
             f"{ttt.total_s:.4g} s for {ttt.epochs} epochs"
         )
+        if spread is not None:
+            print(spread_text(spread, each.spec.name, ttt.full_step_s, ttt.train_epoch_s))
+
+
+def _ranges(spread: Spread, preset: ClusterPreset, ttt: TimeToTrain) -> dict[str, object]:
+    """step_s_range and training_epoch_s_range ([low, high] seconds; None: no published run of
+    the GPU family), and where they come from."""
+    found = ranges(spread.of_gpu(preset.spec.name), ttt.full_step_s, ttt.train_epoch_s)
+    step, epoch = (None, None) if found is None else found
+    source = f"{spread.source}, {spread.date}"
+    return {"step_s_range": step, "training_epoch_s_range": epoch, "range_source": source}
 
 
 def _parts(ttt: TimeToTrain) -> dict[str, object]:

@@ -6,6 +6,7 @@ and the system description file the results folder names.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 from dataclasses import dataclass
@@ -170,3 +171,17 @@ def system_description(result: Path) -> tuple[str, dict[str, Any] | None]:
     if not described.is_file():
         return system, None
     return system, json.loads(described.read_text())
+
+
+def with_system(run: RunTimes, description: dict[str, Any] | None) -> RunTimes:
+    """`run` with the nodes and GPUs a node of its systems file where its log names none (v0.7's
+    logs log neither); a ValueError naming the file where neither names them."""
+    counts = {"nodes": run.nodes, "accelerators_per_node": run.accelerators_per_node}
+    keys = {"nodes": "number_of_nodes", "accelerators_per_node": "accelerators_per_node"}
+    for field, key in keys.items():
+        if counts[field] == 0:
+            text = str((description or {}).get(key, "")).strip()
+            if not text.isdigit():
+                raise ValueError(f"{run.path}: no {key} in the log nor its systems file")
+            counts[field] = int(text)
+    return dataclasses.replace(run, **counts)

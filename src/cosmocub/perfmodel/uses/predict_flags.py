@@ -1,6 +1,6 @@
 """`perf-model predict`'s flags shared by the CPU's and the clusters' predictions: the mesh
 (--mesh, --data, --spatial, --split against --nodes × --ranks-per-node) and what to price and
-print (--epochs, --train-samples, --gpu-calibration, --json)."""
+print (--epochs, --train-samples, --gpu-calibration, --accept-calibration, --json)."""
 
 from __future__ import annotations
 
@@ -34,12 +34,14 @@ class MeshFlags:
 
 @dataclass(frozen=True, kw_only=True)
 class PricingFlags:
-    """--epochs and --train-samples (None: the config's), --gpu-calibration, --json."""
+    """--epochs and --train-samples (None: the config's), --gpu-calibration (and
+    --accept-calibration: one made against another accelerator or software), --json."""
 
     epochs: int | None
     train_samples: int | None
     gpu_calibration: Path | None
     as_json: bool
+    accept_calibration: bool = False
 
 
 def mesh_from_flags(

@@ -14,23 +14,32 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import statistics
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cosmocub.config import Config
-from cosmocub.io import read_jsonl, write_json
-from cosmocub.perfmodel.cost_model.cluster_presets import CLUSTERS, preset_for_system
-from cosmocub.perfmodel.cost_model.machines import THIS_CPU, this_cpu
+from cosmocub.io import write_json
+from cosmocub.perfmodel.cost_model.cluster_presets import (
+    CLUSTERS,
+    ClusterPreset,
+    preset_for_system,
+)
+from cosmocub.perfmodel.cost_model.hardware_specs import AcceleratorSpec
+from cosmocub.perfmodel.cost_model.machines import THIS_CPU
 from cosmocub.perfmodel.cost_model.software import SoftwareProfile, profile, software_for
 from cosmocub.perfmodel.cost_model.stragglers import Stragglers
-from cosmocub.perfmodel.measure.cpu_model import Calibration
-from cosmocub.perfmodel.uses.mllog import RunTimes, read_events, run_times, system_description
+from cosmocub.perfmodel.measure.gpu_layers import GpuLayerTimes
+from cosmocub.perfmodel.uses.mllog import (
+    RunTimes,
+    read_events,
+    run_times,
+    system_description,
+    with_system,
+)
 from cosmocub.perfmodel.uses.run_prediction import Workload
 from cosmocub.perfmodel.uses.time_to_train import (
     MLPERF_COSMOFLOW,
+    Dataset,
     TimeToTrain,
     predict_cluster,
     staged_beyond_memory,
@@ -64,6 +73,9 @@ class RunCalibration:
     layer_scale: float
     eval_scale: float
     stragglers_cv: float
+    # The machine priced when it was made (machine_description): predict refuses another
+    # accelerator or software (check_machine). None: a file from before it was recorded.
+    machine: dict[str, Any] | None = None
 
     def write(self, path: Path) -> None:
         write_json(path, {"format": FORMAT, **dataclasses.asdict(self)})
@@ -96,37 +108,109 @@ def is_run_calibration(path: Path) -> bool:
         return False
 
 
-def _predict(
+@dataclass(frozen=True, kw_only=True)
+class RunScale:
+    """What a run was, as the model prices it: its nodes, ranks a node, global batch, dropout,
+    epochs, splits and where its staging falls."""
+
+    nodes: int
+    ranks_per_node: int
+    global_batch: int
+    train_samples: int
+    eval_samples: int
+    epochs: int = 1
+    dropout: float | None = None
+    staging_in_run: bool | None = None
+
+    @classmethod
+    def of(cls, run: RunTimes) -> RunScale:
+        return cls(
+            nodes=run.nodes,
+            ranks_per_node=run.accelerators_per_node,
+            global_batch=run.global_batch,
+            train_samples=run.train_samples,
+            eval_samples=run.eval_samples,
+            epochs=run.epochs,
+            dropout=run.dropout,
+            staging_in_run=run.staging_in_run,
+        )
+
+    @property
+    def dataset(self) -> Dataset:
+        return dataclasses.replace(
+            MLPERF_COSMOFLOW, train_samples=self.train_samples, val_samples=self.eval_samples
+        )
+
+
+def predict_scale(
     base: Workload,
-    run: RunTimes,
-    preset: str,
+    run: RunScale,
+    cluster: ClusterPreset,
     software: SoftwareProfile | None,
     stragglers: Stragglers,
     *,
+    layers: GpuLayerTimes | None = None,
     layer_scale: float = 1.0,
     eval_scale: float = 1.0,
 ) -> TimeToTrain:
-    """The model's times of `run` (its nodes, GPUs a node, batch, dropout, epochs)."""
-    gpus = run.nodes * run.accelerators_per_node
+    """The model's times of `run` on `cluster` (its nodes, GPUs a node, batch, dropout,
+    epochs)."""
+    gpus = run.nodes * run.ranks_per_node
     model = (
         base.model if run.dropout is None else dataclasses.replace(base.model, dropout=run.dropout)
     )
     work = dataclasses.replace(base, model=model, local_batch=max(1, run.global_batch // gpus))
     _, t = predict_cluster(
         work,
-        CLUSTERS[preset],
+        cluster,
         nodes=run.nodes,
         epochs=run.epochs,
-        dataset=dataclasses.replace(
-            MLPERF_COSMOFLOW, train_samples=run.train_samples, val_samples=run.eval_samples
-        ),
+        dataset=run.dataset,
         staging_in_run=run.staging_in_run,
         software=software,
         stragglers=stragglers,
+        calibration=layers,
         layer_scale=layer_scale,
         eval_scale=eval_scale,
     )
     return t
+
+
+def machine_description(accelerator: AcceleratorSpec | str, software: str | None) -> dict:
+    """The machine a calibration is made against and applies to: the accelerator as the model
+    prices it (its name, generation, peaks, memory, HBM, share of peak, links) and the software
+    profile."""
+    if isinstance(accelerator, str):  # this CPU: its own calibration grid prices it
+        return {"accelerator": {"name": accelerator}, "software": software}
+    spec = accelerator
+    fields = ("name", "arch", "peak_tflops", "memory_gb", "hbm_gbyte_s", "conv3d_share")
+    described = {f: getattr(spec, f) for f in fields}
+    described["peak_tflops"] = dict(spec.peak_tflops)
+    return {"accelerator": described, "software": software}
+
+
+def check_machine(cal: RunCalibration, path: Path, asked: dict) -> None:
+    """A one-line ValueError naming the file, the key and both values where `cal` was made
+    against another accelerator or software than `asked` (machine_description)."""
+    if cal.machine is None:
+        raise ValueError(
+            f"{path}: records no machine (made before calibrations did): --accept-calibration "
+            "to apply it anyway, or make it again with calibrate --from-run"
+        )
+    for key in ("accelerator", "software"):
+        made, want = cal.machine.get(key), asked.get(key)
+        if made == want:
+            continue
+        if isinstance(made, dict) and isinstance(want, dict):
+            key, made, want = next(
+                (f"accelerator.{k}", made.get(k), want.get(k))
+                for k in sorted(set(made) | set(want))
+                if made.get(k) != want.get(k)
+            )
+        raise ValueError(
+            f"{path}: made against {key} {made!r}, asked for {want!r} (--accept-calibration "
+            "applies it anyway)"
+        )
 
 
 def mllog_preset(path: Path, run: RunTimes) -> tuple[str, SoftwareProfile | None]:
@@ -156,7 +240,7 @@ def calibrate_mllog(
 ) -> RunCalibration:
     """The run of one result log (its median training epoch ÷ its steps, its median
     evaluation), on the preset and software its systems file names."""
-    run = run_times(path, read_events(path))
+    run = with_system(run_times(path, read_events(path)), system_description(path)[1])
     preset, software = mllog_preset(path, run)
     return calibrate_run(run, preset, software, base, stragglers=stragglers)
 
@@ -168,40 +252,69 @@ def calibrate_run(
     base: Workload,
     *,
     stragglers: Stragglers = GPU_STRAGGLERS,
+    cluster: ClusterPreset | None = None,
+    first_eval_beyond_memory: bool = True,
 ) -> RunCalibration:
     """The layers' scale that makes the model's step the run's, and the evaluation step's, at
-    the run's own scale (nodes, GPUs a node, batch)."""
+    the run's own scale (nodes, GPUs a node, batch); `cluster`: `preset`'s, or a variant of it
+    (benchmarks/against_mlperf.py's strict table); first_eval_beyond_memory: where a node's
+    staged share outgrows its memory, calibrate evaluation from the first (else the median)."""
+    cluster = cluster or CLUSTERS[preset]
+    scale_of = RunScale.of(run)
     gpus = run.nodes * run.accelerators_per_node
     scale = 1.0
     # The exposed all-reduce depends on how long backward runs (DDP's overlap): a fixed point.
     for _ in range(4):
-        t = _predict(base, run, preset, software, stragglers, layer_scale=scale)
+        t = predict_scale(base, scale_of, cluster, software, stragglers, layer_scale=scale)
         scale = layer_scale_for(run.step_s, t, stragglers, gpus, scale)
-    t = _predict(base, run, preset, software, stragglers, layer_scale=scale)
+    t = predict_scale(base, scale_of, cluster, software, stragglers, layer_scale=scale)
     # Where a node's staged share outgrows its memory, only the first evaluation reads the
     # validation split from the page cache the model prices; the later ones from the drives.
-    evaluation = run.eval_s[0] if _beyond_memory(run, preset) else run.median_eval_s
+    beyond = staged_beyond_memory(cluster, scale_of.dataset, run.nodes)
+    evaluation = run.eval_s[0] if beyond and first_eval_beyond_memory else run.median_eval_s
     eval_step = (evaluation - t.eval_reduce_s) / t.eval_steps
-    return RunCalibration(
-        source=str(run.path),
-        preset=preset,
-        software=None if software is None else software.name,
-        nodes=run.nodes,
-        ranks_per_node=run.accelerators_per_node,
-        global_batch=run.global_batch,
-        step_s=run.step_s,
+    return make_calibration(
+        str(run.path),
+        cluster,
+        software,
+        scale_of,
+        (run.step_s, scale),
         eval_step_s=eval_step,
-        layer_scale=scale,
         eval_scale=max(eval_step, 1e-9) / t.eval_step_s,
         stragglers_cv=stragglers.cv,
     )
 
 
-def _beyond_memory(run: RunTimes, preset: str) -> bool:
-    dataset = dataclasses.replace(
-        MLPERF_COSMOFLOW, train_samples=run.train_samples, val_samples=run.eval_samples
+def make_calibration(
+    source: str,
+    cluster: ClusterPreset | None,
+    software: SoftwareProfile | None,
+    run: RunScale,
+    step_and_scale: tuple[float, float],
+    *,
+    eval_step_s: float | None = None,
+    eval_scale: float = 1.0,
+    stragglers_cv: float = 0.0,
+) -> RunCalibration:
+    """One calibration record: the measured step and the layers' scale it gives, with the
+    machine it was made against (`cluster` None: this CPU)."""
+    name = None if software is None else software.name
+    step_s, layer_scale = step_and_scale
+    accelerator = THIS_CPU if cluster is None else cluster.spec
+    return RunCalibration(
+        source=source,
+        preset=THIS_CPU if cluster is None else cluster.name,
+        software=name,
+        nodes=run.nodes,
+        ranks_per_node=run.ranks_per_node,
+        global_batch=run.global_batch,
+        step_s=step_s,
+        eval_step_s=eval_step_s,
+        layer_scale=layer_scale,
+        eval_scale=eval_scale,
+        stragglers_cv=stragglers_cv,
+        machine=machine_description(accelerator, name),
     )
-    return staged_beyond_memory(CLUSTERS[preset], dataset, run.nodes)
 
 
 def layer_scale_for(
@@ -218,152 +331,3 @@ def layer_scale_for(
             f"(the model's exchange, host and update take {1e3 * (t.own_s - t.compute_s):.3g} ms)"
         )
     return scale * layers / t.compute_s
-
-
-def _gpu_family_match(name: str) -> str | None:
-    """The preset whose accelerator a driver's device name is (roofline and NCCL's nodes)."""
-    upper = name.upper().replace(" ", "-")
-    for family, key in (
-        ("H100", "eos"),
-        ("A100-SXM4-80GB", "selene"),
-        ("A100-SXM4-40GB", "perlmutter"),
-    ):
-        if family in upper:
-            return key
-    return None
-
-
-def _run_record(run_dir: Path) -> tuple[dict[str, Any], list[float]]:
-    """(train_summary.json, the measured step's own compute of every epoch after the first:
-    metrics.jsonl's time_compute_s, the step less its exchange and halo)."""
-    summary_path = run_dir / "train_summary.json"
-    if not summary_path.is_file():
-        raise ValueError(f"{run_dir}: no train_summary.json (not a finished cosmocub run)")
-    summary = json.loads(summary_path.read_text())
-    missing = [k for k in ("accelerator", "nodes", "ranks_per_node") if k not in summary]
-    if missing:
-        raise ValueError(
-            f"{summary_path}: no {', '.join(missing)} (a run from before they were recorded)"
-        )
-    metrics = run_dir / "metrics.jsonl"
-    records = [r for r in read_jsonl(metrics) if "time_compute_s" in r] if metrics.is_file() else []
-    if not records:
-        raise ValueError(f"{metrics}: no epoch with time_compute_s")
-    kept = records[1:] if len(records) > 1 else records  # the first epoch holds warm-up
-    return summary, [r["time_compute_s"] for r in kept]
-
-
-def calibrate_cpu_run(
-    run_dir: Path, cfg: Config, calibration: Calibration, *, cores: int
-) -> RunCalibration:
-    """A cosmocub run on this machine's CPU (one rank a sample, no spatial split): its measured
-    compute (forward, backward, update) ÷ what this CPU's calibration prices at the run's batch,
-    threads and ranks, as `perf-model validate`'s correction fits it on its fit set; predict
-    --accelerator cpu --calibration FILE scales the calibration by it.
-
-    The run's fastest epoch after the first is its compute, as the calibration keeps each
-    timing's fastest repeat: on a shared machine other work only adds time, and this VM's own
-    speed drifts by up to a quarter over tens of seconds with its thread on a core
-    (docs/explanation/cluster_model.md), so a median measures when the run was disturbed."""
-    summary, epochs = _run_record(run_dir)
-    compute = min(epochs)
-    if cfg.parallel.spatial != 1:
-        raise ValueError(
-            f"{run_dir}: parallel.spatial {cfg.parallel.spatial}: calibrate on a run without a "
-            "spatial split (its measured compute then holds no halo)"
-        )
-    ranks = int(summary["ranks_per_node"])
-    device = this_cpu(
-        threads_per_rank=cfg.train.threads_per_rank,
-        ranks_per_node=ranks,
-        cores=cores,
-        calibration=calibration,
-    )
-    world = int(summary["world_size"])
-    layers = device.layer_seconds(
-        cfg.model, batch=cfg.train.local_batch_size, split=(1, 1, 1), synced_norm=world > 1
-    )
-    predicted = sum(layers.values()) + device.optimizer_seconds(cfg.model, cfg.optimizer)
-    return RunCalibration(
-        source=str(run_dir),
-        preset=THIS_CPU,
-        software=None,
-        nodes=int(summary["nodes"]),
-        ranks_per_node=ranks,
-        global_batch=int(summary["global_batch_size"]),
-        step_s=compute,
-        eval_step_s=None,
-        layer_scale=compute / predicted,
-        eval_scale=1.0,
-        stragglers_cv=0.0,
-    )
-
-
-def calibrate_run_folder(run_dir: Path, cfg: Config) -> RunCalibration:
-    """A cosmocub run on GPUs (train_summary.json: accelerator, nodes, ranks per node, global
-    batch; metrics.jsonl: the measured compute, timed with CUDA events): its layers' scale
-    against the roofline of the preset with that accelerator. Not yet run on a GPU."""
-    summary, epochs = _run_record(run_dir)
-    step = statistics.median(epochs)  # a GPU's epochs: its own device, not a shared core
-    summary_path = run_dir / "train_summary.json"
-    accelerator = str(summary["accelerator"])
-    preset = _gpu_family_match(accelerator)
-    if preset is None:
-        raise ValueError(f"{summary_path}: accelerator {accelerator!r} has no cluster preset")
-    base = Workload.of(cfg)
-    fake = RunTimes(
-        path=summary_path,
-        org="cosmocub",
-        platform=accelerator,
-        nodes=int(summary["nodes"]),
-        accelerators_per_node=int(summary["ranks_per_node"]),
-        global_batch=int(summary["global_batch_size"]),
-        train_samples=int(summary["global_batch_size"]) * max(1, int(summary["steps"])),
-        eval_samples=int(summary["global_batch_size"]),
-        run_start_ms=0.0,
-        run_s=float(summary["wall_time_s"]),
-        train_epoch_s=(step * max(1, int(summary["steps"])),),
-        eval_s=(0.0,),
-        staging_s=None,
-        staging_in_run=None,
-    )
-    software = profile("cosmocub_eager")
-    # The measured compute is the rank's own (the wait for others falls in its exchange time):
-    # less the model's other device work, the layers'.
-    t = _predict(base, fake, preset, software, GPU_STRAGGLERS)
-    other = t.own_s - t.host_s - t.compute_s
-    if step <= other:
-        raise ValueError(
-            f"{run_dir}: a measured compute of {1e3 * step:.3g} ms leaves nothing for the layers"
-        )
-    scale = (step - other) / t.compute_s
-    return RunCalibration(
-        source=str(run_dir),
-        preset=preset,
-        software=software.name,
-        nodes=fake.nodes,
-        ranks_per_node=fake.accelerators_per_node,
-        global_batch=fake.global_batch,
-        step_s=step,
-        eval_step_s=None,
-        layer_scale=scale,
-        eval_scale=1.0,
-        stragglers_cv=GPU_STRAGGLERS.cv,
-    )
-
-
-def calibrate_from_run(
-    path: Path, cfg: Config, *, cpu: Callable[[], tuple[Calibration, int]]
-) -> RunCalibration:
-    """A result log (a file) or a cosmocub run folder trained with `cfg` (a GPU run against its
-    preset's roofline; a CPU run against this CPU's calibration, `cpu()` giving it and the
-    cores); a one-line ValueError for anything else."""
-    if path.is_dir():
-        summary, _ = _run_record(path)
-        if str(summary["accelerator"]).startswith("cpu"):
-            calibration, cores = cpu()
-            return calibrate_cpu_run(path, cfg, calibration, cores=cores)
-        return calibrate_run_folder(path, cfg)
-    if not path.is_file():
-        raise ValueError(f"--from-run {path}: no such file or folder")
-    return calibrate_mllog(path, Workload.of(cfg))

@@ -1,0 +1,98 @@
+"""A run calibration knows the machine it was made against: `predict` refuses it on another
+accelerator in one line unless --accept-calibration, and the links an accelerator entry states
+are the ones NCCL's collectives use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_cluster_scale import MLPERF, _mllog
+
+from cosmocub.cli import main
+from cosmocub.config import load_config
+from cosmocub.perfmodel.cost_model.cluster_presets import cluster, described_cluster
+from cosmocub.perfmodel.cost_model.machines import accelerator_spec
+
+LONGHORN_STEP_S = 84.65e-3  # v1.0 TACC longhorn-tf's published median step
+
+
+def _longhorn(root: Path) -> Path:
+    """A Longhorn-like log (32 nodes x 4 V100, TensorFlow) laid out as the v1.0 repository."""
+    log = root / "v1.0" / "TACC" / "results" / "longhorn-tf" / "strong" / "cosmoflow"
+    _mllog(log / "result_0.txt", nodes=32, gpus_per_node=4, step_s=LONGHORN_STEP_S, eval_s=40.0)
+    systems = root / "v1.0" / "TACC" / "systems"
+    systems.mkdir(parents=True, exist_ok=True)
+    desc = {
+        "accelerator_model_name": "NVIDIA Tesla V100-SXM2-16GB",
+        "accelerators_per_node": "4",
+        "framework": "TensorFlow 2.3",
+        "submitter": "TACC",
+    }
+    (systems / "longhorn-tf.json").write_text(json.dumps(desc))
+    return log / "result_0.txt"
+
+
+def _predict(capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:
+    base = ["perf-model", "predict", "--config", str(MLPERF), "--nodes", "32"]
+    samples = ["--train-samples", "524288", "--override", "{train: {local_batch_size: 1}}"]
+    rc = main([*base, *samples, *flags, "--json"])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _calibrated(root: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    """calibrate --from-run on the Longhorn-like log."""
+    cal = root / "longhorn.json"
+    run = ["perf-model", "calibrate", "--config", str(MLPERF), "--from-run"]
+    assert main([*run, str(_longhorn(root)), "--out", str(cal)]) == 0
+    capsys.readouterr()
+    return cal
+
+
+def test_a_calibration_is_refused_on_another_accelerator_unless_accepted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cal = _calibrated(tmp_path, capsys)
+    machine = json.loads(cal.read_text())["machine"]
+    assert machine["accelerator"]["name"] == "V100 SXM2 16GB" and machine["software"] is None
+    # Its own machine: the published step back, within the fixed point's rounding.
+    rc, out, err = _predict(capsys, "--cluster", "longhorn", "--gpu-calibration", str(cal))
+    assert rc == 0, err
+    own = json.loads(out)["predictions"][0]["full_step_s"]
+    assert own == pytest.approx(LONGHORN_STEP_S, rel=0.01)
+    # The config's v100 entry prices its layers at efficiency 0.3, the preset at a GEMM's share:
+    # the same file there would scale another roofline.
+    flags = ["--accelerator", "v100", "--ranks-per-node", "4", "--rate-mbit", "100000"]
+    rc, out, err = _predict(capsys, *flags, "--gpu-calibration", str(cal))
+    assert rc == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert str(cal) in err and "accelerator.conv3d_share" in err
+    assert "0.3" in err and "--accept-calibration" in err
+    rc, out, err = _predict(capsys, *flags, "--gpu-calibration", str(cal), "--accept-calibration")
+    assert rc == 0, err
+    moved = json.loads(out)["predictions"][0]["full_step_s"]
+    assert moved != pytest.approx(own, rel=0.05)  # what the refusal was for
+
+
+def test_a_calibration_without_a_machine_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cal = _calibrated(tmp_path, capsys)
+    data = json.loads(cal.read_text())
+    del data["machine"]
+    cal.write_text(json.dumps(data))
+    rc, _, err = _predict(capsys, "--cluster", "longhorn", "--gpu-calibration", str(cal))
+    assert rc == 2 and "records no machine" in err and len(err.strip().splitlines()) == 1
+
+
+def test_links_an_entry_states_are_the_ones_nccl_uses() -> None:
+    """The config's v100 states 1,200 Gbit/s between a node's GPUs: NCCL's node takes 150 GB/s.
+    A preset's V100 states no rate of its own to NCCL: 3 NVLinks at NCCL's 20 GB/s a link."""
+    cfg = load_config(MLPERF)
+    entry = cfg.perf_model.extrapolate.accelerators["v100"]
+    spec = accelerator_spec("v100", entry)
+    node = described_cluster(spec, ranks_per_node=4, node_gbit_s=100.0).nccl_node()
+    assert node.intra_gbyte_s == pytest.approx(entry.intra_node_gbit / 8) == 150.0
+    assert cluster("longhorn").nccl_node().intra_gbyte_s == pytest.approx(60.0)
