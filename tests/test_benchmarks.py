@@ -77,7 +77,8 @@ def test_host_steal(tmp_path: Path) -> None:
     out = run_script("host_steal.py", "--seconds", "0.2", cwd=tmp_path)
     (row,) = [line.split() for line in out.splitlines() if line.split()[:1] == ["all"]]
     busy, stolen, share = int(row[1]), int(row[2]), float(row[3])
-    # the share is of the time the cores had work: busy plus what the hypervisor took (contention.probes)
+    # the share is of the time the cores had work: busy plus what the hypervisor took
+    # (contention.probes)
     assert busy > 0 and stolen >= 0
     assert share == pytest.approx(stolen / (busy + stolen), abs=1e-3)
 
