@@ -47,7 +47,7 @@ def main() -> None:
     print("| Mbit/s | size | median ms | ideal ms | ratio | ratio range |")
     print("|---|---|---|---|---|---|")
     for rate in args.rates:
-        with emulated_nodes(nodes=2, bandwidth_mbit=rate, prefix="ccubl-") as net:
+        with emulated_nodes(nodes=2, rate_mbit=rate, prefix="ccubl-") as net:
             crossings = time_messages(net, sizes=args.sizes, repeats=args.repeats, gap_s=args.gap_s)
         for size in args.sizes:
             ratios = sorted(c.ratio for c in crossings if c.size_bytes == size)

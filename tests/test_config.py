@@ -217,6 +217,16 @@ def test_pooled_branch_is_off_unless_asked_and_checked(tmp_path):
             "scaling_study.nproc_per_node",
             "scaling_study.ranks_per_node",
         ),
+        (
+            {"network_study": {"bandwidths_mbit": [0, 100]}},
+            "network_study.bandwidths_mbit",
+            "network_study.rates_mbit",
+        ),
+        (
+            {"scaling_study": {"bandwidth_mbit": 100}},
+            "scaling_study.bandwidth_mbit",
+            "scaling_study.rate_mbit",
+        ),
     ],
 )
 def test_a_renamed_key_is_refused_in_one_line_naming_file_old_and_new(tmp_path, values, old, new):

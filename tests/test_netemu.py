@@ -123,7 +123,7 @@ def ddp_run(shards: Path):
     out = root / "adamw"
     result = run_training_on_nodes(
         config_path=config, shards_dir=shards, out_dir=out, nodes=2, ranks_per_node=1,
-        bandwidth_mbit=RATE_MBIT, prefix=PREFIX,
+        rate_mbit=RATE_MBIT, prefix=PREFIX,
     )  # fmt: skip
     return result, out
 
@@ -160,7 +160,7 @@ def test_without_cap_net_admin_a_one_line_reason() -> None:
     script = (
         "from cosmocub.netemu import emulated_nodes, EmulationUnavailableError\n"
         "try:\n"
-        "    with emulated_nodes(nodes=2, bandwidth_mbit=1, prefix='ccubt-'):\n"
+        "    with emulated_nodes(nodes=2, rate_mbit=1, prefix='ccubt-'):\n"
         "        pass\n"
         "except EmulationUnavailableError as err:\n"
         "    print(f'emulated points skipped: {err}')\n"
@@ -184,7 +184,7 @@ def test_without_cap_net_admin_a_one_line_reason() -> None:
 @needs_netns
 def test_namespaces_exist_only_inside_and_go_on_exit_error_signal_and_kill(tmp_path) -> None:
     host_links = _ip_links()
-    with emulated_nodes(nodes=2, bandwidth_mbit=5, prefix=PREFIX) as net:
+    with emulated_nodes(nodes=2, rate_mbit=5, prefix=PREFIX) as net:
         assert sorted(list_namespaces(PREFIX)) == sorted(
             [net.switch_netns, *(n.netns for n in net.nodes)]
         )
@@ -198,7 +198,7 @@ def test_namespaces_exist_only_inside_and_go_on_exit_error_signal_and_kill(tmp_p
     assert list_namespaces(PREFIX) == []
     with (
         pytest.raises(RuntimeError, match="boom"),
-        emulated_nodes(nodes=1, bandwidth_mbit=0, prefix=PREFIX),
+        emulated_nodes(nodes=1, rate_mbit=0, prefix=PREFIX),
     ):
         raise RuntimeError("boom")
     assert list_namespaces(PREFIX) == []
@@ -207,7 +207,7 @@ def test_namespaces_exist_only_inside_and_go_on_exit_error_signal_and_kill(tmp_p
     holder = (
         "import subprocess, sys, time\n"
         "from cosmocub.netemu import emulated_nodes\n"
-        "with emulated_nodes(nodes=2, bandwidth_mbit=1, prefix='ccubt-') as net:\n"
+        "with emulated_nodes(nodes=2, rate_mbit=1, prefix='ccubt-') as net:\n"
         "    p = subprocess.Popen([*net.nodes[0].exec_prefix(), 'sleep', '60'],\n"
         "                         start_new_session=True)\n"
         "    print(p.pid, flush=True)\n"
@@ -230,7 +230,7 @@ def test_namespaces_exist_only_inside_and_go_on_exit_error_signal_and_kill(tmp_p
     # SIGKILL: nothing ran; the next start removes the dead study's namespaces and what ran
     # inside them.
     assert len(list_namespaces(PREFIX)) == 3 and _alive(inside)
-    with emulated_nodes(nodes=1, bandwidth_mbit=0, prefix=PREFIX) as net:
+    with emulated_nodes(nodes=1, rate_mbit=0, prefix=PREFIX) as net:
         assert sorted(list_namespaces(PREFIX)) == sorted([net.switch_netns, net.nodes[0].netns])
     time.sleep(0.2)
     assert not _alive(inside)
@@ -242,7 +242,7 @@ def test_an_idle_network_sends_nothing() -> None:
     """No byte on a node's link that a rank did not send: an idle emulated network's links stay
     silent (IPv6's neighbour discovery, listener reports and router solicitations, ~586 bytes a
     node in the first ~6 s, had landed in the wire bytes of whatever epoch was running)."""
-    with emulated_nodes(nodes=2, bandwidth_mbit=10, prefix=PREFIX) as net:
+    with emulated_nodes(nodes=2, rate_mbit=10, prefix=PREFIX) as net:
         start = net.tx_bytes()
         time.sleep(2.5)  # with IPv6, 426-516 bytes a node by now
         assert [end - s for s, end in zip(start, net.tx_bytes(), strict=True)] == [0, 0]
@@ -259,7 +259,7 @@ def test_a_message_after_a_pause_crosses_at_the_link_rate(rate_mbit: int) -> Non
     than 3x on the best of a size's crossings: a broken link (the best, so that one crossing
     stalled by a loaded machine does not fail it; a broken link is slow every time)."""
     sizes = [16 * 1024, 64 * 1024, 256 * 1024, 1024 * 1024]
-    with emulated_nodes(nodes=2, bandwidth_mbit=rate_mbit, prefix=PREFIX) as net:
+    with emulated_nodes(nodes=2, rate_mbit=rate_mbit, prefix=PREFIX) as net:
         crossings = time_messages(net, sizes=sizes, repeats=5, gap_s=0.25)
     # Only this process's: another checkout's tests may hold "ccubt-" namespaces meanwhile.
     assert list_namespaces(f"{PREFIX}{os.getpid()}-") == [] and _probe_children() == []
@@ -349,7 +349,7 @@ def test_lion_cub_on_two_nodes_of_two_sends_across_what_it_counts_flat_and_node(
         )
         result = run_training_on_nodes(
             config_path=config, shards_dir=shards, out_dir=shards.parent / f"cub_{hierarchy}",
-            nodes=2, ranks_per_node=2, bandwidth_mbit=RATE_MBIT, prefix=PREFIX,
+            nodes=2, ranks_per_node=2, rate_mbit=RATE_MBIT, prefix=PREFIX,
         )  # fmt: skip
         assert result.returncode == 0 and result.summary["world_size"] == 4
         epoch = result.metrics[-1]
@@ -407,7 +407,7 @@ def test_a_cut_link_fails_within_the_timeout_and_training_resumes_identically(
     # two attempts' steps cross the link 10x faster.
     result = run_training_on_nodes(
         config_path=config, shards_dir=shards, out_dir=out, nodes=2, ranks_per_node=1,
-        bandwidth_mbit=100, prefix=PREFIX, max_restarts=1, during=cut_after_first_checkpoint,
+        rate_mbit=100, prefix=PREFIX, max_restarts=1, during=cut_after_first_checkpoint,
     )  # fmt: skip
     assert result.returncode == 0, [p.read_text()[-2000:] for p in result.logs]
     assert result.attempts == 2
@@ -439,7 +439,7 @@ def test_a_stopped_study_stops_its_agents_and_removes_the_network(tmp_path) -> N
     study = (
         "from cosmocub.netemu.runner import run_training_on_nodes\n"
         f"run_training_on_nodes(config_path='c', shards_dir='s', out_dir={str(tmp_path / 'run')!r},"
-        f" nodes=2, ranks_per_node=1, bandwidth_mbit=1, prefix='ccubt-',"
+        f" nodes=2, ranks_per_node=1, rate_mbit=1, prefix='ccubt-',"
         f" python={str(fake_python)!r})\n"
     )
     proc = subprocess.Popen(

@@ -41,7 +41,7 @@ def test_smoothed_curve_is_a_trailing_mean_from_the_kth_evaluation() -> None:
 def _row(variant, mbit, step, exchange, curve, final, seed=None):
     return {
         "variant": variant,
-        "bandwidth_mbit": mbit,
+        "rate_mbit": mbit,
         "seed": seed,
         "step_s": step,
         "exchange_s": exchange,
@@ -64,9 +64,9 @@ def test_speedup_and_exchange_share_against_the_reference_at_each_rate() -> None
         _row("lion", 10, 0.5, 0.45, [(20.0, 0.9), (40.0, 0.55), (60.0, 0.5)], 0.5),
         _row("cub", 0, 0.12, 0.01, [(6.0, 0.7), (12.0, 0.49)], 0.49),
         _row("cub", 10, 0.15, 0.05, [(8.0, 0.6), (15.0, 0.52)], 0.52),
-        {"variant": "adamw", "bandwidth_mbit": 10, "skipped": "no CAP_NET_ADMIN"},
+        {"variant": "adamw", "rate_mbit": 10, "skipped": "no CAP_NET_ADMIN"},
     ]
-    out = {(r["variant"], r["bandwidth_mbit"]): r for r in network.finish(rows, cfg)}
+    out = {(r["variant"], r["rate_mbit"]): r for r in network.finish(rows, cfg)}
     assert all(r.get("target_val_loss") == 0.5 for r in rows if not r.get("skipped"))
     assert out["lion", 10]["time_to_target_s"] == 60.0
     assert out["cub", 0]["time_to_target_s"] == 12.0
@@ -112,10 +112,10 @@ def test_the_default_study_trains_every_variant_and_rate_once_per_seed_on_the_sa
     cfg = load_config(REPO / "config" / "config.yaml")
     study = cfg.network_study
     points = network.points(cfg)
-    assert len(points) == len(study.variants) * len(study.bandwidths_mbit) * len(study.seeds)
+    assert len(points) == len(study.variants) * len(study.rates_mbit) * len(study.seeds)
     by_name = {p.name: p for p in points}
     point = by_name["lion_cub_1bit_node_10mbit_seed2"]
-    assert point.labels == {"variant": "lion_cub_1bit_node", "bandwidth_mbit": 10, "seed": 2}
+    assert point.labels == {"variant": "lion_cub_1bit_node", "rate_mbit": 10, "seed": 2}
     assert (point.launch.nodes, point.launch.ranks_per_node) == (2, 2)
     trained = point_config(cfg, "network", point)
     assert trained.training_seed == 2 and trained.seed == cfg.seed  # the same universes
@@ -220,7 +220,7 @@ def test_the_emulated_runner_gives_each_rank_its_cores_and_records_sharing(
         asked.update(kwargs)
         node_cores, cores_per_rank = split_cores([0, 1], kwargs["nodes"], 1, 1)
         return NodesRunResult(
-            returncode=0, nodes=kwargs["nodes"], ranks_per_node=1, bandwidth_mbit=10.0,
+            returncode=0, nodes=kwargs["nodes"], ranks_per_node=1, rate_mbit=10.0,
             node_cores=node_cores, cores_per_rank=cores_per_rank, threads_per_rank=1,
             attempts=1, wall_s=1.0, node_tx_bytes=[0] * kwargs["nodes"],
         )  # fmt: skip
@@ -309,7 +309,7 @@ def test_a_study_of_skipped_points_gathers_their_labels_and_why(tmp_path) -> Non
     assert len(rows) == 2
     with open(tmp_path / "points.tsv") as f:
         table = list(csv.DictReader(f, delimiter="\t"))
-    assert [(r["variant"], r["bandwidth_mbit"]) for r in table] == [
+    assert [(r["variant"], r["rate_mbit"]) for r in table] == [
         ("lion", "10"),
         ("lion_cub_1bit", "10"),
     ]
@@ -332,14 +332,14 @@ def test_study_point_config_writes_the_plan_that_study_point_runs(
     written = json.loads((folder / "launch.json").read_text())
     assert written == {
         "study": "network", "name": "lion_10mbit", "runner": "emulated",
-        "labels": {"variant": "lion", "bandwidth_mbit": 10, "seed": 0},
-        "launch": {"nodes": 2, "ranks_per_node": 1, "bandwidth_mbit": 10},
-        "nodes": 2, "ranks_per_node": 1, "bandwidth_mbit": 10.0,
+        "labels": {"variant": "lion", "rate_mbit": 10, "seed": 0},
+        "launch": {"nodes": 2, "ranks_per_node": 1, "rate_mbit": 10},
+        "nodes": 2, "ranks_per_node": 1, "rate_mbit": 10.0,
     }  # fmt: skip
     seen = []
 
     def fake(plan, **kwargs):
-        seen.append((plan.nodes, plan.ranks_per_node, plan.bandwidth_mbit, plan.ranks))
+        seen.append((plan.nodes, plan.ranks_per_node, plan.rate_mbit, plan.ranks))
         return 0, {"nodes": plan.nodes, "ranks_per_node": plan.ranks_per_node}
 
     monkeypatch.setitem(runners.RUNNERS, "emulated", fake)

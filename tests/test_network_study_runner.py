@@ -47,8 +47,8 @@ def test_a_local_point_asks_for_its_nodes_and_an_emulated_one_for_one() -> None:
 
 
 def test_runner_local_takes_one_rate_the_clusters() -> None:
-    with pytest.raises(ConfigError, match=r"bandwidths_mbit': \[0, 100\] with runner local"):
-        _network_points(runner="local", bandwidths_mbit=[0, 100])
+    with pytest.raises(ConfigError, match=r"rates_mbit': \[0, 100\] with runner local"):
+        _network_points(runner="local", rates_mbit=[0, 100])
     with pytest.raises(ConfigError, match="runner"):
         _network_points(runner="flux")
 
@@ -71,6 +71,6 @@ def test_a_local_point_records_its_rate_as_not_set_by_the_runner(monkeypatch, tm
     assert record == {
         "nodes": 2,
         "ranks_per_node": 2,
-        "bandwidth_mbit": 10.0,
+        "rate_mbit": 10.0,
         "rate_set_by_runner": False,
     }

@@ -143,7 +143,7 @@ def test_the_lookup_picks_the_link_a_collective_crosses(caplog) -> None:
     slow = TRUE_LINKS["emulated_10mbit"]["allreduce"][0]
     # 2 nodes × 1 rank at 10 Mbit/s: the data group crosses the link, its fit; 2 ranks on one
     # node: loopback.
-    two_nodes = {"point": "p", "data": "2", "world_size": "2", "nodes": "2", "bandwidth_mbit": "10"}
+    two_nodes = {"point": "p", "data": "2", "world_size": "2", "nodes": "2", "rate_mbit": "10"}
     net = network_for(two_nodes, fits)
     assert alpha(net.costs(2, 1, "allreduce")) == pytest.approx(slow, rel=0.1)
     one_node = {"point": "q", "data": "2", "world_size": "2", "nodes": "1"}
@@ -162,7 +162,7 @@ def test_the_lookup_picks_the_link_a_collective_crosses(caplog) -> None:
     )
     # A rate not measured: the nearest measured one's, with a note naming both.
     with caplog.at_level(logging.WARNING, logger="cosmocub.perfmodel.uses.validate"):
-        net = network_for({**two_nodes, "bandwidth_mbit": "20"}, fits)
+        net = network_for({**two_nodes, "rate_mbit": "20"}, fits)
     assert alpha(net.costs(2, 1, "allreduce")) == pytest.approx(slow, rel=0.1)
     assert "'emulated_20mbit' was not measured: using the fit of 'emulated_10mbit'" in caplog.text
     assert fits.inter_node(1000)[0] == "emulated_100mbit"
@@ -176,8 +176,8 @@ def test_the_lookup_picks_the_link_a_collective_crosses(caplog) -> None:
     no_loopback = LinkFits(fits={"emulated_10mbit": fits.fits["emulated_10mbit"]}, source="f")
     with pytest.raises(ValueError, match="no alpha-beta fit for link 'loopback'"):
         network_for(one_node, no_loopback)
-    with pytest.raises(ValueError, match="'p': 2 nodes but no bandwidth_mbit"):
-        network_for({**two_nodes, "bandwidth_mbit": ""}, fits)
+    with pytest.raises(ValueError, match="'p': 2 nodes but no rate_mbit"):
+        network_for({**two_nodes, "rate_mbit": ""}, fits)
     partial = LinkFits(fits={LOOPBACK: {"allreduce": fits.fits[LOOPBACK]["allreduce"]}}, source="f")
     with pytest.raises(
         ValueError, match=r"link 'loopback' has no fit of \['allgather', 'alltoall', 'halo'\]"
@@ -248,8 +248,8 @@ def test_the_bench_runs_on_loopback_and_an_emulated_link(tmp_path: Path) -> None
     values = yaml.safe_load((root / "config/test.yaml").read_text())
     values["perf_model"]["bench"] = {"ranks": 2, "nodes": 2, "sizes_bytes": [1024, 262144],
                                      "repeats": 2}  # fmt: skip
-    values["network_study"]["bandwidths_mbit"] = [10]
-    values["scaling_study"]["bandwidth_mbit"] = 10
+    values["network_study"]["rates_mbit"] = [10]
+    values["scaling_study"]["rate_mbit"] = 10
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(values))
     env = {**os.environ, "PYTHONPATH": str(root / "src")}

@@ -64,15 +64,15 @@ POINTS = {
     "ddp_one_node": ({}, {"data": "2", "world_size": "2", "nodes": "1"}),  # DDP overlapped
     "ddp_blocking_two_nodes": (
         {"train": {"ddp_exchange_timing": "blocking"}},
-        {"data": "2", "world_size": "2", "nodes": "2", "bandwidth_mbit": "10"},
+        {"data": "2", "world_size": "2", "nodes": "2", "rate_mbit": "10"},
     ),
     "cub_two_nodes": (
         {"optimizer": LION_CUB},
-        {"data": "2", "world_size": "2", "nodes": "2", "bandwidth_mbit": "10"},
+        {"data": "2", "world_size": "2", "nodes": "2", "rate_mbit": "10"},
     ),
     "spatial_one_node": (
         {"parallel": {"spatial": 2}},
-        {"data": "1", "world_size": "2", "nodes": "1", "bandwidth_mbit": "100"},
+        {"data": "1", "world_size": "2", "nodes": "1", "rate_mbit": "100"},
     ),
 }
 
@@ -90,7 +90,7 @@ def test_predict_equals_the_validation_path_for_the_same_point(point: str, tmp_p
     measured_path, _ = cpu_predictor(tmp_path, FITS, cores=cores, calibration=cal)(row)
 
     nodes, world = int(labels["nodes"]), int(labels["world_size"])
-    rate = float(labels["bandwidth_mbit"]) if nodes > 1 else None
+    rate = float(labels["rate_mbit"]) if nodes > 1 else None
     network = fitted_network(FITS, rate_mbit=rate, ranks_per_node=world // nodes)
     device = this_cpu(
         threads_per_rank=None, ranks_per_node=world // nodes, cores=cores // nodes, calibration=cal
@@ -278,7 +278,7 @@ def test_validate_holds_out_all_but_the_fit_set_and_skips_busy_points(tmp_path: 
     cal = _calibration()
     write_json(tmp_path / "calibration.json", cal.as_dict())
     write_fits(FITS.fits, tmp_path / "fit.tsv")
-    columns = ["point", "data", "world_size", "nodes", "bandwidth_mbit", "cores_per_rank",
+    columns = ["point", "data", "world_size", "nodes", "rate_mbit", "cores_per_rank",
                "steps", "step_s", "compute_s", "exchange_s", "momentum_sync_s", "contended",
                "oversubscribed"]  # fmt: skip
     tables = {

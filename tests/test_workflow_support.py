@@ -43,7 +43,7 @@ def plan(runner: str, *, nodes: int, ranks_per_node: int) -> LaunchPlan:
         launch=PointLaunch(),
         nodes=nodes,
         ranks_per_node=ranks_per_node,
-        bandwidth_mbit=0.0,
+        rate_mbit=0.0,
     )
 
 

@@ -244,7 +244,7 @@ def study_universe_groups(cfg: Config, key: str) -> list[str]:
 
 def study_link_rates(cfg: Config) -> list[float]:
     """The link rates the network and scaling studies emulate (Mbit/s), for the links' bench."""
-    return [*cfg.network_study.bandwidths_mbit, cfg.scaling_study.bandwidth_mbit]
+    return [*cfg.network_study.rates_mbit, cfg.scaling_study.rate_mbit]
 
 
 def perf_model_bench_threads(cfg: Config) -> int:

@@ -217,7 +217,7 @@ STUDY_CONFIG = {
     "studies": {"contended_ready_share": 0.01, "contended_steal_share": 0.99},  # no rerun
     "network_study": {
         "runner": "local",
-        "bandwidths_mbit": [100],
+        "rates_mbit": [100],
         "nodes": 2,
         "ranks_per_node": 1,
         "seeds": [0],
@@ -254,7 +254,7 @@ def test_a_network_study_point_runs_across_both_nodes(emulated_slurm, tmp_path) 
     assert _wait(emulated_slurm, job, folder) == "COMPLETED", _log(folder)
     record = json.loads((folder / "point.json").read_text())
     assert (record["runner"], record["nodes"], record["ranks_per_node"]) == ("local", 2, 1)
-    assert (record["bandwidth_mbit"], record["rate_set_by_runner"]) == (100.0, False)
+    assert (record["rate_mbit"], record["rate_set_by_runner"]) == (100.0, False)
     assert "srun --nodes=2 --ntasks=2" in _log(folder)
     summary = json.loads((folder / "run" / "train_summary.json").read_text())
     assert [p["host"] for p in summary["placement"]] == ["emu1", "emu2"]

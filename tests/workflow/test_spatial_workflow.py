@@ -174,7 +174,7 @@ def test_network_study_target(workdir: Path) -> None:
         rows = {r["variant"]: r for r in csv.DictReader(f, delimiter="\t")}
     assert set(rows) == {"lion", "lion_cub_1bit"}
     for r in rows.values():
-        assert (r["bandwidth_mbit"], r["nodes"], r["ranks_per_node"]) == ("10", "2", "1")
+        assert (r["rate_mbit"], r["nodes"], r["ranks_per_node"]) == ("10", "2", "1")
     if NO_NETNS:  # the points are recorded as skipped, with blank measurements
         assert all(r["skipped"] and not r["step_s"] for r in rows.values())
         return

@@ -54,9 +54,10 @@ def load_schema() -> dict[str, Any]:
     return copy.deepcopy(_parsed_schema())
 
 
-# Keys that were renamed (one word for the ranks started on a node: ranks_per_node), each with
-# its new name and what it means; "*" stands for any item of a list. The schema would refuse the
-# old names too, but only as unknown keys, without saying what to write instead.
+# Keys that were renamed (one word for the ranks started on a node: ranks_per_node; one for a
+# link's rate: rate_mbit), each with its new name and what it means; "*" stands for any item of a
+# list. The schema would refuse the old names too, but only as unknown keys, without saying what
+# to write instead.
 RENAMED_KEYS = {
     "train.nproc_per_node": ("ranks_per_node", "the ranks started on each node"),
     "unet.train.nproc_per_node": ("ranks_per_node", "the U-Net's ranks on its node"),
@@ -65,6 +66,9 @@ RENAMED_KEYS = {
     "scaling_study.nproc_per_node": ("ranks_per_node", "ranks per emulated node"),
     "parallel.ranks_per_node": ("assumed_ranks_per_node", "the node size Lion Cub assumes"),
     "unet.parallel.ranks_per_node": ("assumed_ranks_per_node", "the node size Lion Cub assumes"),
+    # One name for a link's rate, in Mbit/s, across config, code, CLI (--rate-mbit) and tables.
+    "network_study.bandwidths_mbit": ("rates_mbit", "the links' rates of the study's points"),
+    "scaling_study.bandwidth_mbit": ("rate_mbit", "every node's link rate"),
 }
 
 

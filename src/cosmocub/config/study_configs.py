@@ -109,7 +109,7 @@ class NetworkStudyConfig:
     runner: str  # "emulated" (cosmocub.netemu) or "local" (the scheduler's nodes)
     nodes: int
     ranks_per_node: int
-    bandwidths_mbit: tuple[float, ...]
+    rates_mbit: tuple[float, ...]
     seeds: tuple[int, ...]
     epochs: int
     max_steps_per_epoch: int
@@ -131,17 +131,17 @@ class NetworkStudyConfig:
                 f"key 'network_study.reference': {self.reference!r} is not one of the variants "
                 f"{sorted(self.variants)}"
             )
-        if len(set(self.bandwidths_mbit)) != len(self.bandwidths_mbit):
+        if len(set(self.rates_mbit)) != len(self.rates_mbit):
             raise ConfigError(
-                f"key 'network_study.bandwidths_mbit': {list(self.bandwidths_mbit)} repeats a rate"
+                f"key 'network_study.rates_mbit': {list(self.rates_mbit)} repeats a rate"
             )
         if len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"key 'network_study.seeds': {list(self.seeds)} repeats a seed")
-        if self.runner == "local" and len(self.bandwidths_mbit) != 1:
+        if self.runner == "local" and len(self.rates_mbit) != 1:
             # On the scheduler's nodes the links run at the cluster's one rate, which cosmocub
             # does not set: several rates would be the same runs under different labels.
             raise ConfigError(
-                f"key 'network_study.bandwidths_mbit': {list(self.bandwidths_mbit)} with runner "
+                f"key 'network_study.rates_mbit': {list(self.rates_mbit)} with runner "
                 "local: the cluster's links have one rate, which cosmocub does not shape; give "
                 "that one rate (a label), or runner emulated to shape each"
             )
@@ -157,7 +157,7 @@ class StudiesConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ScalingStudyConfig:
-    bandwidth_mbit: float
+    rate_mbit: float
     ranks_per_node: int
     meshes: tuple[tuple[int, int], ...]
     modes: tuple[str, ...]

@@ -26,23 +26,23 @@ SLOWEST_RATIO = 20.0  # the sender is given up on past this many times the wire'
 @dataclass(frozen=True, kw_only=True)
 class Crossing:
     size_bytes: int
-    bandwidth_mbit: float
+    rate_mbit: float
     seconds: float  # the sender's first byte -> the receiver's last byte
 
     @property
     def ideal_s(self) -> float:
-        return ideal_seconds(self.size_bytes, self.bandwidth_mbit)
+        return ideal_seconds(self.size_bytes, self.rate_mbit)
 
     @property
     def ratio(self) -> float:
         return self.seconds / self.ideal_s
 
 
-def ideal_seconds(size_bytes: int, bandwidth_mbit: float) -> float:
-    """The wire's time for size_bytes of payload at bandwidth_mbit (headers not counted)."""
-    if bandwidth_mbit <= 0:
-        raise ValueError(f"ideal_seconds: bandwidth_mbit must be > 0, got {bandwidth_mbit}")
-    return size_bytes * 8 / (bandwidth_mbit * 1e6)
+def ideal_seconds(size_bytes: int, rate_mbit: float) -> float:
+    """The wire's time for size_bytes of payload at rate_mbit (headers not counted)."""
+    if rate_mbit <= 0:
+        raise ValueError(f"ideal_seconds: rate_mbit must be > 0, got {rate_mbit}")
+    return size_bytes * 8 / (rate_mbit * 1e6)
 
 
 def time_messages(
@@ -61,8 +61,8 @@ def time_messages(
     under `ip netns exec` with this process's environment, and are killed on the way out."""
     if len(net.nodes) < 2:
         raise ValueError(f"time_messages: needs 2 emulated nodes, got {len(net.nodes)}")
-    if net.bandwidth_mbit <= 0:
-        raise ValueError("time_messages: the links are unshaped (bandwidth_mbit 0), no rate")
+    if net.rate_mbit <= 0:
+        raise ValueError("time_messages: the links are unshaped (rate_mbit 0), no rate")
     if not sizes or min(sizes) < 1 or repeats < 1 or gap_s < 0:
         raise ValueError(
             f"time_messages: sizes must be >= 1 B, repeats >= 1, gap_s >= 0; got sizes {sizes}, "
@@ -70,7 +70,7 @@ def time_messages(
         )
     sender_node, receiver_node = net.nodes[0], net.nodes[1]
     module = [python, "-m", "cosmocub.netemu.linkprobe"]
-    wire_s = sum(ideal_seconds(size, net.bandwidth_mbit) for size in sizes)
+    wire_s = sum(ideal_seconds(size, net.rate_mbit) for size in sizes)
     timeout_s = repeats * (len(sizes) * gap_s + SLOWEST_RATIO * wire_s) + 30.0
     procs: list[subprocess.Popen] = []
     try:
@@ -114,9 +114,9 @@ def time_messages(
             if proc.poll() is None:
                 proc.kill()
             proc.communicate()
-    rate = net.bandwidth_mbit
+    rate = net.rate_mbit
     return [
-        Crossing(size_bytes=r["size_bytes"], bandwidth_mbit=rate, seconds=r["seconds"])
+        Crossing(size_bytes=r["size_bytes"], rate_mbit=rate, seconds=r["seconds"])
         for r in map(json.loads, out.splitlines())
     ]
 

@@ -1,6 +1,6 @@
 """Emulated nodes on a switched network: Linux network namespaces, a bridge, shaped veth links.
 
-`emulated_nodes(nodes=N, bandwidth_mbit=R)` makes N "node" namespaces and one "switch" namespace
+`emulated_nodes(nodes=N, rate_mbit=R)` makes N "node" namespaces and one "switch" namespace
 holding a bridge; node k joins the bridge by a veth pair (`node{k}` in its namespace, `port{k}` on
 the switch) and gets 10.77.0.(k+1)/24. With R > 0 both ends of every link carry a `tbf` qdisc at
 R Mbit/s: what a node sends and what the switch sends it, as on a full-duplex cluster link; MTU-
@@ -72,7 +72,7 @@ class EmulatedNode:
 class EmulatedNetwork:
     nodes: tuple[EmulatedNode, ...]
     switch_netns: str
-    bandwidth_mbit: float
+    rate_mbit: float
 
     def tx_bytes(self) -> list[int]:
         return [node.tx_bytes() for node in self.nodes]
@@ -91,13 +91,13 @@ def check_privileges() -> None:
 
 @contextlib.contextmanager
 def emulated_nodes(
-    *, nodes: int, bandwidth_mbit: float, prefix: str = DEFAULT_PREFIX
+    *, nodes: int, rate_mbit: float, prefix: str = DEFAULT_PREFIX
 ) -> Iterator[EmulatedNetwork]:
-    """`nodes` namespaces on a bridge, links shaped to bandwidth_mbit (0 = unshaped)."""
+    """`nodes` namespaces on a bridge, links shaped to rate_mbit (0 = unshaped)."""
     if nodes < 1 or nodes > 250:
         raise ValueError(f"emulated_nodes: nodes must be 1..250, got {nodes}")
-    if bandwidth_mbit < 0:
-        raise ValueError(f"emulated_nodes: bandwidth_mbit must be >= 0, got {bandwidth_mbit}")
+    if rate_mbit < 0:
+        raise ValueError(f"emulated_nodes: rate_mbit must be >= 0, got {rate_mbit}")
     if not re.fullmatch(r"[a-z][a-z0-9]{0,10}-", prefix):
         raise ValueError(f"emulated_nodes: prefix {prefix!r} is not like 'ccub-' (a-z0-9, '-')")
     check_privileges()
@@ -111,7 +111,7 @@ def emulated_nodes(
             for k in range(nodes)
         ),
         switch_netns=f"{tag}sw",
-        bandwidth_mbit=bandwidth_mbit,
+        rate_mbit=rate_mbit,
     )
     with signals_raise():
         try:
@@ -153,9 +153,9 @@ def _build(net: EmulatedNetwork) -> None:
         _ip(["-n", sw, "link", "set", port, "master", "br0", "up"])
         _ip(["-n", node.netns, "addr", "add", f"{node.address}/24", "dev", node.interface])
         _ip(["-n", node.netns, "link", "set", node.interface, "up"])
-        if net.bandwidth_mbit > 0:
-            _shape(node.netns, node.interface, net.bandwidth_mbit)
-            _shape(sw, port, net.bandwidth_mbit)
+        if net.rate_mbit > 0:
+            _shape(node.netns, node.interface, net.rate_mbit)
+            _shape(sw, port, net.rate_mbit)
 
 
 def _no_ipv6(netns: str) -> None:

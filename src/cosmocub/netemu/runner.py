@@ -44,7 +44,7 @@ class NodesRunResult:
     returncode: int
     nodes: int
     ranks_per_node: int
-    bandwidth_mbit: float
+    rate_mbit: float
     node_cores: list[list[int]]  # the cores node k's ranks were pinned to
     cores_per_rank: float  # below threads_per_rank: ranks share cores (oversubscribed)
     threads_per_rank: int  # each rank's torch threads
@@ -87,7 +87,7 @@ def run_training_on_nodes(
     out_dir: str | os.PathLike,
     nodes: int,
     ranks_per_node: int,
-    bandwidth_mbit: float,
+    rate_mbit: float,
     cores: Sequence[int] | None = None,
     cpus_per_rank: int | None = None,
     max_restarts: int = 0,
@@ -96,7 +96,7 @@ def run_training_on_nodes(
     during: Callable[[EmulatedNetwork], None] | None = None,
 ) -> NodesRunResult:
     """Train `cosmocub train --config … --shards … --out out_dir` on `nodes` emulated nodes of
-    `ranks_per_node` ranks, links at bandwidth_mbit (0 = unshaped). `cores`: the CPUs to share
+    `ranks_per_node` ranks, links at rate_mbit (0 = unshaped). `cores`: the CPUs to share
     out (default: this process's affinity); `cpus_per_rank`: each rank's threads and, where they
     fit, its own cores (`split_cores`; None: all the cores shared out). `during(network)` runs in
     a thread while training (e.g. to cut a link). Raises EmulationUnavailableError without
@@ -122,7 +122,7 @@ def run_training_on_nodes(
     attempts: list[int] = []
     stopped_by: list[int] = []
     started = time.perf_counter()
-    with emulated_nodes(nodes=nodes, bandwidth_mbit=bandwidth_mbit, prefix=prefix) as net:
+    with emulated_nodes(nodes=nodes, rate_mbit=rate_mbit, prefix=prefix) as net:
         tx_start = net.tx_bytes()
         helper = threading.Thread(target=during, args=(net,), daemon=True) if during else None
 
@@ -178,7 +178,7 @@ def run_training_on_nodes(
         returncode=rc,
         nodes=nodes,
         ranks_per_node=ranks_per_node,
-        bandwidth_mbit=bandwidth_mbit,
+        rate_mbit=rate_mbit,
         node_cores=node_cores,
         cores_per_rank=cores_per_rank,
         threads_per_rank=layout.cpus_per_rank,

@@ -49,7 +49,7 @@ class Point:
 
     overrides: deep-merged into the base config's values (a dict may replace a whole section
     value by giving it in full); labels: the columns that name the point in the table; launch:
-    its rank layout (nodes, ranks_per_node, bandwidth_mbit); runner: its name in
+    its rank layout (nodes, ranks_per_node, rate_mbit); runner: its name in
     cosmocub.studies.runners.RUNNERS.
     """
 

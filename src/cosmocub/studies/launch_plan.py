@@ -24,7 +24,7 @@ class PointLaunch:
 
     nodes: int | None = None
     ranks_per_node: int | None = None
-    bandwidth_mbit: float | None = None
+    rate_mbit: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """What the study gave (point.json's `launch`)."""
@@ -42,7 +42,7 @@ class LaunchPlan:
     launch: PointLaunch  # as the study gave it
     nodes: int
     ranks_per_node: int
-    bandwidth_mbit: float
+    rate_mbit: float
 
     @property
     def ranks(self) -> int:
@@ -80,7 +80,7 @@ def plan_launch(
         launch=launch,
         nodes=1 if launch.nodes is None else launch.nodes,
         ranks_per_node=point_cfg.train.ranks_per_node if given is None else given,
-        bandwidth_mbit=0.0 if launch.bandwidth_mbit is None else float(launch.bandwidth_mbit),
+        rate_mbit=0.0 if launch.rate_mbit is None else float(launch.rate_mbit),
     )
 
 

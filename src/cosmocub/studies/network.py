@@ -43,7 +43,7 @@ from cosmocub.studies.training_columns import COMM_BYTES_COLUMNS, STEP_TIME_COLU
 
 COLUMNS = (
     "variant",
-    "bandwidth_mbit",
+    "rate_mbit",
     "seed",
     "nodes",
     "ranks_per_node",
@@ -93,18 +93,18 @@ def points(cfg: Config) -> list[Point]:
                 "local_batch_size": study.local_batch_size,
             },
         }
-        for mbit in study.bandwidths_mbit:
+        for mbit in study.rates_mbit:
             for seed in study.seeds:
                 named_seed = seed if len(study.seeds) > 1 else None
                 out.append(
                     Point(
                         name=point_name(variant, mbit, named_seed),
                         overrides={**overrides, "train": {**overrides["train"], "seed": seed}},
-                        labels={"variant": variant, "bandwidth_mbit": mbit, "seed": seed},
+                        labels={"variant": variant, "rate_mbit": mbit, "seed": seed},
                         launch=PointLaunch(
                             nodes=study.nodes,
                             ranks_per_node=study.ranks_per_node,
-                            bandwidth_mbit=mbit,
+                            rate_mbit=mbit,
                         ),
                         runner=study.runner,
                     )
@@ -147,9 +147,9 @@ def finish(all_rows: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
 
 
 def _finish_seed(measured: list[dict[str, Any]], study: NetworkStudyConfig) -> None:
-    rates = list(study.bandwidths_mbit)
+    rates = list(study.rates_mbit)
     ref_rate = 0 if 0 in rates else rates[0]
-    by_key = {(r["variant"], r["bandwidth_mbit"]): r for r in measured}
+    by_key = {(r["variant"], r["rate_mbit"]): r for r in measured}
     reference = by_key.get((study.reference, ref_rate))
     k = study.target_smoothing
     if reference is not None and reference["_curve"]:
@@ -162,7 +162,7 @@ def _finish_seed(measured: list[dict[str, Any]], study: NetworkStudyConfig) -> N
         r["target_val_loss"] = target
         r["time_to_target_s"] = time_to(curves[id(r)], target) if target is not None else None
     for r in measured:
-        ref = by_key.get((study.reference, r["bandwidth_mbit"]))
+        ref = by_key.get((study.reference, r["rate_mbit"]))
         if ref is None:
             continue
         if ref["step_s"]:
@@ -192,11 +192,11 @@ def over_seeds(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     (`<column>`: the median, `<column>_min`, `<column>_max`)."""
     measured = [r for r in rows if not r.get("skipped")]
     out = []
-    for key in dict.fromkeys((r["variant"], r["bandwidth_mbit"]) for r in measured):
-        group = [r for r in measured if (r["variant"], r["bandwidth_mbit"]) == key]
+    for key in dict.fromkeys((r["variant"], r["rate_mbit"]) for r in measured):
+        group = [r for r in measured if (r["variant"], r["rate_mbit"]) == key]
         row: dict[str, Any] = {
             "variant": key[0],
-            "bandwidth_mbit": key[1],
+            "rate_mbit": key[1],
             "seeds": len(group),
             "met_target": sum(r.get("time_to_target_s") is not None for r in group),
         }
@@ -231,7 +231,7 @@ def over_seeds_section(rows: Sequence[Mapping[str, Any]], cfg: Config) -> str:
             "reached its seed's target."
         ),
         rows=table,
-        columns=("variant", "bandwidth_mbit", "seeds", "met_target", *OVER_SEEDS),
+        columns=("variant", "rate_mbit", "seeds", "met_target", *OVER_SEEDS),
     )
 
 
@@ -256,7 +256,7 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     FigureCanvasAgg(fig)
     ax, bx = fig.subplots(1, 2)
-    shaped = sorted({r["bandwidth_mbit"] for r in measured if r["bandwidth_mbit"]})
+    shaped = sorted({r["rate_mbit"] for r in measured if r["rate_mbit"]})
     unshaped_x = (max(shaped) * 10) if shaped else 1.0
 
     def x_of(mbit: float) -> float:
@@ -268,7 +268,7 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
     for variant in variants:
         pts = sorted(
             (
-                (x_of(r["bandwidth_mbit"]), r)
+                (x_of(r["rate_mbit"]), r)
                 for r in summed
                 if r["variant"] == variant and "speedup_vs_reference" in r
             ),
@@ -288,7 +288,7 @@ def plot(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> None:
     # One value per rate: every variant's row there carries the same reference's share.
     share = sorted(
         {
-            x_of(r["bandwidth_mbit"]): r["reference_exchange_share"]
+            x_of(r["rate_mbit"]): r["reference_exchange_share"]
             for r in summed
             if r.get("reference_exchange_share") is not None
         }.items()

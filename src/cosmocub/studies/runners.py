@@ -83,8 +83,8 @@ def run_local(
     args = ["train", "--config", str(config_path), "--shards", str(shards_dir)]
     rc = run_launch(layout, [*args, "--out", str(out_dir)])
     record: dict[str, Any] = {"nodes": layout.nodes, "ranks_per_node": plan.ranks_per_node}
-    if plan.launch.bandwidth_mbit is not None:  # a network point: its rate is a label here
-        record |= {"bandwidth_mbit": plan.bandwidth_mbit, "rate_set_by_runner": False}
+    if plan.launch.rate_mbit is not None:  # a network point: its rate is a label here
+        record |= {"rate_mbit": plan.rate_mbit, "rate_set_by_runner": False}
     return rc, record
 
 
@@ -98,14 +98,14 @@ def run_emulated(
     max_restarts: int,
 ) -> tuple[int, Mapping[str, Any]]:
     """The point on `plan.nodes` emulated nodes (cosmocub.netemu) of plan.ranks_per_node ranks
-    each, links at `plan.bandwidth_mbit` (0: unshaped, but still on the
+    each, links at `plan.rate_mbit` (0: unshaped, but still on the
     emulated network, so its bytes on the wire are counted). Each rank runs cpus_per_rank
     threads on cores of its own where the job's cores hold them all, else the ranks share the
     cores (recorded: `oversubscribed`, and the cores each rank really had)."""
     from cosmocub.netemu import EmulationUnavailableError
     from cosmocub.netemu.runner import run_training_on_nodes
 
-    nodes, ranks_per_node, bandwidth = plan.nodes, plan.ranks_per_node, plan.bandwidth_mbit
+    nodes, ranks_per_node, rate_mbit = plan.nodes, plan.ranks_per_node, plan.rate_mbit
     try:
         result = run_training_on_nodes(
             config_path=config_path,
@@ -113,7 +113,7 @@ def run_emulated(
             out_dir=out_dir,
             nodes=nodes,
             ranks_per_node=ranks_per_node,
-            bandwidth_mbit=bandwidth,
+            rate_mbit=rate_mbit,
             cpus_per_rank=cpus_per_rank,
             max_restarts=max_restarts,
         )
@@ -124,7 +124,7 @@ def run_emulated(
     return result.returncode, {
         "nodes": nodes,
         "ranks_per_node": ranks_per_node,
-        "bandwidth_mbit": bandwidth,
+        "rate_mbit": rate_mbit,
         "rate_set_by_runner": True,  # netemu shaped every node's link (0: left unshaped)
         "cores_per_rank": result.cores_per_rank,
         "threads_per_rank": result.threads_per_rank,

@@ -39,7 +39,7 @@ COLUMNS = (
     "world_size",
     "nodes",
     "ranks_per_node",
-    "bandwidth_mbit",
+    "rate_mbit",
     "cores_per_rank",
     "oversubscribed",
     "local_batch_size",
@@ -84,12 +84,12 @@ def points(cfg: Config) -> list[Point]:
                         "mode": mode,
                         "local_batch_size": local,
                         "global_batch_size": local * data,
-                        "bandwidth_mbit": study.bandwidth_mbit,
+                        "rate_mbit": study.rate_mbit,
                     },
                     launch=PointLaunch(
                         nodes=ranks // study.ranks_per_node,
                         ranks_per_node=study.ranks_per_node,
-                        bandwidth_mbit=study.bandwidth_mbit,
+                        rate_mbit=study.rate_mbit,
                     ),
                     runner="emulated",
                 )

@@ -25,23 +25,19 @@ AGENT_GRACE_S = 10.0  # an agent still running this long after its peer failed i
 
 def study_rates(cfg: Config) -> tuple[float, ...]:
     """The emulated link rates the studies run at: network_study's, then scaling_study's."""
-    return tuple(
-        dict.fromkeys([*cfg.network_study.bandwidths_mbit, cfg.scaling_study.bandwidth_mbit])
-    )
+    return tuple(dict.fromkeys([*cfg.network_study.rates_mbit, cfg.scaling_study.rate_mbit]))
 
 
-def sizes_for_rate(
-    sizes_bytes: Sequence[int], bandwidth_mbit: float, max_call_s: float
-) -> list[int]:
+def sizes_for_rate(sizes_bytes: Sequence[int], rate_mbit: float, max_call_s: float) -> list[int]:
     """The sizes whose halo swap (2 × size bytes from each rank) fits in max_call_s at the rate
     (0: unshaped, every size); raises ValueError when fewer than two are left to fit α and β."""
-    if bandwidth_mbit == 0:
+    if rate_mbit == 0:
         return list(sizes_bytes)
-    kept = [n for n in sizes_bytes if 2 * n * 8 / (bandwidth_mbit * 1e6) <= max_call_s]
+    kept = [n for n in sizes_bytes if 2 * n * 8 / (rate_mbit * 1e6) <= max_call_s]
     if len(kept) < 2:
         raise ValueError(
             f"key 'perf_model.bench.max_call_s': {max_call_s} s leaves {len(kept)} of the sizes "
-            f"{list(sizes_bytes)} at {bandwidth_mbit:g} Mbit/s; need 2 to fit alpha and beta"
+            f"{list(sizes_bytes)} at {rate_mbit:g} Mbit/s; need 2 to fit alpha and beta"
         )
     return kept
 
@@ -84,9 +80,7 @@ def bench_links(cfg: Config, *, config_path: str | None, out: Path) -> None:
             part = Path(tmp) / f"{link}.tsv"
             args = _bench_args(link, link_sizes, settings.repeats, config_path, part)
             log_path = Path(tmp) / f"{link}.log"
-            run_on_emulated_nodes(
-                args, nodes=settings.nodes, bandwidth_mbit=rate, log_path=log_path
-            )
+            run_on_emulated_nodes(args, nodes=settings.nodes, rate_mbit=rate, log_path=log_path)
             merged |= read_samples(part)
         write_samples(merged, out)
 
@@ -103,19 +97,19 @@ def run_on_emulated_nodes(
     module_args: Sequence[str],
     *,
     nodes: int,
-    bandwidth_mbit: float,
+    rate_mbit: float,
     log_path: Path,
     timeout_s: float = 1800.0,
 ) -> None:
     """`cosmocub <module_args>` on `nodes` emulated nodes of one rank each, links at
-    bandwidth_mbit, each node's agent pinned to its block of this process's cores; raises
+    rate_mbit, each node's agent pinned to its block of this process's cores; raises
     RuntimeError with the agents' log when one fails or they outlast timeout_s."""
     from cosmocub.netemu import emulated_nodes
     from cosmocub.netemu.runner import split_cores
 
     node_cores, _ = split_cores(os.sched_getaffinity(0), nodes, 1)
     layout = RankLayout(nodes=nodes, ranks_per_node=1, cpus_per_rank=1)
-    with emulated_nodes(nodes=nodes, bandwidth_mbit=bandwidth_mbit) as net, log_path.open("w") as f:
+    with emulated_nodes(nodes=nodes, rate_mbit=rate_mbit) as net, log_path.open("w") as f:
         endpoint = f"{net.nodes[0].address}:{RENDEZVOUS_PORT}"
         agents = []
         for node in net.nodes:
@@ -144,7 +138,7 @@ def run_on_emulated_nodes(
     if failure:
         tail = "\n".join(log_path.read_text().splitlines()[-30:])
         raise RuntimeError(
-            f"perf-model bench on {nodes} emulated nodes at {bandwidth_mbit:g} Mbit/s: "
+            f"perf-model bench on {nodes} emulated nodes at {rate_mbit:g} Mbit/s: "
             f"{failure}; the agents' log ends:\n{tail}"
         )
 

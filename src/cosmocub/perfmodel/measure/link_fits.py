@@ -31,11 +31,11 @@ FIT_COLUMNS = (
 _EMULATED = re.compile(r"emulated_(\d+(?:\.\d+)?)mbit")
 
 
-def emulated_link(bandwidth_mbit: float) -> str:
-    """The name of the emulated link at `bandwidth_mbit` (0: unshaped)."""
-    if bandwidth_mbit < 0:
-        raise ValueError(f"emulated link: bandwidth_mbit must be >= 0, got {bandwidth_mbit}")
-    return UNSHAPED if bandwidth_mbit == 0 else f"emulated_{bandwidth_mbit:g}mbit"
+def emulated_link(rate_mbit: float) -> str:
+    """The name of the emulated link at `rate_mbit` (0: unshaped)."""
+    if rate_mbit < 0:
+        raise ValueError(f"emulated link: rate_mbit must be >= 0, got {rate_mbit}")
+    return UNSHAPED if rate_mbit == 0 else f"emulated_{rate_mbit:g}mbit"
 
 
 def emulated_rate(link: str) -> float | None:
@@ -71,18 +71,18 @@ class LinkFits:
             raise ValueError(f"{self.source}: link {link!r} has no fit of {missing}")
         return {kind: fit.costs for kind, fit in self.fits[link].items()}
 
-    def inter_node(self, bandwidth_mbit: float) -> tuple[str, dict[str, AlphaBeta], str | None]:
-        """(link, its α–β, note) for a group across emulated nodes at `bandwidth_mbit`: that
+    def inter_node(self, rate_mbit: float) -> tuple[str, dict[str, AlphaBeta], str | None]:
+        """(link, its α–β, note) for a group across emulated nodes at `rate_mbit`: that
         rate's fit, or where it was not measured the nearest measured rate's (by rate ratio;
         unshaped is the fastest) and a note saying so; a ValueError naming the link when no
         emulated link was measured at all."""
-        wanted = emulated_link(bandwidth_mbit)
+        wanted = emulated_link(rate_mbit)
         if wanted in self.fits:
             return wanted, self.costs(wanted), None
         measured = {link: rate for link in self.fits if (rate := emulated_rate(link)) is not None}
         if not measured:
             self.costs(wanted)  # raises, naming it
-        used = min(measured, key=lambda link: _rate_distance(measured[link], bandwidth_mbit))
+        used = min(measured, key=lambda link: _rate_distance(measured[link], rate_mbit))
         note = (
             f"link {wanted!r} was not measured: using the fit of {used!r}, the nearest measured "
             f"rate (measured: {', '.join(sorted(measured))})"

@@ -60,15 +60,15 @@ def read_points(path: Path) -> list[dict[str, str]]:
 
 def network_for(row: Mapping[str, str], fits: LinkFits) -> Network:
     """The network a measured point ran on (`machines.fitted_network`): loopback within a node,
-    between nodes the emulated link at the row's bandwidth_mbit (0: unshaped)."""
+    between nodes the emulated link at the row's rate_mbit (0: unshaped)."""
     world = int(row.get("world_size") or row["data"])
     nodes = int(row.get("nodes") or 1)
     rate = None
     if nodes > 1:
-        mbit = row.get("bandwidth_mbit")
+        mbit = row.get("rate_mbit")
         if mbit in (None, ""):
             raise ValueError(
-                f"point {row['point']!r}: {nodes} nodes but no bandwidth_mbit, so the link its "
+                f"point {row['point']!r}: {nodes} nodes but no rate_mbit, so the link its "
                 "collectives crossed is unknown"
             )
         rate = float(mbit)
