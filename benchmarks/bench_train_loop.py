@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +27,11 @@ from cosmocub.optim.optimizer_factory import build_optimizer
 from cosmocub.parallel.parallel_dims import build_parallel_dims, close_parallel_dims
 from cosmocub.train.build import build_trainer
 from cosmocub.train.loop import train_one_epoch
-from cosmocub.train.testing import make_random_shards
+
+# Random shards in the documented layout: the tests' fixture (tests/shard_fixtures.py), not the
+# package's business.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from shard_fixtures import make_random_shards
 
 
 def bare_epoch(

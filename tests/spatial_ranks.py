@@ -6,7 +6,7 @@ single-process computation on the same global input; world rank 0 computes the r
 writes {case: errors} as JSON. Errors are relative, normwise per tensor:
 ‖parallel − reference‖₂ / ‖reference‖₂.
 Mode `train`: whole training runs one after another in this one process group, as a manifest
-lists them (`cosmocub.train.testing.train_runs`); rank 0 writes {run: train summary} as JSON.
+lists them (`shard_fixtures.train_runs`); rank 0 writes {run: train summary} as JSON.
 """
 
 from __future__ import annotations
@@ -465,7 +465,7 @@ def main() -> None:
     if mode == "synthetic":
         synthetic_cases(results, world)
     elif mode == "train":
-        from cosmocub.train.testing import train_runs
+        from shard_fixtures import train_runs
 
         results.update(train_runs(files[0]))
     else:

@@ -219,13 +219,13 @@ def test_from_run_on_a_tiny_real_cpu_run_scales_this_cpus_calibration(tmp_path: 
     first) ÷ the calibration's price is the scale, and the calibration times it gives back the
     measured compute at that point."""
     from calibration_fixtures import synthetic_calibration
+    from shard_fixtures import make_random_shards
     from test_train import tiny_cfg
 
     from cosmocub.perfmodel.cost_model.machines import THIS_CPU, this_cpu
     from cosmocub.perfmodel.uses.run_calibration import RunCalibration
     from cosmocub.perfmodel.uses.run_folder import calibrate_from_run
     from cosmocub.train.main import train
-    from cosmocub.train.testing import make_random_shards
 
     cfg = tiny_cfg()
     shards = make_random_shards(tmp_path / "shards", counts={"train": 16, "val": 8}, size=8)

@@ -308,8 +308,9 @@ def test_a_point_beside_a_cpu_hog_is_marked_contended_and_alone_it_is_not(tmp_pa
     contended only while the load average is below the cores: on a machine other jobs share,
     they do what the hogs do (seen: a first run alone at 0.43, load 3.1 on 2 cores, its rerun
     0.94; pinned to one core, 0.67 then 0.93), and the test would measure the neighbours."""
+    from shard_fixtures import make_random_shards
+
     from cosmocub.train.main import train
-    from cosmocub.train.testing import make_random_shards
 
     if read_sched_ns() is None:
         pytest.skip("this kernel keeps no /proc/self/task/*/schedstat")

@@ -10,11 +10,11 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from shard_fixtures import make_random_shards
 from torch.utils.data import DataLoader
 
 from cosmocub.config import ModelConfig, load_config
 from cosmocub.data.dataset import ShardDataset, open_split, read_stats, shard_path
-from cosmocub.train.testing import make_random_shards
 
 
 @pytest.fixture

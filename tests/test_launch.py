@@ -184,10 +184,10 @@ def test_a_rank_whose_peer_dies_says_so_in_one_line(tmp_path) -> None:
     import time
 
     import yaml
+    from shard_fixtures import make_random_shards
     from test_train import TINY
 
     from cosmocub.launch import multirank
-    from cosmocub.train.testing import make_random_shards
 
     shards = make_random_shards(tmp_path / "shards", counts={"train": 16, "val": 8}, size=8)
     values = {**TINY, "train": {**TINY["train"], "epochs": 1000, "ranks_per_node": 2}}

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from shard_fixtures import make_random_shards
 from test_spatial_train import run_trainings
 from test_train import TINY  # the plain tiny recipe the training tests share
 from torch import nn
@@ -29,7 +30,6 @@ from cosmocub.optim.optimizer_factory import build_optimizer, check_group_size
 from cosmocub.optim.packing import pack_bits, pack_codes, unpack_bits, unpack_codes
 from cosmocub.optim.quantize import quantize, tensor_scales
 from cosmocub.optim.vote import sign_bits, tie_pattern, vote
-from cosmocub.train.testing import make_random_shards
 
 QUANTIZERS = ("sign", "l1", "linf", "l0")
 

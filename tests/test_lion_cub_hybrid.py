@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from shard_fixtures import make_random_shards
 from test_lion_cub import momenta_per_data_rank
 from test_spatial_layers import run_ranks
 from test_spatial_train import TINY, epoch_records
 
 from cosmocub.models.cosmoflow import CosmoFlow
-from cosmocub.train.testing import make_random_shards
 
 pytestmark = pytest.mark.slow
 

@@ -39,12 +39,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from shard_fixtures import make_random_shards
 
 from cosmocub.netemu import EmulationUnavailableError, emulated_nodes
 from cosmocub.netemu.linkprobe import time_messages
 from cosmocub.netemu.namespaces import check_privileges, list_namespaces
 from cosmocub.netemu.runner import run_training_on_nodes, split_cores
-from cosmocub.train.testing import make_random_shards
 
 PREFIX = "ccubt-"  # the tests' own, apart from a study's "ccub-"
 RATE_MBIT = 10

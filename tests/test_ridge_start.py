@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from shard_fixtures import make_random_shards
 from test_train import tiny_cfg
 from torch.utils.data import TensorDataset
 from torch.utils.flop_counter import FlopCounterMode
@@ -21,7 +22,6 @@ from cosmocub.train import build
 from cosmocub.train.main import train
 from cosmocub.train.ridge_start import fit_tap_ridge
 from cosmocub.train.tasks import build_task
-from cosmocub.train.testing import make_random_shards
 
 torch.set_num_threads(1)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from shard_fixtures import make_random_shards
 from test_train import TINY  # the plain tiny recipe the training tests share
 
 from cosmocub.launch import multirank
@@ -23,7 +24,6 @@ from cosmocub.launch.torchrun import torchrun_argv
 from cosmocub.models.model_factory import load_model_file
 from cosmocub.train.main import train
 from cosmocub.train.run_lock import LOCK_FILE, RunFolderBusyError, acquire_run_lock
-from cosmocub.train.testing import make_random_shards
 
 
 def tiny_yaml(path: Path, **train_changes) -> Path:

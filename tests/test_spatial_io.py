@@ -11,6 +11,7 @@ from pathlib import Path
 import h5py
 import pytest
 import torch
+from shard_fixtures import make_random_shards
 
 from cosmocub.config import ConfigError, load_config
 from cosmocub.data.augment import (
@@ -22,7 +23,6 @@ from cosmocub.data.augment import (
 )
 from cosmocub.data.dataset import ShardDataset, read_stats
 from cosmocub.train.loaders import ResumableSampler
-from cosmocub.train.testing import make_random_shards
 
 SIZE, CHANNELS, SLAB = 16, 4, 4
 

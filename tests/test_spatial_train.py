@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from shard_fixtures import make_random_shards
 
 from cosmocub.launch import multirank
 from cosmocub.launch.torchrun import torchrun_argv
 from cosmocub.models.cosmoflow import CosmoFlow
 from cosmocub.models.model_factory import load_model_file
-from cosmocub.train.testing import make_random_shards
 
 pytestmark = pytest.mark.slow
 

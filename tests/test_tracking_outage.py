@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from shard_fixtures import make_random_shards
 from test_train import TINY  # the plain tiny recipe the training tests share
 
 from cosmocub.launch import multirank
 from cosmocub.launch.torchrun import torchrun_argv
 from cosmocub.train.main import MLFLOW_RUN_FILE
-from cosmocub.train.testing import make_random_shards
 
 # A rank that stops at the steps named in its gates: at {"step": s, "flag": f} rank 0 writes
 # f.waiting and waits for f.go (the other rank waits in the next collective); at

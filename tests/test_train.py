@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from shard_fixtures import make_random_shards
 
 from cosmocub import cli
 from cosmocub.config import Config, load_config
@@ -33,7 +34,6 @@ from cosmocub.train.checkpoint import CheckpointManager, CheckpointMismatchError
 from cosmocub.train.loaders import ResumableSampler
 from cosmocub.train.loop import NonFiniteLossError
 from cosmocub.train.main import train
-from cosmocub.train.testing import make_random_shards
 
 # Tiny and plain (no batch norm, no augmentation, no decay), as these tests were written; each
 # test switches on what it checks.

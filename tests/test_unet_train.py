@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 import torch
+from shard_fixtures import make_random_shards
 from test_spatial_train import epoch_records, run_trainings, step_losses, tiny
 
 from cosmocub.models.model_factory import load_model_file
 from cosmocub.models.unet import UNet3d
-from cosmocub.train.testing import make_random_shards
 
 pytestmark = pytest.mark.slow
 

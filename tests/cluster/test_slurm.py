@@ -219,8 +219,7 @@ def test_kill_9_of_the_launcher_under_srun_leaves_no_task(slurm, tmp_path) -> No
     goes on: the kernel's death signal (SIGTERM to srun, which passes it to the step's tasks) is
     what ends them. (Without it the orphaned srun and its tasks train on until the job ends.)"""
     import psutil
-
-    from cosmocub.train.testing import make_random_shards
+    from shard_fixtures import make_random_shards
 
     shards = make_random_shards(tmp_path / "shards", counts={"train": 16, "val": 8}, size=8)
     values = {

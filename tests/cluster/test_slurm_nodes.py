@@ -150,7 +150,7 @@ def _log(folder: Path) -> str:
 
 
 def test_two_nodes_train_cancel_and_resume_bit_identical(emulated_slurm, tmp_path) -> None:
-    from cosmocub.train.testing import make_random_shards
+    from shard_fixtures import make_random_shards
 
     env = emulated_slurm
     shards = make_random_shards(tmp_path / "shards", counts={"train": 16, "val": 8}, size=8)
@@ -233,8 +233,9 @@ STUDY_CONFIG = {
 
 
 def test_a_network_study_point_runs_across_both_nodes(emulated_slurm, tmp_path) -> None:
+    from shard_fixtures import make_random_shards
+
     from cosmocub import cli
-    from cosmocub.train.testing import make_random_shards
 
     shards = make_random_shards(tmp_path / "shards", counts={"train": 16, "val": 8}, size=8)
     cfg = tmp_path / "cfg.yaml"
@@ -413,7 +414,7 @@ def test_a_lost_node_ends_the_job_without_a_restart_in_its_allocation(
     peer's closed connection). Either way no second attempt starts inside the allocation that
     still holds the dead node; the job leaves RUNNING (ended, or requeued by Slurm to wait for a
     node), and no rank of it is left on emu1."""
-    from cosmocub.train.testing import make_random_shards
+    from shard_fixtures import make_random_shards
 
     env = emulated_slurm
     shards = make_random_shards(tmp_path / "shards", counts={"train": 16, "val": 8}, size=8)

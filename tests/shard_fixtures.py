@@ -1,6 +1,6 @@
-"""For tests and benchmarks: tiny random shard folders in the docs/reference/formats.md layout, and
-many
-training runs one after another in one process group (process start-up is the cost).
+"""For tests and benchmarks (which add tests/ to their path): tiny random shard folders in the
+docs/reference/formats.md layout, and many training runs one after another in one process group
+(process start-up is the cost).
 
 The shards' targets depend on the inputs (a fixed random projection of per-channel means), so a
 model can fit them; nothing here is physics.
