@@ -23,7 +23,7 @@ from cosmocub.perfmodel.alpha_beta import KINDS, AlphaBeta
 from cosmocub.perfmodel.cost_model.overlap import ddp_buckets
 from cosmocub.perfmodel.cost_model.step_model import parameter_sizes, predict_step
 from cosmocub.perfmodel.cost_model.topology import Mesh, Network
-from cosmocub.perfmodel.measure.costs import Sample, fit_alpha_beta, fit_per_kind
+from cosmocub.perfmodel.measure.alpha_beta_fit import Sample, fit_alpha_beta, fit_per_kind
 from cosmocub.perfmodel.measure.link_fits import (
     LOOPBACK,
     LinkFits,
@@ -187,7 +187,7 @@ def test_the_lookup_picks_the_link_a_collective_crosses(caplog) -> None:
 
 
 def test_the_bench_covers_every_study_rate_and_sizes_that_fit_the_rate() -> None:
-    from cosmocub.perfmodel.measure.bench_links import sizes_for_rate, study_rates
+    from cosmocub.perfmodel.measure.link_samples import sizes_for_rate, study_rates
     from cosmocub.perfmodel.measure.microbench import buffer_elements
 
     cfg = load_config(None)
@@ -208,7 +208,7 @@ def test_without_namespaces_the_bench_skips_the_emulated_links_saying_why(
 ) -> None:
     from cosmocub.netemu import EmulationUnavailableError
     from cosmocub.netemu import namespaces as netemu_nodes
-    from cosmocub.perfmodel.measure import bench_links
+    from cosmocub.perfmodel.measure import link_samples
     from cosmocub.perfmodel.measure.microbench import read_samples, write_samples
 
     def no_netns() -> None:
@@ -222,9 +222,9 @@ def test_without_namespaces_the_bench_skips_the_emulated_links_saying_why(
         return 0
 
     monkeypatch.setattr(netemu_nodes, "check_privileges", no_netns)
-    monkeypatch.setattr(bench_links, "run_launch", fake_launch)
+    monkeypatch.setattr(link_samples, "run_launch", fake_launch)
     out = tmp_path / "perf" / "bench.tsv"
-    bench_links.bench_links(load_config(None), config_path=None, out=out)
+    link_samples.bench_links(load_config(None), config_path=None, out=out)
     assert capsys.readouterr().err.splitlines() == [
         "emulated points skipped: perf-model bench emulated_unshaped, emulated_100mbit, "
         "emulated_10mbit, emulated_1000mbit: network namespaces need root or CAP_NET_ADMIN (uid 1)"

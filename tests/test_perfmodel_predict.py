@@ -18,8 +18,8 @@ from cosmocub.perfmodel.cost_model.machines import Accelerator, fitted_network, 
 from cosmocub.perfmodel.cost_model.overlap import exposed_allreduce
 from cosmocub.perfmodel.cost_model.step_model import parameter_sizes
 from cosmocub.perfmodel.cost_model.topology import Mesh, Network
+from cosmocub.perfmodel.measure.alpha_beta_fit import Fit
 from cosmocub.perfmodel.measure.compute import accelerator_seconds
-from cosmocub.perfmodel.measure.costs import Fit
 from cosmocub.perfmodel.measure.link_fits import LinkFits
 from cosmocub.perfmodel.uses.run_prediction import PARTS, Workload, lion_reference, predict_run
 

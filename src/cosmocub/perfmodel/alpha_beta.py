@@ -5,7 +5,7 @@ all-gather of the P ranks' n/P each, P−1 rounds and (P−1)/P·n; an all-to-al
 buffer, P−1 rounds and (P−1)/P·n; a halo swap along one split dim, two faces of n bytes (one to
 each neighbour, concurrently): 2 messages, 2n bytes. The byte terms are the optimizer's own
 counting functions (cosmocub.optim.collectives). The lowest layer of the performance model:
-measure fits it (measure.costs), the cost model prices with it (cost_model.topology).
+measure fits it (measure.alpha_beta_fit), the cost model prices with it (cost_model.topology).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cosmocub.io import atomic_path, read_tsv
 from cosmocub.perfmodel.alpha_beta import KINDS, AlphaBeta
-from cosmocub.perfmodel.measure.costs import Fit, Sample, fit_per_kind
+from cosmocub.perfmodel.measure.alpha_beta_fit import Fit, Sample, fit_per_kind
 
 LOOPBACK = "loopback"  # ranks of one node (gloo over lo, also inside an emulated node)
 UNSHAPED = "emulated_unshaped"  # the emulated network at rate 0: veth and bridge, no tbf

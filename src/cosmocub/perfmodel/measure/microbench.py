@@ -22,7 +22,7 @@ import torch.distributed as dist
 from cosmocub.io import atomic_path, read_tsv
 from cosmocub.optim.collectives import all_gather_flat
 from cosmocub.perfmodel.alpha_beta import KINDS
-from cosmocub.perfmodel.measure.costs import Sample
+from cosmocub.perfmodel.measure.alpha_beta_fit import Sample
 
 COLUMNS = ("link", "kind", "group_size", "nbytes", "seconds")
 MIN_SAMPLE_S, MAX_REPEATS = 0.1, 50  # small messages are repeated up to this long, this often

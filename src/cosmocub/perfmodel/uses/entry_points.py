@@ -13,11 +13,11 @@ import torch.distributed as dist
 
 from cosmocub.config import Config, load_config
 from cosmocub.io import atomic_path, write_json, write_tsv
-from cosmocub.perfmodel.measure.bench_links import bench_links
 from cosmocub.perfmodel.measure.calibration_cache import calibration_path, load_or_calibrate
 from cosmocub.perfmodel.measure.cpu_model import Calibration, describe
 from cosmocub.perfmodel.measure.cpu_model import calibrate as measure
 from cosmocub.perfmodel.measure.link_fits import fit_per_link, read_fits, write_fits
+from cosmocub.perfmodel.measure.link_samples import bench_links
 from cosmocub.perfmodel.measure.microbench import read_samples, run_microbench, write_samples
 from cosmocub.perfmodel.uses.extrapolate import (
     COLUMNS,
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 def bench(config_path: str | None, out: Path) -> None:
     """The micro-benchmark on loopback and on the emulated link at every study rate
-    (cosmocub.perfmodel.measure.bench_links), one samples table at `out`."""
+    (cosmocub.perfmodel.measure.link_samples), one samples table at `out`."""
 
     bench_links(load_config(config_path), config_path=config_path, out=out)
 
