@@ -193,8 +193,18 @@ def test_calibrating_on_cuda_without_a_gpu_fails_saying_so(
 ) -> None:
     with pytest.raises(ValueError, match=r"torch\.cuda\.is_available\(\) is False"):
         require_cuda()
-    rc = main(["perf-model", "calibrate", "--device", "cuda", "--out", str(tmp_path / "g.json"),
-               "--config", str(MLPERF)])  # fmt: skip
+    rc = main(
+        [
+            "perf-model",
+            "calibrate",
+            "--device",
+            "cuda",
+            "--out",
+            str(tmp_path / "g.json"),
+            "--config",
+            str(MLPERF),
+        ]
+    )
     assert rc == 2 and "is False on this machine" in capsys.readouterr().err
     assert not (tmp_path / "g.json").exists()
 

@@ -11,8 +11,14 @@ from cosmocub.perfmodel.uses.mllog import read_events, run_times, system_descrip
 
 
 def line(key: str, t_ms: float, value: object = None, **metadata: object) -> str:
-    record = {"namespace": "", "time_ms": t_ms, "event_type": "POINT_IN_TIME", "key": key,
-              "value": value, "metadata": {"file": "x.py", "lineno": 1, **metadata}}  # fmt: skip
+    record = {
+        "namespace": "",
+        "time_ms": t_ms,
+        "event_type": "POINT_IN_TIME",
+        "key": key,
+        "value": value,
+        "metadata": {"file": "x.py", "lineno": 1, **metadata},
+    }
     return ":::MLLOG " + json.dumps(record)
 
 

@@ -14,13 +14,25 @@ from cosmocub.perfmodel.cost_model.nccl_collectives import (
 )
 
 DGX_H100 = NcclNode(
-    arch="hopper", cpu_vendor="intel", intra_link="nvlink", intra_gbyte_s=360.0, nics=8,
-    nic_gbyte_s=50.0, ranks_per_node=8, ll128=True,
-)  # fmt: skip
+    arch="hopper",
+    cpu_vendor="intel",
+    intra_link="nvlink",
+    intra_gbyte_s=360.0,
+    nics=8,
+    nic_gbyte_s=50.0,
+    ranks_per_node=8,
+    ll128=True,
+)
 A100_AMD = NcclNode(
-    arch="ampere", cpu_vendor="amd", intra_link="nvlink", intra_gbyte_s=240.0, nics=4,
-    nic_gbyte_s=25.0, ranks_per_node=4, ll128=False,
-)  # fmt: skip
+    arch="ampere",
+    cpu_vendor="amd",
+    intra_link="nvlink",
+    intra_gbyte_s=240.0,
+    nics=4,
+    nic_gbyte_s=25.0,
+    ranks_per_node=4,
+    ll128=False,
+)
 
 
 def test_one_node_ring_is_base_plus_a_step_per_hop_and_busbw_over_2_p_minus_1_over_p() -> None:

@@ -89,26 +89,38 @@ def test_steal_is_read_per_core_from_proc_stat_over_the_busy_time() -> None:
     assert busy > 0 and stolen >= 0  # this process has run on its cores
     # A rank's share between two samples: 300 busy ticks, 100 stolen.
     c = rank_conditions(
-        _sample(0, 0, 0, 0, None, (1000, 50)), _sample(1, 1, 0, 0, None, (1300, 150)),
-        threads=1, cores=1,
-    )  # fmt: skip
+        _sample(0, 0, 0, 0, None, (1000, 50)),
+        _sample(1, 1, 0, 0, None, (1300, 150)),
+        threads=1,
+        cores=1,
+    )
     assert c["steal_share"] == pytest.approx(0.25)
     # 90 ticks of work between them (under a core-second): too short to read a share from
     short = rank_conditions(
-        _sample(0, 0, 0, 0, None, (1000, 50)), _sample(1, 1, 0, 0, None, (1080, 60)),
-        threads=1, cores=1,
-    )  # fmt: skip
+        _sample(0, 0, 0, 0, None, (1000, 50)),
+        _sample(1, 1, 0, 0, None, (1080, 60)),
+        threads=1,
+        cores=1,
+    )
     assert math.isnan(short["steal_share"])
     assert "steal_share" not in reduce_over_ranks([c, short])  # not judged on a rank without
-    assert math.isnan(rank_conditions(_sample(0, 0, 0, 0, None), _sample(1, 1, 0, 0, None),
-                                      threads=1, cores=1)["steal_share"])  # fmt: skip
+    assert math.isnan(
+        rank_conditions(_sample(0, 0, 0, 0, None), _sample(1, 1, 0, 0, None), threads=1, cores=1)[
+            "steal_share"
+        ]
+    )
 
 
 def test_rank_conditions_between_two_samples_follow_threads_by_id() -> None:
     start = _sample(10.0, 5.0, 3, 0.5, {1: (1_000_000_000, 0), 2: (0, 0), 9: (7, 7)})
     # thread 3 started in between (counts from zero); thread 9 ended (its counts go with it)
-    end = _sample(12.0, 8.0, 13, 1.5, {1: (2_000_000_000, 1_000_000_000), 2: (500_000_000, 0),
-                                      3: (500_000_000, 0)})  # fmt: skip
+    end = _sample(
+        12.0,
+        8.0,
+        13,
+        1.5,
+        {1: (2_000_000_000, 1_000_000_000), 2: (500_000_000, 0), 3: (500_000_000, 0)},
+    )
     c = rank_conditions(start, end, threads=2, cores=4)
     assert c["wall_s"] == 2.0 and c["cpu_s"] == 3.0
     assert c["cpu_share"] == pytest.approx(0.75)
@@ -121,16 +133,41 @@ def test_rank_conditions_between_two_samples_follow_threads_by_id() -> None:
 
 def test_reduction_over_ranks_keeps_the_worst_served_rank_and_sums_switches() -> None:
     ranks = [
-        {"cpu_s": 2.0, "wall_s": 4.0, "cpu_share": 0.5, "ready_share": 0.9, "nivcsw": 10.0,
-         "load_1m_start": 1.0, "load_1m_end": 2.0, "torch_threads": 1.0, "cores_granted": 2.0},
-        {"cpu_s": 4.0, "wall_s": 4.5, "cpu_share": 0.9, "ready_share": 0.4, "nivcsw": 30.0,
-         "load_1m_start": 1.5, "load_1m_end": 1.0, "torch_threads": 1.0, "cores_granted": 1.0},
-    ]  # fmt: skip
+        {
+            "cpu_s": 2.0,
+            "wall_s": 4.0,
+            "cpu_share": 0.5,
+            "ready_share": 0.9,
+            "nivcsw": 10.0,
+            "load_1m_start": 1.0,
+            "load_1m_end": 2.0,
+            "torch_threads": 1.0,
+            "cores_granted": 2.0,
+        },
+        {
+            "cpu_s": 4.0,
+            "wall_s": 4.5,
+            "cpu_share": 0.9,
+            "ready_share": 0.4,
+            "nivcsw": 30.0,
+            "load_1m_start": 1.5,
+            "load_1m_end": 1.0,
+            "torch_threads": 1.0,
+            "cores_granted": 1.0,
+        },
+    ]
     out = reduce_over_ranks(ranks)
     assert out == {
-        "cpu_s": 3.0, "wall_s": 4.5, "cpu_share": 0.5, "ready_share": 0.4, "nivcsw": 40.0,
-        "load_1m_start": 1.5, "load_1m_end": 2.0, "torch_threads": 1.0, "cores_granted": 1.0,
-    }  # fmt: skip
+        "cpu_s": 3.0,
+        "wall_s": 4.5,
+        "cpu_share": 0.5,
+        "ready_share": 0.4,
+        "nivcsw": 40.0,
+        "load_1m_start": 1.5,
+        "load_1m_end": 2.0,
+        "torch_threads": 1.0,
+        "cores_granted": 1.0,
+    }
     ranks[1]["ready_share"] = math.nan  # a rank without schedstat: no ready_share at all
     assert "ready_share" not in reduce_over_ranks(ranks)
     ranks[0]["steal_share"], ranks[1]["steal_share"] = 0.02, 0.3
@@ -138,8 +175,13 @@ def test_reduction_over_ranks_keeps_the_worst_served_rank_and_sums_switches() ->
 
 
 def _epoch(step: int, cpu: float, ready: float | None, load: float, nivcsw: float) -> dict:
-    e = {"step": step, "cpu_share": cpu, "load_1m_start": load, "load_1m_end": load / 2,
-         "nivcsw": nivcsw}  # fmt: skip
+    e = {
+        "step": step,
+        "cpu_share": cpu,
+        "load_1m_start": load,
+        "load_1m_end": load / 2,
+        "nivcsw": nivcsw,
+    }
     return e if ready is None else {**e, "ready_share": ready}
 
 
@@ -184,13 +226,37 @@ def test_contended_is_below_the_threshold_in_ready_share_or_above_it_in_steal() 
 
 def test_contended_points_leave_efficiencies_and_model_errors_and_the_report_says_so() -> None:
     rows = [
-        {"point": "strong_1x1", "mode": "strong", "data": 1, "spatial": 1,
-         "samples_per_core_s": 4.0, "contended": False, "cpu_share": 0.9, "ready_share": 0.95},
-        {"point": "strong_2x1", "mode": "strong", "data": 2, "spatial": 1,
-         "samples_per_core_s": 3.0, "contended": False, "cpu_share": 0.9, "ready_share": 0.9},
-        {"point": "strong_1x2", "mode": "strong", "data": 1, "spatial": 2,
-         "samples_per_core_s": 0.5, "contended": True, "cpu_share": 0.4, "ready_share": 0.45},
-    ]  # fmt: skip
+        {
+            "point": "strong_1x1",
+            "mode": "strong",
+            "data": 1,
+            "spatial": 1,
+            "samples_per_core_s": 4.0,
+            "contended": False,
+            "cpu_share": 0.9,
+            "ready_share": 0.95,
+        },
+        {
+            "point": "strong_2x1",
+            "mode": "strong",
+            "data": 2,
+            "spatial": 1,
+            "samples_per_core_s": 3.0,
+            "contended": False,
+            "cpu_share": 0.9,
+            "ready_share": 0.9,
+        },
+        {
+            "point": "strong_1x2",
+            "mode": "strong",
+            "data": 1,
+            "spatial": 2,
+            "samples_per_core_s": 0.5,
+            "contended": True,
+            "cpu_share": 0.4,
+            "ready_share": 0.45,
+        },
+    ]
     out = scaling.finish(rows, None)
     assert [r.get("efficiency") for r in out] == [1.0, 0.75, None]
     # A contended reference gives no efficiencies at all rather than ones against a busy machine.
@@ -208,8 +274,10 @@ def test_contended_points_leave_efficiencies_and_model_errors_and_the_report_say
         {"point": "c", "rel_error_step": 5.0, "contended": True},
     ]
     assert error_summary(results) == {
-        "median": pytest.approx(0.2), "worst": pytest.approx(0.3), "points": 2
-    }  # fmt: skip
+        "median": pytest.approx(0.2),
+        "worst": pytest.approx(0.3),
+        "points": 2,
+    }
     tsv_rows = [{"point": "a", "contended": "False"}, {"point": "c", "contended": "True"}]
     assert [r["point"] for r in kept(tsv_rows)] == ["a"]
 
@@ -270,13 +338,23 @@ def test_gather_shows_the_mark_in_points_tsv_and_the_report_counts_what_is_left_
     for name, ready, attempts in (("dp1", 0.95, [0.95]), ("dp2", 0.3, [0.2, 0.3])):
         _fake_run(tmp_path / name / "run", ready)
         (tmp_path / name / "run" / "train_summary.json").write_text(json.dumps(summary))
-        record = {"point": name, "nodes": 1, "ranks_per_node": 1, "contended": ready < 0.7,
-                  "runs": [{"ready_share": a} for a in attempts]}  # fmt: skip
+        record = {
+            "point": name,
+            "nodes": 1,
+            "ranks_per_node": 1,
+            "contended": ready < 0.7,
+            "runs": [{"ready_share": a} for a in attempts],
+        }
         write_point_record(record, tmp_path / name)
     gather(
-        cfg, "step_time", folder=tmp_path, out_tsv=tmp_path / "points.tsv",
-        out_png=tmp_path / "p.png", out_summary=tmp_path / "summary.md", tracker=_NoTracking(),
-    )  # fmt: skip
+        cfg,
+        "step_time",
+        folder=tmp_path,
+        out_tsv=tmp_path / "points.tsv",
+        out_png=tmp_path / "p.png",
+        out_summary=tmp_path / "summary.md",
+        tracker=_NoTracking(),
+    )
     with open(tmp_path / "points.tsv") as f:
         table = list(csv.DictReader(f, delimiter="\t"))
     cells = [(r["point"], r["contended"], r["runs"], r["first_ready_share"]) for r in table]
@@ -315,8 +393,11 @@ def test_a_point_beside_a_cpu_hog_is_marked_contended_and_alone_it_is_not(tmp_pa
     if read_sched_ns() is None:
         pytest.skip("this kernel keeps no /proc/self/task/*/schedstat")
     shards = make_random_shards(tmp_path / "shards", counts={"train": 96, "val": 8}, size=8)
-    overrides = {"results": str(tmp_path / "results"), "tracking": {"enabled": False},
-                 "train": {"threads_per_rank": 1}}  # fmt: skip
+    overrides = {
+        "results": str(tmp_path / "results"),
+        "tracking": {"enabled": False},
+        "train": {"threads_per_rank": 1},
+    }
     cfg = load_config(REPO / "config" / "test.yaml", overrides=overrides)
 
     def in_process(plan, *, config_path, shards_dir, out_dir, cpus_per_rank, max_restarts):
@@ -331,9 +412,14 @@ def test_a_point_beside_a_cpu_hog_is_marked_contended_and_alone_it_is_not(tmp_pa
         config = tmp_path / name / "config.yaml"
         runners.prepare_point(cfg, "step_time", "dp1", config)
         rc = runners.run_point(
-            study="step_time", point="dp1", point_config_path=config, shards_dir=shards,
-            out=tmp_path / name, cpus_per_rank=1, max_restarts=0,
-        )  # fmt: skip
+            study="step_time",
+            point="dp1",
+            point_config_path=config,
+            shards_dir=shards,
+            out=tmp_path / name,
+            cpus_per_rank=1,
+            max_restarts=0,
+        )
         assert rc == 0
         return json.loads((tmp_path / name / "point.json").read_text())
 

@@ -55,9 +55,12 @@ def test_counts_round_trip_and_goal_flags() -> None:
     np.testing.assert_allclose(to_counts(stored, mean=0.5, std=0.25, log1p=True), counts)
     k = np.array([1.0, 2.0, 3.0])
     sums = {
-        "tt": np.ones(3), "pp": np.array([1.05, 0.95, 0.2]), "pt": np.array([0.98, 0.92, 0.1]),
-        "bb": np.array([1.3, 1.5, 2.0]), "bt": np.array([0.9, 0.5, 0.0]),
-    }  # fmt: skip
+        "tt": np.ones(3),
+        "pp": np.array([1.05, 0.95, 0.2]),
+        "pt": np.array([0.98, 0.92, 0.1]),
+        "bb": np.array([1.3, 1.5, 2.0]),
+        "bt": np.array([0.9, 0.5, 0.0]),
+    }
     metrics = field_metrics(sums, k, k_nyquist=4.0)  # k_N/2 = 2: the first two bins count
     model, base = metrics["summary"]["model"], metrics["summary"]["baseline"]
     assert model["max_transfer_error_to_half_nyquist"] == pytest.approx(0.05)

@@ -20,9 +20,16 @@ def test_local_is_torchrun_standalone() -> None:
         python="py",
     )
     assert argv == [
-        "py", "-m", "cosmocub.launch.agent", "--standalone", "--nproc-per-node=2",
-        "--max-restarts=0", "-m", "cosmocub.cli", *TRAIN,  # restarts are run_launch's
-    ]  # fmt: skip
+        "py",
+        "-m",
+        "cosmocub.launch.agent",
+        "--standalone",
+        "--nproc-per-node=2",
+        "--max-restarts=0",
+        "-m",
+        "cosmocub.cli",
+        *TRAIN,  # restarts are run_launch's
+    ]
     with pytest.raises(ValueError, match=r"cluster.train.nodes': 2 nodes need a scheduler"):
         launch_command(RankLayout(nodes=2, ranks_per_node=1, cpus_per_rank=1), TRAIN, environ={})
 
@@ -33,9 +40,13 @@ def test_slurm_is_srun_over_every_task() -> None:
         RankLayout(nodes=2, ranks_per_node=4, cpus_per_rank=8), TRAIN, environ=env, python="py"
     )
     assert argv[:6] == [
-        "srun", "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--cpus-per-task=8",
+        "srun",
+        "--nodes=2",
+        "--ntasks=8",
+        "--ntasks-per-node=4",
+        "--cpus-per-task=8",
         "--kill-on-bad-exit=1",
-    ]  # fmt: skip
+    ]
     assert argv[6:] == ["py", "-m", "cosmocub.cli", *TRAIN]
     # One task: the batch job is that task already.
     one = launch_command(RankLayout(nodes=1, ranks_per_node=1, cpus_per_rank=2), TRAIN, environ=env)
@@ -107,15 +118,30 @@ def test_emulated_nodes_name_their_address_and_which_one_serves_the_rendezvous()
 
     layout = RankLayout(nodes=2, ranks_per_node=1, cpus_per_rank=1)
     argv = torchrun_agent(
-        layout, TRAIN, endpoint="10.77.0.1:29400", rdzv_id="x", python="py",
-        local_addr="10.77.0.2", is_host=False,
-    )  # fmt: skip
+        layout,
+        TRAIN,
+        endpoint="10.77.0.1:29400",
+        rdzv_id="x",
+        python="py",
+        local_addr="10.77.0.2",
+        is_host=False,
+    )
     assert argv == [
-        "py", "-m", "cosmocub.launch.agent", "--nnodes=2", "--nproc-per-node=1",
-        "--rdzv-backend=c10d", "--rdzv-endpoint=10.77.0.1:29400", "--rdzv-id=x",
-        "--rdzv-conf=is_host=0", "--local-addr=10.77.0.2", "--max-restarts=0",
-        "-m", "cosmocub.cli", *TRAIN,
-    ]  # fmt: skip
+        "py",
+        "-m",
+        "cosmocub.launch.agent",
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=10.77.0.1:29400",
+        "--rdzv-id=x",
+        "--rdzv-conf=is_host=0",
+        "--local-addr=10.77.0.2",
+        "--max-restarts=0",
+        "-m",
+        "cosmocub.cli",
+        *TRAIN,
+    ]
 
 
 # --- no restart inside an allocation that lost a node -------------------------------------------

@@ -261,8 +261,9 @@ def test_pooled_moments_to_order_are_the_standardised_central_moments() -> None:
     torch.testing.assert_close(got, torch.cat(expected, 1), rtol=2e-4, atol=2e-4)
     # A gamma(k)'s skewness is 2/sqrt(k): the statistic is the distribution's, not a proxy.
     skew = got[:, 8:12].mean(0)
-    torch.testing.assert_close(skew, 2 / torch.tensor([0.5, 1.0, 2.0, 8.0]).double().sqrt(),
-                               rtol=0.1, atol=0.0)  # fmt: skip
+    torch.testing.assert_close(
+        skew, 2 / torch.tensor([0.5, 1.0, 2.0, 8.0]).double().sqrt(), rtol=0.1, atol=0.0
+    )
 
 
 def test_whitening_estimates_are_the_exact_moments_of_every_sample_seen() -> None:

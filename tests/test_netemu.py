@@ -122,9 +122,14 @@ def ddp_run(shards: Path):
     config = _write_config(root / "adamw.yaml")
     out = root / "adamw"
     result = run_training_on_nodes(
-        config_path=config, shards_dir=shards, out_dir=out, nodes=2, ranks_per_node=1,
-        rate_mbit=RATE_MBIT, prefix=PREFIX,
-    )  # fmt: skip
+        config_path=config,
+        shards_dir=shards,
+        out_dir=out,
+        nodes=2,
+        ranks_per_node=1,
+        rate_mbit=RATE_MBIT,
+        prefix=PREFIX,
+    )
     return result, out
 
 
@@ -172,8 +177,11 @@ def test_without_cap_net_admin_a_one_line_reason() -> None:
         pytest.skip("setpriv cannot drop CAP_NET_ADMIN here")
     proc = subprocess.run(
         [*drop, sys.executable, "-c", script],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": SRC},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": SRC},
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         f"emulated points skipped: network namespaces need root or CAP_NET_ADMIN "
@@ -191,8 +199,10 @@ def test_namespaces_exist_only_inside_and_go_on_exit_error_signal_and_kill(tmp_p
         assert _ip_links() == host_links  # nothing in the machine's own namespace
         qdiscs = subprocess.run(
             [*net.nodes[1].exec_prefix(), "tc", "qdisc", "show", "dev", "node1"],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert "tbf" in qdiscs and "rate 5Mbit" in qdiscs
         assert [n.address for n in net.nodes] == ["10.77.0.1", "10.77.0.2"]
     assert list_namespaces(PREFIX) == []
@@ -348,9 +358,14 @@ def test_lion_cub_on_two_nodes_of_two_sends_across_what_it_counts_flat_and_node(
             },
         )
         result = run_training_on_nodes(
-            config_path=config, shards_dir=shards, out_dir=shards.parent / f"cub_{hierarchy}",
-            nodes=2, ranks_per_node=2, rate_mbit=RATE_MBIT, prefix=PREFIX,
-        )  # fmt: skip
+            config_path=config,
+            shards_dir=shards,
+            out_dir=shards.parent / f"cub_{hierarchy}",
+            nodes=2,
+            ranks_per_node=2,
+            rate_mbit=RATE_MBIT,
+            prefix=PREFIX,
+        )
         assert result.returncode == 0 and result.summary["world_size"] == 4
         epoch = result.metrics[-1]
         # Each rank counts the node's share (the same on every rank): the node sends 2 times it.
@@ -406,9 +421,16 @@ def test_a_cut_link_fails_within_the_timeout_and_training_resumes_identically(
     # At 100 Mbit/s: the weights do not depend on the rate (the reference ran at 10), and the
     # two attempts' steps cross the link 10x faster.
     result = run_training_on_nodes(
-        config_path=config, shards_dir=shards, out_dir=out, nodes=2, ranks_per_node=1,
-        rate_mbit=100, prefix=PREFIX, max_restarts=1, during=cut_after_first_checkpoint,
-    )  # fmt: skip
+        config_path=config,
+        shards_dir=shards,
+        out_dir=out,
+        nodes=2,
+        ranks_per_node=1,
+        rate_mbit=100,
+        prefix=PREFIX,
+        max_restarts=1,
+        during=cut_after_first_checkpoint,
+    )
     assert result.returncode == 0, [p.read_text()[-2000:] for p in result.logs]
     assert result.attempts == 2
     # The ranks failed on the configured timeout (gloo's messages: the side that timed out

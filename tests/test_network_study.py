@@ -175,12 +175,22 @@ def test_scaling_efficiency_is_per_core_second_against_the_same_modes_1x1() -> N
 def test_oversubscribed_points_get_no_efficiency_and_are_no_reference() -> None:
     rows = [
         {"mode": "strong", "data": 1, "spatial": 1, "samples_per_core_s": 4.0},
-        {"mode": "strong", "data": 2, "spatial": 2, "samples_per_core_s": 1.0,
-         "oversubscribed": "4 ranks of 1 thread(s) on 2 core(s)"},
-        {"mode": "weak", "data": 1, "spatial": 1, "samples_per_core_s": 2.0,
-         "oversubscribed": "1 ranks of 4 thread(s) on 2 core(s)"},
+        {
+            "mode": "strong",
+            "data": 2,
+            "spatial": 2,
+            "samples_per_core_s": 1.0,
+            "oversubscribed": "4 ranks of 1 thread(s) on 2 core(s)",
+        },
+        {
+            "mode": "weak",
+            "data": 1,
+            "spatial": 1,
+            "samples_per_core_s": 2.0,
+            "oversubscribed": "1 ranks of 4 thread(s) on 2 core(s)",
+        },
         {"mode": "weak", "data": 2, "spatial": 1, "samples_per_core_s": 1.0},
-    ]  # fmt: skip
+    ]
     out = scaling.finish(rows, None)
     assert [r.get("efficiency") for r in out] == [1.0, None, None, None]
 
@@ -220,10 +230,17 @@ def test_the_emulated_runner_gives_each_rank_its_cores_and_records_sharing(
         asked.update(kwargs)
         node_cores, cores_per_rank = split_cores([0, 1], kwargs["nodes"], 1, 1)
         return NodesRunResult(
-            returncode=0, nodes=kwargs["nodes"], ranks_per_node=1, rate_mbit=10.0,
-            node_cores=node_cores, cores_per_rank=cores_per_rank, threads_per_rank=1,
-            attempts=1, wall_s=1.0, node_tx_bytes=[0] * kwargs["nodes"],
-        )  # fmt: skip
+            returncode=0,
+            nodes=kwargs["nodes"],
+            ranks_per_node=1,
+            rate_mbit=10.0,
+            node_cores=node_cores,
+            cores_per_rank=cores_per_rank,
+            threads_per_rank=1,
+            attempts=1,
+            wall_s=1.0,
+            node_tx_bytes=[0] * kwargs["nodes"],
+        )
 
     monkeypatch.setattr(netemu_runner, "run_training_on_nodes", fake)
     cfg = load_config(REPO / "config" / "config.yaml")
@@ -247,10 +264,14 @@ def test_a_scaling_study_marks_oversubscribed_meshes_and_leaves_their_efficiency
     ]
     write_scaling_outputs(cfg, tmp_path, oversubscribed={"strong_2x2", "weak_2x2"})
     gather(
-        cfg, "scaling", folder=tmp_path, out_tsv=tmp_path / "points.tsv",
-        out_png=tmp_path / "scaling.png", out_summary=tmp_path / "summary.md",
+        cfg,
+        "scaling",
+        folder=tmp_path,
+        out_tsv=tmp_path / "points.tsv",
+        out_png=tmp_path / "scaling.png",
+        out_summary=tmp_path / "summary.md",
         tracker=_NoTracking(),
-    )  # fmt: skip
+    )
     with open(tmp_path / "points.tsv") as f:
         table = {r["point"]: r for r in csv.DictReader(f, delimiter="\t")}
     assert table["strong_2x2"]["oversubscribed"] == "4 ranks of 1 thread(s) on 2 core(s)"
@@ -283,9 +304,13 @@ def test_without_cap_net_admin_the_emulated_runner_skips(monkeypatch, tmp_path) 
     launch = plan(cfg, "network")[0].launch
     with pytest.raises(PointSkipped, match="CAP_NET_ADMIN"):
         run_emulated(
-            launch, config_path=tmp_path / "c.yaml", shards_dir=tmp_path, out_dir=tmp_path / "r",
-            cpus_per_rank=1, max_restarts=0,
-        )  # fmt: skip
+            launch,
+            config_path=tmp_path / "c.yaml",
+            shards_dir=tmp_path,
+            out_dir=tmp_path / "r",
+            cpus_per_rank=1,
+            max_restarts=0,
+        )
 
 
 class _NoTracking:
@@ -302,10 +327,14 @@ def test_a_study_of_skipped_points_gathers_their_labels_and_why(tmp_path) -> Non
         record = point_record(p.launch, cores_per_rank=1, extra=extra)
         write_point_record(record, tmp_path / p.point.name)
     rows = gather(
-        cfg, "network", folder=tmp_path, out_tsv=tmp_path / "points.tsv",
-        out_png=tmp_path / "network.png", out_summary=tmp_path / "summary.md",
+        cfg,
+        "network",
+        folder=tmp_path,
+        out_tsv=tmp_path / "points.tsv",
+        out_png=tmp_path / "network.png",
+        out_summary=tmp_path / "summary.md",
         tracker=_NoTracking(),
-    )  # fmt: skip
+    )
     assert len(rows) == 2
     with open(tmp_path / "points.tsv") as f:
         table = list(csv.DictReader(f, delimiter="\t"))
@@ -331,11 +360,15 @@ def test_study_point_config_writes_the_plan_that_study_point_runs(
     assert cli.main([*args, "--out", str(folder / "config.yaml")]) == 0
     written = json.loads((folder / "launch.json").read_text())
     assert written == {
-        "study": "network", "name": "lion_10mbit", "runner": "emulated",
+        "study": "network",
+        "name": "lion_10mbit",
+        "runner": "emulated",
         "labels": {"variant": "lion", "rate_mbit": 10, "seed": 0},
         "launch": {"nodes": 2, "ranks_per_node": 1, "rate_mbit": 10},
-        "nodes": 2, "ranks_per_node": 1, "rate_mbit": 10.0,
-    }  # fmt: skip
+        "nodes": 2,
+        "ranks_per_node": 1,
+        "rate_mbit": 10.0,
+    }
     seen = []
 
     def fake(plan, **kwargs):

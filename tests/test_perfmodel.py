@@ -73,13 +73,25 @@ def test_fit_needs_two_kinds_of_information() -> None:
 # Per link and kind: (α s per round, β s per byte), loopback fast, the emulated links at about
 # their rates with gloo's larger per-call cost over veth and a bridge.
 TRUE_LINKS = {
-    "loopback": {"allreduce": (40e-6, 1 / 1.1e9), "allgather": (30e-6, 1 / 0.9e9),
-                 "alltoall": (35e-6, 1 / 0.8e9), "halo": (25e-6, 1e-9)},
-    "emulated_100mbit": {"allreduce": (0.9e-3, 8.4e-8), "allgather": (1.1e-3, 8.2e-8),
-                         "alltoall": (1.3e-3, 8.8e-8), "halo": (0.7e-3, 8.1e-8)},
-    "emulated_10mbit": {"allreduce": (1.6e-3, 8.1e-7), "allgather": (1.9e-3, 8.0e-7),
-                        "alltoall": (2.2e-3, 8.3e-7), "halo": (1.2e-3, 8.0e-7)},
-}  # fmt: skip
+    "loopback": {
+        "allreduce": (40e-6, 1 / 1.1e9),
+        "allgather": (30e-6, 1 / 0.9e9),
+        "alltoall": (35e-6, 1 / 0.8e9),
+        "halo": (25e-6, 1e-9),
+    },
+    "emulated_100mbit": {
+        "allreduce": (0.9e-3, 8.4e-8),
+        "allgather": (1.1e-3, 8.2e-8),
+        "alltoall": (1.3e-3, 8.8e-8),
+        "halo": (0.7e-3, 8.1e-8),
+    },
+    "emulated_10mbit": {
+        "allreduce": (1.6e-3, 8.1e-7),
+        "allgather": (1.9e-3, 8.0e-7),
+        "alltoall": (2.2e-3, 8.3e-7),
+        "halo": (1.2e-3, 8.0e-7),
+    },
+}
 # What the micro-benchmark sends: a few hundred bytes to several MB, Lion Cub's 4-48 kB among them.
 SIZES = (256, 1024, 4096, 16384, 49152, 262144, 1048576, 4194304)
 
@@ -246,8 +258,12 @@ def test_the_bench_runs_on_loopback_and_an_emulated_link(tmp_path: Path) -> None
         pytest.skip(f"emulated points skipped: {err}")
     root = Path(__file__).resolve().parents[1]
     values = yaml.safe_load((root / "config/test.yaml").read_text())
-    values["perf_model"]["bench"] = {"ranks": 2, "nodes": 2, "sizes_bytes": [1024, 262144],
-                                     "repeats": 2}  # fmt: skip
+    values["perf_model"]["bench"] = {
+        "ranks": 2,
+        "nodes": 2,
+        "sizes_bytes": [1024, 262144],
+        "repeats": 2,
+    }
     values["network_study"]["rates_mbit"] = [10]
     values["scaling_study"]["rate_mbit"] = 10
     config = tmp_path / "config.yaml"
@@ -257,13 +273,19 @@ def test_the_bench_runs_on_loopback_and_an_emulated_link(tmp_path: Path) -> None
     bench, fit = tmp_path / "bench.tsv", tmp_path / "fit.tsv"
     proc = subprocess.run(
         [*cli, "bench", "--config", str(config), "--out", str(bench)],
-        capture_output=True, text=True, timeout=120, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = subprocess.run(
         [*cli, "fit", "--samples", str(bench), "--out", str(fit)],
-        capture_output=True, text=True, timeout=60, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     fits = read_fits(fit)
     assert sorted(fits.fits) == ["emulated_10mbit", LOOPBACK]
@@ -424,9 +446,14 @@ def test_synced_batch_norms_cost_two_collectives_a_block_over_the_mesh() -> None
     plain = load_config(None, overrides={"model": {"batch_norm": False}}).model
     assert norm_sync(plain, mesh=two, network=network) == (0, 0)
     step = predict_step(
-        model_cfg=cfg.model, optimizer_cfg=cfg.optimizer, local_batch=2, mesh=two,
-        network=network, layer_seconds={"block0": 0.01}, optimizer_s=0.0,
-    )  # fmt: skip
+        model_cfg=cfg.model,
+        optimizer_cfg=cfg.optimizer,
+        local_batch=2,
+        mesh=two,
+        network=network,
+        layer_seconds={"block0": 0.01},
+        optimizer_s=0.0,
+    )
     assert step.norm_sync_s == pytest.approx(seconds)
     assert step.step_s == pytest.approx(0.01 + seconds + step.exchange_s)
     # Layer times that hold the norms' collectives as they ran within a node (a CPU's two-rank
@@ -435,16 +462,26 @@ def test_synced_batch_norms_cost_two_collectives_a_block_over_the_mesh() -> None
     two_nodes = Network.uniform(slow, net, ranks_per_node=1)
     full, _ = norm_sync(cfg.model, mesh=two, network=two_nodes)
     local = predict_step(
-        model_cfg=cfg.model, optimizer_cfg=cfg.optimizer, local_batch=2, mesh=two,
-        network=two_nodes, layer_seconds={"block0": 0.01}, optimizer_s=0.0,
+        model_cfg=cfg.model,
+        optimizer_cfg=cfg.optimizer,
+        local_batch=2,
+        mesh=two,
+        network=two_nodes,
+        layer_seconds={"block0": 0.01},
+        optimizer_s=0.0,
         norm_sync_local_in_layers=True,
-    )  # fmt: skip
+    )
     assert local.norm_sync_s == pytest.approx(full - seconds) and full > seconds
     on_one_node = predict_step(
-        model_cfg=cfg.model, optimizer_cfg=cfg.optimizer, local_batch=2, mesh=two,
-        network=network, layer_seconds={"block0": 0.01}, optimizer_s=0.0,
+        model_cfg=cfg.model,
+        optimizer_cfg=cfg.optimizer,
+        local_batch=2,
+        mesh=two,
+        network=network,
+        layer_seconds={"block0": 0.01},
+        optimizer_s=0.0,
         norm_sync_local_in_layers=True,
-    )  # fmt: skip
+    )
     assert on_one_node.norm_sync_s == 0.0
 
 
@@ -460,10 +497,15 @@ def test_the_votes_host_work_is_in_the_exchange_once_a_bucket() -> None:
 
     def step(data: int, **kw):
         return predict_step(
-            model_cfg=cfg.model, optimizer_cfg=cfg.optimizer, local_batch=2,
-            mesh=Mesh(data=data, split=(1, 1, 1)), network=network, layer_seconds={},
-            optimizer_s=0.0, **kw,
-        )  # fmt: skip
+            model_cfg=cfg.model,
+            optimizer_cfg=cfg.optimizer,
+            local_batch=2,
+            mesh=Mesh(data=data, split=(1, 1, 1)),
+            network=network,
+            layer_seconds={},
+            optimizer_s=0.0,
+            **kw,
+        )
 
     lc = cfg.optimizer.lion_cub
     with_host, without = step(2, vote_host=host), step(2)
@@ -484,11 +526,16 @@ def test_the_votes_host_work_is_in_the_exchange_once_a_bucket() -> None:
 
     def lion(**kw):
         return predict_step(
-            model_cfg=ddp.model, optimizer_cfg=ddp.optimizer, local_batch=2,
-            mesh=Mesh(data=2, split=(1, 1, 1)), network=network,
+            model_cfg=ddp.model,
+            optimizer_cfg=ddp.optimizer,
+            local_batch=2,
+            mesh=Mesh(data=2, split=(1, 1, 1)),
+            network=network,
             layer_seconds={f"block{i}": 1e-3 for i in range(ddp.model.num_conv_blocks)}
-            | {"head": 1e-4}, optimizer_s=0.0, **kw,
-        )  # fmt: skip
+            | {"head": 1e-4},
+            optimizer_s=0.0,
+            **kw,
+        )
 
     ddp_buckets_n = len(ddp_buckets(ddp.model))
     assert lion(collective_wake_s=5e-4).exchange_s == pytest.approx(
@@ -528,11 +575,25 @@ def test_validation_compares_each_part_and_reports_errors(tmp_path: Path) -> Non
         "b": (prediction(0.010, 0.008), "lion_cub"),
     }
     rows = [
-        {"point": "a", "data": "2", "step_s": "0.016", "compute_s": "0.016", "exchange_s": "0",
-         "momentum_sync_s": "0", "comm_bytes_per_step": "100"},
-        {"point": "b", "data": "2", "step_s": "0.025", "compute_s": "0.015", "exchange_s": "0.010",
-         "momentum_sync_s": "0", "comm_bytes_per_step": "100"},
-    ]  # fmt: skip
+        {
+            "point": "a",
+            "data": "2",
+            "step_s": "0.016",
+            "compute_s": "0.016",
+            "exchange_s": "0",
+            "momentum_sync_s": "0",
+            "comm_bytes_per_step": "100",
+        },
+        {
+            "point": "b",
+            "data": "2",
+            "step_s": "0.025",
+            "compute_s": "0.015",
+            "exchange_s": "0.010",
+            "momentum_sync_s": "0",
+            "comm_bytes_per_step": "100",
+        },
+    ]
     results = compare(rows, lambda row: predicted[row["point"]], study="s", fit_set=("s/a",))
     a, b = results
     assert (a["set"], b["set"]) == ("fit", "held-out")
@@ -586,9 +647,13 @@ def test_extrapolation_rows_and_headline() -> None:
     assert lion["exchange_s"] == pytest.approx(expected)
     assert lion["halo_s"] == 0.0 and lion["halo_share"] == 0.0
     assert lion["comm_bytes_per_step"] == pytest.approx(2 * 7 / 8 * payload)
-    (top,) = [h for h in headline(rows, reference="lion", candidate="lion_cub", halo_limit=0.2,
-                                  others=variants[2:])
-              if h["accelerator"] == "v100"]  # fmt: skip
+    (top,) = [
+        h
+        for h in headline(
+            rows, reference="lion", candidate="lion_cub", halo_limit=0.2, others=variants[2:]
+        )
+        if h["accelerator"] == "v100"
+    ]
     assert top["min_spatial"] == 1
     cub = next(
         r

@@ -66,10 +66,15 @@ def test_the_rate_fit_recovers_a_known_rate_curve_from_noisy_timings() -> None:
     assert fit.efficiency(big) == pytest.approx(truth.efficiency(big), rel=0.05)
     # The update: 30 us per tensor and 1.5 ns per element, recovered the same way.
     rows = [
-        {"optimizer": "lion", "threads": 1, "tensors": n, "elements": e,
-         "seconds": (30e-6 * n + 1.5e-9 * e) * (1 + 0.01 * rng.standard_normal())}
+        {
+            "optimizer": "lion",
+            "threads": 1,
+            "tensors": n,
+            "elements": e,
+            "seconds": (30e-6 * n + 1.5e-9 * e) * (1 + 0.01 * rng.standard_normal()),
+        }
         for n, e in host.UPDATE_GRID
-    ]  # fmt: skip
+    ]
     per = host.fit_updates(rows)["lion@1"].seconds_per_unit
     assert per["tensors"] == pytest.approx(30e-6, rel=0.05)
     assert per["elements"] == pytest.approx(1.5e-9, rel=0.05)
@@ -171,8 +176,13 @@ def test_a_cache_from_another_machine_or_grid_is_refused(tmp_path: Path) -> None
 def test_a_tiny_grid_is_timed_here_fitted_per_kind_and_cached(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tiny = {"threads": [1], "repeats": 1, "sizes": [2, 4, 8], "batches": [1, 2],
-            "channels": [[1, 4], [2, 4], [4, 8], [8, 8]]}  # fmt: skip
+    tiny = {
+        "threads": [1],
+        "repeats": 1,
+        "sizes": [2, 4, 8],
+        "batches": [1, 2],
+        "channels": [[1, 4], [2, 4], [4, 8], [8, 8]],
+    }
     cfg = load_config(TEST_CONFIG, overrides={"perf_model": {"calibration": tiny}})
     settings = cfg.perf_model.calibration
     rows = grid.measure_grid(settings, threads=(1,))
@@ -191,11 +201,17 @@ def test_a_tiny_grid_is_timed_here_fitted_per_kind_and_cached(
     fits = grid.fit_grid(rows)
     assert set(fits) == {
         grid.fit_key(kind, 1, b)
-        for kind in [*(grid.conv_kind(batch_norm=n, memory_format=f, first=first)
-                       for n in (False, True) for first in (False, True)
-                       for f in grid.FORMATS), "head"]
+        for kind in [
+            *(
+                grid.conv_kind(batch_norm=n, memory_format=f, first=first)
+                for n in (False, True)
+                for first in (False, True)
+                for f in grid.FORMATS
+            ),
+            "head",
+        ]
         for b in (1, 2)
-    }  # fmt: skip
+    }
     assert fits["conv/channels_last_3d@1/batch1"].peak_flops == pytest.approx(40e9, rel=1e-3)
     assert fits["head@1/batch2+"].seconds_per_unit["call"] == pytest.approx(1e-4, rel=1e-3)
 

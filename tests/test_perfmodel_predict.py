@@ -278,9 +278,21 @@ def test_validate_holds_out_all_but_the_fit_set_and_skips_busy_points(tmp_path: 
     cal = _calibration()
     write_json(tmp_path / "calibration.json", cal.as_dict())
     write_fits(FITS.fits, tmp_path / "fit.tsv")
-    columns = ["point", "data", "world_size", "nodes", "rate_mbit", "cores_per_rank",
-               "steps", "step_s", "compute_s", "exchange_s", "momentum_sync_s", "contended",
-               "oversubscribed"]  # fmt: skip
+    columns = [
+        "point",
+        "data",
+        "world_size",
+        "nodes",
+        "rate_mbit",
+        "cores_per_rank",
+        "steps",
+        "step_s",
+        "compute_s",
+        "exchange_s",
+        "momentum_sync_s",
+        "contended",
+        "oversubscribed",
+    ]
     tables = {
         "step_time": [("dp1", {}, "1", "1", "", "2", False, False)],
         "network": [
@@ -296,9 +308,28 @@ def test_validate_holds_out_all_but_the_fit_set_and_skips_busy_points(tmp_path: 
             point_cfg = load_config(TEST_CONFIG, overrides=overrides)
             write_config(point_cfg.values, tmp_path / study / name / "config.yaml")
             rows.append(
-                dict(zip(columns, [name, world, world, nodes, mbit, cores, 1000, 0.05, 0.04,
-                                   0.01, 0.0, contended, over], strict=True))
-            )  # fmt: skip
+                dict(
+                    zip(
+                        columns,
+                        [
+                            name,
+                            world,
+                            world,
+                            nodes,
+                            mbit,
+                            cores,
+                            1000,
+                            0.05,
+                            0.04,
+                            0.01,
+                            0.0,
+                            contended,
+                            over,
+                        ],
+                        strict=True,
+                    )
+                )
+            )
         write_tsv(rows, columns, tmp_path / study / "points.tsv")
         paths.append(tmp_path / study / "points.tsv")
     tsv = tmp_path / "validation.tsv"

@@ -196,11 +196,17 @@ def test_second_training_on_a_held_folder_is_refused(shards: Path, tmp_path: Pat
 
 def test_the_lock_names_its_holder_and_dies_with_it(tmp_path: Path) -> None:
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from cosmocub.train.run_lock import "
-         "acquire_run_lock; acquire_run_lock(sys.argv[1]); print('held', flush=True); "
-         "time.sleep(600)", str(tmp_path)],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from cosmocub.train.run_lock import "
+            "acquire_run_lock; acquire_run_lock(sys.argv[1]); print('held', flush=True); "
+            "time.sleep(600)",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunFolderBusyError, match=rf"pid {holder.pid} since"):

@@ -134,14 +134,26 @@ def test_level_rows_read_the_comparison_per_universe_and_per_crop() -> None:
 
 def test_select_lr_keeps_the_lowest_val_loss_per_size_and_checks_budgets() -> None:
     cfg = load_config(None, overrides={"sample_size_study": {"lrs": [0.001, 0.002, 0.004]}})
-    losses = {(16, 0.001): 0.9, (16, 0.002): 0.7, (16, 0.004): float("nan"),
-              (32, 0.001): 0.5, (32, 0.002): 0.6, (32, 0.004): 0.55}  # fmt: skip
+    losses = {
+        (16, 0.001): 0.9,
+        (16, 0.002): 0.7,
+        (16, 0.004): float("nan"),
+        (32, 0.001): 0.5,
+        (32, 0.002): 0.6,
+        (32, 0.004): 0.55,
+    }
     rows = [
-        {"point": f"{s}_lr{lr:g}", "sample_size": s, "lr": lr, "steps": 48, "final_val_loss": v,
-         "level": level}
+        {
+            "point": f"{s}_lr{lr:g}",
+            "sample_size": s,
+            "lr": lr,
+            "steps": 48,
+            "final_val_loss": v,
+            "level": level,
+        }
         for (s, lr), v in losses.items()
         for level in ("universe", "sample")
-    ]  # fmt: skip
+    ]
     out = select_lr([dict(r) for r in rows], cfg)
     chosen = {(r["sample_size"], r["lr"]) for r in out if r["selected"] == 1}
     assert chosen == {(16, 0.002), (32, 0.001)}
@@ -156,13 +168,24 @@ def test_select_lr_chooses_by_the_per_universe_validation_mae_not_the_loss() -> 
     cfg = load_config(None, overrides={"sample_size_study": {"lrs": [0.001, 0.002]}})
     # At 16 the loss prefers 0.001 and the MAE 0.002: the MAE wins. At 32 a point was
     # evaluated before metrics.json held the MAE: that size falls back to the loss, and says so.
-    scores = {(16, 0.001): (0.5, 0.30), (16, 0.002): (0.6, 0.25),
-              (32, 0.001): (0.5, None), (32, 0.002): (0.4, 0.20)}  # fmt: skip
+    scores = {
+        (16, 0.001): (0.5, 0.30),
+        (16, 0.002): (0.6, 0.25),
+        (32, 0.001): (0.5, None),
+        (32, 0.002): (0.4, 0.20),
+    }
     rows = [
-        {"point": f"{s}_lr{lr:g}", "sample_size": s, "lr": lr, "steps": 48, "final_val_loss": loss,
-         "val_universe_mae": mae, "level": "universe"}
+        {
+            "point": f"{s}_lr{lr:g}",
+            "sample_size": s,
+            "lr": lr,
+            "steps": 48,
+            "final_val_loss": loss,
+            "val_universe_mae": mae,
+            "level": "universe",
+        }
         for (s, lr), (loss, mae) in scores.items()
-    ]  # fmt: skip
+    ]
     out = select_lr(rows, cfg)
     chosen = {(r["sample_size"], r["lr"], r["selected_by"]) for r in out if r["selected"] == 1}
     assert chosen == {(16, 0.002, "val_universe_mae"), (32, 0.002, "final_val_loss")}

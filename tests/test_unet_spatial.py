@@ -89,8 +89,10 @@ def test_thin_levels_are_refused_with_the_numbers() -> None:
 
 def test_config_picks_the_unet(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
-    path.write_text("model: {name: unet, in_channels: 2, unet: {depth: 2}}\n"
-                    "task: {input_redshifts: [3.0, 1.5], target_redshift: 0.0}\n")  # fmt: skip
+    path.write_text(
+        "model: {name: unet, in_channels: 2, unet: {depth: 2}}\n"
+        "task: {input_redshifts: [3.0, 1.5], target_redshift: 0.0}\n"
+    )
     cfg = load_config(path)
     assert cfg.model.unet == UNetShape(depth=2, convs_per_level=2)
     assert cfg.task.channel_indices() == ([3, 2], 0)
@@ -109,8 +111,9 @@ def test_a_split_too_fine_for_the_unet_is_refused_at_load(tmp_path: Path) -> Non
     from cosmocub.emulator.unet_run_config import unet_config
 
     path = tmp_path / "c.yaml"
-    path.write_text("model: {name: unet, in_channels: 1, unet: {depth: 3}}\n"
-                    "parallel: {spatial: 16}\n")  # fmt: skip
+    path.write_text(
+        "model: {name: unet, in_channels: 1, unet: {depth: 3}}\nparallel: {spatial: 16}\n"
+    )
     message = (
         f"{path}: key 'parallel.spatial': model.name unet cannot run on this split: U-Net level 1 "
         "(16³ voxels): odd local depth extent 1 before pooling (split [16, 1, 1], input 32, "
@@ -121,8 +124,9 @@ def test_a_split_too_fine_for_the_unet_is_refused_at_load(tmp_path: Path) -> Non
     assert str(err.value) == message
     # The `unet` section merged over a CosmoFlow config: refused where its config is made (the
     # unet rules' threads ask for it at `snakemake -n unet`), the explicit split named.
-    path.write_text("unet: {parallel: {spatial: 16, split: [1, 1, 16]},"
-                    " train: {ranks_per_node: 16}}\n")  # fmt: skip
+    path.write_text(
+        "unet: {parallel: {spatial: 16, split: [1, 1, 16]}, train: {ranks_per_node: 16}}\n"
+    )
     base = load_config(path)  # a CosmoFlow config: the U-Net's split is not its own
     match = (
         r"c.yaml \+ unet: key 'parallel.split': model.name unet cannot run on this split: "

@@ -68,8 +68,10 @@ def test_baselines_are_fitted_on_the_same_universes(shards: Path) -> None:
 def test_bootstrap_ranges_bracket_every_estimators_error() -> None:
     rng = np.random.default_rng(1)
     true = rng.uniform(-1, 1, size=(200, 1))
-    preds = {est: true + rng.normal(0, s, size=true.shape) for est, s in
-             (("cnn", 0.1), ("mean", 0.5), ("one_point", 0.3), ("pk", 0.2))}  # fmt: skip
+    preds = {
+        est: true + rng.normal(0, s, size=true.shape)
+        for est, s in (("cnn", 0.1), ("mean", 0.5), ("one_point", 0.3), ("pk", 0.2))
+    }
     row = comparison_table(preds, true, ["p"], bootstrap=500)["p"]
     for est in preds:
         assert row[f"{est}_lo"] < row[est] < row[f"{est}_hi"]
@@ -134,13 +136,18 @@ def fake_metrics(cnn: float, pk: float) -> dict:
         for j, name in enumerate(NAME_PAR):
             row = {"cnn": scale * cnn * (j + 1), "mean": 0.5, "one_point": 0.4, "pk": pk}
             row |= {f"cnn_over_{e}": row["cnn"] / row[e] for e in ("mean", "one_point", "pk")}
-            row |= {f"{e}_{s}": row[e] * f for e in ("cnn", "mean", "one_point", "pk")
-                    for s, f in (("lo", 0.9), ("hi", 1.1))}  # fmt: skip
+            row |= {
+                f"{e}_{s}": row[e] * f
+                for e in ("cnn", "mean", "one_point", "pk")
+                for s, f in (("lo", 0.9), ("hi", 1.1))
+            }
             out[name] = row
         return out
 
-    after = {"width68": {n: 0.2 for n in NAME_PAR},
-             "coverage": {n: {"0.68": 0.6, "0.95": 0.9} for n in NAME_PAR}}  # fmt: skip
+    after = {
+        "width68": {n: 0.2 for n in NAME_PAR},
+        "coverage": {n: {"0.68": 0.6, "0.95": 0.9} for n in NAME_PAR},
+    }
     return {
         "comparison": {
             "per_universe": table(1.0),
@@ -175,8 +182,12 @@ def test_gather_picks_the_lr_per_n_and_plots_the_curve(tmp_path: Path) -> None:
         overrides={"universes_study": {"train_universes": [30, 300], "lrs": [0.001, 0.003]}},
     )
     # At 30 the larger lr validates better, at 300 the smaller; the CNN improves with N.
-    points = {"u30_lr0.001": (0.3, 1.2), "u30_lr0.003": (0.25, 1.0),
-              "u300_lr0.001": (0.1, 0.4), "u300_lr0.003": (0.4, 0.8)}  # fmt: skip
+    points = {
+        "u30_lr0.001": (0.3, 1.2),
+        "u30_lr0.003": (0.25, 1.0),
+        "u300_lr0.001": (0.1, 0.4),
+        "u300_lr0.003": (0.4, 0.8),
+    }
     for name, (cnn, loss) in points.items():
         folder = tmp_path / name
         (folder / "eval").mkdir(parents=True)
@@ -185,8 +196,15 @@ def test_gather_picks_the_lr_per_n_and_plots_the_curve(tmp_path: Path) -> None:
         (folder / "run/train_summary.json").write_text(json.dumps({"steps": 750}))
         (folder / "run/metrics.jsonl").write_text(json.dumps({"step": 750, "val_loss": loss}))
     out = {k: tmp_path / f"s.{k}" for k in ("tsv", "png", "md")}
-    gather(cfg, "universes", folder=tmp_path, out_tsv=out["tsv"], out_png=out["png"],
-           out_summary=out["md"], tracker=RecordingTracker())  # fmt: skip
+    gather(
+        cfg,
+        "universes",
+        folder=tmp_path,
+        out_tsv=out["tsv"],
+        out_png=out["png"],
+        out_summary=out["md"],
+        tracker=RecordingTracker(),
+    )
     with open(out["tsv"]) as f:
         on_disk = list(csv.DictReader(f, delimiter="\t"))
     picked = {(r["point"], r["level"], r["parameter"]): r for r in on_disk if r["selected"] == "1"}

@@ -60,8 +60,12 @@ def test_a_study_points_request_and_cores() -> None:
     # Locally an emulated point claims every core; on a cluster, its node's ranks' cores.
     assert study_point_cores(emulated, cpus_per_rank=3, machine_cores=16) == 16
     assert study_point_cores(emulated, cpus_per_rank=3, machine_cores=None) == 6
-    assert study_point_cores(plan("local", nodes=1, ranks_per_node=2), cpus_per_rank=3,
-                             machine_cores=16) == 6  # fmt: skip
+    assert (
+        study_point_cores(
+            plan("local", nodes=1, ranks_per_node=2), cpus_per_rank=3, machine_cores=16
+        )
+        == 6
+    )
 
 
 def test_the_unet_universes_and_study_rates_requests() -> None:

@@ -114,9 +114,15 @@ def test_slurm_profile_maps_the_training_request(tmp_path) -> None:
         __getattr__ = dict.get
 
     typed = Resources(
-        nodes=2, tasks=8, cpus_per_task=8, gres="gpu:4", tasks_per_gpu=1, mem_mb=24000,
-        runtime=90, mpi="",
-    )  # fmt: skip
+        nodes=2,
+        tasks=8,
+        cpus_per_task=8,
+        gres="gpu:4",
+        tasks_per_gpu=1,
+        mem_mb=24000,
+        runtime=90,
+        mpi="",
+    )
     job = SimpleNamespace(resources=typed, threads=32)
     params = {
         "run_uuid": "u",

@@ -121,9 +121,16 @@ def test_unet_target(workdir: Path) -> None:
     """`snakemake unet` on the test config: a tiny U-Net, each sample split over two ranks,
     trained on the shards already there and evaluated against linear growth."""
     proc = snakemake(
-        "--cores", "2", "--configfile", TEST_CONFIG, "--config", "tracking={enabled: false}",
-        "--", "unet", cwd=workdir,
-    )  # fmt: skip
+        "--cores",
+        "2",
+        "--configfile",
+        TEST_CONFIG,
+        "--config",
+        "tracking={enabled: false}",
+        "--",
+        "unet",
+        cwd=workdir,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     counts = job_counts(proc.stdout + proc.stderr)
     assert counts == {"unet_config": 1, "unet_train": 1, "unet_evaluate": 1, "unet": 1}
@@ -140,16 +147,25 @@ def test_unet_target(workdir: Path) -> None:
         assert math.isfinite(metrics[name][0]), metrics[name]
     for name in ("model", "baseline"):
         assert set(metrics["summary"][name]) == {
-            "min_r_to_half_nyquist", "max_transfer_error_to_half_nyquist", "meets_goal",
+            "min_r_to_half_nyquist",
+            "max_transfer_error_to_half_nyquist",
+            "meets_goal",
             "pdf_l1_distance",
-        }  # fmt: skip
+        }
     rows = (unet / "eval/spectra.tsv").read_text().splitlines()
     assert rows[0].split("\t")[:4] == ["k", "k_over_nyquist", "transfer_model", "r_model"]
     assert len(rows) == 5
     again = snakemake(
-        "--cores", "2", "--configfile", TEST_CONFIG, "--config", "tracking={enabled: false}",
-        "--", "unet", cwd=workdir,
-    )  # fmt: skip
+        "--cores",
+        "2",
+        "--configfile",
+        TEST_CONFIG,
+        "--config",
+        "tracking={enabled: false}",
+        "--",
+        "unet",
+        cwd=workdir,
+    )
     assert "Nothing to be done" in again.stdout + again.stderr
 
 

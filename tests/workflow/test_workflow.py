@@ -235,8 +235,9 @@ def test_perf_model_validates_on_the_study_tables_the_same_invocation_makes(tmp_
     waits for both tables (it used to see only those that existed when the Snakefile was
     parsed); `perf_model` alone does not make the studies run."""
     config = str(REPO / "config" / "test.yaml")
-    both = snakemake("-n", "network_study", "scaling_study", "perf_model", "--configfile",
-                     config, cwd=tmp_path)  # fmt: skip
+    both = snakemake(
+        "-n", "network_study", "scaling_study", "perf_model", "--configfile", config, cwd=tmp_path
+    )
     assert both.returncode == 0, both.stderr[-2000:]
     tables = [p for p in _validate_inputs(both.stdout) if p.endswith("points.tsv")]
     assert [Path(p).parent.name for p in tables] == ["step_time", "network", "scaling"]
