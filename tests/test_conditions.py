@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from study_tables import gather_study
 
 from cosmocub.config import StudiesConfig, load_config
 from cosmocub.contention.conditions import (
@@ -39,7 +40,7 @@ from cosmocub.contention.probes import (
 )
 from cosmocub.perfmodel.uses.validate import error_summary
 from cosmocub.studies import runners, scaling
-from cosmocub.studies.engine import definition, gather, write_point_record
+from cosmocub.studies.engine import definition, write_point_record
 
 REPO = Path(__file__).resolve().parents[1]
 LIMITS = StudiesConfig(contended_ready_share=0.7, contended_steal_share=0.1)
@@ -323,13 +324,6 @@ def test_a_contended_run_is_moved_aside_and_run_once_more(tmp_path: Path) -> Non
     assert definition("known_answer").timed is False and definition("step_time").timed is True
 
 
-class _NoTracking:
-    run_id = None
-
-    def log_artifact(self, path, artifact_path=None) -> None:
-        assert Path(path).is_file()
-
-
 def test_gather_shows_the_mark_in_points_tsv_and_the_report_counts_what_is_left_out(
     tmp_path: Path,
 ) -> None:
@@ -346,15 +340,7 @@ def test_gather_shows_the_mark_in_points_tsv_and_the_report_counts_what_is_left_
             "runs": [{"ready_share": a} for a in attempts],
         }
         write_point_record(record, tmp_path / name)
-    gather(
-        cfg,
-        "step_time",
-        folder=tmp_path,
-        out_tsv=tmp_path / "points.tsv",
-        out_png=tmp_path / "p.png",
-        out_summary=tmp_path / "summary.md",
-        tracker=_NoTracking(),
-    )
+    gather_study(cfg, "step_time", tmp_path)
     with open(tmp_path / "points.tsv") as f:
         table = list(csv.DictReader(f, delimiter="\t"))
     cells = [(r["point"], r["contended"], r["runs"], r["first_ready_share"]) for r in table]

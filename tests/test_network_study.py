@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 from study_outputs import point_times, write_scaling_outputs
+from study_tables import gather_study
 
 from cosmocub.config import load_config
 from cosmocub.launch.resources import study_cpus_per_rank
 from cosmocub.netemu.runner import NodesRunResult, split_cores
 from cosmocub.studies import network, scaling
-from cosmocub.studies.engine import gather, plan, point_record, write_point_record
+from cosmocub.studies.engine import plan, point_record, write_point_record
 from cosmocub.studies.runners import PointSkipped, run_emulated
 
 REPO = Path(__file__).resolve().parents[1]
@@ -263,15 +264,7 @@ def test_a_scaling_study_marks_oversubscribed_meshes_and_leaves_their_efficiency
         f"{mode}_{mesh}" for mode in ("strong", "weak") for mesh in ("1x1", "2x1", "1x2", "2x2")
     ]
     write_scaling_outputs(cfg, tmp_path, oversubscribed={"strong_2x2", "weak_2x2"})
-    gather(
-        cfg,
-        "scaling",
-        folder=tmp_path,
-        out_tsv=tmp_path / "points.tsv",
-        out_png=tmp_path / "scaling.png",
-        out_summary=tmp_path / "summary.md",
-        tracker=_NoTracking(),
-    )
+    gather_study(cfg, "scaling", tmp_path)
     with open(tmp_path / "points.tsv") as f:
         table = {r["point"]: r for r in csv.DictReader(f, delimiter="\t")}
     assert table["strong_2x2"]["oversubscribed"] == "4 ranks of 1 thread(s) on 2 core(s)"
@@ -313,28 +306,13 @@ def test_without_cap_net_admin_the_emulated_runner_skips(monkeypatch, tmp_path) 
         )
 
 
-class _NoTracking:
-    run_id = None
-
-    def log_artifact(self, path, artifact_path=None) -> None:
-        assert Path(path).is_file()
-
-
 def test_a_study_of_skipped_points_gathers_their_labels_and_why(tmp_path) -> None:
     cfg = load_config(REPO / "config" / "test.yaml")
     for p in plan(cfg, "network"):
         extra = {"skipped": "emulated nodes unavailable: no CAP_NET_ADMIN", "ranks_per_node": 1}
         record = point_record(p.launch, cores_per_rank=1, extra=extra)
         write_point_record(record, tmp_path / p.point.name)
-    rows = gather(
-        cfg,
-        "network",
-        folder=tmp_path,
-        out_tsv=tmp_path / "points.tsv",
-        out_png=tmp_path / "network.png",
-        out_summary=tmp_path / "summary.md",
-        tracker=_NoTracking(),
-    )
+    rows = gather_study(cfg, "network", tmp_path)
     assert len(rows) == 2
     with open(tmp_path / "points.tsv") as f:
         table = list(csv.DictReader(f, delimiter="\t"))

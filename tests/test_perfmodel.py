@@ -445,15 +445,9 @@ def test_synced_batch_norms_cost_two_collectives_a_block_over_the_mesh() -> None
     assert norm_sync(cfg.model, mesh=Mesh(data=1, split=(1, 1, 1)), network=network) == (0, 0)
     plain = load_config(None, overrides={"model": {"batch_norm": False}}).model
     assert norm_sync(plain, mesh=two, network=network) == (0, 0)
-    step = predict_step(
-        model_cfg=cfg.model,
-        optimizer_cfg=cfg.optimizer,
-        local_batch=2,
-        mesh=two,
-        network=network,
-        layer_seconds={"block0": 0.01},
-        optimizer_s=0.0,
-    )
+    same = {"model_cfg": cfg.model, "optimizer_cfg": cfg.optimizer, "local_batch": 2, "mesh": two}
+    same |= {"layer_seconds": {"block0": 0.01}, "optimizer_s": 0.0}
+    step = predict_step(**same, network=network)
     assert step.norm_sync_s == pytest.approx(seconds)
     assert step.step_s == pytest.approx(0.01 + seconds + step.exchange_s)
     # Layer times that hold the norms' collectives as they ran within a node (a CPU's two-rank
@@ -461,27 +455,9 @@ def test_synced_batch_norms_cost_two_collectives_a_block_over_the_mesh() -> None
     slow = AlphaBeta(alpha_s=3e-3, beta_s_per_byte=2e-6)
     two_nodes = Network.uniform(slow, net, ranks_per_node=1)
     full, _ = norm_sync(cfg.model, mesh=two, network=two_nodes)
-    local = predict_step(
-        model_cfg=cfg.model,
-        optimizer_cfg=cfg.optimizer,
-        local_batch=2,
-        mesh=two,
-        network=two_nodes,
-        layer_seconds={"block0": 0.01},
-        optimizer_s=0.0,
-        norm_sync_local_in_layers=True,
-    )
+    local = predict_step(**same, network=two_nodes, norm_sync_local_in_layers=True)
     assert local.norm_sync_s == pytest.approx(full - seconds) and full > seconds
-    on_one_node = predict_step(
-        model_cfg=cfg.model,
-        optimizer_cfg=cfg.optimizer,
-        local_batch=2,
-        mesh=two,
-        network=network,
-        layer_seconds={"block0": 0.01},
-        optimizer_s=0.0,
-        norm_sync_local_in_layers=True,
-    )
+    on_one_node = predict_step(**same, network=network, norm_sync_local_in_layers=True)
     assert on_one_node.norm_sync_s == 0.0
 
 

@@ -9,12 +9,13 @@ import math
 from pathlib import Path
 
 import pytest
+from study_tables import gather_study
 
 from cosmocub import cli
 from cosmocub.config import ConfigError, from_values, load_config
 from cosmocub.cosmology.parameters import NAME_PAR
 from cosmocub.studies.accuracy import level_rows
-from cosmocub.studies.engine import Point, gather, plan, point_values
+from cosmocub.studies.engine import Point, plan, point_values
 from cosmocub.studies.sample_size import STUDY, select_lr, size_config_values
 
 NAMES = NAME_PAR  # ("Omega_m", "sigma_8", "N_spec", "H_0")
@@ -223,16 +224,12 @@ def test_gather_writes_tsv_plot_and_report_section(tmp_path: Path) -> None:
     for name, (metrics, loss) in points.items():
         write_point(tmp_path / name, metrics, steps=24, val_loss=loss)
     tracker = RecordingTracker()
-    out = {k: tmp_path / f"s.{k}" for k in ("tsv", "png", "md")}
-    rows = gather(
-        cfg,
-        "sample_size",
-        folder=tmp_path,
-        out_tsv=out["tsv"],
-        out_png=out["png"],
-        out_summary=out["md"],
-        tracker=tracker,
-    )
+    out = {
+        "tsv": tmp_path / "points.tsv",
+        "png": tmp_path / "sample_size.png",
+        "md": tmp_path / "summary.md",
+    }
+    rows = gather_study(cfg, "sample_size", tmp_path, tracker=tracker)
     with open(out["tsv"]) as f:
         on_disk = list(csv.DictReader(f, delimiter="\t"))
     assert len(on_disk) == len(rows) == 4 * 2 * 5
@@ -248,11 +245,13 @@ def test_gather_writes_tsv_plot_and_report_section(tmp_path: Path) -> None:
     metrics = {p: STUDY.point_metrics([r for r in rows if r["point"] == p]) for p in points}
     assert metrics["16_lr0.001"].keys() == metrics["32_lr0.001"].keys()
     assert metrics["32_lr0.001"]["univ_cnn_over_mean_N_spec"] == pytest.approx(0.3 / 0.5)
-    assert tracker.artifacts == [f"sample_size_study/s.{k}" for k in ("tsv", "png", "md")]
+    names = ("points.tsv", "sample_size.png", "summary.md")
+    assert tracker.artifacts == [f"sample_size_study/{name}" for name in names]
     assert out["png"].stat().st_size > 10_000
     section = out["md"].read_text()
     assert (
-        section.startswith("## Study `sample_size`") and "![Study `sample_size`](s.png)" in section
+        section.startswith("## Study `sample_size`")
+        and "![Study `sample_size`](sample_size.png)" in section
     )
     assert (
         section.count("\n| 32_lr0.001 | 32 | 0.001 | 0.001 0.003 | 1 | final_val_loss | 2 | 24 |")

@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 from baseline_shards import write_split
+from study_tables import gather_study
 
 from cosmocub.config import ConfigError, load_config
 from cosmocub.cosmology.parameters import NAME_PAR
@@ -21,7 +22,7 @@ from cosmocub.data.features import FEATURES_FILE, write_features
 from cosmocub.evaluation.baselines import baseline_predictions, ridge_predictions
 from cosmocub.evaluation.headline import comparison_table
 from cosmocub.studies.accuracy import level_rows
-from cosmocub.studies.engine import check_study, gather, plan, point_config
+from cosmocub.studies.engine import check_study, plan, point_config
 
 
 @pytest.fixture(scope="module")
@@ -195,16 +196,12 @@ def test_gather_picks_the_lr_per_n_and_plots_the_curve(tmp_path: Path) -> None:
         (folder / "eval/metrics.json").write_text(json.dumps(fake_metrics(cnn, 0.3)))
         (folder / "run/train_summary.json").write_text(json.dumps({"steps": 750}))
         (folder / "run/metrics.jsonl").write_text(json.dumps({"step": 750, "val_loss": loss}))
-    out = {k: tmp_path / f"s.{k}" for k in ("tsv", "png", "md")}
-    gather(
-        cfg,
-        "universes",
-        folder=tmp_path,
-        out_tsv=out["tsv"],
-        out_png=out["png"],
-        out_summary=out["md"],
-        tracker=RecordingTracker(),
-    )
+    out = {
+        "tsv": tmp_path / "points.tsv",
+        "png": tmp_path / "universes.png",
+        "md": tmp_path / "summary.md",
+    }
+    gather_study(cfg, "universes", tmp_path, tracker=RecordingTracker())
     with open(out["tsv"]) as f:
         on_disk = list(csv.DictReader(f, delimiter="\t"))
     picked = {(r["point"], r["level"], r["parameter"]): r for r in on_disk if r["selected"] == "1"}

@@ -120,24 +120,15 @@ def test_sample_size_study_target(workdir: Path) -> None:
 def test_unet_target(workdir: Path) -> None:
     """`snakemake unet` on the test config: a tiny U-Net, each sample split over two ranks,
     trained on the shards already there and evaluated against linear growth."""
-    proc = snakemake(
-        "--cores",
-        "2",
-        "--configfile",
-        TEST_CONFIG,
-        "--config",
-        "tracking={enabled: false}",
-        "--",
-        "unet",
-        cwd=workdir,
-    )
+    options = ("--cores", "2", "--configfile", TEST_CONFIG, "--config", "tracking={enabled: false}")
+    proc = snakemake(*options, "--", "unet", cwd=workdir)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     counts = job_counts(proc.stdout + proc.stderr)
     assert counts == {"unet_config": 1, "unet_train": 1, "unet_evaluate": 1, "unet": 1}
-    unet = workdir / "results-test/unet"
-    summary = json.loads((unet / "run/train_summary.json").read_text())
+    results = workdir / "results-test/unet"
+    summary = json.loads((results / "run/train_summary.json").read_text())
     assert (summary["world_size"], summary["spatial_parallel"], summary["steps"]) == (2, 2, 12)
-    metrics = json.loads((unet / "eval/metrics.json").read_text())
+    metrics = json.loads((results / "eval/metrics.json").read_text())
     assert metrics["num_samples"] == 8 and metrics["target_redshift"] == 0.0
     # 8³ crops: k bins from the fundamental to Nyquist. Without shot-noise subtraction r(k) is
     # a correlation in [-1, 1] (Cauchy-Schwarz); with it, null where the corrected power is <= 0.
@@ -152,20 +143,10 @@ def test_unet_target(workdir: Path) -> None:
             "meets_goal",
             "pdf_l1_distance",
         }
-    rows = (unet / "eval/spectra.tsv").read_text().splitlines()
+    rows = (results / "eval/spectra.tsv").read_text().splitlines()
     assert rows[0].split("\t")[:4] == ["k", "k_over_nyquist", "transfer_model", "r_model"]
     assert len(rows) == 5
-    again = snakemake(
-        "--cores",
-        "2",
-        "--configfile",
-        TEST_CONFIG,
-        "--config",
-        "tracking={enabled: false}",
-        "--",
-        "unet",
-        cwd=workdir,
-    )
+    again = snakemake(*options, "--", "unet", cwd=workdir)
     assert "Nothing to be done" in again.stdout + again.stderr
 
 
