@@ -1,5 +1,5 @@
-"""A study's gather in a test, laid out as the study rules lay it out: points.tsv, <study>.png and
-summary.md in the folder that holds the points' own folders."""
+"""A study's gather in a test: the package's own layout (studies.gather.gather_into), with a
+tracker that logs nothing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from cosmocub.config import Config
-from cosmocub.studies.engine import gather
+from cosmocub.studies.gather import gather_into
 
 
 class NoTracking:
@@ -20,14 +20,5 @@ class NoTracking:
 
 
 def gather_study(cfg: Config, study: str, folder: Path, *, tracker: Any = None) -> list[dict]:
-    """`gather` of `study`'s points under `folder` into folder/points.tsv, folder/<study>.png and
-    folder/summary.md; its rows."""
-    return gather(
-        cfg,
-        study,
-        folder=folder,
-        out_tsv=folder / "points.tsv",
-        out_png=folder / f"{study}.png",
-        out_summary=folder / "summary.md",
-        tracker=NoTracking() if tracker is None else tracker,
-    )
+    """The points under `folder` gathered as `cosmocub study-gather` lays them out; the rows."""
+    return gather_into(cfg, study, folder, tracker=NoTracking() if tracker is None else tracker)

@@ -5,6 +5,7 @@ under the study's MLflow parent run.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from cosmocub.config import Config
 from cosmocub.studies.engine import check_study, gather, study_points
@@ -16,12 +17,18 @@ def gather_study(cfg: Config, study: str, *, folder: Path) -> None:
     check_study(cfg, study)  # a bad study name or block fails before MLflow is opened
     study_points(cfg, study)
     with job_run(cfg, stage=f"{study}_study", params={"study": study}) as tracker:
-        gather(
-            cfg,
-            study,
-            folder=folder,
-            out_tsv=folder / "points.tsv",
-            out_png=folder / f"{study}.png",
-            out_summary=folder / "summary.md",
-            tracker=tracker,
-        )
+        gather_into(cfg, study, folder, tracker=tracker)
+
+
+def gather_into(cfg: Config, study: str, folder: Path, *, tracker: Any) -> list[dict[str, Any]]:
+    """`gather` of the points under `folder` into folder/points.tsv, folder/<study>.png and
+    folder/summary.md, the study rules' layout, logging through `tracker`; the table's rows."""
+    return gather(
+        cfg,
+        study,
+        folder=folder,
+        out_tsv=folder / "points.tsv",
+        out_png=folder / f"{study}.png",
+        out_summary=folder / "summary.md",
+        tracker=tracker,
+    )
