@@ -6,6 +6,7 @@ the model prices together, with nothing in perfmodel/ told of it."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -188,9 +189,11 @@ def test_a_change_of_plan_moves_counted_and_priced_bytes_together(tmp_path: Path
     argv = torchrun_argv(4, str(program), str(TEST_CONFIG), json.dumps(PLANS))
     proc = multirank.run_ranks(argv, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = [line for line in proc.stdout.splitlines() if " counted " in line]
-    assert len(lines) == 4, proc.stdout
-    rows = json.loads(lines[0].split(" counted ", 1)[1])
+    # The ranks share one pipe: a rank's line may run into another's, so each is found by its
+    # own pattern, not by line.
+    counted = dict(re.findall(r"rank (\d+) counted (\[\[.*?\]\])", proc.stdout))
+    assert sorted(counted) == ["0", "1", "2", "3"], proc.stdout
+    rows = json.loads(counted["0"])
     totals = set()
     for options, (hierarchy, planned, sent, inter) in zip(PLANS, rows, strict=True):
         price_sent, price_inter = priced(options)

@@ -113,6 +113,14 @@ def unet_train_job():
     return checked(unet_job, CFG)  # a mistake: its one line, no traceback
 
 
+def unet_run_config(wildcards):
+    """The U-Net run's config file, for the rule that runs it. The run's request is made here,
+    before its threads and resources ask: a bad `unet` section ends in the checker's one line
+    (workflow_support.checked), where Snakemake would wrap it in its own block there."""
+    unet_train_job()
+    return rules.unet_config.output[0]
+
+
 # Studies (workflow/rules/studies.smk): what each point needs, planned by cosmocub.studies.engine
 # when a study's rule first asks (a bad study block fails its own targets, not `all`).
 @functools.cache

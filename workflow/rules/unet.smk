@@ -6,14 +6,6 @@
 UNET = f"{RESULTS}/unet"
 
 
-def unet_run_config(wildcards):
-    """The U-Net run's config file, for the rule that runs it. The run's request is made here,
-    before its threads and resources ask: a bad `unet` section ends in the checker's one line
-    (workflow_support.checked), where Snakemake would wrap it in its own block there."""
-    unet_train_job()
-    return rules.unet_config.output[0]
-
-
 rule unet_config:
     """The U-Net run's config, derived from the config in effect (unet section)."""
     output:
