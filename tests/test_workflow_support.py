@@ -13,7 +13,6 @@ from cosmocub.data.naming import seeds_of_group, simulate_group_of, universe_gro
 from cosmocub.studies.launch_plan import LaunchPlan, PointLaunch
 from cosmocub.workflow_support import (
     preprocess_groups,
-    study_link_rates,
     study_point_cores,
     study_point_job,
     tracking_env,
@@ -86,6 +85,5 @@ def test_the_unet_universes_and_study_rates_requests() -> None:
     with pytest.raises(ConfigError, match=r"synth_7000006.hdf5 is not one of .* universes.count 6"):
         simulate_group_of(four, 7_000_006)
     assert preprocess_groups(cfg, ["a"] * 230) == range(3)  # 100 universes a job
-    assert study_link_rates(cfg) == [10, 100]  # the network study's rate, the scaling study's
     env = tracking_env("train")({"run": "r1", "seed": "3"})
     assert env == "COSMOCUB_RULE=train COSMOCUB_WILDCARDS='run=r1,seed=3'"

@@ -61,6 +61,7 @@ from cosmocub.config.study_configs import (
     UniversesStudyConfig,
 )
 from cosmocub.config.training import (
+    CalibrateResources,
     ClusterConfig,
     EvaluateConfig,
     LionCubConfig,
@@ -81,6 +82,7 @@ __all__ = [
     "SPATIAL_DIMS",
     "AcceleratorConfig",
     "BenchConfig",
+    "CalibrateResources",
     "CalibrationConfig",
     "ClusterConfig",
     "Config",
