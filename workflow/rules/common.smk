@@ -59,11 +59,6 @@ RESOLVED_CONFIG = resolved_config_path(CFG)
 RUN = CFG.train.run_name
 
 
-def section(*names):
-    """Config sections that a job depends on, for its params (a change there reruns it)."""
-    return {name: config[name] for name in names}
-
-
 def job_config(*names, named_by_params=()):
     """A job's `params: config`, its command's --config: the sections `names` (or dotted
     sub-sections) it reads, alone, in a file named by their hash, so a change there, and only

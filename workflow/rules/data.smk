@@ -64,6 +64,7 @@ rule link_group:
         runtime=CFG.cluster.small.runtime,
     params:
         config=job_config(
+            "universes.source",
             "universes.cosmoflow_dir",
             "universes.max_files",
             "cluster.preprocess.universes_per_job",
