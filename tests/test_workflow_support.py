@@ -111,9 +111,12 @@ def test_a_job_config_holds_its_sections_alone_under_their_hash(tmp_path) -> Non
         REPO / "config" / "test.yaml", {"results": str(tmp_path), "train": {"epochs": 9}}
     )
     assert job_config_path(other, ["model", "universes.source"]) == path
-    named = job_config_path(cfg, ["model"], named_by_params=["universes.count"])
-    assert named != job_config_path(cfg, ["model"])
+    # Keys held beside the sections (a group's seeds param names their effect): the same name,
+    # so that a rule given them reruns nothing; the same sections asked without them: refused.
+    named = job_config_path(cfg, ["seed"], named_by_params=["universes.count"])
     assert load_config(named).universes.count == 6
+    with pytest.raises(ValueError, match=r"named_by_params \(\) and \('universes.count',\)"):
+        job_config_path(cfg, ["seed"])
 
 
 def test_the_calibration_holds_the_configs_cores_or_a_local_runs() -> None:

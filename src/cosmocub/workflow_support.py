@@ -141,9 +141,14 @@ def job_config_path(
     names already (a universe group's seeds): held, not hashed, so that raising
     universes.count makes only the new groups."""
     read = {name: _section(cfg.values, name) for name in sections}
-    # The same sections, and other keys held beside them: another file.
-    named = config_hash(read) if not named_by_params else config_hash([read, [*named_by_params]])
-    path = cfg.results / "config" / f"sections-{named}.yaml"
+    path = cfg.results / "config" / f"sections-{config_hash(read)}.yaml"
+    # The name is the sections' alone (a universe group's file kept its name, so no group is
+    # made again); two rules that list the same sections must then hold the same keys.
+    if _named_by_params.setdefault(str(path), tuple(named_by_params)) != tuple(named_by_params):
+        raise ValueError(
+            f"job_config{tuple(sections)}: asked with named_by_params {tuple(named_by_params)} "
+            f"and {_named_by_params[str(path)]}: one file cannot hold both"
+        )
     # Checked once a process: every job of a rule asks (200 jobs parsed the same YAML 200
     # times, 6 s of a 13 s dry run), and within one Snakemake the config does not change.
     if _checked.get(str(path)) != cfg.hash:
@@ -154,8 +159,10 @@ def job_config_path(
     return str(path)
 
 
-# The job config files this process has checked or written, with the config's hash then.
+# The job config files this process has checked or written, with the config's hash then, and
+# the keys each holds beside its sections.
 _checked: dict[str, str] = {}
+_named_by_params: dict[str, tuple[str, ...]] = {}
 
 
 def _section(values: Mapping[str, Any], dotted: str) -> Any:
