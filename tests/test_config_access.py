@@ -166,8 +166,9 @@ def copy_workflow(to: Path) -> Path:
 
 
 def test_a_rule_that_lists_too_little_fails_naming_the_stage_and_key(tmp_path) -> None:
-    """universe_group without universes.size in its list: its job fails at once, its log's
-    one line naming the stage, the key and the rule's file, and it writes no universe."""
+    """universe_group without universes.size in its list: its job fails at once, Snakemake
+    naming the rule, its log's one line the stage, the key and the job's file; no universe is
+    written."""
     snakefile = copy_workflow(tmp_path / "wf")
     rules = tmp_path / "wf" / "workflow" / "rules" / "data.smk"
     text = rules.read_text()
@@ -185,6 +186,7 @@ def test_a_rule_that_lists_too_little_fails_naming_the_stage_and_key(tmp_path) -
         snakefile=snakefile,
     )
     assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "Error in rule universe_group:" in proc.stdout + proc.stderr  # the rule
     (line,) = (work / "results-test/logs/universes/seed1-0.log").read_text().splitlines()
     assert line.startswith("cosmocub simulate-group: error: results-test/config/sections-")
     assert "key 'universes.size': read by this stage, but its config holds only" in line
