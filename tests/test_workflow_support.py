@@ -7,13 +7,15 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cosmocub.config import ConfigError, load_config
 from cosmocub.data.naming import seeds_of_group, simulate_group_of, universe_group_names
 from cosmocub.studies.launch_plan import LaunchPlan, PointLaunch
 from cosmocub.workflow_support import (
+    calibration_threads,
+    job_config_path,
     preprocess_groups,
-    study_link_rates,
     study_point_cores,
     study_point_job,
     tracking_env,
@@ -90,6 +92,42 @@ def test_the_unet_universes_and_study_rates_requests() -> None:
     with pytest.raises(ConfigError, match=r"synth_7000006.hdf5 is not one of .* universes.count 6"):
         simulate_group_of(four, 7_000_006)
     assert preprocess_groups(cfg, ["a"] * 230) == range(3)  # 100 universes a job
-    assert study_link_rates(cfg) == [10, 100]  # the network study's rate, the scaling study's
     env = tracking_env("train")({"run": "r1", "seed": "3"})
     assert env == "COSMOCUB_RULE=train COSMOCUB_WILDCARDS='run=r1,seed=3'"
+
+
+def test_a_job_config_holds_its_sections_alone_under_their_hash(tmp_path) -> None:
+    cfg = load_config(REPO / "config" / "test.yaml", {"results": str(tmp_path)})
+    path = job_config_path(cfg, ["model", "universes.source"])
+    held = yaml.safe_load(Path(path).read_text())
+    # The sections listed, the top-level ones they lie in, and where the job records.
+    assert held["held"] == ["model", "universes.source"]
+    assert sorted(held) == ["held", "model", "results", "tracking", "universes"]
+    job = load_config(path)
+    assert (job.model, job.universes.source) == (cfg.model, "synthetic")
+    said = r"key 'universes.count': read by this stage, but its config holds only model, "
+    with pytest.raises(ConfigError, match=said + r"universes.source \(and results, tracking\)"):
+        _ = job.universes.count
+    with pytest.raises(ConfigError, match=r"key 'train'"):
+        _ = job.global_batch  # a property reads through the guard too
+    # Another training setting: the same file name (its hash is of its sections alone).
+    other = load_config(
+        REPO / "config" / "test.yaml", {"results": str(tmp_path), "train": {"epochs": 9}}
+    )
+    assert job_config_path(other, ["model", "universes.source"]) == path
+    # Keys held beside the sections (a group's seeds param names their effect): the same name,
+    # so that a rule given them reruns nothing; the same sections asked without them: refused.
+    named = job_config_path(cfg, ["seed"], named_by_params=["universes.count"])
+    assert load_config(named).universes.count == 6
+    with pytest.raises(ValueError, match=r"named_by_params \(\) and \('universes.count',\)"):
+        job_config_path(cfg, ["seed"])
+
+
+def test_the_calibration_holds_the_configs_cores_or_a_local_runs() -> None:
+    cfg = load_config(None)
+    assert calibration_threads(cfg, machine_cores=16) == 16  # a local run's --cores
+    with pytest.raises(ValueError, match=r"key 'cluster.calibrate.threads': required on a cluster"):
+        calibration_threads(cfg, machine_cores=None)
+    given = load_config(None, {"cluster": {"calibrate": {"threads": 64}}})
+    assert calibration_threads(given, machine_cores=None) == 64
+    assert calibration_threads(given, machine_cores=2) == 64

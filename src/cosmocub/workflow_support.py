@@ -20,6 +20,7 @@ from cosmocub.config import (
     resolve,
     write_config,
 )
+from cosmocub.config.held import held_values
 from cosmocub.data.mlperf import file_groups
 from cosmocub.data.naming import (
     public_groups,
@@ -58,6 +59,7 @@ from cosmocub.tracking.workflow_run import (
 __all__ = [
     "STUDY_NAMES",
     "RankedJob",
+    "calibration_threads",
     "checked",
     "finish_tracking",
     "job_config_path",
@@ -71,7 +73,6 @@ __all__ = [
     "simulate_runtime",
     "start_tracking",
     "study_definition",
-    "study_link_rates",
     "study_point_cores",
     "study_point_job",
     "study_points_cpus",
@@ -117,26 +118,40 @@ def workflow_config(config: dict[str, Any], *, source: str) -> Config:
     return from_values(config, source=source)
 
 
-def job_config_path(cfg: Config, sections: Sequence[str]) -> str:
+def job_config_path(
+    cfg: Config, sections: Sequence[str], *, named_by_params: Sequence[str] = ()
+) -> str:
     """The --config of a job that reads `sections` (top-level keys, or dotted ones such as
-    "perf_model.bench"): the whole resolved config, in a file named by the hash of those
-    sections alone, written here where missing or different. As a rule's param it reruns the
-    job when one of its sections changes and only then; its command names the file, so it runs
-    by hand as the workflow ran it. A change elsewhere rewrites the file under the same name (the
-    workflow counts the job's work the same)."""
+    "perf_model.bench"): a file named by the hash of those sections that holds them alone (and
+    where the job records: config.held), written here where missing or different. As a rule's
+    param it reruns the job when one of its sections changes and only then; a stage reading
+    any other key fails, naming it; its command names the file, so it runs by hand as the
+    workflow ran it. `named_by_params`: keys the job reads whose effect on it another param
+    names already (a universe group's seeds): held, not hashed, so that raising
+    universes.count makes only the new groups."""
     read = {name: _section(cfg.values, name) for name in sections}
     path = cfg.results / "config" / f"sections-{config_hash(read)}.yaml"
+    # The name is the sections' alone (a universe group's file kept its name, so no group is
+    # made again); two rules that list the same sections must then hold the same keys.
+    if _named_by_params.setdefault(str(path), tuple(named_by_params)) != tuple(named_by_params):
+        raise ValueError(
+            f"job_config{tuple(sections)}: asked with named_by_params {tuple(named_by_params)} "
+            f"and {_named_by_params[str(path)]}: one file cannot hold both"
+        )
     # Checked once a process: every job of a rule asks (200 jobs parsed the same YAML 200
     # times, 6 s of a 13 s dry run), and within one Snakemake the config does not change.
     if _checked.get(str(path)) != cfg.hash:
-        if not path.exists() or yaml.safe_load(path.read_text()) != cfg.values:
-            write_config(cfg.values, path)
+        values = held_values(cfg.values, [*sections, *named_by_params])
+        if not path.exists() or yaml.safe_load(path.read_text()) != values:
+            write_config(values, path)
         _checked[str(path)] = cfg.hash
     return str(path)
 
 
-# The job config files this process has checked or written, with the config's hash then.
+# The job config files this process has checked or written, with the config's hash then, and
+# the keys each holds beside its sections.
 _checked: dict[str, str] = {}
+_named_by_params: dict[str, tuple[str, ...]] = {}
 
 
 def _section(values: Mapping[str, Any], dotted: str) -> Any:
@@ -242,9 +257,20 @@ def study_universe_groups(cfg: Config, key: str) -> list[str]:
     return universe_group_names(point_config(cfg, study, find_point(cfg, study, name)))
 
 
-def study_link_rates(cfg: Config) -> list[float]:
-    """The link rates the network and scaling studies emulate (Mbit/s), for the links' bench."""
-    return [*cfg.network_study.rates_mbit, cfg.scaling_study.rate_mbit]
+def calibration_threads(cfg: Config, *, machine_cores: int | None) -> int:
+    """Cores the compute calibration holds, every one of its machine so that nothing runs
+    beside its timings: cluster.calibrate.threads, else a local run's cores (`machine_cores`,
+    Snakemake's --cores; never the submit host's, which may not be the node it runs on); a
+    ValueError on a cluster without the key."""
+    threads = cfg.cluster.calibrate.threads
+    if threads is not None:
+        return threads
+    if machine_cores is None:
+        raise ValueError(
+            "key 'cluster.calibrate.threads': required on a cluster (the cores of the node the "
+            "calibration runs on, all of which it holds); null takes a local run's --cores"
+        )
+    return machine_cores
 
 
 def perf_model_bench_threads(cfg: Config) -> int:

@@ -5,6 +5,7 @@ import os
 
 from cosmocub.workflow_support import (
     STUDY_NAMES,
+    calibration_threads,
     checked,
     finish_tracking,
     job_config_path,
@@ -18,7 +19,6 @@ from cosmocub.workflow_support import (
     simulate_runtime,
     start_tracking,
     study_definition,
-    study_link_rates,
     study_point_cores,
     study_point_job,
     study_points_cpus,
@@ -58,17 +58,15 @@ RESOLVED_CONFIG = resolved_config_path(CFG)
 RUN = CFG.train.run_name
 
 
-def section(*names):
-    """Config sections that a job depends on, for its params (a change there reruns it)."""
-    return {name: config[name] for name in names}
-
-
-def job_config(*names):
-    """A job's `params: config`, its command's --config: the resolved config in a file named
-    by the hash of the sections `names` (or dotted sub-sections) it reads, so a change there,
-    and only there, reruns it, and the command `snakemake -p` prints runs by hand the same way.
-    (Not an input: a file's new mtime would rerun every job.)"""
-    return lambda wildcards: job_config_path(CFG, names)
+def job_config(*names, named_by_params=()):
+    """A job's `params: config`, its command's --config: the sections `names` (or dotted
+    sub-sections) it reads, alone, in a file named by their hash, so a change there, and only
+    there, reruns it; a stage reading another key fails, naming it; the command `snakemake -p`
+    prints runs by hand the same way. (Not an input: a file's new mtime would rerun every job.)
+    `named_by_params`: keys read whose effect another param names (workflow_support)."""
+    return lambda wildcards: job_config_path(
+        CFG, names, named_by_params=named_by_params
+    )
 
 
 # What the training run asks the executor for (nodes, ranks, cores, memory, GPUs per node).
@@ -132,26 +130,32 @@ def study_point_plan(wildcards):
     return study_plan(wildcards.study)[wildcards.point]
 
 
+# The sections a study's points are made of (its block, and what its points' jobs read: their
+# shards, training, evaluation, contention limits): a change there makes its points again.
+STUDY_POINT_SECTIONS = (
+    "universes",
+    "preprocess",
+    "model",
+    "parallel",
+    "optimizer",
+    "train",
+    "evaluate",
+    "seed",
+    "cluster",
+    "studies",
+)
+
+
 def study_settings(wildcards):
-    """A point's config: the resolved config named by the sections it may override and its
-    study's block (job_config)."""
-    names = (
-        "preprocess",
-        "model",
-        "parallel",
-        "optimizer",
-        "train",
-        "evaluate",
-        "seed",
-    )
-    return job_config_path(CFG, (*names, study_definition(wildcards.study).config_key))
+    """A point's config: the sections it is made of (job_config)."""
+    block = study_definition(wildcards.study).config_key
+    return job_config_path(CFG, (*STUDY_POINT_SECTIONS, block))
 
 
 def study_gather_config(wildcards):
-    """The gather reads its study's block and the contended marks' limits (studies)."""
-    return job_config_path(
-        CFG, (study_definition(wildcards.study).config_key, "studies")
-    )
+    """The gather plans its study's points again (their names, labels and runners): the same
+    sections, in the same order, so the same file."""
+    return study_settings(wildcards)
 
 
 def study_point_manifest(wildcards):

@@ -27,7 +27,17 @@ rule universe_group:
         mem_mb=CFG.cluster.simulate.mem_mb,
         runtime=simulate_runtime(CFG),
     params:
-        config=job_config("simulate", "universes.size", "universes.source"),
+        # The group's seeds (from universes.count and the group size) are a param: a group
+        # whose seeds are the same is not made again when universes.count grows.
+        config=job_config(
+            "simulate",
+            "universes.size",
+            "universes.source",
+            named_by_params=(
+                "universes.count",
+                "cluster.simulate.universes_per_job",
+            ),
+        ),
         seeds=lambda w: universe_group_seeds(CFG, w.master, w.group),
         # The universes' folder: the manifest's groups/ folder's parent.
         universes=lambda w, output: os.path.dirname(os.path.dirname(output[0])),
@@ -54,6 +64,7 @@ rule link_group:
         runtime=CFG.cluster.small.runtime,
     params:
         config=job_config(
+            "universes.source",
             "universes.cosmoflow_dir",
             "universes.max_files",
             "cluster.preprocess.universes_per_job",
@@ -114,7 +125,7 @@ rule preprocess_plan:
         mem_mb=CFG.cluster.small.mem_mb,
         runtime=CFG.cluster.small.runtime,
     params:
-        config=job_config("preprocess", "seed", "cluster"),
+        config=job_config("preprocess", "seed", "cluster", "universes"),
         universes=UNIVERSES,
     shell:
         "cosmocub preprocess-plan --config {params.config} --universes-dir {params.universes}"
@@ -138,7 +149,7 @@ rule preprocess_group:
         runtime=CFG.cluster.preprocess.runtime,
     params:
         # Its staging folder is the plan's: the same sections.
-        config=job_config("preprocess", "seed", "cluster"),
+        config=job_config("preprocess", "seed", "cluster", "universes"),
         env=tracking_env("preprocess_group"),
     shell:
         "{params.env} cosmocub preprocess-group --config {params.config} --staging {input}"
@@ -169,7 +180,7 @@ rule preprocess:
         mem_mb=CFG.cluster.small.mem_mb,
         runtime=CFG.cluster.small.runtime,
     params:
-        config=job_config("preprocess", "seed"),
+        config=job_config("preprocess", "seed", "universes"),
         out=lambda w, output: os.path.dirname(output.manifest),
         groups=lambda w, input: os.path.dirname(input.groups[0]),
         env=tracking_env("preprocess"),

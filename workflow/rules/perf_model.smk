@@ -24,10 +24,14 @@ rule perf_model_bench:
         runtime=CFG.cluster.small.runtime,
         mpi="",  # `cosmocub perf-model bench` starts the ranks itself
     params:
-        # Its own settings only: a change to the extrapolation or the calibration does not
-        # rerun the links' benchmark (and so the fit and every validation).
-        config=job_config("perf_model.bench"),
-        rates=study_link_rates(CFG),
+        # Its own settings and the studies' link rates it emulates: a change to the
+        # extrapolation or the calibration does not rerun the links' benchmark (and so the fit
+        # and every validation).
+        config=job_config(
+            "perf_model.bench",
+            "network_study.rates_mbit",
+            "scaling_study.rate_mbit",
+        ),
     shell:
         "cosmocub perf-model bench --config {params.config} --out {output} > {log} 2>&1"
 
@@ -60,12 +64,12 @@ rule perf_model_calibrate:
         f"{PERF}/logs/calibrate.log",
     conda:
         "../../envs/cosmocub.yaml"
-    threads: os.cpu_count() or 1
+    threads: lambda w: checked(calibration_threads, CFG, machine_cores=machine_cores())
     resources:
         mem_mb=CFG.cluster.small.mem_mb,
         runtime=CFG.cluster.small.runtime,
     params:
-        config=job_config("perf_model.calibration"),
+        config=job_config("perf_model.calibration", "perf_model.cores"),
     shell:
         "cosmocub perf-model calibrate --config {params.config} --out {output} > {log} 2>&1"
 

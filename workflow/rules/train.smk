@@ -35,7 +35,13 @@ rule train:
         mpi="",
     params:
         config=job_config(
-            "model", "parallel", "optimizer", "train", "preprocess", "seed"
+            "model",
+            "parallel",
+            "optimizer",
+            "train",
+            "preprocess",
+            "seed",
+            "cluster.train.nodes",
         ),
         shards=lambda w, input: os.path.dirname(input.manifest),
         out=lambda w, output: os.path.dirname(output.model),
@@ -83,7 +89,7 @@ rule evaluate:
         mem_mb=CFG.cluster.small.mem_mb,
         runtime=CFG.cluster.small.runtime,
     params:
-        config=job_config("model", "evaluate"),
+        config=job_config("model", "evaluate", "universes.source", "train.universes"),
         shards=lambda w, input: os.path.dirname(input.manifest),
         run_dir=lambda w, input: os.path.dirname(input.model),
         out=lambda w, output: os.path.dirname(output.metrics),

@@ -62,6 +62,7 @@ from cosmocub.config.study_configs import (
     UniversesStudyConfig,
 )
 from cosmocub.config.training import (
+    CalibrateResources,
     ClusterConfig,
     EvaluateConfig,
     LionCubConfig,
@@ -83,6 +84,7 @@ __all__ = [
     "SPATIAL_DIMS",
     "AcceleratorConfig",
     "BenchConfig",
+    "CalibrateResources",
     "CalibrationConfig",
     "ClusterConfig",
     "Config",

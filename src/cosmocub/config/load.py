@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,12 +15,14 @@ from typing import Any
 
 import yaml
 
+from cosmocub.config.held import covers, guard, held_keys, held_values
 from cosmocub.config.model_split import check_model_split
 from cosmocub.config.schema import (
     ConfigError,
     config_hash,
     deep_merge,
     fill_lion_cub_defaults,
+    flatten,
     resolve,
 )
 from cosmocub.config.sections import (
@@ -46,6 +49,7 @@ from cosmocub.config.study_configs import (
     UniversesStudyConfig,
 )
 from cosmocub.config.training import (
+    CalibrateResources,
     ClusterConfig,
     EvaluateConfig,
     OptimizerConfig,
@@ -83,9 +87,25 @@ class Config:
     studies: StudiesConfig
     perf_model: PerfModelConfig
     unet: UNetRunConfig
-    # The resolved dict this was built from: for hashing, MLflow params and artifacts.
+    # The resolved dict this was built from: for hashing, MLflow params and artifacts. A job's
+    # config (config.held) holds only its rule's sections: these alone.
     values: dict[str, Any] = field(repr=False, compare=False)
     source: str = "<config>"
+    # The keys a stage may read (config.held.held_keys); None: the whole config.
+    held: frozenset[str] | None = field(default=None, repr=False, compare=False)
+
+    def __getattribute__(self, name: str) -> Any:
+        value = object.__getattribute__(self, name)
+        if name in _SECTIONS:
+            held = object.__getattribute__(self, "held")
+            if held is not None:
+                return guard(value, name, held, object.__getattribute__(self, "source"))
+        return value
+
+    def _has(self, *sections: str) -> bool:
+        """Whether the sections are in the file (a job's config checks only what it holds;
+        the workflow checked the whole config when it wrote the file)."""
+        return all(s in self.values for s in sections)
 
     @property
     def hash(self) -> str:
@@ -117,39 +137,50 @@ class Config:
 
     @property
     def global_batch(self) -> int:
-        """Samples per optimizer step: data_ranks × train.local_batch_size."""
-        return self.data_ranks * self.train.local_batch_size
+        """Samples per optimizer step of the config's world (TrainConfig.global_batch)."""
+        return self.train.global_batch(self.data_ranks)
 
     def __post_init__(self) -> None:
-        inputs = len(self.task.input_redshifts)
-        if self.model.name == "unet" and self.model.in_channels != inputs:
+        # Checks across sections, on those in the file (a job's holds only its rule's; the
+        # workflow checked the whole config when it wrote them), read past the guard.
+        has, raw = self._has, functools.partial(object.__getattribute__, self)
+        model, source = raw("model"), self.source
+        redshifts = list(raw("task").input_redshifts)
+        if has("model", "task") and model.name == "unet" and model.in_channels != len(redshifts):
             raise ConfigError(
-                f"{self.source}: key 'model.in_channels': {self.model.in_channels}, but the U-Net "
-                f"reads {inputs} channels (task.input_redshifts {list(self.task.input_redshifts)})"
+                f"{source}: key 'model.in_channels': {model.in_channels}, but the U-Net "
+                f"reads {len(redshifts)} channels (task.input_redshifts {redshifts})"
             )
-        if self.model.input_size != self.preprocess.sample_size:
+        sample = raw("preprocess").sample_size
+        if has("model", "preprocess") and model.input_size != sample:
             raise ConfigError(
-                f"{self.source}: key 'model.input_size': {self.model.input_size} differs from "
-                f"preprocess.sample_size {self.preprocess.sample_size}"
+                f"{source}: key 'model.input_size': {model.input_size} differs from "
+                f"preprocess.sample_size {sample}"
             )
         # A split the model cannot run (at some level an extent that does not divide, a block
         # thinner than the halo or odd before a pooling) fails here, not at the first step of a
         # training that simulate and preprocess ran for.
+        parallel = raw("parallel")
         try:
-            check_model_split(self.model, self.model.input_size, self.parallel.split_dhw)
+            if has("model", "parallel"):
+                check_model_split(model, model.input_size, parallel.split_dhw)
         except ValueError as err:
-            key = "parallel.spatial" if self.parallel.split is None else "parallel.split"
+            key = "parallel.spatial" if parallel.split is None else "parallel.split"
             raise ConfigError(
-                f"{self.source}: key '{key}': model.name {self.model.name} cannot run on this "
-                f"split: {err}"
+                f"{source}: key '{key}': model.name {model.name} cannot run on this split: {err}"
             ) from None
-        sample, universe = self.preprocess.sample_size, self.universes.size
+        universes = raw("universes")
         # Public universes are checked against the files themselves at preprocessing time.
-        if self.universes.made_here and (sample > universe or universe % sample):
+        fits = sample <= universes.size and universes.size % sample == 0
+        if has("universes", "preprocess") and universes.made_here and not fits:
             raise ConfigError(
-                f"{self.source}: key 'preprocess.sample_size': {sample} does not divide "
-                f"universes.size {universe}"
+                f"{source}: key 'preprocess.sample_size': {sample} does not divide "
+                f"universes.size {universes.size}"
             )
+
+
+# The sections a job's config guards (Config.__getattribute__).
+_SECTIONS = frozenset(f.name for f in dataclasses.fields(Config)) - {"values", "source", "held"}
 
 
 def _tuple_fields(cls, section: dict[str, Any]) -> dict[str, Any]:
@@ -161,8 +192,11 @@ def _tuple_fields(cls, section: dict[str, Any]) -> dict[str, Any]:
 
 
 def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
-    """Build the typed config from a resolved dict (see `resolve`)."""
+    """Build the typed config from a resolved dict (see `resolve`). A job's config (a `held`
+    key) keeps only the sections it holds in `values`; the rest, the schema's defaults, only
+    let the dataclasses be built: the guard refuses every read of them."""
     fill_lion_cub_defaults(values)
+    held = held_keys(values)
     try:
         pre = dict(values["preprocess"])
         pre["splits"] = SplitRatios(**pre["splits"])
@@ -198,6 +232,7 @@ def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
                 preprocess=PreprocessResources(**values["cluster"]["preprocess"]),
                 simulate=SimulateResources(**values["cluster"]["simulate"]),
                 small=SmallResources(**values["cluster"]["small"]),
+                calibrate=CalibrateResources(**values["cluster"]["calibrate"]),
             ),
             step_time_study=StepTimeStudyConfig(
                 epochs=values["step_time_study"]["epochs"],
@@ -212,8 +247,9 @@ def from_values(values: dict[str, Any], *, source: str = "<config>") -> Config:
             studies=StudiesConfig(**values["studies"]),
             perf_model=_perf_model(values["perf_model"]),
             unet=UNetRunConfig(**values["unet"]),
-            values=values,
+            values=values if held is None else held_values(values, values["held"]),
             source=source,
+            held=held,
         )
     except ConfigError as err:
         msg = str(err)
@@ -261,8 +297,12 @@ def derive(
 ) -> Config:
     """A config made from `cfg`: `replace`'s sections instead of cfg's (given whole, e.g. a
     variant's optimizer section), then `overrides` merged in (`deep_merge`), validated against
-    the schema, defaults filled, and typed; errors name `source`."""
+    the schema, defaults filled, and typed; errors name `source`. From a job's config (config.held)
+    it holds what that one holds and the keys `replace` and `overrides` give."""
     values = {**copy.deepcopy(cfg.values), **copy.deepcopy(dict(replace or {}))}
+    if "held" in values:
+        given = [*(replace or {}), *flatten(dict(overrides))]
+        values["held"] += [key for key in given if not covers(values["held"], key)]
     values = resolve(deep_merge(values, overrides), source=source)
     return from_values(values, source=source)
 

@@ -144,6 +144,11 @@ class TrainConfig:
     compile: bool
     fused_optimizer: str | bool  # "auto", True, False
 
+    def global_batch(self, data_ranks: int) -> int:
+        """Samples per optimizer step: `data_ranks` ranks along the data axis, each with
+        local_batch_size of its own (the one place it is computed)."""
+        return data_ranks * self.local_batch_size
+
 
 @dataclass(frozen=True, kw_only=True)
 class EvaluateConfig:
@@ -210,6 +215,11 @@ class SmallResources:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CalibrateResources:
+    threads: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class ClusterConfig:
     """What jobs ask the executor for; read by the rule files (launch.resources through
     cosmocub.workflow_support), not by stages."""
@@ -218,3 +228,4 @@ class ClusterConfig:
     preprocess: PreprocessResources
     simulate: SimulateResources
     small: SmallResources
+    calibrate: CalibrateResources

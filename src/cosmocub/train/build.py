@@ -56,7 +56,7 @@ def build_trainer(
         )
     if len(val_set) == 0:
         raise ValueError(f"{val_set.path}: the validation shard holds no samples")
-    global_batch = tc.local_batch_size * dims.data
+    global_batch = tc.global_batch(dims.data)  # the launched world's data ranks
 
     runtime.seed_everything(cfg.training_seed)  # same initial weights on every rank
     settings = step_settings(cfg, dims)  # autocast, layout, compile, fused: train.* on this device

@@ -195,7 +195,7 @@ def train_one_epoch(t: Trainer, state: TrainState) -> dict[str, float]:
         _check_losses(t, state, pending)
     _sync(device)
     elapsed = time.perf_counter() - start
-    samples = steps_here * cfg.local_batch_size * t.dims.data
+    samples = steps_here * t.global_batch
     return {
         "samples_per_s": samples / elapsed if steps_here else 0.0,
         "data_wait_share": data_wait / elapsed if steps_here else 0.0,
