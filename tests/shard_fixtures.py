@@ -1,6 +1,6 @@
 """For tests and benchmarks (which add tests/ to their path): tiny random shard folders in the
-docs/reference/formats.md layout, and many training runs one after another in one process group
-(process start-up is the cost).
+docs/reference/formats.md layout, three universes in the public CosmoFlow layout, and many
+training runs one after another in one process group (process start-up is the cost).
 
 The shards' targets depend on the inputs (a fixed random projection of per-channel means), so a
 model can fit them; nothing here is physics.
@@ -63,6 +63,23 @@ def make_random_shards(
         "split": "train",
     }
     (folder / "stats.json").write_text(json.dumps(stats))
+    return folder
+
+
+def write_public_universes(folder: Path, *, size: int = 8) -> Path:
+    """Three universes of size³ named as the public CosmoFlow files are (univ_ics_2019-03_a1 …),
+    every count 1: what a link_group job validates and links."""
+    from cosmocub.data.universe import write_universe
+
+    folder.mkdir()
+    for name in ("univ_ics_2019-03_a1", "univ_ics_2019-03_a2", "univ_ics_2019-03_a3"):
+        write_universe(
+            folder / f"{name}.hdf5",
+            np.ones((size, size, size, 4), np.int16),
+            unit_par=np.zeros(4, np.float32),
+            phys_par=np.array([0.3, 0.8, 0.96, 70], np.float32),
+            redshifts=np.array([0.0, 0.5, 1.5, 3.0], np.float32),
+        )
     return folder
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import yaml
 from conftest import snakemake_env
+from shard_fixtures import write_public_universes
 
 from cosmocub.config import ConfigError, load_config
 from cosmocub.config.held import RECORD_SECTIONS
@@ -44,22 +45,6 @@ def listed(*args: str) -> list[str]:
     return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
 
 
-def public_universes(folder: Path) -> Path:
-    """Three public-layout universes of 16³ (a link_group job validates them)."""
-    from cosmocub.data.universe import write_universe
-
-    folder.mkdir()
-    for name in ("univ_ics_2019-03_a1", "univ_ics_2019-03_a2", "univ_ics_2019-03_a3"):
-        write_universe(
-            folder / f"{name}.hdf5",
-            np.ones((16, 16, 16, 4), np.int16),
-            unit_par=np.zeros(4, np.float32),
-            phys_par=np.array([0.3, 0.8, 0.96, 70], np.float32),
-            redshifts=np.array([0.0, 0.5, 1.5, 3.0], np.float32),
-        )
-    return folder
-
-
 def mlperf_layout(root: Path) -> Path:
     """The MLPerf TFRecord folders, a sample of 16³ a file (an mlperf_group job reads them)."""
     from cosmocub.data.tfrecord import encode_example, frame_record
@@ -76,7 +61,7 @@ def mlperf_layout(root: Path) -> Path:
 def sources(tmp_path: Path) -> dict[str, dict]:
     """The configs (overrides of config/test.yaml) whose dry runs, between them, make a job of
     every rule: universes made here, public ones (link_group) and MLPerf ones (mlperf_group)."""
-    public = public_universes(tmp_path / "public_files")
+    public = write_public_universes(tmp_path / "public_files", size=16)
     mlperf = mlperf_layout(tmp_path / "mlperf_files")
     return {
         "made_here": {},

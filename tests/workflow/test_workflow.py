@@ -10,6 +10,7 @@ from pathlib import Path
 import h5py
 import pytest
 from conftest import snakemake_env
+from shard_fixtures import write_public_universes
 
 from cosmocub.config import load_config
 
@@ -102,23 +103,6 @@ def config_in_effect(output: str) -> tuple[str, str]:
     found = re.search(r"cosmocub config ([0-9a-f]{12}): (.*) \+ schema defaults", output)
     assert found, output[-2000:]
     return found.group(1), found.group(2)
-
-
-def write_public_universes(folder: Path) -> Path:
-    import numpy as np
-
-    from cosmocub.data.universe import write_universe
-
-    folder.mkdir()
-    for name in ["univ_ics_2019-03_a1", "univ_ics_2019-03_a2", "univ_ics_2019-03_a3"]:
-        write_universe(
-            folder / f"{name}.hdf5",
-            np.ones((8, 8, 8, 4), np.int16),
-            unit_par=np.zeros(4, np.float32),
-            phys_par=np.array([0.3, 0.8, 0.96, 70], np.float32),
-            redshifts=np.array([0.0, 0.5, 1.5, 3.0], np.float32),
-        )
-    return folder
 
 
 @pytest.mark.parametrize(
