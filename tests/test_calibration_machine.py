@@ -1,6 +1,6 @@
 """A run calibration knows the machine it was made against: `predict` refuses it on another
-accelerator in one line unless --accept-calibration, and the links an accelerator entry states
-are the ones NCCL's collectives use."""
+accelerator or software (--software) in one line unless --accept-calibration, and the links an
+accelerator entry states are the ones NCCL's collectives use."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_cluster_scale import MLPERF, _mllog
+from test_cluster_scale import MLPERF, _mllog, _tree
 
 from cosmocub.cli import main
 from cosmocub.config import load_config
@@ -35,7 +35,9 @@ def _longhorn(root: Path) -> Path:
 
 
 def _predict(capsys: pytest.CaptureFixture[str], *flags: str) -> tuple[int, str, str]:
-    base = ["perf-model", "predict", "--config", str(MLPERF), "--nodes", "32"]
+    base = ["perf-model", "predict", "--config", str(MLPERF)]
+    if "--nodes" not in flags:
+        base += ["--nodes", "32"]
     samples = ["--train-samples", "524288", "--override", "{train: {local_batch_size: 1}}"]
     rc = main([*base, *samples, *flags, "--json"])
     out, err = capsys.readouterr()
@@ -74,6 +76,36 @@ def test_a_calibration_is_refused_on_another_accelerator_unless_accepted(
     assert rc == 0, err
     moved = json.loads(out)["predictions"][0]["full_step_s"]
     assert moved != pytest.approx(own, rel=0.05)  # what the refusal was for
+
+
+def test_a_calibration_is_refused_for_another_software_unless_accepted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An Eos-like run (PyTorch 23.09: profile nvidia_v3) calibrates its own stack; pricing
+    cosmocub's eager step with it is another machine, refused in one line unless accepted, and
+    then priced as that stack (its host time, its evaluation)."""
+    log = _tree(tmp_path, "eos_n64", nodes=64, gpus_per_node=8, step_s=0.01, eval_s=2.0)
+    cal = tmp_path / "eos.json"
+    run = ["perf-model", "calibrate", "--config", str(MLPERF), "--from-run", str(log)]
+    assert main([*run, "--out", str(cal)]) == 0
+    capsys.readouterr()
+    assert json.loads(cal.read_text())["machine"]["software"] == "nvidia_v3"
+    flags = ["--nodes", "64", "--cluster", "eos", "--gpu-calibration", str(cal)]
+    rc, out, err = _predict(capsys, *flags, "--software", "cosmocub_eager")
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"{cal}: made against software 'nvidia_v3', asked for 'cosmocub_eager'" in err
+    rc, out, err = _predict(capsys, *flags, "--software", "nvidia_v3")  # its own, named
+    assert rc == 0, err
+    own = json.loads(out)["predictions"][0]
+    assert own["full_step_s"] == pytest.approx(0.01, rel=0.01)
+    rc, out, err = _predict(capsys, *flags, "--software", "cosmocub_eager", "--accept-calibration")
+    assert rc == 0, err
+    eager = json.loads(out)["predictions"][0]
+    assert own["host_s"] > 0 and eager["host_s"] == 0.0
+    assert eager["full_step_s"] < own["full_step_s"]
+    rc, out, err = _predict(capsys, *flags, "--software", "no_such_stack")
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "--software: software profile 'no_such_stack': not one of" in err
 
 
 def test_a_calibration_without_a_machine_is_refused(

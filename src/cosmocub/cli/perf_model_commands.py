@@ -155,6 +155,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         gpu_calibration=None if args.gpu_calibration is None else Path(args.gpu_calibration),
         as_json=args.json,
         accept_calibration=args.accept_calibration,
+        software=args.software,
     )
     if args.cluster is not None:
         for flag, value in (
@@ -279,6 +280,12 @@ def add_perf_model(sub) -> None:
         "--gpu-calibration",
         help="layer times measured on the cluster's GPU (perf-model calibrate --device cuda), "
         "in place of the roofline (with --cluster)",
+    )
+    r.add_argument(
+        "--software",
+        help="the software profile to price on a GPU (perfmodel.cost_model.software.PROFILES; "
+        "default: a --gpu-calibration's own, else cosmocub_eager); a calibration made with "
+        "another is refused without --accept-calibration",
     )
     r.add_argument(
         "--accept-calibration",

@@ -14,7 +14,7 @@ from pathlib import Path
 from cosmocub.config import Config
 from cosmocub.perfmodel.cost_model.cluster_presets import ClusterPreset, cluster, described_cluster
 from cosmocub.perfmodel.cost_model.machines import THIS_CPU, accelerator_spec
-from cosmocub.perfmodel.cost_model.software import COSMOCUB_EAGER
+from cosmocub.perfmodel.cost_model.software import COSMOCUB_EAGER, profile
 from cosmocub.perfmodel.cost_model.spec_accelerator import SpecAccelerator
 from cosmocub.perfmodel.cost_model.topology import Mesh
 from cosmocub.perfmodel.measure.gpu_layers import GpuLayerTimes
@@ -97,10 +97,20 @@ def print_on_clusters(
     work = Workload.of(cfg)
     work = dataclasses.replace(work, epochs=pricing.epochs or work.epochs)
     layers, run = _gpu_calibration(pricing.gpu_calibration)
+    # The stack asked for: --software, else the calibration's own (the run it reproduces at
+    # another scale), else cosmocub's eager step.
+    if pricing.software is not None:
+        try:
+            software = profile(pricing.software)
+        except ValueError as err:
+            raise ValueError(f"--software: {err}") from None
+    else:
+        software = COSMOCUB_EAGER if run is None else run.software_profile
     if run is not None and not pricing.accept_calibration:
         assert pricing.gpu_calibration is not None
+        asked_software = run.software if pricing.software is None else pricing.software
         for _, preset in presets:
-            asked = machine_description(preset.spec, run.software)
+            asked = machine_description(preset.spec, asked_software)
             check_machine(run, pricing.gpu_calibration, asked)
     results = [
         predict_cluster(
@@ -112,7 +122,7 @@ def print_on_clusters(
             calibration=layers,
             mesh=mesh,
             lion=lion_reference(cfg),
-            software=COSMOCUB_EAGER if run is None else run.software_profile,
+            software=software,
             stragglers=GPU_STRAGGLERS,
             layer_scale=1.0 if run is None else run.layer_scale,
             eval_scale=1.0 if run is None else run.eval_scale,

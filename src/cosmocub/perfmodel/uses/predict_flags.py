@@ -1,6 +1,6 @@
 """`perf-model predict`'s flags shared by the CPU's and the clusters' predictions: the mesh
 (--mesh, --data, --spatial, --split against --nodes × --ranks-per-node) and what to price and
-print (--epochs, --train-samples, --gpu-calibration, --accept-calibration, --json)."""
+print (--epochs, --train-samples, --gpu-calibration, --accept-calibration, --software, --json)."""
 
 from __future__ import annotations
 
@@ -35,13 +35,15 @@ class MeshFlags:
 @dataclass(frozen=True, kw_only=True)
 class PricingFlags:
     """--epochs and --train-samples (None: the config's), --gpu-calibration (and
-    --accept-calibration: one made against another accelerator or software), --json."""
+    --accept-calibration: one made against another accelerator or software), --software (the
+    stack to price; None: a calibration's own, else cosmocub's eager step), --json."""
 
     epochs: int | None
     train_samples: int | None
     gpu_calibration: Path | None
     as_json: bool
     accept_calibration: bool = False
+    software: str | None = None
 
 
 def mesh_from_flags(

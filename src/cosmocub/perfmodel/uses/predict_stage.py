@@ -138,6 +138,11 @@ def print_prediction(
         presets = described_presets(cfg, accelerator, rates, ranks_per_node=ranks_per_node)
         print_on_clusters(cfg, presets, nodes=nodes, mesh=mesh, pricing=pricing, rates_mbit=rates)
         return
+    if pricing.software is not None:
+        raise ValueError(
+            f"--software {pricing.software}: a GPU's stack, priced with --cluster or a GPU "
+            "--accelerator (this CPU's step is measured, not profiled)"
+        )
     fits = None if fit_path is None else read_fits(fit_path)
     device, networks, rates = machine_from_flags(
         cfg,
