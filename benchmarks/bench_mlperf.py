@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +29,10 @@ import yaml
 from cosmocub.cli import main as cosmocub
 from cosmocub.data.mlperf import file_payloads
 from cosmocub.data.tfrecord import decode_sample, encode_example, frame_record
+
+# The workflow's preprocessing commands in order: the tests' fixture (tests/shard_fixtures.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from shard_fixtures import preprocess_stages
 
 
 def check_rate(files: list[Path], repeat: int) -> tuple[int, float, int]:
@@ -84,54 +89,17 @@ def run_folder(root: Path, work: Path, size: int, threads: int) -> list[tuple[st
 
     groups = len(file_groups(load_config(config)))
     common = ["--config", str(config)]
-    universes, staging = work / "universes", work / "staging"
+    universes = work / "universes"
     rows = []
     t0 = time.perf_counter()
     for g in range(groups):
         assert cosmocub(["mlperf-group", "--group", str(g), "--out", str(universes), *common]) == 0
     rows.append(("mlperf-group (check)", time.perf_counter() - t0, groups))
     t0 = time.perf_counter()
-    plan = ["preprocess-plan", "--universes-dir", str(universes), "--staging", str(staging)]
-    assert cosmocub([*plan, *common]) == 0
-    rows.append(("preprocess-plan", time.perf_counter() - t0, 1))
-    t0 = time.perf_counter()
-    for g in range(groups):
-        out = work / "groups" / f"{g}.npz"
-        assert (
-            cosmocub(
-                [
-                    "preprocess-group",
-                    "--staging",
-                    str(staging),
-                    "--group",
-                    str(g),
-                    "--out",
-                    str(out),
-                    "--threads",
-                    str(threads),
-                    *common,
-                ]
-            )
-            == 0
-        )
-    rows.append(("preprocess-group (crop, read back, features)", time.perf_counter() - t0, groups))
-    t0 = time.perf_counter()
-    assert (
-        cosmocub(
-            [
-                "preprocess-gather",
-                "--staging",
-                str(staging),
-                "--groups-dir",
-                str(work / "groups"),
-                "--out",
-                str(work / "shards"),
-                *common,
-            ]
-        )
-        == 0
-    )
-    rows.append(("preprocess-gather", time.perf_counter() - t0, 1))
+    for stage, jobs in preprocess_stages(config, universes, work, groups, threads=threads):
+        label = stage + (" (crop, read back, features)" if stage == "preprocess-group" else "")
+        rows.append((label, time.perf_counter() - t0, jobs))
+        t0 = time.perf_counter()
     return rows
 
 

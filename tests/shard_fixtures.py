@@ -1,6 +1,7 @@
 """For tests and benchmarks (which add tests/ to their path): tiny random shard folders in the
-docs/reference/formats.md layout, three universes in the public CosmoFlow layout, and many
-training runs one after another in one process group (process start-up is the cost).
+docs/reference/formats.md layout, three universes in the public CosmoFlow layout, the workflow's
+preprocessing commands in order, and many training runs one after another in one process group
+(process start-up is the cost).
 
 The shards' targets depend on the inputs (a fixed random projection of per-channel means), so a
 model can fit them; nothing here is physics.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,30 @@ def write_public_universes(folder: Path, *, size: int = 8) -> Path:
             redshifts=np.array([0.0, 0.5, 1.5, 3.0], np.float32),
         )
     return folder
+
+
+def preprocess_stages(
+    config: Path, universes: Path, work: Path, groups: int, *, threads: int = 1
+) -> Iterator[tuple[str, int]]:
+    """The workflow's preprocessing commands on `universes` (their group manifests made):
+    preprocess-plan, every preprocess-group, preprocess-gather into work/shards; yields each
+    stage's command and its jobs once it has run, so that a benchmark can time them."""
+    from cosmocub.cli import main
+
+    common = ["--config", str(config)]
+    staging, npz = work / "staging", work / "groups"
+    plan = ["preprocess-plan", "--universes-dir", str(universes), "--staging", str(staging)]
+    assert main([*plan, *common]) == 0
+    yield "preprocess-plan", 1
+    for g in range(groups):
+        group = ["preprocess-group", "--staging", str(staging), "--group", str(g)]
+        assert (
+            main([*group, "--out", str(npz / f"{g}.npz"), "--threads", str(threads), *common]) == 0
+        )
+    yield "preprocess-group", groups
+    gather = ["preprocess-gather", "--staging", str(staging), "--groups-dir", str(npz)]
+    assert main([*gather, "--out", str(work / "shards"), *common]) == 0
+    yield "preprocess-gather", 1
 
 
 class _Stopped(Exception):

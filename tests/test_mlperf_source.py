@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 import yaml
+from shard_fixtures import preprocess_stages
 
 from cosmocub.cli import main
 from cosmocub.data.tfrecord import encode_example, frame_record, read_tfrecord
@@ -28,56 +29,9 @@ def write_config(path: Path, values: dict) -> Path:
 
 def shards(config: Path, universes: Path, work: Path, groups: int) -> Path:
     """The workflow's commands: plan, every group, gather (the group manifests exist)."""
-    common = ["--config", str(config)]
-    staging, out = work / "staging", work / "shards"
-    assert (
-        main(
-            [
-                "preprocess-plan",
-                "--universes-dir",
-                str(universes),
-                "--staging",
-                str(staging),
-                *common,
-            ]
-        )
-        == 0
-    )
-    for g in range(groups):
-        npz = work / "groups" / f"{g}.npz"
-        assert (
-            main(
-                [
-                    "preprocess-group",
-                    "--staging",
-                    str(staging),
-                    "--group",
-                    str(g),
-                    "--out",
-                    str(npz),
-                    "--threads",
-                    "1",
-                    *common,
-                ]
-            )
-            == 0
-        )
-    assert (
-        main(
-            [
-                "preprocess-gather",
-                "--staging",
-                str(staging),
-                "--groups-dir",
-                str(work / "groups"),
-                "--out",
-                str(out),
-                *common,
-            ]
-        )
-        == 0
-    )
-    return out
+    for _ in preprocess_stages(config, universes, work, groups):
+        pass
+    return work / "shards"
 
 
 def assert_same_data(a: Path, b: Path) -> None:
