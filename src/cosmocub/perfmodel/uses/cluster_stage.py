@@ -174,7 +174,12 @@ def print_on_clusters(
             f"{ttt.total_s:.4g} s for {ttt.epochs} epochs"
         )
         if spread is not None:
-            print(spread_text(spread, each.spec.name, ttt.full_step_s, ttt.train_epoch_s))
+            own = software is COSMOCUB_EAGER
+            print(
+                spread_text(
+                    spread, each.spec.name, ttt.full_step_s, ttt.train_epoch_s, own_step=own
+                )
+            )
 
 
 def _ranges(spread: Spread, preset: ClusterPreset, ttt: TimeToTrain) -> dict[str, object]:

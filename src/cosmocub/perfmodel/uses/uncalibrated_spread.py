@@ -83,8 +83,12 @@ def ranges(
     ]
 
 
-def spread_text(spread: Spread, accelerator: str, step_s: float, training_epoch_s: float) -> str:
-    """The lines `predict` prints beside an uncalibrated answer on `accelerator`."""
+def spread_text(
+    spread: Spread, accelerator: str, step_s: float, training_epoch_s: float, *, own_step: bool
+) -> str:
+    """The lines `predict` prints beside an uncalibrated answer on `accelerator`; `own_step`:
+    the answer prices cosmocub's own step (software cosmocub_eager), which no published run
+    measured."""
     stacks = spread.of_gpu(accelerator)
     found = ranges(stacks, step_s, training_epoch_s)
     if found is None:
@@ -100,6 +104,7 @@ def spread_text(spread: Spread, accelerator: str, step_s: float, training_epoch_
         f"uncalibrated: published runs on this GPU family took (published / uncalibrated "
         f"prediction) {each} ({spread.source}, {spread.date}): this step may take "
         f"{1e3 * step[0]:.3g}-{1e3 * step[1]:.3g} "
-        f"ms, the training epoch {epoch[0]:.3g}-{epoch[1]:.3g} s (other stacks' runs: no GPU "
-        f"run of cosmocub's own step backs its price)\n{NARROW}"
+        f"ms, the training epoch {epoch[0]:.3g}-{epoch[1]:.3g} s"
+        + (" (other stacks' runs: no GPU run of cosmocub's own step backs its price)" * own_step)
+        + f"\n{NARROW}"
     )
